@@ -1,0 +1,63 @@
+# Front-end over CMake. `make demo` and `make test` do all set-up on a fresh machine.
+SHELL := /bin/bash
+PRESET ?= release
+BUILD := build/$(PRESET)
+VENV := .venv
+PY := $(VENV)/bin/python
+JOBS ?= $(shell nproc)
+FUZZ_SECONDS ?= 300
+
+.PHONY: all deps venv configure build demo test ctest pytest asan fuzz fixtures bench clean
+
+all: build
+
+# Debian packages (apt, non-interactive; only what is missing).
+deps:
+	@scripts/install-deps.sh
+
+# Python tools for the tests (numpy, pytest, safetensors) in .venv.
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements-dev.txt | deps
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+configure: deps
+	cmake --preset $(PRESET) >/dev/null
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	$(BUILD)/qkv demo
+
+ctest: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+pytest: build venv
+	QKV_CLI=$(abspath $(BUILD))/qkv $(PY) -m pytest -q tests/python
+
+test: ctest pytest
+
+# The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+asan:
+	$(MAKE) ctest PRESET=asan
+
+# Every libFuzzer target for FUZZ_SECONDS each (ASan + UBSan), from the committed corpora.
+fuzz: deps
+	cmake --preset fuzz >/dev/null
+	cmake --build build/fuzz -j $(JOBS)
+	scripts/fuzz.sh build/fuzz $(FUZZ_SECONDS)
+
+# Regenerates the PyTorch fixtures under tests/fixtures (needs PyPI; CI does not run this).
+fixtures:
+	python3 -m venv .venv-fixtures
+	.venv-fixtures/bin/pip install --quiet -r tests/requirements-fixtures.txt
+	.venv-fixtures/bin/python tests/attention/make_sdpa_fixtures.py tests/fixtures/sdpa
+
+bench: build
+	@for b in $(BUILD)/*_bench; do echo "== $$b"; $$b --benchmark_min_time=0.2; done
+
+clean:
+	rm -rf build

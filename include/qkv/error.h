@@ -1,0 +1,75 @@
+// Errors thrown by qkv. Every message names the operation, and where shapes or
+// patterns are involved it quotes them, e.g.
+//   "permute: expected 3 dims, got dims (0, 1) for tensor of shape [2, 3, 4]".
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace qkv {
+
+// Base class of every qkv error.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Shapes that do not fit the operation (Python: ValueError).
+class ShapeError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An argument value that is out of its domain (Python: ValueError).
+class ValueError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A dtype the operation does not support (Python: TypeError).
+class DTypeError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An index or dimension out of range (Python: IndexError).
+class IndexError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A malformed file or pattern (Python: ValueError).
+class FormatError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A file that cannot be opened, read or written (Python: OSError).
+class IOError : public Error {
+ public:
+  using Error::Error;
+};
+
+// "[2, 3, 4]"; "[]" for a scalar.
+std::string shape_str(const std::vector<int64_t>& shape);
+
+namespace detail {
+template <class... Args>
+std::string concat(Args&&... args) {
+  std::ostringstream out;
+  (out << ... << std::forward<Args>(args));
+  return out.str();
+}
+}  // namespace detail
+
+// Throws E with the streamed arguments as message: fail<ShapeError>("op: ", ...).
+template <class E = Error, class... Args>
+[[noreturn]] void fail(Args&&... args) {
+  throw E(detail::concat(std::forward<Args>(args)...));
+}
+
+}  // namespace qkv

@@ -1,0 +1,217 @@
+// qkv::Tensor: an n-dimensional strided view over shared, 64-byte-aligned storage.
+//
+// A Tensor is cheap to copy (it shares storage). Views (permute, slice, expand,
+// reshape when strides allow) share storage with their source; contiguous(),
+// clone() and to() copy. Strides and offsets count elements, not bytes.
+// Misuse throws a qkv::Error subclass whose message names the op and shapes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "qkv/dtype.h"
+#include "qkv/error.h"
+
+namespace qkv {
+
+using Shape = std::vector<int64_t>;
+using Strides = std::vector<int64_t>;
+
+// Bytes shared by tensors. Either owned (64-byte aligned, from allocate) or a
+// wrapped external buffer kept alive by `keep_alive`.
+class Storage {
+ public:
+  static constexpr size_t kAlignment = 64;
+
+  // Uninitialized, 64-byte-aligned bytes.
+  static std::shared_ptr<Storage> allocate(size_t nbytes);
+  // Wraps memory owned elsewhere; `keep_alive` (may be null) is held while any
+  // tensor uses the storage.
+  static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, std::shared_ptr<void> keep_alive);
+
+  std::byte* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+
+ private:
+  Storage(std::byte* data, size_t nbytes, std::shared_ptr<void> owner)
+      : data_(data), nbytes_(nbytes), owner_(std::move(owner)) {}
+  std::byte* data_;
+  size_t nbytes_;
+  std::shared_ptr<void> owner_;
+};
+
+// Contiguous (row-major) strides for `shape`.
+Strides contiguous_strides(const Shape& shape);
+// Product of the dims; throws ShapeError on negative dims or overflow past 2^62.
+int64_t shape_numel(const Shape& shape);
+// numpy broadcasting of two shapes; ShapeError naming `op` and both shapes.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op = "broadcast");
+
+class Tensor {
+ public:
+  // An empty f32 tensor of shape [0].
+  Tensor();
+
+  // ---- construction -------------------------------------------------------
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32);
+  static Tensor zeros(const Shape& shape, DType dtype = DType::f32);
+  static Tensor ones(const Shape& shape, DType dtype = DType::f32);
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32);
+  // 0, 1, ..., n-1.
+  static Tensor arange(int64_t n, DType dtype = DType::f32);
+  // Standard normal values; element i depends only on (seed, i).
+  static Tensor randn(const Shape& shape, uint64_t seed, DType dtype = DType::f32);
+  // Uniform values in [low, high); element i depends only on (seed, i).
+  static Tensor uniform(const Shape& shape, uint64_t seed, double low = 0.0, double high = 1.0,
+                        DType dtype = DType::f32);
+  // Zero-copy view of an external buffer. `strides` empty = contiguous.
+  // `keep_alive` is held as long as any view of the buffer lives.
+  static Tensor from_blob(void* data, const Shape& shape, DType dtype, const Strides& strides = {},
+                          std::shared_ptr<void> keep_alive = nullptr);
+  // Copies `values` into a new contiguous tensor of `shape` (numel must match).
+  template <class T>
+  static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
+  // A view with explicit geometry over existing storage (checked to stay in bounds).
+  static Tensor view_of(std::shared_ptr<Storage> storage, DType dtype, const Shape& shape,
+                        const Strides& strides, int64_t offset);
+
+  // ---- geometry -----------------------------------------------------------
+  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  const Shape& shape() const { return shape_; }
+  const Strides& strides() const { return strides_; }
+  // Size / stride of dimension d; negative d counts from the end.
+  int64_t size(int64_t d) const;
+  int64_t stride(int64_t d) const;
+  int64_t offset() const { return offset_; }
+  int64_t numel() const { return numel_; }
+  DType dtype() const { return dtype_; }
+  size_t itemsize() const { return qkv::itemsize(dtype_); }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * itemsize(); }
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  // True when both tensors view the same storage.
+  bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
+
+  // ---- data ---------------------------------------------------------------
+  // Pointer to element [0, ..., 0]; T must match the dtype (DTypeError otherwise).
+  template <class T>
+  T* data() const;
+  void* raw_data() const;
+
+  // Reference to one element; index length must equal dim(), negative indices count
+  // from the end. IndexError when out of range, DTypeError when T is not the dtype.
+  template <class T>
+  T& at(std::span<const int64_t> index) const;
+  template <class T>
+  T& at(std::initializer_list<int64_t> index) const {
+    return at<T>(std::span<const int64_t>(index.begin(), index.size()));
+  }
+  // Element value converted to double, whatever the dtype.
+  double item(std::span<const int64_t> index) const;
+  double item(std::initializer_list<int64_t> index) const {
+    return item(std::span<const int64_t>(index.begin(), index.size()));
+  }
+  // Value of a one-element tensor as double.
+  double item() const;
+  // Stores `value` converted to the dtype.
+  void set_item(std::span<const int64_t> index, double value) const;
+  void set_item(std::initializer_list<int64_t> index, double value) const {
+    set_item(std::span<const int64_t>(index.begin(), index.size()), value);
+  }
+  // All elements in row-major order, converted to T.
+  template <class T>
+  std::vector<T> to_vector() const;
+
+  // ---- views --------------------------------------------------------------
+  // Reorders dims: result.shape[i] = shape[dims[i]]. dims must be a permutation.
+  Tensor permute(std::span<const int64_t> dims) const;
+  Tensor permute(std::initializer_list<int64_t> dims) const {
+    return permute(std::span<const int64_t>(dims.begin(), dims.size()));
+  }
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  // New shape with one optional -1 inferred. A view when the strides allow it
+  // (as torch.reshape / numpy.reshape), otherwise a contiguous copy.
+  Tensor reshape(const Shape& shape) const;
+  // Like reshape but never copies: ShapeError when no view exists.
+  Tensor view(const Shape& shape) const;
+  // Python slicing start:stop:step on one dim (negative indices, clamping; step >= 1).
+  Tensor slice(int64_t dim, int64_t start, int64_t stop, int64_t step = 1) const;
+  // Removes dim `dim` by taking position `index`.
+  Tensor select(int64_t dim, int64_t index) const;
+  // Broadcast view with zero strides (torch.expand): dims of size 1 may grow,
+  // new leading dims may be added, -1 keeps a dim.
+  Tensor expand(const Shape& shape) const;
+  Tensor unsqueeze(int64_t dim) const;
+  // Removes dim `dim`, which must have size 1.
+  Tensor squeeze(int64_t dim) const;
+
+  // ---- copies -------------------------------------------------------------
+  // This tensor if already contiguous, else a contiguous copy.
+  Tensor contiguous() const;
+  // Always a new contiguous copy.
+  Tensor clone() const;
+  // Converted copy (this tensor itself when the dtype already matches).
+  Tensor to(DType dtype) const;
+  // Writes `src` into this tensor, broadcasting src and converting its dtype.
+  void copy_from(const Tensor& src) const;
+  // Sets every element to `value`.
+  void fill(double value) const;
+
+  // numpy-style text: "array([[1., 2.],\n       [3., 4.]], dtype=float32)".
+  std::string to_string() const;
+
+ private:
+  Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Strides strides, int64_t offset);
+  int64_t normalize_dim(int64_t d, const char* op, int64_t ndim) const;
+  int64_t element_offset(std::span<const int64_t> index, const char* op) const;
+  void check_dtype(DType expected, const char* op) const;
+
+  std::shared_ptr<Storage> storage_;
+  DType dtype_ = DType::f32;
+  Shape shape_;
+  Strides strides_;
+  int64_t offset_ = 0;
+  int64_t numel_ = 0;
+};
+
+std::ostream& operator<<(std::ostream& out, const Tensor& t);
+
+// ---- template definitions ---------------------------------------------------
+
+template <class T>
+T* Tensor::data() const {
+  check_dtype(dtype_v<T>, "data");
+  return reinterpret_cast<T*>(storage_->data()) + offset_;
+}
+
+template <class T>
+T& Tensor::at(std::span<const int64_t> index) const {
+  check_dtype(dtype_v<T>, "at");
+  return reinterpret_cast<T*>(storage_->data())[element_offset(index, "at")];
+}
+
+template <class T>
+Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
+  if (static_cast<int64_t>(values.size()) != shape_numel(shape)) {
+    fail<ShapeError>("from_vector: ", values.size(), " values do not fill shape ", shape_str(shape));
+  }
+  Tensor out = empty(shape, dtype_v<T>);
+  T* p = out.data<T>();
+  for (size_t i = 0; i < values.size(); ++i) p[i] = values[i];  // also works for vector<bool>
+  return out;
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor converted = to(dtype_v<T>).contiguous();
+  const T* p = converted.data<T>();
+  return std::vector<T>(p, p + numel_);
+}
+
+}  // namespace qkv

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages qkv builds with, only those missing; non-interactive.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build ccache pkg-config python3-venv
+  clang libclang-rt-14-dev libomp-dev          # libFuzzer targets and their sanitizers
+  libdnnl-dev libhwy-dev                        # GEMM (oneDNN) and SIMD (Highway)
+  libgtest-dev libbenchmark-dev                 # tests and benchmarks
+  libcli11-dev nlohmann-json3-dev               # CLI parsing, JSON headers
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

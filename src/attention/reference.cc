@@ -1,0 +1,108 @@
+// The attention oracle: plain loops, float64 accumulation, one thread.
+// Readability over speed; every convention is documented in qkv/attention.h.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention/problem.h"
+#include "qkv/random.h"
+
+namespace qkv {
+
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Additive bias of the mask at (b, i, j): 0 / -inf for bool masks, the value for float masks.
+double mask_bias(const Tensor& mask, const double* values, int64_t base, int64_t i, int64_t j) {
+  const int64_t off = base + i * mask.stride(-2) + j * mask.stride(-1);
+  if (mask.dtype() == DType::b8) return values[off] != 0.0 ? 0.0 : kNegInf;
+  return values[off];
+}
+
+// Reads every element of `t` (any layout) as double, keeping t's strides.
+std::vector<double> as_double(const Tensor& t) {
+  // Index by element offset from t's first element: make a same-geometry f64 copy.
+  int64_t span = 1;
+  for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);
+  std::vector<double> out(t.numel() == 0 ? 0 : static_cast<size_t>(span), 0.0);
+  if (t.numel() == 0) return out;
+  // Copy each broadcast (stride-0) element once: writing it through every
+  // alias would be a data race in the threaded copy.
+  Tensor compact = t;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.stride(d) == 0) compact = compact.slice(d, 0, 1);
+  }
+  Tensor::from_blob(out.data(), compact.shape(), DType::f64, compact.strides()).copy_from(compact);
+  return out;
+}
+
+// A new tensor of `dtype` holding `values`.
+Tensor to_tensor(std::vector<double>& values, const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype);
+  t.copy_from(Tensor::from_blob(values.data(), shape, DType::f64));
+  return t;
+}
+
+}  // namespace
+
+AttentionResult attention_reference(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                    const AttentionOptions& options) {
+  const char* op = "attention_reference";
+  const attention::Problem p = attention::make_problem(q_in, k_in, v_in, options, op);
+  // Zero strides of broadcast dims make as_double() read each shared element once.
+  const std::vector<double> q = as_double(p.q), k = as_double(p.k), v = as_double(p.v);
+  const std::vector<double> mask = p.mask ? as_double(*p.mask) : std::vector<double>{};
+
+  Shape out_shape = p.batch;
+  out_shape.insert(out_shape.end(), {p.lq, p.dv});
+  Shape w_shape = p.batch;
+  w_shape.insert(w_shape.end(), {p.lq, p.lk});
+  std::vector<double> out(static_cast<size_t>(shape_numel(out_shape)), 0.0);
+  std::vector<double> weights(static_cast<size_t>(shape_numel(w_shape)), 0.0);
+  const double keep_scale = options.dropout_p < 1.0 ? 1.0 / (1.0 - options.dropout_p) : 0.0;
+
+  std::vector<double> row(static_cast<size_t>(p.lk));
+  for (int64_t b = 0; b < p.batch_size; ++b) {
+    const double* qb = q.data() + attention::batch_offset(p.q, p.batch, b, 1);
+    const double* kb = k.data() + attention::batch_offset(p.k, p.batch, b, p.gqa_group);
+    const double* vb = v.data() + attention::batch_offset(p.v, p.batch, b, p.gqa_group);
+    const int64_t mask_base = p.mask ? attention::batch_offset(*p.mask, p.batch, b, 1) : 0;
+    for (int64_t i = 0; i < p.lq; ++i) {
+      // scores[j] = scale * q_i . k_j + bias(i, j)
+      double row_max = kNegInf;
+      for (int64_t j = 0; j < p.lk; ++j) {
+        double dot = 0.0;
+        for (int64_t d = 0; d < p.dk; ++d) {
+          dot += qb[i * p.q.stride(-2) + d * p.q.stride(-1)] * kb[j * p.k.stride(-2) + d * p.k.stride(-1)];
+        }
+        double s = dot * p.scale;
+        if (p.mask) s += mask_bias(*p.mask, mask.data(), mask_base, i, j);
+        if (options.is_causal && j > i) s = kNegInf;
+        row[j] = s;
+        row_max = std::fmax(row_max, s);
+      }
+      double* w = weights.data() + (b * p.lq + i) * p.lk;
+      if (row_max == kNegInf) continue;  // every key masked: weights and output stay 0
+      double sum = 0.0;
+      for (int64_t j = 0; j < p.lk; ++j) sum += (w[j] = std::exp(row[j] - row_max));
+      for (int64_t j = 0; j < p.lk; ++j) {
+        w[j] /= sum;
+        if (options.dropout_p > 0.0) {
+          const auto index = static_cast<uint64_t>((b * p.lq + i) * p.lk + j);
+          w[j] = random::dropout_keep(options.seed, index, options.dropout_p) ? w[j] * keep_scale : 0.0;
+        }
+      }
+      double* o = out.data() + (b * p.lq + i) * p.dv;
+      for (int64_t j = 0; j < p.lk; ++j) {
+        for (int64_t d = 0; d < p.dv; ++d) o[d] += w[j] * vb[j * p.v.stride(-2) + d * p.v.stride(-1)];
+      }
+    }
+  }
+  AttentionResult result;
+  result.output = to_tensor(out, out_shape, p.out_dtype);
+  if (options.return_weights) result.weights = to_tensor(weights, w_shape, p.out_dtype);
+  return result;
+}
+
+}  // namespace qkv
