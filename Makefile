@@ -30,13 +30,13 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
-	$(BUILD)/qkv demo
+	$(BUILD)/bin/qkv demo
 
 ctest: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 pytest: build venv
-	QKV_CLI=$(abspath $(BUILD))/qkv $(PY) -m pytest -q tests/python
+	QKV_CLI=$(abspath $(BUILD))/bin/qkv $(PY) -m pytest -q tests/python
 
 test: ctest pytest
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "qkv/tensor.h"
@@ -31,16 +32,34 @@ std::string trim_fraction(std::string s) {
   return mantissa + suffix;
 }
 
-std::string format_float(double x, const FloatStyle& style) {
+// `x` read back from text, rounded to the element type: numpy prints the
+// fewest digits that survive this round trip (its "unique" mode).
+double round_to(double x, DType dtype) {
+  switch (dtype) {
+    case DType::f32: return static_cast<float>(x);
+    case DType::f16: return static_cast<float>(float16(static_cast<float>(x)));
+    case DType::bf16: return static_cast<float>(bfloat16(static_cast<float>(x)));
+    default: return x;
+  }
+}
+
+std::string format_float(double x, const FloatStyle& style, DType dtype) {
   if (std::isnan(x)) return "nan";
   if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
   char buf[64];
-  if (style.scientific) {
-    std::snprintf(buf, sizeof buf, "%.8e", x);
-    return trim_fraction(buf);
+  for (int digits = 0; digits <= 8; ++digits) {
+    std::snprintf(buf, sizeof buf, style.scientific ? "%.*e" : "%.*f", digits, x);
+    if (round_to(std::strtod(buf, nullptr), dtype) == x) break;
   }
-  std::snprintf(buf, sizeof buf, "%.8f", x);
-  return trim_fraction(buf);
+  std::string text = buf;
+  if (text.find('.') == std::string::npos) {  // numpy keeps the point: "2.", "1.e-05"
+    const auto e = std::min(text.find('e'), text.size());
+    std::string with_point(text, 0, e);
+    with_point.push_back('.');
+    with_point.append(text, e, std::string::npos);
+    text.swap(with_point);
+  }
+  return trim_fraction(text);
 }
 
 FloatStyle choose_style(const std::vector<double>& values) {
@@ -78,7 +97,7 @@ class Printer {
   std::string print(size_t indent) {
     collect(0);
     if (is_floating(t_.dtype())) style_ = choose_style(numbers_);
-    for (double v : numbers_) width_ = std::max(width_, element(v).size());
+    measure();
     std::string out;
     index_.assign(t_.shape().size(), 0);
     emit(0, indent, out);
@@ -102,12 +121,34 @@ class Printer {
   std::string element(double v) const {
     if (t_.dtype() == DType::b8) return v != 0 ? " True" : "False";
     if (!is_floating(t_.dtype())) return std::to_string(static_cast<int64_t>(v));
-    return format_float(v, style_);
+    return format_float(v, style_, t_.dtype());
   }
 
+  // Fixed-point floats align on the decimal point (numpy pads the fraction on
+  // the right); everything else is right-aligned.
   std::string padded(double v) const {
     std::string s = element(v);
-    return std::string(width_ - s.size(), ' ') + s;
+    const auto dot = s.find('.');
+    if (aligned_ && dot != std::string::npos) {
+      s += std::string(frac_width_ - (s.size() - dot - 1), ' ');
+      return std::string(int_width_ - dot, ' ') + s;
+    }
+    return std::string(width_ - std::min(width_, s.size()), ' ') + s;
+  }
+
+  void measure() {
+    aligned_ = is_floating(t_.dtype()) && !style_.scientific;
+    for (double v : numbers_) {
+      const std::string s = element(v);
+      const auto dot = s.find('.');
+      if (aligned_ && dot != std::string::npos) {
+        int_width_ = std::max(int_width_, dot);
+        frac_width_ = std::max(frac_width_, s.size() - dot - 1);
+      } else {
+        width_ = std::max(width_, s.size());
+      }
+    }
+    if (aligned_) width_ = std::max(width_, int_width_ + 1 + frac_width_);
   }
 
   void emit(size_t d, size_t indent, std::string& out) {
@@ -152,6 +193,8 @@ class Printer {
   std::vector<double> numbers_;
   size_t next_ = 0;
   size_t width_ = 0;
+  bool aligned_ = false;
+  size_t int_width_ = 0, frac_width_ = 0;
 };
 
 }  // namespace
@@ -160,7 +203,7 @@ std::string Tensor::to_string() const {
   const bool default_dtype = dtype_ == DType::f64 || dtype_ == DType::i64 || dtype_ == DType::b8;
   std::string out = "array(";
   out += Printer(*this, numel_ > kSummarizeAbove).print(out.size());
-  if (numel_ == 0) out += ", shape=" + shape_str(shape_);
+  if (numel_ == 0 || numel_ > kSummarizeAbove) out += ", shape=" + shape_str(shape_);
   if (!default_dtype || numel_ == 0) out += ", dtype=" + std::string(dtype_name(dtype_));
   return out + ")";
 }

@@ -1,0 +1,19 @@
+// Subcommands of the qkv tool; each file registers one on the app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+
+#include "qkv/tensor.h"
+
+namespace qkv::cli {
+
+void register_attention(CLI::App& app);
+void register_inspect(CLI::App& app);
+void register_demo(CLI::App& app);
+
+// The single tensor of a .npy file, or of a .safetensors file holding exactly one
+// (name it as FILE:NAME to pick one of several). FormatError otherwise.
+Tensor load_tensor(const std::string& spec);
+
+}  // namespace qkv::cli
