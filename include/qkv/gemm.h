@@ -1,0 +1,51 @@
+// The one GEMM entry point of qkv (oneDNN matmul underneath).
+//
+// Row-major: C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b], op(A) is [M, K],
+// op(B) is [K, N], C is [M, N]. lda/ldb/ldc are row strides of the matrices as
+// stored (A stored [M, K] when !trans_a, [K, M] when trans_a; elements within a
+// stored row are contiguous). A leading dimension must be >= its stored row
+// length unless the matrix has a single stored row (then it is not used).
+//
+// Batches may have several dims (outermost first) with arbitrary element strides
+// per operand; a stride of 0 broadcasts A or B over that dim. C's batches must
+// not overlap (a zero C stride on a dim of size > 1 is a ValueError).
+//
+// BLAS conventions: beta == 0 means C is not read (NaN in C is overwritten);
+// alpha == 0 or K == 0 means A and B are not read (C = beta * C). Any of M, N,
+// K or a batch dim may be 0. Pointers of operands that are not read may be null.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace qkv {
+
+struct GemmBatch {
+  std::vector<int64_t> shape;     // batch dims, outermost first; empty = one matrix
+  std::vector<int64_t> stride_a;  // element strides per batch dim (0 = broadcast)
+  std::vector<int64_t> stride_b;
+  std::vector<int64_t> stride_c;
+};
+
+struct GemmShape {
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+};
+
+// Fast path: oneDNN matmul, multi-threaded with get_num_threads() threads
+// (single-threaded when called inside parallel_for). Primitives are created once
+// per (shape, strides, transposes, alpha, beta, thread count) and kept in a
+// bounded, thread-safe LRU cache; batch layouts one oneDNN descriptor cannot
+// express run as a loop of smaller oneDNN calls. ValueError naming the shapes
+// on inconsistent arguments.
+void gemm(const GemmShape& s, float alpha, const float* a, const float* b, float beta, float* c,
+          const GemmBatch& batch = {});
+
+// Scalar reference with double accumulation (one rounding per element of C):
+// the oracle for gemm in tests. Same arguments, checks and conventions.
+void gemm_reference(const GemmShape& s, float alpha, const float* a, const float* b, float beta,
+                    float* c, const GemmBatch& batch = {});
+
+}  // namespace qkv

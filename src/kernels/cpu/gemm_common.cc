@@ -1,0 +1,129 @@
+#include "kernels/cpu/gemm_common.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "qkv/error.h"
+
+namespace qkv::detail {
+
+namespace {
+
+constexpr int64_t kMaxElements = int64_t{1} << 62;  // as shape_numel
+
+std::string list_str(const std::vector<int64_t>& v) {
+  std::ostringstream out;
+  out << '[';
+  for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
+  out << ']';
+  return out.str();
+}
+
+// A stored matrix of `rows` rows of `len` contiguous elements, `ld` apart.
+void check_leading_dim(const char* op, const char* name, int64_t rows, int64_t len, int64_t ld,
+                       const GemmShape& s, const GemmBatch& batch) {
+  if (ld < 0 || (rows > 1 && ld < len)) {
+    fail<ValueError>(op, ": ", name, "=", ld, " is less than the stored row length ", len, " (",
+                     rows, " stored rows) for ", gemm_args_str(s, batch));
+  }
+}
+
+int64_t check_batch(const char* op, const GemmShape& s, const GemmBatch& batch) {
+  const size_t nd = batch.shape.size();
+  if (batch.stride_a.size() != nd || batch.stride_b.size() != nd || batch.stride_c.size() != nd) {
+    fail<ValueError>(op, ": batch stride lists must have one entry per batch dim for ",
+                     gemm_args_str(s, batch));
+  }
+  int64_t count = 1;
+  for (size_t d = 0; d < nd; ++d) {
+    const int64_t size = batch.shape[d];
+    if (size < 0) fail<ValueError>(op, ": negative batch dim for ", gemm_args_str(s, batch));
+    if (size > 1 && batch.stride_c[d] == 0) {
+      fail<ValueError>(op, ": stride_c is 0 on batch dim ", d, " of size ", size,
+                       " (C batches would overlap) for ", gemm_args_str(s, batch));
+    }
+    if (size != 0 && count > kMaxElements / size) {
+      fail<ValueError>(op, ": batch too large for ", gemm_args_str(s, batch));
+    }
+    count *= size;
+  }
+  return count;
+}
+
+}  // namespace
+
+std::string gemm_args_str(const GemmShape& s, const GemmBatch& batch) {
+  std::ostringstream out;
+  out << std::boolalpha << "m=" << s.m << ", n=" << s.n << ", k=" << s.k << ", trans_a=" << s.trans_a
+      << ", trans_b=" << s.trans_b << ", lda=" << s.lda << ", ldb=" << s.ldb << ", ldc=" << s.ldc;
+  if (!batch.shape.empty() || !batch.stride_a.empty() || !batch.stride_b.empty() ||
+      !batch.stride_c.empty()) {
+    out << ", batch=" << list_str(batch.shape) << ", stride_a=" << list_str(batch.stride_a)
+        << ", stride_b=" << list_str(batch.stride_b) << ", stride_c=" << list_str(batch.stride_c);
+  }
+  return out.str();
+}
+
+int64_t check_gemm_args(const char* op, const GemmShape& s, float alpha, const float* a,
+                        const float* b, float beta, const float* c, const GemmBatch& batch) {
+  (void)beta;  // every beta is valid; kept in the signature to mirror gemm
+  if (s.m < 0 || s.n < 0 || s.k < 0) {
+    fail<ValueError>(op, ": m, n and k must be >= 0 for ", gemm_args_str(s, batch));
+  }
+  check_leading_dim(op, "lda", s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda, s, batch);
+  check_leading_dim(op, "ldb", s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb, s, batch);
+  check_leading_dim(op, "ldc", s.m, s.n, s.ldc, s, batch);
+  const int64_t count = check_batch(op, s, batch);
+  const bool writes_c = count > 0 && s.m > 0 && s.n > 0;
+  const bool reads_ab = writes_c && s.k > 0 && alpha != 0.0f;
+  if ((reads_ab && (a == nullptr || b == nullptr)) || (writes_c && c == nullptr)) {
+    fail<ValueError>(op, ": null matrix pointer for ", gemm_args_str(s, batch));
+  }
+  return count;
+}
+
+std::vector<GemmDim> gemm_batch_dims(const GemmBatch& batch) {
+  std::vector<GemmDim> dims(batch.shape.size());
+  for (size_t d = 0; d < dims.size(); ++d) {
+    dims[d] = {batch.shape[d], batch.stride_a[d], batch.stride_b[d], batch.stride_c[d]};
+  }
+  return dims;
+}
+
+std::vector<GemmDim> simplify_gemm_batch(std::vector<GemmDim> dims) {
+  std::erase_if(dims, [](const GemmDim& d) { return d.size == 1; });
+  // Outermost first; the order of independent batch matrices does not matter.
+  std::stable_sort(dims.begin(), dims.end(),
+                   [](const GemmDim& x, const GemmDim& y) { return x.sc > y.sc; });
+  std::vector<GemmDim> merged;
+  for (const GemmDim& d : dims) {
+    if (!merged.empty()) {
+      GemmDim& o = merged.back();
+      if (o.sa == d.sa * d.size && o.sb == d.sb * d.size && o.sc == d.sc * d.size) {
+        o = {o.size * d.size, d.sa, d.sb, d.sc};
+        continue;
+      }
+    }
+    merged.push_back(d);
+  }
+  return merged;
+}
+
+int64_t gemm_batch_count(const std::vector<GemmDim>& dims) {
+  int64_t count = 1;
+  for (const GemmDim& d : dims) count *= d.size;
+  return count;
+}
+
+void scale_gemm_output(float* c, int64_t m, int64_t n, int64_t ldc, float beta) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = c + i * ldc;
+    if (beta == 0.0f) {
+      std::fill(row, row + n, 0.0f);
+    } else {
+      for (int64_t j = 0; j < n; ++j) row[j] *= beta;
+    }
+  }
+}
+
+}  // namespace qkv::detail

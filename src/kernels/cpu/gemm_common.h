@@ -1,0 +1,87 @@
+// Argument checks and batch-layout helpers shared by gemm (oneDNN) and
+// gemm_reference, so both accept and reject exactly the same calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qkv/gemm.h"
+
+namespace qkv::detail {
+
+// One batch dim with its element stride in each operand.
+struct GemmDim {
+  int64_t size = 1;
+  int64_t sa = 0, sb = 0, sc = 0;
+  bool operator==(const GemmDim&) const = default;
+};
+
+// "m=2, n=3, k=4, trans_a=false, trans_b=true, lda=4, ldb=4, ldc=3, batch=[2, 3],
+// stride_a=[..], stride_b=[..], stride_c=[..]": quoted by every gemm error.
+std::string gemm_args_str(const GemmShape& s, const GemmBatch& batch);
+
+// Throws ValueError naming `op` and the arguments when they are inconsistent;
+// returns the number of matrices in the batch (the product of batch.shape).
+int64_t check_gemm_args(const char* op, const GemmShape& s, float alpha, const float* a,
+                        const float* b, float beta, const float* c, const GemmBatch& batch);
+
+// The batch as a list of dims (checked arguments only).
+std::vector<GemmDim> gemm_batch_dims(const GemmBatch& batch);
+
+// An equivalent, smaller batch: drops size-1 dims, orders dims by decreasing C
+// stride and merges neighbours that are contiguous with each other in all three
+// operands (e.g. [B, H] over contiguous storage becomes one dim of B*H). Fewer
+// dims mean fewer distinct oneDNN primitives and simpler descriptors.
+std::vector<GemmDim> simplify_gemm_batch(std::vector<GemmDim> dims);
+
+// Product of the dim sizes.
+int64_t gemm_batch_count(const std::vector<GemmDim>& dims);
+
+// Calls fn(offset_a, offset_b, offset_c) for batch matrices [first, last) in
+// row-major order of `dims` (last dim fastest).
+template <class Fn>
+void for_each_gemm_batch(const std::vector<GemmDim>& dims, int64_t first, int64_t last, Fn&& fn) {
+  const size_t nd = dims.size();
+  std::vector<int64_t> index(nd, 0);
+  int64_t oa = 0, ob = 0, oc = 0;
+  int64_t rest = first;
+  for (size_t d = nd; d-- > 0;) {  // decompose `first` into a multi-index
+    index[d] = rest % dims[d].size;
+    rest /= dims[d].size;
+    oa += index[d] * dims[d].sa;
+    ob += index[d] * dims[d].sb;
+    oc += index[d] * dims[d].sc;
+  }
+  for (int64_t i = first; i < last; ++i) {
+    fn(oa, ob, oc);
+    for (size_t d = nd; d-- > 0;) {  // odometer step, updating offsets incrementally
+      oa += dims[d].sa;
+      ob += dims[d].sb;
+      oc += dims[d].sc;
+      if (++index[d] < dims[d].size) break;
+      oa -= dims[d].sa * dims[d].size;
+      ob -= dims[d].sb * dims[d].size;
+      oc -= dims[d].sc * dims[d].size;
+      index[d] = 0;
+    }
+  }
+}
+
+// C = beta * C for one [m, n] matrix; beta == 0 stores zeros without reading C.
+void scale_gemm_output(float* c, int64_t m, int64_t n, int64_t ldc, float beta);
+
+// ---- introspection of qkv::gemm (gemm_onednn.cc), for tests and benchmarks ----
+
+// Capacity of gemm's plan cache (least recently used plans are dropped).
+inline constexpr size_t kGemmPlanCacheCapacity = 256;
+
+// How gemm would run these arguments: "empty", "scale" (K == 0 or alpha == 0), or
+// "<oneDNN implementation> outer=<dims looped outside oneDNN>[ parallel]".
+// Creates (and caches) the plan like a gemm call would.
+std::string gemm_plan_str(const GemmShape& s, float alpha, float beta, const GemmBatch& batch = {});
+size_t gemm_plan_cache_size();
+void gemm_plan_cache_clear();
+
+}  // namespace qkv::detail

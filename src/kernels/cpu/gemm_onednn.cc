@@ -1,0 +1,344 @@
+// qkv::gemm over oneDNN matmul (f32, OMP runtime).
+//
+// Every call is reduced to a canonical Problem (batch dims simplified, unused
+// leading dimensions canonicalised, thread count included), which keys an LRU
+// cache of Plans. A Plan is one oneDNN primitive over the innermost batch dims
+// it can express, plus the outer batch dims (if any) we loop over ourselves.
+//
+// What one oneDNN descriptor can express (probed on 2.6, see docs/kernels.md):
+// non-negative strides that do not make a memory descriptor overlap, at most 12
+// dims, and broadcasting by one of A or B per dim (a stride-0 dim becomes a
+// size-1 dim of that operand's descriptor). oneDNN 2.6 crashes (SIGFPE) on
+// K == 0, so empty problems never reach it.
+//
+// Scratchpads are user-managed, one buffer per calling thread: with oneDNN 2.6's
+// library-managed scratchpad, one primitive executed from two threads at once
+// (two callers with the same shape, or our parallel batch loop) gives wrong
+// results or crashes (reproduced with 33x65x17 and 256^3 brgemm matmuls).
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "kernels/cpu/gemm_common.h"
+#include "kernels/cpu/parallel_internal.h"
+#include "qkv/error.h"
+#include "qkv/gemm.h"
+#include "qkv/parallel.h"
+
+namespace qkv {
+
+namespace {
+
+using detail::GemmDim;
+using dnnl::memory;
+
+// Below this many flops per oneDNN call, an outer batch loop runs on
+// parallel_for with single-threaded calls rather than serially with threaded ones
+// (measured in bench/gemm_bench.cc, BM_GemmFallbackLoop).
+constexpr double kSerialCallFlops = 1 << 22;
+
+struct Problem {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  uint32_t alpha_bits = 0, beta_bits = 0;  // bits, so that -0.0 and NaN are keys too
+  int threads = 1;
+  std::vector<GemmDim> dims;
+  bool operator==(const Problem&) const = default;
+};
+
+struct ProblemHash {
+  size_t operator()(const Problem& p) const {
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull + (h >> 29); };
+    mix(static_cast<uint64_t>(p.trans_a) | static_cast<uint64_t>(p.trans_b) << 1);
+    for (int64_t v : {p.m, p.n, p.k, p.lda, p.ldb, p.ldc}) mix(static_cast<uint64_t>(v));
+    mix(p.alpha_bits | static_cast<uint64_t>(p.beta_bits) << 32);
+    mix(static_cast<uint64_t>(p.threads));
+    for (const GemmDim& d : p.dims) {
+      for (int64_t v : {d.size, d.sa, d.sb, d.sc}) mix(static_cast<uint64_t>(v));
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+struct Plan {
+  dnnl::matmul prim;
+  memory::desc a_md, b_md, c_md, scratch_md;
+  std::vector<GemmDim> outer;  // batch dims looped here, outermost first; empty = one call
+  bool parallel_outer = false;  // outer loop on parallel_for, single-threaded oneDNN calls
+  std::string impl;             // oneDNN's implementation name
+};
+
+// A leading dimension is unused when only one row is stored; giving it the dense
+// value keeps such calls on the fast kernels (oneDNN 2.6 picks its slow reference
+// kernel for some odd strides of size-1 dims) and shares their cache entry.
+int64_t canonical_ld(int64_t stored_rows, int64_t row_len, int64_t ld) {
+  return stored_rows <= 1 ? std::max<int64_t>(row_len, 1) : ld;
+}
+
+Problem make_problem(const GemmShape& s, float alpha, float beta, std::vector<GemmDim> dims,
+                     int threads) {
+  Problem p;
+  p.trans_a = s.trans_a;
+  p.trans_b = s.trans_b;
+  p.m = s.m;
+  p.n = s.n;
+  p.k = s.k;
+  p.lda = canonical_ld(s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda);
+  p.ldb = canonical_ld(s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb);
+  p.ldc = canonical_ld(s.m, s.n, s.ldc);
+  p.alpha_bits = std::bit_cast<uint32_t>(alpha);
+  p.beta_bits = std::bit_cast<uint32_t>(beta);
+  p.threads = threads;
+  p.dims = std::move(dims);
+  return p;
+}
+
+// ---- descriptors ---------------------------------------------------------------------
+
+enum class Operand { a, b, c };
+
+int64_t dim_stride(const GemmDim& d, Operand x) {
+  return x == Operand::a ? d.sa : x == Operand::b ? d.sb : d.sc;
+}
+
+// [inner batch..., rows, cols] with the operand's strides; a broadcast (stride 0)
+// dim becomes size 1 with a stride past the operand's extent (oneDNN's fast
+// kernels reject stride 0 even on size-1 dims).
+memory::desc operand_md(const std::vector<GemmDim>& inner, Operand x, int64_t rows, int64_t cols,
+                        int64_t row_stride, int64_t col_stride) {
+  int64_t extent = std::max(rows * row_stride, cols * col_stride);
+  for (const GemmDim& d : inner) extent = std::max(extent, d.size * dim_stride(d, x));
+  memory::dims sizes, strides;
+  for (const GemmDim& d : inner) {
+    const int64_t stride = dim_stride(d, x);
+    sizes.push_back(stride == 0 ? 1 : d.size);
+    strides.push_back(stride == 0 ? extent : stride);
+  }
+  sizes.insert(sizes.end(), {rows, cols});
+  strides.insert(strides.end(), {row_stride, col_stride});
+  return memory::desc(sizes, memory::data_type::f32, strides);
+}
+
+bool expressible(const std::vector<GemmDim>& inner) {
+  if (inner.size() + 2 > DNNL_MAX_NDIMS) return false;
+  return std::all_of(inner.begin(), inner.end(), [](const GemmDim& d) {
+    return d.sa >= 0 && d.sb >= 0 && d.sc > 0 && (d.sa > 0 || d.sb > 0);
+  });
+}
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// The plan that loops over dims[0, split) and hands dims[split, end) to oneDNN,
+// or nothing when oneDNN cannot express that split well.
+std::optional<Plan> try_plan(const Problem& p, size_t split) {
+  const std::vector<GemmDim> inner(p.dims.begin() + static_cast<std::ptrdiff_t>(split), p.dims.end());
+  if (!expressible(inner)) return std::nullopt;
+  Plan plan;
+  plan.outer.assign(p.dims.begin(), p.dims.begin() + static_cast<std::ptrdiff_t>(split));
+  const double call_flops = 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) *
+                            static_cast<double>(p.k) * static_cast<double>(detail::gemm_batch_count(inner));
+  plan.parallel_outer = p.threads > 1 && detail::gemm_batch_count(plan.outer) >= p.threads &&
+                        call_flops < kSerialCallFlops;
+  try {
+    plan.a_md = operand_md(inner, Operand::a, p.m, p.k, p.trans_a ? 1 : p.lda, p.trans_a ? p.lda : 1);
+    plan.b_md = operand_md(inner, Operand::b, p.k, p.n, p.trans_b ? 1 : p.ldb, p.trans_b ? p.ldb : 1);
+    plan.c_md = operand_md(inner, Operand::c, p.m, p.n, p.ldc, 1);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // see the top of the file
+    const float alpha = std::bit_cast<float>(p.alpha_bits), beta = std::bit_cast<float>(p.beta_bits);
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});  // applied before the sum post-op
+    if (beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(beta);  // C = alpha * AB + beta * C
+      attr.set_post_ops(ops);
+    }
+    // Calls that run inside parallel_for must be created single-threaded.
+    const detail::ScopedRuntimeThreads threads(plan.parallel_outer ? 1 : p.threads);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(plan.a_md, plan.b_md, plan.c_md), attr,
+                                          cpu_engine());
+    plan.impl = pd.impl_info_str();
+    plan.scratch_md = pd.scratchpad_desc();
+    // The reference kernel is orders of magnitude slower than looping over a
+    // batch dim with a fast kernel; accept it only when nothing is left to loop.
+    if (plan.impl.find("ref") != std::string::npos && split < p.dims.size()) return std::nullopt;
+    plan.prim = dnnl::matmul(pd);
+  } catch (const dnnl::error&) {
+    return std::nullopt;  // e.g. strides that make a descriptor overlap
+  }
+  return plan;
+}
+
+std::shared_ptr<const Plan> make_plan(const Problem& p, const GemmShape& s, const GemmBatch& batch) {
+  for (size_t split = 0; split <= p.dims.size(); ++split) {
+    if (auto plan = try_plan(p, split)) return std::make_shared<const Plan>(std::move(*plan));
+  }
+  fail<Error>("gemm: oneDNN has no matmul for ", detail::gemm_args_str(s, batch));
+}
+
+// ---- the plan cache ----------------------------------------------------------------------
+
+class PlanCache {
+ public:
+  std::shared_ptr<const Plan> find(const Problem& p) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = index_.find(p);
+    if (it == index_.end()) return nullptr;
+    lru_.splice(lru_.begin(), lru_, it->second);  // most recently used first
+    return it->second->second;
+  }
+
+  // Plans are built outside the lock (oneDNN JIT takes milliseconds); when two
+  // threads race on a new key, the first insert wins and both use its plan.
+  std::shared_ptr<const Plan> insert(const Problem& p, std::shared_ptr<const Plan> plan) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (const auto it = index_.find(p); it != index_.end()) return it->second->second;
+    lru_.emplace_front(p, std::move(plan));
+    index_.emplace(p, lru_.begin());
+    if (lru_.size() > detail::kGemmPlanCacheCapacity) {
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    return lru_.front().second;
+  }
+
+  size_t size() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return lru_.size();
+  }
+
+  void clear() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    index_.clear();
+    lru_.clear();
+  }
+
+ private:
+  using Entry = std::pair<Problem, std::shared_ptr<const Plan>>;
+  std::mutex mutex_;
+  std::list<Entry> lru_;
+  std::unordered_map<Problem, std::list<Entry>::iterator, ProblemHash> index_;
+};
+
+PlanCache& plan_cache() {
+  static PlanCache cache;
+  return cache;
+}
+
+std::shared_ptr<const Plan> get_plan(const Problem& p, const GemmShape& s, const GemmBatch& batch) {
+  if (auto plan = plan_cache().find(p)) return plan;
+  return plan_cache().insert(p, make_plan(p, s, batch));
+}
+
+// ---- execution ---------------------------------------------------------------------------
+
+// This thread's scratchpad, grown to at least `bytes` (64-byte aligned).
+void* thread_scratchpad(size_t bytes) {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<void, Free> buffer;
+  thread_local size_t capacity = 0;
+  if (bytes > capacity) {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    buffer.reset(std::aligned_alloc(64, rounded));
+    if (!buffer) throw std::bad_alloc();
+    capacity = rounded;
+  }
+  return buffer.get();
+}
+
+// Runs the plan's primitive on batch matrices [first, last) of plan.outer.
+void run_outer_range(const Plan& plan, const float* a, const float* b, float* c, int64_t first,
+                     int64_t last) {
+  // oneDNN never writes A or B; its memory API just has no const handles.
+  float* pa = const_cast<float*>(a);
+  float* pb = const_cast<float*>(b);
+  dnnl::stream stream(cpu_engine());
+  memory ma(plan.a_md, cpu_engine(), pa), mb(plan.b_md, cpu_engine(), pb), mc(plan.c_md, cpu_engine(), c);
+  memory scratch(plan.scratch_md, cpu_engine(), thread_scratchpad(plan.scratch_md.get_size()));
+  detail::for_each_gemm_batch(plan.outer, first, last, [&](int64_t oa, int64_t ob, int64_t oc) {
+    if (!plan.outer.empty()) {
+      ma.set_data_handle(pa + oa);
+      mb.set_data_handle(pb + ob);
+      mc.set_data_handle(c + oc);
+    }
+    plan.prim.execute(stream, {{DNNL_ARG_SRC, ma},
+                               {DNNL_ARG_WEIGHTS, mb},
+                               {DNNL_ARG_DST, mc},
+                               {DNNL_ARG_SCRATCHPAD, scratch}});
+  });
+  stream.wait();
+}
+
+void run_plan(const Plan& plan, const float* a, const float* b, float* c) {
+  const int64_t count = detail::gemm_batch_count(plan.outer);
+  if (!plan.parallel_outer) {
+    run_outer_range(plan, a, b, c, 0, count);
+    return;
+  }
+  parallel_for(0, count, 1, [&](int64_t lo, int64_t hi) { run_outer_range(plan, a, b, c, lo, hi); });
+}
+
+// K == 0 or alpha == 0: C = beta * C without touching A, B or oneDNN.
+void scale_only(const GemmShape& s, float beta, float* c, const std::vector<GemmDim>& dims) {
+  detail::for_each_gemm_batch(dims, 0, detail::gemm_batch_count(dims), [&](int64_t, int64_t, int64_t oc) {
+    detail::scale_gemm_output(c + oc, s.m, s.n, s.ldc, beta);
+  });
+}
+
+}  // namespace
+
+void gemm(const GemmShape& s, float alpha, const float* a, const float* b, float beta, float* c,
+          const GemmBatch& batch) {
+  const int64_t count = detail::check_gemm_args("gemm", s, alpha, a, b, beta, c, batch);
+  if (count == 0 || s.m == 0 || s.n == 0) return;
+  std::vector<GemmDim> dims = detail::simplify_gemm_batch(detail::gemm_batch_dims(batch));
+  if (s.k == 0 || alpha == 0.0f) {
+    scale_only(s, beta, c, dims);
+    return;
+  }
+  const int threads = detail::sync_runtime_threads();
+  const auto plan = get_plan(make_problem(s, alpha, beta, std::move(dims), threads), s, batch);
+  try {
+    run_plan(*plan, a, b, c);
+  } catch (const dnnl::error& e) {
+    fail<Error>("gemm: oneDNN failed (", e.what(), ") for ", detail::gemm_args_str(s, batch));
+  }
+}
+
+namespace detail {
+
+std::string gemm_plan_str(const GemmShape& s, float alpha, float beta, const GemmBatch& batch) {
+  static const float unused = 0.0f;  // the plan does not depend on the pointers
+  const int64_t count = check_gemm_args("gemm_plan_str", s, alpha, &unused, &unused, beta, &unused, batch);
+  if (count == 0 || s.m == 0 || s.n == 0) return "empty";
+  std::vector<GemmDim> dims = simplify_gemm_batch(gemm_batch_dims(batch));
+  if (s.k == 0 || alpha == 0.0f) return "scale";
+  const int threads = sync_runtime_threads();
+  const auto plan = get_plan(make_problem(s, alpha, beta, std::move(dims), threads), s, batch);
+  std::string out = plan->impl + " outer=" + std::to_string(plan->outer.size());
+  if (plan->parallel_outer) out += " parallel";
+  return out;
+}
+
+size_t gemm_plan_cache_size() { return plan_cache().size(); }
+
+void gemm_plan_cache_clear() { plan_cache().clear(); }
+
+}  // namespace detail
+
+}  // namespace qkv

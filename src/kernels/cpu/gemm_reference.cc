@@ -1,0 +1,48 @@
+// The gemm oracle: plain loops, double accumulation, one rounding per output.
+// Deliberately naive (no blocking, no threads) so that it is obviously right.
+#include "kernels/cpu/gemm_common.h"
+#include "qkv/gemm.h"
+
+namespace qkv {
+
+namespace {
+
+// C = alpha * op(A) op(B) + beta * C for one matrix.
+void reference_matrix(const GemmShape& s, float alpha, const float* a, const float* b, float beta,
+                      float* c) {
+  // Element (i, p) of op(A) and (p, j) of op(B), whatever the storage order.
+  const int64_t a_row = s.trans_a ? 1 : s.lda, a_col = s.trans_a ? s.lda : 1;
+  const int64_t b_row = s.trans_b ? 1 : s.ldb, b_col = s.trans_b ? s.ldb : 1;
+  const bool reads_ab = s.k > 0 && alpha != 0.0f;
+  for (int64_t i = 0; i < s.m; ++i) {
+    for (int64_t j = 0; j < s.n; ++j) {
+      double acc = 0.0;
+      if (reads_ab) {
+        for (int64_t p = 0; p < s.k; ++p) {
+          acc += static_cast<double>(a[i * a_row + p * a_col]) *
+                 static_cast<double>(b[p * b_row + j * b_col]);
+        }
+      }
+      float& out = c[i * s.ldc + j];
+      const double prior = beta == 0.0f ? 0.0 : static_cast<double>(beta) * out;
+      out = static_cast<float>(static_cast<double>(alpha) * acc + prior);
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_reference(const GemmShape& s, float alpha, const float* a, const float* b, float beta,
+                    float* c, const GemmBatch& batch) {
+  const int64_t count = detail::check_gemm_args("gemm_reference", s, alpha, a, b, beta, c, batch);
+  if (count == 0 || s.m == 0 || s.n == 0) return;
+  detail::for_each_gemm_batch(detail::gemm_batch_dims(batch), 0, count,
+                              [&](int64_t oa, int64_t ob, int64_t oc) {
+                                // Unread operands may be null: never form a pointer from them.
+                                const float* pa = a ? a + oa : nullptr;
+                                const float* pb = b ? b + ob : nullptr;
+                                reference_matrix(s, alpha, pa, pb, beta, c + oc);
+                              });
+}
+
+}  // namespace qkv
