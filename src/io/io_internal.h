@@ -1,0 +1,98 @@
+// Helpers shared by the .npy and .safetensors readers and writers (not public API).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qkv/error.h"
+#include "qkv/io.h"
+#include "qkv/tensor.h"
+
+namespace qkv::io::detail {
+
+// Who reports a fault: every message starts "op: source: ", e.g.
+// "load_npy: weights.npy: ...", so the user sees the call and the file.
+struct Context {
+  const char* op;
+  std::string source;
+};
+
+template <class E = FormatError, class... Args>
+[[noreturn]] void fail_at(const Context& ctx, Args&&... args) {
+  fail<E>(ctx.op, ": ", ctx.source, ": ", std::forward<Args>(args)...);
+}
+
+// The largest element count (and extent) a qkv tensor may have; tensor.cc uses the same.
+inline constexpr int64_t kMaxElements = int64_t{1} << 62;
+
+// Number of elements of `shape` (dims already known non-negative), or -1 when the
+// product of the non-zero dims passes kMaxElements. Zero dims are skipped for the
+// overflow check because strides are still products of the other dims.
+int64_t checked_numel(std::span<const int64_t> shape);
+
+// "[2, 3]" from a span.
+std::string dims_str(std::span<const int64_t> shape);
+
+// `text` in `quote` quotes for messages: at most `max_chars` bytes, non-printable
+// bytes as \xNN, the quote and backslash escaped.
+std::string quote_excerpt(std::string_view text, size_t max_chars = 96, char quote = '"');
+// A tensor name in messages: 'w'.
+inline std::string quote_name(std::string_view name) { return quote_excerpt(name, 200, '\''); }
+
+// Reverses the bytes of each `itemsize`-byte element in place.
+void byteswap_inplace(std::byte* data, size_t nbytes, size_t itemsize);
+
+// Bytes other than 0 and 1 in a bool tensor are not valid C++ bools; numpy reads any
+// non-zero byte as True, so they become 1.
+void normalize_bools(std::byte* data, size_t nbytes);
+
+// ---- files ---------------------------------------------------------------------
+// The whole file in one 64-byte aligned storage (IOError when it cannot be read).
+std::shared_ptr<Storage> read_file(const std::filesystem::path& path, const Context& ctx);
+// Up to `n` bytes of the file from `offset` (fewer when the file ends first).
+std::vector<std::byte> read_range(const std::filesystem::path& path, uint64_t offset, size_t n,
+                                  const Context& ctx);
+uint64_t file_size(const std::filesystem::path& path, const Context& ctx);
+// Writes the chunks one after the other, replacing the file (IOError on failure).
+void write_file(const std::filesystem::path& path, std::span<const std::span<const std::byte>> chunks,
+                const Context& ctx);
+// A storage holding a copy of `bytes` (what the parse_* entry points read from).
+std::shared_ptr<Storage> copy_to_storage(std::span<const std::byte> bytes);
+
+// A tensor over `byte_offset` of `file`: a view when the offset is a multiple of the
+// itemsize (the storage itself is 64-byte aligned), else a copy of its bytes, so
+// element access is always aligned. Empty tensors get their own (empty) storage.
+Tensor view_or_copy(std::shared_ptr<Storage> file, size_t byte_offset, DType dtype, const Shape& shape,
+                    const Strides& strides);
+
+// The raw bytes of a contiguous tensor.
+inline std::span<const std::byte> tensor_bytes(const Tensor& t) {
+  return {static_cast<const std::byte*>(t.raw_data()), t.nbytes()};
+}
+
+// ---- .npy header ---------------------------------------------------------------------
+struct NpyHeader {
+  std::string descr;
+  bool fortran_order = false;
+  Shape shape;
+};
+// Parses the header text, a Python dict literal such as
+//   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+// strictly: exactly those three keys, string/bool/tuple-of-int values, no escapes.
+// `allow_long_suffix` accepts Python 2's "3L" ints (versions 1.0 and 2.0, as numpy does).
+NpyHeader parse_npy_header(std::string_view text, bool allow_long_suffix, const Context& ctx);
+
+// ---- format back ends (npy.cc, safetensors.cc) on a storage holding the whole file ------
+Tensor npy_from_storage(std::shared_ptr<Storage> file, const Context& ctx);
+SafetensorsFile safetensors_from_storage(std::shared_ptr<Storage> file, const Context& ctx);
+// Listings that read only the header (plus the file size).
+std::vector<TensorInfo> inspect_npy(const std::filesystem::path& path, const Context& ctx);
+std::vector<TensorInfo> inspect_safetensors(const std::filesystem::path& path, const Context& ctx);
+
+}  // namespace qkv::io::detail

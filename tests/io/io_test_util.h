@@ -1,0 +1,103 @@
+// Shared helpers of the tests/io tests: fixture paths, the fixture value formula
+// (mirrors tests/io/make_io_fixtures.py) and byte-building helpers.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "qkv/io.h"
+#include "qkv/tensor.h"
+
+namespace qkv::io::testing {
+
+inline std::filesystem::path fixture(const std::string& name) {
+  return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / "io" / name;
+}
+
+inline std::vector<std::byte> read_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot open " << path;
+  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(chars.size());
+  if (!chars.empty()) std::memcpy(out.data(), chars.data(), chars.size());
+  return out;
+}
+
+inline std::vector<std::byte> to_bytes(const std::string& s) {
+  std::vector<std::byte> out(s.size());
+  if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());
+  return out;
+}
+
+inline std::string to_string(const std::vector<std::byte>& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+// A fresh path in the test temp dir (unique per call).
+inline std::filesystem::path temp_path(const std::string& name) {
+  static std::atomic<int> counter{0};
+  const auto dir = std::filesystem::path(::testing::TempDir()) /
+                   ("qkv_io_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  std::filesystem::create_directories(dir);
+  return dir / name;
+}
+
+// The value of element `i` (row-major flat index) in the fixtures.
+inline double expected_value(DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::i8: return static_cast<double>(i - 3);
+    case DType::i32: return static_cast<double>(i * 100000 - 7);
+    case DType::i64: return static_cast<double>(i * (int64_t{1} << 40) - 7);
+    case DType::b8: return i % 3 == 0 ? 1.0 : 0.0;
+    default: return static_cast<double>(i) * 0.5 - 1.0;
+  }
+}
+
+// A contiguous tensor holding the fixture values.
+inline Tensor formula_tensor(DType dtype, const Shape& shape) {
+  std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = expected_value(dtype, static_cast<int64_t>(i));
+  return Tensor::from_vector(values, shape).to(dtype);
+}
+
+// Checks every element of `t` (any strides) against the fixture formula.
+inline void expect_formula(const Tensor& t, DType dtype, const Shape& shape) {
+  ASSERT_EQ(t.dtype(), dtype);
+  ASSERT_EQ(t.shape(), shape);
+  const std::vector<double> got = t.to_vector<double>();
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i], expected_value(dtype, static_cast<int64_t>(i))) << "element " << i << " of " << dtype_name(dtype);
+  }
+}
+
+inline const std::vector<std::pair<std::string, DType>>& fixture_dtypes() {
+  static const std::vector<std::pair<std::string, DType>> kAll = {
+      {"f32", DType::f32}, {"f64", DType::f64}, {"f16", DType::f16}, {"bf16", DType::bf16},
+      {"i8", DType::i8},   {"i32", DType::i32}, {"i64", DType::i64}, {"bool", DType::b8}};
+  return kAll;
+}
+
+}  // namespace qkv::io::testing
+
+// Asserts that `stmt` throws `type` whose message contains `substring`.
+#define EXPECT_THROW_MSG(stmt, type, substring)                                              \
+  do {                                                                                     \
+    try {                                                                                  \
+      stmt;                                                                                \
+      ADD_FAILURE() << #stmt " did not throw " #type;                                      \
+    } catch (const type& e) {                                                              \
+      EXPECT_NE(std::string(e.what()).find(substring), std::string::npos)                  \
+          << "message: " << e.what() << "\nexpected to contain: " << (substring);           \
+    } catch (const std::exception& e) {                                                    \
+      ADD_FAILURE() << #stmt " threw another exception than " #type ": " << e.what();     \
+    }                                                                                      \
+  } while (0)
