@@ -1,0 +1,48 @@
+// Softmax over one dim, and the raw row kernels fused attention builds on.
+//
+// Conventions (torch.softmax's, with PyTorch >= 2.5's _safe_softmax for masks):
+//   softmax(x)_i = exp(x_i - max(x)) / sum_j exp(x_j - max(x));
+//   a slice whose entries are all -inf (fully masked) gives zeros, not NaN;
+//   a NaN anywhere in a slice, or a +inf, makes the whole slice NaN.
+// f32 runs on Highway SIMD (AVX-512 / AVX2 / scalar, chosen at run time); f64
+// is scalar, exactly the reference below.
+#pragma once
+
+#include <cstdint>
+
+#include "qkv/tensor.h"
+
+namespace qkv {
+
+// Softmax of x along `dim` (negative counts from the end) for f32 and f64
+// tensors of any layout and rank (a 0-dim tensor is one slice of one element).
+// Returns a new contiguous tensor of x's shape and dtype; x is not modified.
+// DTypeError for other dtypes, IndexError for a dim out of range.
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+
+namespace kernels {
+
+// In place: softmax of `rows` rows of `cols` contiguous floats, row r starting
+// at x + r * row_stride. Single-threaded: callers parallelise over rows.
+void softmax_rows(float* x, int64_t rows, int64_t cols, int64_t row_stride);
+
+// Largest of x[0, n); -inf when n == 0; NaN when any element is NaN.
+float max_value(const float* x, int64_t n);
+
+// x[i] = exp(x[i] - shift) and returns the sum of the new x[i] (float lanes):
+// the online-softmax step, with shift >= max(x) so nothing overflows.
+float exp_shift_sum(float* x, int64_t n, float shift);
+
+// x[i] *= s.
+void scale(float* x, int64_t n, float s);
+
+// x[i] = exp(x[i]) (Highway's Exp, within 2 ulp of the correctly rounded value
+// for normal results); exp(-inf) = 0, exp(x > 88.73) = +inf, exp(NaN) = NaN.
+void exp_inplace(float* x, int64_t n);
+
+// The oracle: softmax of one row of n doubles with std::exp, same conventions;
+// y may equal x. Also the f64 path of softmax().
+void softmax_reference(const double* x, double* y, int64_t n);
+
+}  // namespace kernels
+}  // namespace qkv

@@ -1,0 +1,145 @@
+// Per-target softmax/exp kernels (Highway). softmax.cc re-includes this file
+// once per SIMD target via hwy/foreach_target.h and dispatches at run time; no
+// other file includes it. Highway's own convention for the include guard:
+// toggled per target, so the body is compiled once for each of them.
+#if defined(QKV_KERNELS_CPU_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef QKV_KERNELS_CPU_SOFTMAX_INL_H_
+#undef QKV_KERNELS_CPU_SOFTMAX_INL_H_
+#else
+#define QKV_KERNELS_CPU_SOFTMAX_INL_H_
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace qkv::kernels::HWY_NAMESPACE {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+// Above this exp overflows; Highway's Exp converts x / ln 2 to int32, which is
+// only meaningful below it, so larger inputs are mapped to +inf explicitly.
+constexpr float kExpOverflow = 89.0f;
+
+// exp with IEEE edge cases: exp(NaN) = NaN (Highway's Exp gives 0), exp(-inf) = 0,
+// exp(x > 89) = +inf. Accuracy is Highway's (measured in tests/kernels/softmax_test.cc).
+HWY_INLINE VF ExpIeee(DF d, VF x) {
+  VF y = hn::Exp(d, x);
+  y = hn::IfThenElse(hn::Gt(x, hn::Set(d, kExpOverflow)), hn::Set(d, kInf), y);
+  return hn::IfThenElse(hn::IsNaN(x), x, y);
+}
+
+// Vectors of `lanes` floats covering [0, n): the last, partial one goes through
+// a padded stack buffer, so every element sees the same vector code (and the
+// same rounding) and no load runs past the end of the row.
+struct Tail {
+  HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
+};
+
+// Largest element; -inf for n == 0; NaN when any element is NaN (hn::Max alone
+// may drop NaN on x86, so NaN is tracked in a separate mask).
+HWY_NOINLINE float MaxValue(const float* HWY_RESTRICT x, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  VF m = hn::Set(d, -kInf);
+  auto nan = hn::FirstN(d, 0);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const VF v = hn::LoadU(d, x + i);
+    m = hn::Max(m, v);
+    nan = hn::Or(nan, hn::IsNaN(v));
+  }
+  if (i < n) {
+    Tail t;
+    for (int64_t j = 0; j < lanes; ++j) t.buf[j] = i + j < n ? x[i + j] : -kInf;
+    const VF v = hn::Load(d, t.buf);
+    m = hn::Max(m, v);
+    nan = hn::Or(nan, hn::IsNaN(v));
+  }
+  if (!hn::AllFalse(d, nan)) return std::numeric_limits<float>::quiet_NaN();
+  return hn::GetLane(hn::MaxOfLanes(d, m));
+}
+
+// x[i] = exp(x[i] - shift); returns the sum of the new values.
+HWY_NOINLINE float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float shift) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const VF vshift = hn::Set(d, shift);
+  VF sum0 = hn::Zero(d), sum1 = hn::Zero(d);  // two chains hide the add latency
+  int64_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    const VF e0 = ExpIeee(d, hn::Sub(hn::LoadU(d, x + i), vshift));
+    const VF e1 = ExpIeee(d, hn::Sub(hn::LoadU(d, x + i + lanes), vshift));
+    hn::StoreU(e0, d, x + i);
+    hn::StoreU(e1, d, x + i + lanes);
+    sum0 = hn::Add(sum0, e0);
+    sum1 = hn::Add(sum1, e1);
+  }
+  for (; i + lanes <= n; i += lanes) {
+    const VF e = ExpIeee(d, hn::Sub(hn::LoadU(d, x + i), vshift));
+    hn::StoreU(e, d, x + i);
+    sum0 = hn::Add(sum0, e);
+  }
+  if (i < n) {
+    Tail t;  // padding is -inf: exp gives 0 and adds nothing to the sum
+    for (int64_t j = 0; j < lanes; ++j) t.buf[j] = i + j < n ? x[i + j] : -kInf;
+    const VF e = ExpIeee(d, hn::Sub(hn::Load(d, t.buf), vshift));
+    hn::Store(e, d, t.buf);
+    for (int64_t j = 0; i + j < n; ++j) x[i + j] = t.buf[j];
+    sum0 = hn::Add(sum0, hn::IfThenElseZero(hn::FirstN(d, static_cast<size_t>(n - i)), e));
+  }
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
+}
+
+// x[i] *= s.
+HWY_NOINLINE void Scale(float* HWY_RESTRICT x, int64_t n, float s) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const VF vs = hn::Set(d, s);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), vs), d, x + i);
+  for (; i < n; ++i) x[i] *= s;  // IEEE multiply: same result as the vector lanes
+}
+
+// x[i] = exp(x[i]).
+HWY_NOINLINE void ExpInplace(float* HWY_RESTRICT x, int64_t n) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(ExpIeee(d, hn::LoadU(d, x + i)), d, x + i);
+  if (i < n) {
+    Tail t;
+    for (int64_t j = 0; j < lanes; ++j) t.buf[j] = i + j < n ? x[i + j] : 0.0f;
+    hn::Store(ExpIeee(d, hn::Load(d, t.buf)), d, t.buf);
+    for (int64_t j = 0; i + j < n; ++j) x[i + j] = t.buf[j];
+  }
+}
+
+// Softmax of one row in place: max, exp(x - max) with its sum, scale by 1/sum.
+HWY_INLINE void SoftmaxRow(float* HWY_RESTRICT x, int64_t n) {
+  const float m = MaxValue(x, n);
+  if (m == -kInf) {  // every entry masked (or n == 0): zeros, as PyTorch's _safe_softmax
+    for (int64_t i = 0; i < n; ++i) x[i] = 0.0f;
+    return;
+  }
+  // A NaN max (some NaN) or +inf max makes the sum NaN, and so the whole row,
+  // as torch.softmax does.
+  const float sum = ExpShiftSum(x, n, m);
+  Scale(x, n, 1.0f / sum);
+}
+
+HWY_NOINLINE void SoftmaxRows(float* HWY_RESTRICT x, int64_t rows, int64_t cols, int64_t row_stride) {
+  for (int64_t r = 0; r < rows; ++r) SoftmaxRow(x + r * row_stride, cols);
+}
+
+}  // namespace qkv::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // QKV_KERNELS_CPU_SOFTMAX_INL_H_ toggle

@@ -1,0 +1,82 @@
+// Runtime dispatch of the Highway softmax/exp kernels (softmax-inl.h, compiled
+// once per SIMD target here and nowhere else) and the scalar double reference.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+// Targets: AVX-512, AVX2 and the portable fallback. CMakeLists.txt also passes
+// HWY_EMU128 here, which Highway 1.0.3 rejects ("At least one baseline target
+// must be defined and enabled") whenever EMU128 is the fallback: with clang
+// (the fuzz preset) and GCC >= 12.3. GCC 12.2 falls back to HWY_SCALAR, where
+// the flag was a no-op. So this file, the only Highway user, sets the list.
+#undef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/softmax-inl.h"
+#include "hwy/foreach_target.h"  // must come before highway.h
+#include "hwy/highway.h"
+#include "kernels/cpu/softmax-inl.h"
+
+#if HWY_ONCE
+
+#include "kernels/cpu/softmax_internal.h"
+#include "qkv/softmax.h"
+
+namespace qkv::kernels {
+
+HWY_EXPORT(SoftmaxRows);
+HWY_EXPORT(MaxValue);
+HWY_EXPORT(ExpShiftSum);
+HWY_EXPORT(Scale);
+HWY_EXPORT(ExpInplace);
+
+void softmax_rows(float* x, int64_t rows, int64_t cols, int64_t row_stride) {
+  HWY_DYNAMIC_DISPATCH(SoftmaxRows)(x, rows, cols, row_stride);
+}
+
+float max_value(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxValue)(x, n); }
+
+float exp_shift_sum(float* x, int64_t n, float shift) {
+  return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, shift);
+}
+
+void scale(float* x, int64_t n, float s) { HWY_DYNAMIC_DISPATCH(Scale)(x, n, s); }
+
+void exp_inplace(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(ExpInplace)(x, n); }
+
+void softmax_reference(const double* x, double* y, int64_t n) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  double m = -kInf;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    nan = nan || std::isnan(x[i]);
+    m = std::max(m, x[i]);
+  }
+  if (nan || m == -kInf) {  // NaN row, or fully masked row (_safe_softmax: zeros)
+    std::fill(y, y + n, nan ? std::numeric_limits<double>::quiet_NaN() : 0.0);
+    return;
+  }
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = std::exp(x[i] - m);  // +inf - +inf = NaN: a +inf makes the row NaN
+    sum += y[i];
+  }
+  for (int64_t i = 0; i < n; ++i) y[i] /= sum;
+}
+
+namespace detail {
+
+std::vector<int64_t> simd_targets() { return hwy::SupportedAndGeneratedTargets(); }
+
+std::string simd_target_name(int64_t target) { return hwy::TargetName(target); }
+
+void force_simd_target(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+
+}  // namespace detail
+}  // namespace qkv::kernels
+
+#endif  // HWY_ONCE

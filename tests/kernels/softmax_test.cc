@@ -1,0 +1,225 @@
+// The Highway softmax/exp kernels against the scalar double reference (and
+// std::exp), on every SIMD target this CPU supports; then qkv::softmax on
+// tensors of several layouts and dtypes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/softmax_internal.h"
+#include "qkv/softmax.h"
+
+namespace qkv {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Row lengths around every vector width (4, 8, 16 lanes) and up to 1000.
+const std::vector<int64_t> kCols = {1,  2,  3,  5,   7,   8,   9,   13,  15,  16,  17,  31,  33,
+                                    63, 65, 100, 127, 129, 255, 257, 333, 511, 513, 999, 1000};
+
+// Runs `body` once per SIMD target (AVX3, AVX2, SCALAR, ... as available).
+template <class Fn>
+void for_each_target(Fn&& body) {
+  for (int64_t target : kernels::detail::simd_targets()) {
+    kernels::detail::force_simd_target(target);
+    SCOPED_TRACE("target " + kernels::detail::simd_target_name(target));
+    body();
+  }
+  kernels::detail::force_simd_target(0);
+}
+
+// Bound on |float kernel - double reference| for softmax element i of a row:
+// rounding x_i - max in float costs |x_i - max| * 2^-24 relative, exp, the sum
+// and the scaling a few ulp more (worst seen: 5.8e-7 relative at x_i = max, in a
+// 1000-element row: the float sum). Below FLT_MIN results are subnormal (or 0).
+double softmax_bound(double ref, double shifted) {
+  if (!std::isfinite(shifted)) return 0.0;  // masked entry or row: exactly 0
+  return ref * 3e-7 * (4.0 + std::fabs(shifted)) + FLT_MIN;
+}
+
+// Softmax of each row of `x` ([rows, cols], rows `stride` apart) with the kernel
+// and the reference; checks every element, and that padding is untouched.
+void expect_rows_match(std::vector<float> x, int64_t rows, int64_t cols, int64_t stride) {
+  std::vector<float> got = x;
+  kernels::softmax_rows(got.data(), rows, cols, stride);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<double> in(x.begin() + r * stride, x.begin() + r * stride + cols), want(cols);
+    kernels::softmax_reference(in.data(), want.data(), cols);
+    double m = -INFINITY;
+    for (double v : in) m = std::max(m, v);
+    for (int64_t c = 0; c < cols; ++c) {
+      const double g = got[r * stride + c], w = want[c];
+      if (std::isnan(w)) {
+        ASSERT_TRUE(std::isnan(g)) << "row " << r << " col " << c << " of " << cols;
+      } else {
+        ASSERT_LE(std::fabs(g - w), softmax_bound(w, in[c] - m))
+            << "row " << r << " col " << c << " of " << cols << ": got " << g << ", want " << w;
+      }
+    }
+    for (int64_t c = cols; r + 1 < rows && c < stride; ++c) {
+      ASSERT_EQ(std::memcmp(&got[r * stride + c], &x[r * stride + c], 4), 0) << "padding changed";
+    }
+  }
+}
+
+std::vector<float> normal_values(size_t n, float sigma, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+TEST(Softmax, ReferencePinnedByHand) {
+  const double x[] = {1.0, 2.0, 3.0};
+  double y[3];
+  kernels::softmax_reference(x, y, 3);
+  const double z = 1.0 + std::exp(1.0) + std::exp(2.0);
+  EXPECT_DOUBLE_EQ(y[0], 1.0 / z);
+  EXPECT_DOUBLE_EQ(y[1], std::exp(1.0) / z);
+  EXPECT_DOUBLE_EQ(y[2], std::exp(2.0) / z);
+}
+
+TEST(Softmax, RowsMatchReferenceOnEveryTarget) {
+  for_each_target([] {
+    for (int64_t cols : kCols) {
+      SCOPED_TRACE(cols);
+      expect_rows_match(normal_values(3 * cols, 3.0f, static_cast<uint32_t>(cols)), 3, cols, cols);
+    }
+  });
+}
+
+TEST(Softmax, RowStrideLeavesPaddingAlone) {
+  for_each_target([] {
+    for (int64_t cols : {5, 16, 37}) expect_rows_match(normal_values(4 * (cols + 3), 1.0f, 7), 4, cols, cols + 3);
+  });
+}
+
+TEST(Softmax, LargeMagnitudes) {
+  for_each_target([] {
+    for (int64_t cols : kCols) {
+      std::vector<float> x = normal_values(2 * cols, 1000.0f, static_cast<uint32_t>(cols) + 1);
+      expect_rows_match(x, 2, cols, cols);
+      for (float& v : x) v = v * 0.001f + 80.0f;  // near exp's overflow: max-shift keeps it finite
+      expect_rows_match(x, 2, cols, cols);
+    }
+  });
+}
+
+TEST(Softmax, MaskedEntriesGiveExactZeros) {
+  for_each_target([] {
+    for (int64_t cols : kCols) {
+      std::vector<float> x = normal_values(cols, 2.0f, 3);
+      for (int64_t c = 0; c < cols; c += 3) x[c] = -kInf;
+      if (cols > 1) x[cols - 1] = 0.5f;  // at least one unmasked entry
+      std::vector<float> got = x;
+      kernels::softmax_rows(got.data(), 1, cols, cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        if (x[c] == -kInf) {
+          ASSERT_EQ(got[c], 0.0f) << c;
+        }
+      }
+      expect_rows_match(x, 1, cols, cols);
+    }
+  });
+}
+
+TEST(Softmax, FullyMaskedRowGivesZeros) {
+  for_each_target([] {
+    for (int64_t cols : kCols) {
+      std::vector<float> x(2 * cols, -kInf);
+      x[cols] = 1.0f;  // second row has one live entry
+      kernels::softmax_rows(x.data(), 2, cols, cols);
+      for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(x[c], 0.0f);
+      EXPECT_EQ(x[cols], 1.0f);
+    }
+  });
+}
+
+TEST(Softmax, NaNOrPlusInfMakesTheRowNaN) {
+  for_each_target([] {
+    for (float bad : {kNaN, kInf}) {
+      for (int64_t cols : {1, 7, 33}) {
+        std::vector<float> x(cols, -kInf);  // NaN must win over "fully masked" too
+        x[cols / 2] = bad;
+        kernels::softmax_rows(x.data(), 1, cols, cols);
+        for (float v : x) ASSERT_TRUE(std::isnan(v)) << bad << " in " << cols;
+      }
+    }
+  });
+}
+
+// Distance in representable floats (both finite, same sign here).
+int64_t ulp_distance(float a, float b) {
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  return std::abs(static_cast<int64_t>(ia) - ib);
+}
+
+TEST(Softmax, ExpWithinTwoUlpOfStdExp) {
+  for_each_target([] {
+    std::vector<float> x;
+    for (float v = -87.0f; v <= 88.5f; v += 0.00731f) x.push_back(v);  // normal results
+    for (float v : {0.0f, -0.0f, 1e-8f, -1e-8f, 1.0f, -1.0f, 0.5f, 88.72f}) x.push_back(v);
+    std::vector<float> got = x;
+    kernels::exp_inplace(got.data(), static_cast<int64_t>(got.size()));
+    int64_t worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float want = static_cast<float>(std::exp(static_cast<double>(x[i])));
+      worst = std::max(worst, ulp_distance(got[i], want));
+      ASSERT_LE(ulp_distance(got[i], want), 2) << "exp(" << x[i] << ") = " << got[i] << ", want " << want;
+    }
+    RecordProperty("max_ulp", static_cast<int>(worst));  // 1 on AVX3, AVX2 and SCALAR
+  });
+}
+
+TEST(Softmax, ExpEdgeCases) {
+  for_each_target([] {
+    std::vector<float> x = {-kInf, kInf, kNaN, -200.0f, 89.5f, 1000.0f, -1e30f, 1e30f, -100.0f};
+    kernels::exp_inplace(x.data(), static_cast<int64_t>(x.size()));
+    EXPECT_EQ(x[0], 0.0f);
+    EXPECT_EQ(x[1], kInf);
+    EXPECT_TRUE(std::isnan(x[2]));
+    EXPECT_EQ(x[3], 0.0f);
+    EXPECT_EQ(x[4], kInf);
+    EXPECT_EQ(x[5], kInf);
+    EXPECT_EQ(x[6], 0.0f);
+    EXPECT_EQ(x[7], kInf);
+    EXPECT_NEAR(x[8], std::exp(-100.0), 2e-45);  // subnormal result
+  });
+}
+
+TEST(Softmax, MaxValueAndExpShiftSum) {
+  for_each_target([] {
+    for (int64_t n : kCols) {
+      const std::vector<float> orig = normal_values(n, 5.0f, static_cast<uint32_t>(n) + 9);
+      std::vector<float> x = orig;
+      const float m = *std::max_element(x.begin(), x.end());
+      ASSERT_EQ(kernels::max_value(x.data(), n), m);
+      double want = 0.0;
+      for (float v : x) want += std::exp(static_cast<double>(v) - m);
+      const float sum = kernels::exp_shift_sum(x.data(), n, m);
+      ASSERT_NEAR(sum, want, want * 1e-6);
+      kernels::scale(x.data(), n, 2.0f);
+      const float e0 = static_cast<float>(std::exp(static_cast<double>(orig[0]) - m));
+      ASSERT_NEAR(x[0], 2.0f * e0, 2.0f * e0 * 1e-6f);
+      x[n / 2] = kNaN;
+      ASSERT_TRUE(std::isnan(kernels::max_value(x.data(), n)));
+    }
+    EXPECT_EQ(kernels::max_value(nullptr, 0), -kInf);
+    EXPECT_EQ(kernels::exp_shift_sum(nullptr, 0, 0.0f), 0.0f);
+  });
+}
+
+}  // namespace
+}  // namespace qkv
