@@ -18,9 +18,11 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -142,6 +144,13 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
+// One stream per calling thread: creating one per call costs microseconds, and
+// a stream must not be shared by threads executing at the same time.
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream stream(cpu_engine());
+  return stream;
+}
+
 // The plan that loops over dims[0, split) and hands dims[split, end) to oneDNN,
 // or nothing when oneDNN cannot express that split well.
 std::optional<Plan> try_plan(const Problem& p, size_t split) {
@@ -261,36 +270,77 @@ void* thread_scratchpad(size_t bytes) {
   return buffer.get();
 }
 
-// Runs the plan's primitive on batch matrices [first, last) of plan.outer.
-void run_outer_range(const Plan& plan, const float* a, const float* b, float* c, int64_t first,
-                     int64_t last) {
+// The memory objects one thread uses to run one plan; handles are set per call.
+// Creating them costs more than executing a small product, so they are reused.
+struct Operands {
+  memory a, b, c, scratch;
+  explicit Operands(const Plan& plan)
+      : a(plan.a_md, cpu_engine(), DNNL_MEMORY_NONE),
+        b(plan.b_md, cpu_engine(), DNNL_MEMORY_NONE),
+        c(plan.c_md, cpu_engine(), DNNL_MEMORY_NONE),
+        scratch(plan.scratch_md, cpu_engine(), DNNL_MEMORY_NONE) {}
+};
+
+// One product through the C API: its argument array needs no allocation,
+// unlike the C++ API's unordered_map.
+void execute_one(const Plan& plan, Operands& ops, const float* a, const float* b, float* c) {
   // oneDNN never writes A or B; its memory API just has no const handles.
-  float* pa = const_cast<float*>(a);
-  float* pb = const_cast<float*>(b);
-  dnnl::stream stream(cpu_engine());
-  memory ma(plan.a_md, cpu_engine(), pa), mb(plan.b_md, cpu_engine(), pb), mc(plan.c_md, cpu_engine(), c);
-  memory scratch(plan.scratch_md, cpu_engine(), thread_scratchpad(plan.scratch_md.get_size()));
-  detail::for_each_gemm_batch(plan.outer, first, last, [&](int64_t oa, int64_t ob, int64_t oc) {
-    if (!plan.outer.empty()) {
-      ma.set_data_handle(pa + oa);
-      mb.set_data_handle(pb + ob);
-      mc.set_data_handle(c + oc);
-    }
-    plan.prim.execute(stream, {{DNNL_ARG_SRC, ma},
-                               {DNNL_ARG_WEIGHTS, mb},
-                               {DNNL_ARG_DST, mc},
-                               {DNNL_ARG_SCRATCHPAD, scratch}});
-  });
-  stream.wait();
+  ops.a.set_data_handle(const_cast<float*>(a));
+  ops.b.set_data_handle(const_cast<float*>(b));
+  ops.c.set_data_handle(c);
+  ops.scratch.set_data_handle(thread_scratchpad(plan.scratch_md.get_size()));
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ops.a.get()},
+                                  {DNNL_ARG_WEIGHTS, ops.b.get()},
+                                  {DNNL_ARG_DST, ops.c.get()},
+                                  {DNNL_ARG_SCRATCHPAD, ops.scratch.get()}};
+  const dnnl_status_t status = dnnl_primitive_execute(plan.prim.get(), thread_stream().get(),
+                                                      static_cast<int>(std::size(args)), args);
+  if (status != dnnl_success) throw dnnl::error(status, "could not execute a matmul primitive");
 }
 
-void run_plan(const Plan& plan, const float* a, const float* b, float* c) {
+// Runs the plan's primitive on batch matrices [first, last) of plan.outer.
+void run_outer_range(const Plan& plan, Operands& ops, const float* a, const float* b, float* c,
+                     int64_t first, int64_t last) {
+  detail::for_each_gemm_batch(plan.outer, first, last, [&](int64_t oa, int64_t ob, int64_t oc) {
+    execute_one(plan, ops, a + oa, b + ob, c + oc);
+  });
+  thread_stream().wait();
+}
+
+// A thread's recently used plans with their memory objects: repeated calls
+// with the same arguments (the common case in loops) skip the shared cache's
+// lock and the memory-object set-up.
+struct ThreadPlan {
+  Problem key;
+  std::shared_ptr<const Plan> plan;
+  std::optional<Operands> ops;
+};
+
+ThreadPlan& thread_plan(Problem&& p, const GemmShape& s, const GemmBatch& batch) {
+  constexpr size_t kSlots = 4;  // e.g. attention's two products, with room to spare
+  thread_local std::array<ThreadPlan, kSlots> slots;
+  thread_local size_t next = 0;
+  for (ThreadPlan& slot : slots) {
+    if (slot.plan && slot.key == p) return slot;
+  }
+  ThreadPlan& slot = slots[next++ % kSlots];
+  slot.plan = get_plan(p, s, batch);
+  slot.key = std::move(p);
+  slot.ops.emplace(*slot.plan);
+  return slot;
+}
+
+void run_plan(ThreadPlan& tp, const float* a, const float* b, float* c) {
+  const Plan& plan = *tp.plan;
   const int64_t count = detail::gemm_batch_count(plan.outer);
   if (!plan.parallel_outer) {
-    run_outer_range(plan, a, b, c, 0, count);
+    run_outer_range(plan, *tp.ops, a, b, c, 0, count);
     return;
   }
-  parallel_for(0, count, 1, [&](int64_t lo, int64_t hi) { run_outer_range(plan, a, b, c, lo, hi); });
+  parallel_for(0, count, 1, [&](int64_t lo, int64_t hi) {
+    Operands ops(plan);  // per worker thread: memory objects are not thread-safe
+    run_outer_range(plan, ops, a, b, c, lo, hi);
+  });
 }
 
 // K == 0 or alpha == 0: C = beta * C without touching A, B or oneDNN.
@@ -312,9 +362,8 @@ void gemm(const GemmShape& s, float alpha, const float* a, const float* b, float
     return;
   }
   const int threads = detail::sync_runtime_threads();
-  const auto plan = get_plan(make_problem(s, alpha, beta, std::move(dims), threads), s, batch);
   try {
-    run_plan(*plan, a, b, c);
+    run_plan(thread_plan(make_problem(s, alpha, beta, std::move(dims), threads), s, batch), a, b, c);
   } catch (const dnnl::error& e) {
     fail<Error>("gemm: oneDNN failed (", e.what(), ") for ", detail::gemm_args_str(s, batch));
   }
