@@ -7,7 +7,12 @@ PY := $(VENV)/bin/python
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 300
 
-.PHONY: all deps venv configure build demo test ctest pytest asan fuzz fixtures bench clean
+# The Python extension (_qkv) is built in the same CMake tree as the library, with
+# the .venv's Python and nanobind (release and debug presets; docs/python.md).
+PYTHON_EXT := $(if $(filter release debug,$(PRESET)),ON,OFF)
+PYTHON_FLAGS := -DQKV_BUILD_PYTHON=$(PYTHON_EXT) $(if $(filter ON,$(PYTHON_EXT)),-DPython_EXECUTABLE=$(abspath $(PY)))
+
+.PHONY: all deps venv configure build demo test ctest python pytest asan fuzz fixtures bench clean
 
 all: build
 
@@ -15,7 +20,8 @@ all: build
 deps:
 	@scripts/install-deps.sh
 
-# Python tools for the tests (numpy, pytest, safetensors) in .venv.
+# Python tools for the tests (numpy, pytest, safetensors) and the extension's
+# build tools (nanobind, scikit-build-core) in .venv.
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements-dev.txt | deps
 	python3 -m venv $(VENV)
@@ -23,8 +29,8 @@ $(VENV)/.installed: requirements-dev.txt | deps
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
-configure: deps
-	cmake --preset $(PRESET) >/dev/null
+configure: deps $(if $(filter ON,$(PYTHON_EXT)),venv)
+	cmake --preset $(PRESET) $(PYTHON_FLAGS) >/dev/null
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
@@ -35,7 +41,14 @@ demo: build
 ctest: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
-pytest: build venv
+# Installs the qkv package into .venv from the tree `make build` made: scikit-build-core
+# reconfigures $(BUILD), finds every target up to date (nothing is compiled again) and
+# packs _qkv and python/qkv into the wheel that pip installs.
+python: build venv
+	$(PY) -m pip install --quiet --no-build-isolation --no-deps --force-reinstall \
+	    -Cbuild-dir=$(BUILD) .
+
+pytest: python
 	QKV_CLI=$(abspath $(BUILD))/bin/qkv $(PY) -m pytest -q tests/python
 
 test: ctest pytest

@@ -1,0 +1,57 @@
+// qkv errors -> the Python exceptions numpy/einops/torch raise in the same
+// situation, message unchanged:
+//   ShapeError, ValueError, FormatError -> ValueError    DTypeError -> TypeError
+//   IndexError -> IndexError    IOError -> OSError    other qkv::Error -> RuntimeError
+// (bind_io raises FileNotFoundError itself when the file is missing.)
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <exception>
+#include <string>
+
+#include "qkv/error.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+void translate(const std::exception_ptr& error, void*) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const qkv::ShapeError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const qkv::ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const qkv::FormatError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const qkv::DTypeError& e) {
+    PyErr_SetString(PyExc_TypeError, e.what());
+  } catch (const qkv::IndexError& e) {
+    PyErr_SetString(PyExc_IndexError, e.what());
+  } catch (const qkv::IOError& e) {
+    PyErr_SetString(PyExc_OSError, e.what());
+  } catch (const qkv::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  // Anything else propagates to nanobind's own translators (std::exception, ...).
+}
+
+// Throws the qkv error named `kind`: lets the tests pin the table above.
+void throw_error(const std::string& kind, const std::string& message) {
+  if (kind == "ShapeError") throw qkv::ShapeError(message);
+  if (kind == "ValueError") throw qkv::ValueError(message);
+  if (kind == "FormatError") throw qkv::FormatError(message);
+  if (kind == "DTypeError") throw qkv::DTypeError(message);
+  if (kind == "IndexError") throw qkv::IndexError(message);
+  if (kind == "IOError") throw qkv::IOError(message);
+  if (kind == "Error") throw qkv::Error(message);
+  throw std::invalid_argument("_throw: unknown kind " + kind);
+}
+
+}  // namespace
+
+void bind_errors(nb::module_& m) {
+  nb::register_exception_translator(translate);
+  m.def("_throw", &throw_error, nb::arg("kind"), nb::arg("message"),
+        "Test hook: throws the C++ qkv::<kind> error with `message`.");
+}

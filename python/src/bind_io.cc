@@ -1,0 +1,106 @@
+// qkv.load, qkv.save, qkv.inspect: .npy and .safetensors files (qkv/io.h).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "qkv/io.h"
+#include "tensor_convert.h"
+
+namespace nb = nanobind;
+namespace fs = std::filesystem;
+using qkv::python::to_numpy;
+using qkv::python::to_tensor;
+
+namespace {
+
+// Runs `read` without the GIL; an IOError on a path that does not exist becomes
+// FileNotFoundError (errno ENOENT, qkv's message, the path), as open() raises.
+template <class Fn>
+auto read_file(const fs::path& path, Fn&& read) {
+  try {
+    nb::gil_scoped_release release;
+    return read();
+  } catch (const qkv::IOError& e) {
+    std::error_code ec;
+    if (fs::exists(path, ec) || ec) throw;
+    nb::object error = nb::handle(PyExc_FileNotFoundError)(ENOENT, e.what(), nb::str(path.string().c_str()));
+    PyErr_SetObject(PyExc_FileNotFoundError, error.ptr());
+    throw nb::python_error();
+  }
+}
+
+nb::dict load(const fs::path& path) {
+  const std::map<std::string, qkv::Tensor> tensors = read_file(path, [&] { return qkv::io::load(path); });
+  nb::dict out;
+  for (const auto& [name, tensor] : tensors) out[nb::str(name.c_str(), name.size())] = to_numpy(tensor);
+  return out;
+}
+
+void save(const fs::path& path, nb::handle arrays, std::optional<std::map<std::string, std::string>> metadata) {
+  std::map<std::string, qkv::Tensor> tensors;
+  if (nb::isinstance<nb::dict>(arrays)) {
+    for (auto [key, value] : nb::borrow<nb::dict>(arrays)) {
+      if (!nb::isinstance<nb::str>(key)) {
+        qkv::fail<qkv::DTypeError>("save: tensor names must be str, got ", nb::cast<std::string>(nb::repr(key)));
+      }
+      const std::string name = nb::cast<std::string>(key);
+      tensors.emplace(name, to_tensor(value, ("save: " + name).c_str()));
+    }
+  } else {  // one array: the natural call for .npy
+    tensors.emplace(path.stem().string(), to_tensor(arrays, "save: array"));
+  }
+  const bool safetensors = path.extension() == ".safetensors";
+  if (metadata && !safetensors) {
+    qkv::fail<qkv::ValueError>("save: metadata needs a .safetensors file, got ", path.string());
+  }
+  nb::gil_scoped_release release;
+  if (metadata) {
+    qkv::io::save_safetensors(path, tensors, *metadata);
+  } else {
+    qkv::io::save(path, tensors);
+  }
+}
+
+nb::list inspect(const fs::path& path) {
+  const std::vector<qkv::io::TensorInfo> infos = read_file(path, [&] { return qkv::io::inspect(path); });
+  nb::list out;
+  for (const qkv::io::TensorInfo& info : infos) {
+    nb::list shape;
+    for (int64_t d : info.shape) shape.append(d);
+    out.append(nb::make_tuple(info.name, info.dtype, nb::tuple(shape)));
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_io(nb::module_& m) {
+  m.def("load", &load, nb::arg("path"),
+        nb::sig("def load(path: str | os.PathLike[str]) -> dict[str, numpy.ndarray]"),
+        "Reads every tensor of a .npy file (one, named after the file stem) or a\n"
+        ".safetensors file into a dict of NumPy arrays, in name order.\n\n"
+        "The arrays are views into one qkv buffer holding the file (no further copy).\n"
+        "bfloat16 tensors come back as ml_dtypes.bfloat16 arrays. Errors: FileNotFoundError,\n"
+        "OSError, ValueError for a malformed file (the message names the file and the\n"
+        "fault), TypeError for a dtype qkv has no type for.");
+  m.def("save", &save, nb::arg("path"), nb::arg("arrays"), nb::arg("metadata").none() = nb::none(),
+        nb::sig("def save(path: str | os.PathLike[str], arrays: dict[str, numpy.typing.ArrayLike] | "
+                "numpy.typing.ArrayLike, metadata: dict[str, str] | None = None) -> None"),
+        "Writes arrays to path, by extension: .npy takes exactly one array (a dict with one\n"
+        "entry, or the array itself), .safetensors any number, plus optional string metadata\n"
+        "(the __metadata__ entry). The bytes are those np.save and safetensors write.\n"
+        "Arrays are read in place (NumPy or DLPack, no copy).");
+  m.def("inspect", &inspect, nb::arg("path"),
+        nb::sig("def inspect(path: str | os.PathLike[str]) -> list[tuple[str, str, tuple[int, ...]]]"),
+        "Lists (name, dtype, shape) of every tensor of a .npy or .safetensors file without\n"
+        "reading the data; dtypes are numpy's names where qkv knows them, the file's own\n"
+        "otherwise.");
+}

@@ -1,0 +1,161 @@
+// Arrays <-> qkv::Tensor; see tensor_convert.h for the rules.
+#include "tensor_convert.h"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qkv/error.h"
+
+namespace qkv::python {
+
+namespace {
+
+namespace dlpack = nb::dlpack;
+using dlpack::dtype_code;
+
+// Read-only so that read-only NumPy arrays (np.broadcast_to, frombuffer) are
+// accepted too; qkv only writes into tensors it allocated.
+using InArray = nb::ndarray<nb::ro, nb::device::cpu>;
+using OutArray = nb::ndarray<nb::numpy>;
+
+DType dtype_from_dlpack(dlpack::dtype t, const char* what) {
+  const auto code = static_cast<dtype_code>(t.code);
+  if (t.lanes == 1) {
+    if (code == dtype_code::Float && t.bits == 32) return DType::f32;
+    if (code == dtype_code::Float && t.bits == 64) return DType::f64;
+    if (code == dtype_code::Float && t.bits == 16) return DType::f16;
+    if (code == dtype_code::Bfloat && t.bits == 16) return DType::bf16;
+    if (code == dtype_code::Int && t.bits == 8) return DType::i8;
+    if (code == dtype_code::Int && t.bits == 32) return DType::i32;
+    if (code == dtype_code::Int && t.bits == 64) return DType::i64;
+    if (code == dtype_code::Bool && t.bits == 8) return DType::b8;
+  }
+  static constexpr const char* kNames[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  const std::string name = t.code < std::size(kNames) ? kNames[t.code] : "code " + std::to_string(t.code);
+  fail<DTypeError>(what, ": dtype ", name, static_cast<int>(t.bits),
+                   " is not supported (qkv has float32, float64, float16, bfloat16, int8, int32, int64, bool)");
+}
+
+dlpack::dtype dtype_to_dlpack(DType t) {
+  switch (t) {
+    case DType::f32: return nb::dtype<float>();
+    case DType::f64: return nb::dtype<double>();
+    case DType::f16: return {static_cast<uint8_t>(dtype_code::Float), 16, 1};
+    case DType::bf16: return nb::dtype<uint16_t>();  // exported as uint16, then viewed as bfloat16
+    case DType::i8: return nb::dtype<int8_t>();
+    case DType::i32: return nb::dtype<int32_t>();
+    case DType::i64: return nb::dtype<int64_t>();
+    case DType::b8: return nb::dtype<bool>();
+  }
+  fail<DTypeError>("to_numpy: invalid dtype code ", static_cast<int>(t));
+}
+
+bool is_ml_dtypes_bfloat16(nb::handle dtype) {
+  return nb::cast<size_t>(dtype.attr("itemsize")) == 2 &&
+         nb::cast<std::string>(dtype.attr("name")) == "bfloat16";
+}
+
+// A NumPy array that qkv can view as is, or a copy of it that qkv can view.
+nb::object normalize_numpy(nb::object array, bool& bf16) {
+  nb::module_ np = numpy();
+  nb::object dtype = array.attr("dtype");
+  if (is_ml_dtypes_bfloat16(dtype)) {  // no DLPack code for it in NumPy: view the bits
+    array = array.attr("view")(np.attr("uint16"));
+    bf16 = true;
+  } else if (!nb::cast<bool>(dtype.attr("isnative"))) {  // '>f4' on a little-endian machine
+    array = array.attr("astype")(dtype.attr("newbyteorder")("="));
+  }
+  const auto itemsize = nb::cast<int64_t>(array.attr("itemsize"));
+  for (nb::handle s : nb::tuple(array.attr("strides"))) {
+    const auto stride = nb::cast<int64_t>(s);
+    if (stride < 0 || stride % itemsize != 0) return np.attr("ascontiguousarray")(array);
+  }
+  return array;
+}
+
+std::string python_type_name(nb::handle obj) { return nb::cast<std::string>(nb::type_name(obj.type())); }
+
+}  // namespace
+
+nb::module_ numpy() {
+  static nb::module_* np = nullptr;  // leaked on purpose: outlives the interpreter's teardown order
+  if (np == nullptr) np = new nb::module_(nb::module_::import_("numpy"));
+  return *np;
+}
+
+Tensor to_tensor(nb::handle obj, const char* what) {
+  nb::module_ np = numpy();
+  nb::object src = nb::borrow(obj);
+  bool bf16 = false;
+  if (nb::isinstance(src, np.attr("ndarray"))) {
+    src = normalize_numpy(std::move(src), bf16);
+  } else if (!nb::hasattr(src, "__dlpack__") && !PyCapsule_CheckExact(src.ptr())) {
+    // Lists, scalars, objects with __array__ or the buffer protocol: numpy's rules.
+    nb::object converted;
+    try {
+      converted = np.attr("asarray")(src);
+    } catch (nb::python_error&) {
+      fail<DTypeError>(what, ": expected an array (NumPy, DLPack or array-like), got ", python_type_name(obj));
+    }
+    src = normalize_numpy(std::move(converted), bf16);
+  }
+
+  InArray array;
+  if (!nb::try_cast(src, array, /*convert=*/false)) {
+    std::string detail = python_type_name(obj);
+    if (nb::hasattr(src, "dtype")) {
+      const nb::object dtype = src.attr("dtype");
+      detail += " of dtype " + nb::cast<std::string>(nb::str(nb::handle(dtype)));  // str(), not a cast
+    }
+    fail<DTypeError>(what, ": expected a CPU array (NumPy or DLPack) of a dtype qkv supports, got ", detail);
+  }
+  const DType dtype = bf16 ? DType::bf16 : dtype_from_dlpack(array.dtype(), what);
+  Shape shape(array.ndim());
+  Strides strides(array.ndim());
+  for (size_t i = 0; i < array.ndim(); ++i) {
+    shape[i] = static_cast<int64_t>(array.shape(i));
+    strides[i] = array.stride(i);
+  }
+  // DLPack producers (torch) may export negative strides NumPy never gives here.
+  for (int64_t s : strides) {
+    if (s < 0) return to_tensor(np.attr("array")(src), what);
+  }
+  void* data = const_cast<void*>(array.data());
+  // The Tensor holds a reference to the array (and so to the Python object);
+  // nanobind takes the GIL itself when the last reference goes.
+  auto keep_alive = std::make_shared<InArray>(std::move(array));
+  return Tensor::from_blob(data, shape, dtype, strides, std::move(keep_alive));
+}
+
+std::optional<Tensor> to_optional_tensor(nb::handle obj, const char* what) {
+  if (obj.is_none()) return std::nullopt;
+  return to_tensor(obj, what);
+}
+
+nb::object to_numpy(const Tensor& t) {
+  // The capsule owns a reference to the storage; NumPy keeps the capsule.
+  auto* holder = new std::shared_ptr<Storage>(t.storage());
+  nb::capsule owner(holder, [](void* p) noexcept { delete static_cast<std::shared_ptr<Storage>*>(p); });
+  std::vector<size_t> shape(t.shape().begin(), t.shape().end());
+  OutArray array(t.raw_data(), shape.size(), shape.data(), owner, t.strides().data(),
+                 dtype_to_dlpack(t.dtype()), nb::device::cpu::value);
+  nb::object result = array.cast();
+  if (t.dtype() == DType::bf16) {
+    nb::object ml_dtypes;
+    try {
+      ml_dtypes = nb::module_::import_("ml_dtypes");
+    } catch (nb::python_error&) {
+      fail<DTypeError>("bfloat16 results need the ml_dtypes package (pip install ml_dtypes; "
+                       "or pip install qkv[bfloat16])");
+    }
+    result = result.attr("view")(ml_dtypes.attr("bfloat16"));
+  }
+  return result;
+}
+
+}  // namespace qkv::python

@@ -1,0 +1,39 @@
+// Arrays <-> qkv::Tensor at the Python boundary, without copying where possible.
+//
+// Python -> C++: a NumPy array, a DLPack capsule or any object with __dlpack__
+// (a torch tensor, ...) on the CPU becomes a Tensor over the same memory
+// (Tensor::from_blob); the Tensor keeps the Python object alive. Copied instead:
+// NumPy arrays with negative strides, strides that are not a multiple of the
+// itemsize, or non-native byte order. Other objects (lists, scalars) go
+// through numpy.asarray. ml_dtypes.bfloat16 arrays are read as bf16.
+//
+// C++ -> Python: a NumPy array over the Tensor's storage (same strides, no
+// copy) that keeps the storage alive; bf16 gives an ml_dtypes.bfloat16 array.
+//
+// Every binding converts with these; they hold the GIL (call them outside
+// nb::gil_scoped_release).
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <optional>
+
+#include "qkv/tensor.h"
+
+namespace qkv::python {
+
+namespace nb = nanobind;
+
+// `what` names the argument in error messages, e.g. "attention_reference: q".
+// TypeError (via DTypeError) for objects that are not arrays and for dtypes qkv lacks.
+Tensor to_tensor(nb::handle obj, const char* what);
+// None -> nullopt, otherwise to_tensor.
+std::optional<Tensor> to_optional_tensor(nb::handle obj, const char* what);
+
+// A NumPy array viewing `t` (shares memory, writable).
+nb::object to_numpy(const Tensor& t);
+
+// numpy, imported once (lazily: importing _qkv does not import numpy).
+nb::module_ numpy();
+
+}  // namespace qkv::python

@@ -1,0 +1,161 @@
+"""Zero-copy array exchange between Python and qkv, checked by pointer identity.
+
+qkv._qkv._roundtrip(x) converts x to a qkv::Tensor and the Tensor back to a NumPy
+array with the same code every binding uses (python/src/tensor_convert.cc): the
+result has x's address exactly when neither direction copied.
+"""
+import gc
+import weakref
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import qkv
+from oracles import data_ptr
+
+roundtrip = qkv._qkv._roundtrip
+
+
+def assert_same_memory(x, y):
+    assert data_ptr(y) == data_ptr(x)
+    assert y.shape == x.shape and y.strides == x.strides and y.dtype == x.dtype
+
+
+VIEWS = {
+    "contiguous": lambda a: a,
+    "transposed": lambda a: a.T,
+    "sliced_step": lambda a: a[1:, ::2],
+    "column": lambda a: a[:, 3],
+    "broadcast_zero_strides": lambda a: np.broadcast_to(a[:1], (5, 6)),  # read-only
+    "scalar_0d": lambda a: a[2, 2, ...],
+    "empty": lambda a: a[:0],
+}
+
+
+@pytest.mark.parametrize("view", VIEWS, ids=str)
+def test_numpy_views_cross_without_copy(view):
+    x = VIEWS[view](np.arange(30, dtype=np.float32).reshape(5, 6))
+    y = roundtrip(x)
+    assert_same_memory(x, y)
+    np.testing.assert_array_equal(y, x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int8", "int32", "int64", "bool"])
+def test_every_numpy_dtype_qkv_has_crosses_without_copy(dtype):
+    x = (np.arange(12) % 3).astype(dtype).reshape(3, 4)
+    y = roundtrip(x)
+    assert_same_memory(x, y)
+    np.testing.assert_array_equal(y, x)
+
+
+def test_bfloat16_arrays_of_ml_dtypes_cross_without_copy():
+    x = np.linspace(-2, 2, 12).astype(ml_dtypes.bfloat16).reshape(3, 4)[:, 1:]
+    y = roundtrip(x)
+    assert_same_memory(x, y)
+    np.testing.assert_array_equal(y.astype(np.float32), x.astype(np.float32))
+
+
+def test_result_is_writable_and_writes_reach_the_source():
+    x = np.zeros((3, 4))
+    y = roundtrip(x)
+    assert y.flags.writeable
+    y[1, 2] = 7.0
+    assert x[1, 2] == 7.0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: np.arange(12.0).reshape(3, 4)[::-1, ::-2], id="negative_strides"),
+        pytest.param(lambda: np.zeros(6, dtype=[("a", "<f4"), ("b", "u1")])["a"], id="stride_not_itemsize_multiple"),
+        pytest.param(lambda: np.arange(6, dtype=">f8"), id="big_endian"),
+    ],
+)
+def test_non_native_layouts_are_copied(make):
+    x = make()
+    x_before = x.copy()
+    if x.dtype.names is None and x.size:
+        x[...] = np.arange(x.size).reshape(x.shape)
+        x_before = x.copy()
+    y = roundtrip(x)
+    assert data_ptr(y) != data_ptr(x)
+    assert y.dtype.isnative and all(s > 0 for s in y.strides)
+    np.testing.assert_array_equal(y, x_before)
+
+
+def test_array_likes_go_through_numpy_asarray():
+    y = roundtrip([[1.0, 2.0], [3.0, 4.0]])
+    assert y.dtype == np.float64 and y.shape == (2, 2)
+    np.testing.assert_array_equal(y, [[1.0, 2.0], [3.0, 4.0]])
+
+
+def test_tensor_keeps_the_numpy_source_alive_and_then_releases_it():
+    x = np.arange(1000.0)
+    source = weakref.ref(x)
+    y = roundtrip(x[10:20])
+    del x
+    gc.collect()
+    assert source() is not None, "the view must keep its source alive"
+    np.testing.assert_array_equal(y, np.arange(10.0, 20.0))
+    del y
+    gc.collect()
+    assert source() is None, "the source leaked"
+
+
+class DLPackOnly:
+    """A DLPack producer that is not a NumPy array and has no buffer protocol."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_any_dlpack_producer_crosses_without_copy():
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4).transpose(2, 0, 1)
+    assert_same_memory(x, roundtrip(DLPackOnly(x)))
+    assert_same_memory(x, roundtrip(x.__dlpack__()))  # a bare DLPack capsule
+
+
+def test_attention_reads_dlpack_producers():
+    rng = np.random.default_rng(20)
+    q, k, v = (rng.standard_normal(s) for s in ((2, 4, 8), (2, 6, 8), (2, 6, 3)))
+    out = qkv.attention_reference(DLPackOnly(q), DLPackOnly(k), DLPackOnly(v))
+    np.testing.assert_array_equal(out, qkv.attention_reference(q, k, v))
+
+
+def test_results_are_numpy_arrays_over_qkv_storage():
+    rng = np.random.default_rng(21)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 4, 8), (2, 6, 8), (2, 6, 3)))
+    out, w = qkv.attention_reference(q, k, v, return_weights=True)
+    del q, k, v
+    gc.collect()
+    for r in (out, w):
+        assert type(r) is np.ndarray and r.flags.writeable and not r.flags.owndata
+        assert data_ptr(r) % 64 == 0  # qkv's 64-byte-aligned storage, not a NumPy copy
+        assert_same_memory(r, roundtrip(r))  # and back into qkv without a copy
+        assert_same_memory(r, roundtrip(r.__dlpack__()))  # results are DLPack producers too
+    out_ptr = data_ptr(out)
+    del w
+    gc.collect()
+    assert data_ptr(out) == out_ptr and np.isfinite(out).all()
+
+
+def test_torch_tensors_cross_without_copy():
+    torch = pytest.importorskip("torch")  # optional interop: torch is not in .venv
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)[:, 1:]
+    y = roundtrip(t)
+    assert data_ptr(y) == t.data_ptr()
+    assert y.strides == tuple(s * 4 for s in t.stride())
+    back = torch.from_dlpack(y)
+    assert back.data_ptr() == t.data_ptr()
+    q = torch.randn(2, 4, 5, 8, dtype=torch.float64)
+    k, v = torch.randn(2, 4, 7, 8, dtype=torch.float64), torch.randn(2, 4, 7, 3, dtype=torch.float64)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out = qkv.scaled_dot_product_attention(q, k, v, is_causal=True)
+    np.testing.assert_allclose(out, expected.numpy(), rtol=0, atol=1e-12)

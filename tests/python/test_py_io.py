@@ -1,0 +1,162 @@
+"""qkv.load / qkv.save / qkv.inspect against numpy and the safetensors package."""
+import json
+import pathlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import qkv
+from oracles import data_ptr
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "sdpa"
+DTYPES = ["float32", "float64", "float16", "int8", "int32", "int64", "bool"]
+
+
+def sample(dtype, shape=(3, 4), seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * 10).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_npy_bytes_equal_numpy_save(tmp_path, dtype):
+    x = sample(dtype)
+    np.save(tmp_path / "numpy.npy", x)
+    qkv.save(tmp_path / "qkv.npy", x)
+    assert (tmp_path / "qkv.npy").read_bytes() == (tmp_path / "numpy.npy").read_bytes()
+    loaded = qkv.load(tmp_path / "numpy.npy")
+    assert list(loaded) == ["numpy"]
+    np.testing.assert_array_equal(loaded["numpy"], x)
+    assert loaded["numpy"].dtype == x.dtype
+
+
+def test_npy_reads_fortran_order_and_big_endian(tmp_path):
+    x = np.asfortranarray(sample("float64", (3, 5)))
+    np.save(tmp_path / "f.npy", x)
+    np.save(tmp_path / "b.npy", sample("float32").astype(">f4"))
+    np.testing.assert_array_equal(qkv.load(str(tmp_path / "f.npy"))["f"], x)
+    np.testing.assert_array_equal(qkv.load(tmp_path / "b.npy")["b"], sample("float32"))
+
+
+def test_safetensors_bytes_equal_the_reference_writer(tmp_path):
+    arrays = {name: sample(dtype, (2, 3), i) for i, (name, dtype) in enumerate(
+        [("w", "float32"), ("b", "float64"), ("h", "float16"), ("i", "int32"), ("m", "bool")])}
+    save_file(arrays, str(tmp_path / "ref.safetensors"), metadata={"format": "np"})
+    qkv.save(tmp_path / "qkv.safetensors", arrays, metadata={"format": "np"})
+    assert (tmp_path / "qkv.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+    loaded = qkv.load(tmp_path / "ref.safetensors")
+    assert sorted(loaded) == sorted(arrays)
+    for name, x in arrays.items():
+        np.testing.assert_array_equal(loaded[name], x)
+        assert loaded[name].dtype == x.dtype
+
+
+def test_save_reads_views_and_dlpack_producers(tmp_path):
+    x = sample("float32", (4, 6))
+    qkv.save(tmp_path / "v.safetensors", {"t": x.T, "s": x[::2, 1:]})
+    loaded = load_file(str(tmp_path / "v.safetensors"))
+    np.testing.assert_array_equal(loaded["t"], x.T)
+    np.testing.assert_array_equal(loaded["s"], x[::2, 1:])
+
+
+def test_bfloat16_round_trips_through_ml_dtypes(tmp_path):
+    x = sample("float32").astype(ml_dtypes.bfloat16)
+    qkv.save(tmp_path / "bf.safetensors", {"x": x})
+    y = qkv.load(tmp_path / "bf.safetensors")["x"]
+    assert y.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(y.view(np.uint16), x.view(np.uint16))
+    assert qkv.inspect(tmp_path / "bf.safetensors") == [("x", "bfloat16", (3, 4))]
+
+
+SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": ml_dtypes.bfloat16, "I8": "i1",
+                      "I32": "<i4", "I64": "<i8", "BOOL": "?"}
+
+
+def read_safetensors_by_hand(path):
+    """The format spelled out with json and np.frombuffer: an oracle that reads bfloat16 too."""
+    data = pathlib.Path(path).read_bytes()
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + header_len])
+    base = 8 + header_len
+    out = {}
+    for name, entry in header.items():
+        if name != "__metadata__":
+            begin, end = entry["data_offsets"]
+            dtype = np.dtype(SAFETENSORS_DTYPES[entry["dtype"]])
+            out[name] = np.frombuffer(data[base + begin:base + end], dtype=dtype).reshape(entry["shape"])
+    return out, header
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.safetensors")), ids=lambda p: p.stem)
+def test_load_matches_an_independent_reader_on_fixtures(path):
+    ours = qkv.load(path)
+    theirs, _ = read_safetensors_by_hand(path)
+    assert sorted(ours) == sorted(theirs)
+    for name in theirs:
+        assert ours[name].dtype == theirs[name].dtype
+        assert ours[name].shape == theirs[name].shape
+        assert ours[name].tobytes() == theirs[name].tobytes()
+
+
+def test_loaded_arrays_are_views_into_one_file_buffer(tmp_path):
+    """Zero-copy out of qkv: the arrays sit at the file's own data offsets."""
+    a, b = np.arange(16, dtype=np.float32), np.arange(8, dtype=np.float32) + 100
+    path = tmp_path / "two.safetensors"
+    save_file({"a": a, "b": b}, str(path))
+    _, header = read_safetensors_by_hand(path)
+    loaded = qkv.load(path)
+    offset = header["b"]["data_offsets"][0] - header["a"]["data_offsets"][0]
+    assert data_ptr(loaded["b"]) - data_ptr(loaded["a"]) == offset
+    np.testing.assert_array_equal(loaded["b"], b)
+
+
+def test_inspect_lists_without_reading(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((3, 2, 4), np.float32))
+    assert qkv.inspect(tmp_path / "x.npy") == [("x", "float32", (3, 2, 4))]
+
+
+class TestErrors:
+    def test_missing_file_is_file_not_found_error(self, tmp_path):
+        missing = tmp_path / "nope.npy"
+        with pytest.raises(FileNotFoundError, match="nope.npy") as info:
+            qkv.load(missing)
+        assert info.value.filename == str(missing) and info.value.errno == 2
+        with pytest.raises(FileNotFoundError):
+            qkv.inspect(missing)
+
+    def test_directory_is_os_error(self, tmp_path):
+        (tmp_path / "d.npy").mkdir()
+        with pytest.raises(OSError, match="not a regular file") as info:
+            qkv.load(tmp_path / "d.npy")
+        assert not isinstance(info.value, FileNotFoundError)
+
+    def test_malformed_file_is_value_error_naming_it(self, tmp_path):
+        (tmp_path / "bad.npy").write_bytes(b"\x93NUMPY\x01\x00garbage")
+        with pytest.raises(ValueError, match="bad.npy"):
+            qkv.load(tmp_path / "bad.npy")
+        (tmp_path / "bad.safetensors").write_bytes(b"\xff" * 16)
+        with pytest.raises(ValueError, match="bad.safetensors"):
+            qkv.load(tmp_path / "bad.safetensors")
+
+    def test_dtype_qkv_lacks_is_type_error(self, tmp_path):
+        np.save(tmp_path / "u.npy", np.zeros(3, np.uint16))
+        with pytest.raises(TypeError, match="u.npy"):
+            qkv.load(tmp_path / "u.npy")
+        with pytest.raises(TypeError, match="save: x: dtype uint16"):
+            qkv.save(tmp_path / "u.safetensors", {"x": np.zeros(3, np.uint16)})
+
+    def test_bad_save_arguments_are_value_errors(self, tmp_path):
+        x = np.zeros(3)
+        with pytest.raises(ValueError):
+            qkv.save(tmp_path / "two.npy", {"a": x, "b": x})
+        with pytest.raises(ValueError, match="metadata"):
+            qkv.save(tmp_path / "m.npy", x, metadata={"k": "v"})
+        with pytest.raises(ValueError, match="x.txt"):
+            qkv.save(tmp_path / "x.txt", {"x": x})
+        with pytest.raises(TypeError, match="names must be str"):
+            qkv.save(tmp_path / "k.safetensors", {1: x})
+
+    def test_unwritable_path_is_os_error(self, tmp_path):
+        with pytest.raises(OSError):
+            qkv.save(tmp_path / "no" / "such" / "dir.npy", np.zeros(3))
