@@ -17,6 +17,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // What we read we must write back and read again identically.
     const auto bytes = qkv::io::serialize_npy(t);
     if (qkv::io::serialize_npy(qkv::io::parse_npy(bytes, "roundtrip.npy")) != bytes) std::abort();
+    // Written column-major, it must read back (as a strided view) to the same values.
+    const auto fortran = qkv::io::serialize_npy(t, /*fortran_order=*/true);
+    if (qkv::io::serialize_npy(qkv::io::parse_npy(fortran, "fortran.npy")) != bytes) std::abort();
   } catch (const qkv::Error&) {
   }
   return 0;

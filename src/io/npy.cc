@@ -49,7 +49,8 @@ std::string hex_prefix(std::span<const std::byte> bytes) {
   for (size_t i = 0; i < bytes.size() && i < 8; ++i) {
     char buf[4];
     std::snprintf(buf, sizeof buf, "%02x", static_cast<unsigned>(bytes[i]));
-    out += (i ? " " : "") + std::string(buf);
+    if (i > 0) out += ' ';
+    out += buf;
   }
   return out;
 }
@@ -174,7 +175,8 @@ std::string_view descr_of(DType dtype) {
 std::string npy_prefix(const Tensor& t, bool fortran_order) {
   std::string shape = "(";
   for (size_t i = 0; i < t.shape().size(); ++i) {
-    shape += (i ? ", " : "") + std::to_string(t.shape()[i]);
+    if (i > 0) shape += ", ";
+    shape += std::to_string(t.shape()[i]);
   }
   shape += t.dim() == 1 ? ",)" : ")";
   std::string dict = "{'descr': '" + std::string(descr_of(t.dtype())) +

@@ -133,7 +133,9 @@ TEST(Safetensors, SaveAndLoadFile) {
 TEST(Safetensors, UnalignedTensorsAreCopied) {
   const std::string header =
       R"({"a":{"dtype":"I8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"F32","shape":[2,3],"data_offsets":[1,25]}})";
-  const SafetensorsFile f = parse_safetensors(st_file(header, "\x07" + f32_data(6)), "u.safetensors");
+  std::string data(1, '\x07');  // one int8, then the floats at an odd offset
+  data += f32_data(6);
+  const SafetensorsFile f = parse_safetensors(st_file(header, data), "u.safetensors");
   expect_formula(f.tensors.at("b"), DType::f32, {2, 3});
   EXPECT_FALSE(f.tensors.at("b").shares_storage(f.tensors.at("a")));
   EXPECT_EQ(f.tensors.at("a").item({0}), 7);
