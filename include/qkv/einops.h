@@ -1,0 +1,74 @@
+// einops for qkv tensors: rearrange, reduce, repeat, pack/unpack, parse_shape,
+// and einsum with named axes. Grammar and semantics are those of the einops
+// Python package (github.com/arogozhnikov/einops); docs/einops.md lists them.
+//
+// Patterns: "left -> right". Axes are identifiers (multi-letter, e.g. "batch");
+// "(h w)" composes/decomposes axes (one level of brackets); "1" and "()" are unit
+// axes; numbers > 1 are anonymous axes (repeat / reduce only); one "..." per side
+// (on the right also "(...)"). Lengths of axes that cannot be read from the input
+// shape are passed by name (`{{"h", 2}}`); one unknown per bracket group is inferred.
+//
+// Errors quote the pattern, the input shape and the given lengths as einops does:
+//   Error while processing rearrange-reduction pattern "b (h d) -> b h d".
+//    Input tensor shape: (2, 7). Additional info: {'h': 2}.
+//    Shape mismatch, can't divide axis of length 7 in chunks of 2
+// FormatError for patterns that are malformed whatever the input; ShapeError when
+// the pattern does not fit the input (dims, lengths). Both are ValueError in Python.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "qkv/tensor.h"
+
+namespace qkv::einops {
+
+// Axis lengths by name, in the order given (einops' **axes_lengths).
+using AxisLengths = std::vector<std::pair<std::string, int64_t>>;
+
+// Reorders / composes / decomposes axes: x [shape matching `pattern`'s left side]
+// -> [right side]. A strided view of x when one exists (as numpy), else one copy.
+Tensor rearrange(const Tensor& x, std::string_view pattern, const AxisLengths& axes_lengths = {});
+// Same on a list of tensors of equal shape and dtype, stacked on a new first axis.
+Tensor rearrange(const std::vector<Tensor>& xs, std::string_view pattern, const AxisLengths& axes_lengths = {});
+
+// rearrange plus reduction over the axes missing on the right: `reduction` is one of
+// sum, mean, max, min, prod, any, all (numpy's result dtypes: int sums -> int64, any/all -> bool).
+Tensor reduce(const Tensor& x, std::string_view pattern, std::string_view reduction,
+              const AxisLengths& axes_lengths = {});
+// Same on a list of tensors stacked on a new first axis.
+Tensor reduce(const std::vector<Tensor>& xs, std::string_view pattern, std::string_view reduction,
+              const AxisLengths& axes_lengths = {});
+
+// rearrange plus new axes on the right (named with a length, or anonymous numbers),
+// broadcasting x along them: a zero-stride view when no merge needs a copy.
+Tensor repeat(const Tensor& x, std::string_view pattern, const AxisLengths& axes_lengths = {});
+// Same on a list of tensors stacked on a new first axis.
+Tensor repeat(const std::vector<Tensor>& xs, std::string_view pattern, const AxisLengths& axes_lengths = {});
+
+// pack's result: the packed tensor and, per input, the shape its "*" stood for.
+struct Packed {
+  Tensor tensor;
+  std::vector<Shape> packed_shapes;
+};
+// Packs tensors along "*" of `pattern` ("i j * k"): the axes before and after "*" must
+// agree; each input's "*" axes are flattened and concatenated. Always a new tensor.
+Packed pack(const std::vector<Tensor>& tensors, std::string_view pattern);
+// Inverse of pack: splits x's "*" axis into one tensor per packed shape (one shape may
+// hold a single -1, inferred). Results are views of x.
+std::vector<Tensor> unpack(const Tensor& x, const std::vector<Shape>& packed_shapes, std::string_view pattern);
+
+// Lengths of the named axes of `shape` ("batch _ h w", "... c"): "_" skips a dim,
+// numbers and "()" check a dim. Order: as in the pattern. ValueError when it does not fit.
+AxisLengths parse_shape(const Shape& shape, std::string_view pattern);
+// Same for x's shape.
+AxisLengths parse_shape(const Tensor& x, std::string_view pattern);
+
+// A contiguous copy of any strided tensor (such as a view returned by rearrange or
+// repeat) made by the blocked, multi-threaded transpose kernel; x itself when contiguous.
+Tensor materialize(const Tensor& x);
+
+}  // namespace qkv::einops

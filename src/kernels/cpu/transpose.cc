@@ -1,0 +1,196 @@
+// Blocked, multi-threaded N-d permuted copy and its scalar reference.
+#include "kernels/cpu/transpose.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "qkv/error.h"
+#include "qkv/parallel.h"
+
+namespace qkv::kernels {
+
+namespace {
+
+// Shape and element strides of a copy after dropping unit dims and merging dims
+// that are contiguous in both src and dst. dst strides end with 1 (dst is contiguous).
+struct Geometry {
+  Shape shape;
+  Strides src, dst;
+};
+
+Geometry coalesce(const Shape& shape, const Strides& src, const Strides& dst) {
+  Geometry g;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 1) continue;
+    if (!g.shape.empty() && g.src.back() == src[i] * shape[i] && g.dst.back() == dst[i] * shape[i]) {
+      g.shape.back() *= shape[i];
+      g.src.back() = src[i];
+      g.dst.back() = dst[i];
+      continue;
+    }
+    g.shape.push_back(shape[i]);
+    g.src.push_back(src[i]);
+    g.dst.push_back(dst[i]);
+  }
+  if (g.shape.empty()) g = {{1}, {0}, {1}};
+  return g;
+}
+
+void check_args(const Tensor& src, const Tensor& dst, const char* op) {
+  if (src.shape() != dst.shape() || src.dtype() != dst.dtype() || !dst.is_contiguous()) {
+    fail<ShapeError>(op, ": dst must be contiguous with src's shape and dtype, got src ", shape_str(src.shape()), " ",
+                     dtype_name(src.dtype()), ", dst ", shape_str(dst.shape()), " ", dtype_name(dst.dtype()),
+                     dst.is_contiguous() ? "" : " (not contiguous)");
+  }
+}
+
+// Odometer over the dims listed in `dims` (outermost first), tracking offsets.
+struct Counter {
+  std::vector<int> dims;
+  std::vector<int64_t> index;
+  int64_t src_off = 0, dst_off = 0;
+
+  void seek(const Geometry& g, int64_t linear) {
+    index.assign(dims.size(), 0);
+    src_off = dst_off = 0;
+    for (size_t k = dims.size(); k-- > 0;) {
+      const int d = dims[k];
+      index[k] = linear % g.shape[d];
+      linear /= g.shape[d];
+      src_off += index[k] * g.src[d];
+      dst_off += index[k] * g.dst[d];
+    }
+  }
+  void next(const Geometry& g) {
+    for (size_t k = dims.size(); k-- > 0;) {
+      const int d = dims[k];
+      src_off += g.src[d];
+      dst_off += g.dst[d];
+      if (++index[k] < g.shape[d]) return;
+      src_off -= index[k] * g.src[d];
+      dst_off -= index[k] * g.dst[d];
+      index[k] = 0;
+    }
+  }
+};
+
+// Rows along the last dim: memcpy when src is contiguous along it, else a strided loop.
+template <class T>
+void copy_rows(const Geometry& g, const T* src, T* dst) {
+  const int q = static_cast<int>(g.shape.size()) - 1;
+  const int64_t len = g.shape[q], ss = g.src[q];
+  const int64_t rows = shape_numel(g.shape) / len;
+  Counter base;
+  for (int d = 0; d < q; ++d) base.dims.push_back(d);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (len * static_cast<int64_t>(sizeof(T))));
+  parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    Counter c = base;
+    c.seek(g, begin);
+    for (int64_t r = begin; r < end; ++r, c.next(g)) {
+      const T* s = src + c.src_off;
+      T* d = dst + c.dst_off;
+      if (ss == 1) {
+        std::memcpy(d, s, static_cast<size_t>(len) * sizeof(T));
+      } else {
+        for (int64_t j = 0; j < len; ++j) d[j] = s[j * ss];
+      }
+    }
+  });
+}
+
+// Tiles of dims (p, q) where q is dst's contiguous last dim and p is src's
+// contiguous (smallest-stride) dim: each tile is read along p and written along q
+// while both stay in L1.
+template <class T>
+void copy_tiles(const Geometry& g, int p, const T* src, T* dst) {
+  const int q = static_cast<int>(g.shape.size()) - 1;
+  const int64_t np = g.shape[p], nq = g.shape[q];
+  const int64_t tp = std::min<int64_t>(np, std::max<int64_t>(8, 128 / static_cast<int64_t>(sizeof(T))));
+  const int64_t tq = std::min<int64_t>(nq, std::clamp<int64_t>(4096 / (tp * static_cast<int64_t>(sizeof(T))), 16, 256));
+  const int64_t tiles_p = (np + tp - 1) / tp, tiles_q = (nq + tq - 1) / tq;
+  Counter base;
+  for (int d = 0; d < q; ++d) {
+    if (d != p) base.dims.push_back(d);
+  }
+  int64_t outer = 1;
+  for (int d : base.dims) outer *= g.shape[d];
+  const int64_t ssp = g.src[p], ssq = g.src[q], dsp = g.dst[p];
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / (tp * tq));
+  parallel_for(0, outer * tiles_p * tiles_q, grain, [&](int64_t begin, int64_t end) {
+    Counter c = base;
+    int64_t current_outer = begin / (tiles_p * tiles_q);
+    c.seek(g, current_outer);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t o = item / (tiles_p * tiles_q);
+      for (; current_outer < o; ++current_outer) c.next(g);
+      const int64_t t = item % (tiles_p * tiles_q);
+      const int64_t i0 = (t / tiles_q) * tp, j0 = (t % tiles_q) * tq;
+      const int64_t i1 = std::min(np, i0 + tp), jn = std::min(nq, j0 + tq) - j0;
+      for (int64_t i = i0; i < i1; ++i) {
+        const T* s = src + c.src_off + i * ssp + j0 * ssq;
+        T* d = dst + c.dst_off + i * dsp + j0;
+        for (int64_t j = 0; j < jn; ++j) d[j] = s[j * ssq];
+      }
+    }
+  });
+}
+
+template <class T>
+void copy_typed(const Geometry& g, const void* src, void* dst) {
+  const T* s = static_cast<const T*>(src);
+  T* d = static_cast<T*>(dst);
+  const int q = static_cast<int>(g.shape.size()) - 1;
+  int p = -1;
+  for (int k = 0; k < q; ++k) {
+    if (g.src[k] != 0 && g.src[k] < g.src[q] && (p < 0 || g.src[k] < g.src[p])) p = k;
+  }
+  // Tiling pays when src's contiguous dim is not q and is short-strided.
+  if (g.src[q] != 1 && p >= 0 && g.src[p] * static_cast<int64_t>(sizeof(T)) <= 64) {
+    copy_tiles(g, p, s, d);
+  } else {
+    copy_rows(g, s, d);
+  }
+}
+
+template <class Fn>
+void dispatch_width(size_t width, Fn&& fn) {
+  switch (width) {
+    case 1: return fn(uint8_t{});
+    case 2: return fn(uint16_t{});
+    case 4: return fn(uint32_t{});
+    case 8: return fn(uint64_t{});
+    default: fail<DTypeError>("permuted_copy: unsupported element size ", width);
+  }
+}
+
+}  // namespace
+
+void permuted_copy(const Tensor& src, const Tensor& dst) {
+  check_args(src, dst, "permuted_copy");
+  if (src.numel() == 0) return;
+  const Geometry g = coalesce(src.shape(), src.strides(), contiguous_strides(dst.shape()));
+  dispatch_width(src.itemsize(), [&](auto tag) {
+    using T = decltype(tag);
+    copy_typed<T>(g, src.raw_data(), dst.raw_data());
+  });
+}
+
+void permuted_copy_reference(const Tensor& src, const Tensor& dst) {
+  check_args(src, dst, "permuted_copy_reference");
+  const int64_t n = src.numel();
+  const size_t width = src.itemsize();
+  const auto* s = static_cast<const std::byte*>(src.raw_data());
+  auto* d = static_cast<std::byte*>(dst.raw_data());
+  std::vector<int64_t> index(src.shape().size(), 0);
+  for (int64_t linear = 0; linear < n; ++linear) {
+    int64_t off = 0;
+    for (size_t k = 0; k < index.size(); ++k) off += index[k] * src.strides()[k];
+    std::memcpy(d + static_cast<size_t>(linear) * width, s + off * static_cast<int64_t>(width), width);
+    for (size_t k = index.size(); k-- > 0;) {
+      if (++index[k] < src.shape()[k]) break;
+      index[k] = 0;
+    }
+  }
+}
+
+}  // namespace qkv::kernels
