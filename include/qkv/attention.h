@@ -18,6 +18,9 @@
 //     dropout_p == 1 gives zeros.
 //   return_weights: also returns the weights actually applied to v (after dropout).
 //   output [..., Hq, Lq, Dv] in q's dtype (f16/bf16 inputs are computed in f32/f64).
+//   return_logsumexp: also returns lse[..., Hq, Lq] (f32) = log sum_j exp(score_ij)
+//     over the scaled, masked scores before dropout (-inf for a fully masked row),
+//     what a backward pass needs to recompute the weights as exp(score - lse).
 #pragma once
 
 #include <cstdint>
@@ -35,11 +38,13 @@ struct AttentionOptions {
   bool enable_gqa = false;
   bool return_weights = false;
   uint64_t seed = 0;  // dropout generator seed
+  bool return_logsumexp = false;  // also return the row logsumexp (see above)
 };
 
 struct AttentionResult {
   Tensor output;                 // [..., Hq, Lq, Dv]
   std::optional<Tensor> weights;  // [..., Hq, Lq, Lk] when return_weights
+  std::optional<Tensor> logsumexp;  // [..., Hq, Lq] f32 when return_logsumexp
 };
 
 // The oracle: plain loops with float64 accumulation, single-threaded. Every
@@ -47,8 +52,10 @@ struct AttentionResult {
 AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options = {});
 
-// The attention users call: dispatches to the fastest kernel that supports the
-// options (today the reference; the fused kernel comes with its issue).
+// The attention users call: the fused CPU kernel (FlashAttention-2 schedule,
+// never materialising the [Lq, Lk] scores; weights, when asked for, come from a
+// second fused pass) for f32/f16/bf16; f64 inputs (and Dk == 0) use the reference.
+// Errors name "scaled_dot_product_attention".
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& options = {});
 

@@ -1,0 +1,318 @@
+// Fused CPU attention forward: FlashAttention-2's schedule (Dao 2023, Alg. 1).
+//
+// A work item is Br query rows of one batch entry (batch dims and heads are one
+// flat batch). For each K/V tile of Bc rows the item computes
+//   S = scale * Q K^T + bias          [Br, Bc]  (qkv::gemm, then mask / causal)
+//   m_new = max(m, rowmax(S)); P = exp(S - m_new); l = l * exp(m - m_new) + rowsum(P)
+//   O = O * exp(m - m_new) + P V      [Br, Dv]  (qkv::gemm with beta = 1)
+// and finally O /= l and lse = m + log(l). The [Lq, Lk] scores never exist:
+// a worker holds one S tile. Causal masking stops each query tile at the
+// diagonal (tiles above it are never computed) and masks inside the diagonal
+// tile only. Masks and GQA k/v are read in place through their (zero) strides.
+// Dropout multiplies P after the row sum is taken (the sum is of the undropped
+// probabilities, as softmax-then-dropout), drawing random::dropout_keep for the
+// element's flat index into [..., Hq, Lq, Lk], as the reference does.
+//
+// Weights (return_weights) come from a second pass over the same item, right
+// after the first: scores are recomputed tile by tile into the item's rows of
+// the weights tensor, then each row gets a plain softmax and the dropout.
+//
+// Work items are handed out dynamically (an atomic counter) to get_num_threads()
+// workers; an item's arithmetic does not depend on which worker runs it, so the
+// results do not depend on the thread count (except that a call with a single
+// item lets oneDNN thread the tile GEMMs themselves).
+#include "attention/flash_cpu.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention/flash_tiles.h"
+#include "attention/problem.h"
+#include "qkv/gemm.h"
+#include "qkv/parallel.h"
+#include "qkv/random.h"
+#include "qkv/softmax.h"
+
+namespace qkv::attention {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// f32 with rows the tile GEMMs can read (contiguous within, apart by >= a row);
+// converts (f16/bf16: the whole tensor, once) or copies only when needed.
+Tensor as_kernel_input(const Tensor& t) {
+  const Tensor f = t.dtype() == DType::f32 ? t : t.to(DType::f32);
+  const bool rows_contiguous = f.size(-1) <= 1 || f.stride(-1) == 1;
+  const bool rows_apart = f.size(-2) <= 1 || f.stride(-2) >= f.size(-1);
+  return rows_contiguous && rows_apart ? f : f.contiguous();
+}
+
+// Bool masks are read as they are; floating masks as f32 (converted at the
+// user's shape, before broadcasting, so never per head).
+std::optional<Tensor> as_kernel_mask(const std::optional<Tensor>& m) {
+  if (!m || m->dtype() == DType::b8 || m->dtype() == DType::f32 || !is_floating(m->dtype())) return m;
+  return m->to(DType::f32);
+}
+
+// Read-only state of one call, shared by the workers.
+struct Flash {
+  const Problem* p = nullptr;
+  FlashTiles tiles;
+  bool causal = false;
+  double dropout_p = 0.0;
+  uint64_t seed = 0;
+  float keep_scale = 1.0f;
+  const float* q = nullptr;  // p->q [batch..., Lq, Dk] element 0
+  const float* k = nullptr;  // p->k [kv batch..., Lk, Dk]
+  const float* v = nullptr;  // p->v [kv batch..., Lk, Dv]
+  const bool* mask_bool = nullptr;    // p->mask [batch..., Lq, Lk] when bool
+  const float* mask_float = nullptr;  // p->mask when floating (f32)
+  float* out = nullptr;      // [batch, Lq, Dv] contiguous
+  float* lse = nullptr;      // [batch, Lq] or null
+  float* weights = nullptr;  // [batch, Lq, Lk] or null
+};
+
+// One work item: `rows` query rows from i0 of flat batch entry b.
+struct Rows {
+  int64_t b = 0, i0 = 0, rows = 0;
+  int64_t kv_end = 0;  // keys [0, kv_end) take part (causal stops at the diagonal)
+  const float* q = nullptr;  // [rows, Dk], row stride p->q.stride(-2)
+  const float* k = nullptr;  // [Lk, Dk] of the entry's k/v head
+  const float* v = nullptr;  // [Lk, Dv]
+  int64_t mask_base = 0;     // offset of the entry's [Lq, Lk] mask
+  float* o = nullptr;        // [rows, Dv] output rows, the accumulator
+};
+
+// A worker's buffers, reused across its items.
+struct Scratch {
+  std::vector<float> s;  // [Br, Bc] scores, then probabilities
+  std::vector<float> m;  // [Br] running row max
+  std::vector<float> l;  // [Br] running row sum of exp(s - m)
+  explicit Scratch(const FlashTiles& t)
+      : s(static_cast<size_t>(t.br * t.bc)), m(static_cast<size_t>(t.br)), l(static_cast<size_t>(t.br)) {}
+};
+
+Rows rows_of(const Flash& f, int64_t item) {
+  const Problem& p = *f.p;
+  const int64_t tiles_q = (p.lq + f.tiles.br - 1) / f.tiles.br;
+  Rows r;
+  r.b = item / tiles_q;
+  int64_t t = item % tiles_q;
+  if (f.causal) t = tiles_q - 1 - t;  // longest rows first: better dynamic balance
+  r.i0 = t * f.tiles.br;
+  r.rows = std::min(f.tiles.br, p.lq - r.i0);
+  r.kv_end = f.causal ? std::min(p.lk, r.i0 + r.rows) : p.lk;
+  r.q = f.q + batch_offset(p.q, p.batch, r.b, 1) + r.i0 * p.q.stride(-2);
+  r.k = f.k + batch_offset(p.k, p.batch, r.b, p.gqa_group);
+  r.v = f.v + batch_offset(p.v, p.batch, r.b, p.gqa_group);
+  r.mask_base = p.mask ? batch_offset(*p.mask, p.batch, r.b, 1) : 0;
+  r.o = f.out + (r.b * p.lq + r.i0) * p.dv;
+  return r;
+}
+
+// s [rows, cols] (row stride lds) += the mask of rows i0.. and keys j0..
+void add_mask(const Flash& f, const Rows& r, int64_t j0, int64_t cols, float* s, int64_t lds) {
+  const Tensor& mask = *f.p->mask;
+  const int64_t si = mask.stride(-2), sj = mask.stride(-1);
+  for (int64_t x = 0; x < r.rows; ++x) {
+    float* row = s + x * lds;  // [cols]
+    const int64_t base = r.mask_base + (r.i0 + x) * si + j0 * sj;
+    if (f.mask_bool) {
+      const bool* m = f.mask_bool + base;
+      for (int64_t c = 0; c < cols; ++c) row[c] = m[c * sj] ? row[c] : kNegInf;
+    } else if (sj == 1) {
+      const float* m = f.mask_float + base;
+      for (int64_t c = 0; c < cols; ++c) row[c] += m[c];
+    } else {
+      const float* m = f.mask_float + base;
+      for (int64_t c = 0; c < cols; ++c) row[c] += m[c * sj];
+    }
+  }
+}
+
+// s [rows, cols] = scale * Q K[j0:j0+cols]^T + bias (mask, causal).
+void score_tile(const Flash& f, const Rows& r, int64_t j0, int64_t cols, float* s, int64_t lds) {
+  const Problem& p = *f.p;
+  GemmShape g;
+  g.trans_b = true;
+  g.m = r.rows;
+  g.n = cols;
+  g.k = p.dk;
+  g.lda = p.q.stride(-2);
+  g.ldb = p.k.stride(-2);
+  g.ldc = lds;
+  gemm(g, static_cast<float>(p.scale), r.q, r.k + j0 * p.k.stride(-2), 0.0f, s);
+  if (p.mask) add_mask(f, r, j0, cols, s, lds);
+  if (f.causal && j0 + cols - 1 > r.i0) {  // the tile crosses the diagonal
+    for (int64_t x = 0; x < r.rows; ++x) {
+      const int64_t first = std::max<int64_t>(0, r.i0 + x + 1 - j0);  // keys j > i are masked
+      std::fill(s + x * lds + std::min(first, cols), s + x * lds + cols, kNegInf);
+    }
+  }
+}
+
+// Online softmax over one tile: s [rows, cols] becomes exp(s - m_new), the
+// running m and l [rows] are updated and o [rows, Dv] is rescaled.
+void softmax_tile(float* s, int64_t lds, int64_t rows, int64_t cols, float* m, float* l, float* o,
+                  int64_t dv) {
+  for (int64_t x = 0; x < rows; ++x) {
+    float* row = s + x * lds;  // [cols]
+    const float mx = kernels::max_value(row, cols);
+    const float m_new = (mx > m[x] || std::isnan(mx)) ? mx : m[x];
+    if (m_new == kNegInf) {  // every key so far masked: nothing to add
+      std::fill(row, row + cols, 0.0f);
+      continue;
+    }
+    // exp(-inf) = 0 on the first keys that count; NaN stays NaN.
+    const float alpha = m_new == m[x] ? 1.0f : std::exp(m[x] - m_new);
+    const float sum = kernels::exp_shift_sum(row, cols, m_new);
+    if (alpha != 1.0f) {
+      l[x] *= alpha;
+      kernels::scale(o + x * dv, dv, alpha);
+    }
+    l[x] += sum;
+    m[x] = m_new;
+  }
+}
+
+// Dropout on probabilities s [rows, cols] (row stride lds) of rows i0.., keys j0..
+void dropout_tile(const Flash& f, const Rows& r, int64_t j0, int64_t cols, float* s, int64_t lds) {
+  const Problem& p = *f.p;
+  for (int64_t x = 0; x < r.rows; ++x) {
+    float* row = s + x * lds;  // [cols]
+    const auto index = static_cast<uint64_t>(((r.b * p.lq + r.i0 + x) * p.lk) + j0);
+    for (int64_t c = 0; c < cols; ++c) {
+      const bool keep = random::dropout_keep(f.seed, index + static_cast<uint64_t>(c), f.dropout_p);
+      row[c] = keep ? row[c] * f.keep_scale : 0.0f;
+    }
+  }
+}
+
+// o [rows, Dv] += p [rows, cols] V[j0:j0+cols].
+void value_tile(const Flash& f, const Rows& r, int64_t j0, int64_t cols, const float* s, int64_t lds) {
+  const Problem& p = *f.p;
+  GemmShape g;
+  g.m = r.rows;
+  g.n = p.dv;
+  g.k = cols;
+  g.lda = lds;
+  g.ldb = p.v.stride(-2);
+  g.ldc = p.dv;
+  gemm(g, 1.0f, s, r.v + j0 * p.v.stride(-2), 1.0f, r.o);
+}
+
+// o /= l, and lse = m + log(l); fully masked rows (l == 0) give 0 and -inf.
+void finish_rows(const Flash& f, const Rows& r, const float* m, const float* l) {
+  const Problem& p = *f.p;
+  for (int64_t x = 0; x < r.rows; ++x) {
+    float* o = r.o + x * p.dv;  // [Dv]
+    if (l[x] == 0.0f) {
+      std::fill(o, o + p.dv, 0.0f);
+    } else {
+      kernels::scale(o, p.dv, 1.0f / l[x]);
+    }
+    if (f.lse) {
+      const float lse = l[x] == 0.0f ? kNegInf : static_cast<float>(m[x] + std::log(static_cast<double>(l[x])));
+      f.lse[r.b * p.lq + r.i0 + x] = lse;
+    }
+  }
+}
+
+// Second pass: the item's rows of the weights [rows, Lk], recomputed tile by
+// tile, then a plain softmax per row and the dropout.
+void weight_rows(const Flash& f, const Rows& r) {
+  const Problem& p = *f.p;
+  float* w = f.weights + (r.b * p.lq + r.i0) * p.lk;  // [rows, Lk]
+  for (int64_t j0 = 0; j0 < r.kv_end; j0 += f.tiles.bc) {
+    score_tile(f, r, j0, std::min(f.tiles.bc, r.kv_end - j0), w + j0, p.lk);
+  }
+  kernels::softmax_rows(w, r.rows, r.kv_end, p.lk);  // fully masked rows give zeros
+  for (int64_t x = 0; x < r.rows; ++x) std::fill(w + x * p.lk + r.kv_end, w + (x + 1) * p.lk, 0.0f);
+  if (f.dropout_p > 0.0) dropout_tile(f, r, 0, r.kv_end, w, p.lk);
+}
+
+void run_rows(const Flash& f, const Rows& r, Scratch& sc) {
+  const Problem& p = *f.p;
+  const int64_t lds = f.tiles.bc;
+  std::fill(sc.m.begin(), sc.m.begin() + r.rows, kNegInf);
+  std::fill(sc.l.begin(), sc.l.begin() + r.rows, 0.0f);
+  std::fill(r.o, r.o + r.rows * p.dv, 0.0f);
+  for (int64_t j0 = 0; j0 < r.kv_end; j0 += f.tiles.bc) {
+    const int64_t cols = std::min(f.tiles.bc, r.kv_end - j0);
+    score_tile(f, r, j0, cols, sc.s.data(), lds);
+    softmax_tile(sc.s.data(), lds, r.rows, cols, sc.m.data(), sc.l.data(), r.o, p.dv);
+    if (f.dropout_p > 0.0) dropout_tile(f, r, j0, cols, sc.s.data(), lds);
+    value_tile(f, r, j0, cols, sc.s.data(), lds);
+  }
+  finish_rows(f, r, sc.m.data(), sc.l.data());
+  if (f.weights) weight_rows(f, r);
+}
+
+// Every item, on get_num_threads() workers taking items from a shared counter.
+void run_all(const Flash& f) {
+  const Problem& p = *f.p;
+  const int64_t items = p.batch_size * ((p.lq + f.tiles.br - 1) / f.tiles.br);
+  if (items == 0) return;
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(get_num_threads(), items);
+  parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    Scratch sc(f.tiles);
+    for (int64_t item = next++; item < items; item = next++) run_rows(f, rows_of(f, item), sc);
+  });
+}
+
+Shape with(const Shape& batch, std::initializer_list<int64_t> tail) {
+  Shape s = batch;
+  s.insert(s.end(), tail);
+  return s;
+}
+
+}  // namespace
+
+AttentionResult flash_attention_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& options, const char* op) {
+  // Checks on the inputs as given, so that errors read as the reference's.
+  (void)make_problem(q, k, v, options, op);
+  AttentionOptions o = options;
+  o.attn_mask = as_kernel_mask(options.attn_mask);
+  const Problem p = make_problem(as_kernel_input(q), as_kernel_input(k), as_kernel_input(v), o, op);
+
+  Tensor out = Tensor::empty(with(p.batch, {p.lq, p.dv}));  // [batch..., Lq, Dv] f32
+  std::optional<Tensor> lse, weights;
+  if (options.return_logsumexp) lse = Tensor::empty(with(p.batch, {p.lq}));  // [batch..., Lq]
+  if (options.return_weights) weights = Tensor::empty(with(p.batch, {p.lq, p.lk}));  // [batch..., Lq, Lk]
+
+  Flash f;
+  f.p = &p;
+  f.causal = options.is_causal;
+  f.tiles = choose_flash_tiles(p.lq, p.lk, p.dk, p.dv, f.causal);
+  f.dropout_p = options.dropout_p;
+  f.seed = options.seed;
+  f.keep_scale = options.dropout_p < 1.0 ? static_cast<float>(1.0 / (1.0 - options.dropout_p)) : 0.0f;
+  f.q = p.q.data<float>();
+  f.k = p.k.data<float>();
+  f.v = p.v.data<float>();
+  if (p.mask) {
+    if (p.mask->dtype() == DType::b8) {
+      f.mask_bool = p.mask->data<bool>();
+    } else {
+      f.mask_float = p.mask->data<float>();
+    }
+  }
+  f.out = out.data<float>();
+  f.lse = lse ? lse->data<float>() : nullptr;
+  f.weights = weights ? weights->data<float>() : nullptr;
+  run_all(f);
+
+  AttentionResult result;
+  result.output = out.to(q.dtype());
+  if (weights) result.weights = weights->to(q.dtype());
+  result.logsumexp = lse;
+  return result;
+}
+
+}  // namespace qkv::attention

@@ -1,0 +1,58 @@
+// Tile sizes of the fused CPU attention (flash_cpu.cc), from the cache sizes.
+//
+// One worker keeps a Q tile [Br, Dk], a K tile [Bc, Dk], a V tile [Bc, Dv], the
+// scores/probabilities [Br, Bc] and the output accumulator [Br, Dv] in its L2.
+// Br and Bc are powers of two; Bc is the largest whose working set fits the L2
+// budget, capped at kMaxBc, and Br = min(kBr, Bc). With causal masking the
+// tiles are square (Br = Bc = kCausal): the key tiles of a query tile are then
+// whole tiles except for the Lk tail, so the tile GEMMs see few distinct shapes
+// (qkv::gemm keeps a per-thread memo of 4 plans) and the masked half of the
+// diagonal tile stays small. The constants were measured with
+// bench/attention_bench.cc (BM_FlashTiles; see docs/performance.md).
+// QKV_FLASH_TILES=BRxBC (e.g. "64x256") overrides the choice, for tuning runs.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+namespace qkv::attention {
+
+struct FlashTiles {
+  int64_t br = 64;   // query rows per tile
+  int64_t bc = 256;  // key/value rows per tile
+};
+
+// Bytes of L2 one core may use (sysconf, else 1 MiB).
+inline int64_t l2_cache_bytes() {
+  const long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return bytes > 0 ? static_cast<int64_t>(bytes) : int64_t{1} << 20;
+}
+
+// Floats of one worker's tiles: q [br, dk], k [bc, dk], v [bc, dv], s [br, bc], o [br, dv].
+inline int64_t flash_working_set(int64_t br, int64_t bc, int64_t dk, int64_t dv) {
+  return br * dk + bc * dk + bc * dv + br * bc + br * dv;
+}
+
+inline FlashTiles choose_flash_tiles(int64_t lq, int64_t lk, int64_t dk, int64_t dv, bool causal) {
+  constexpr int64_t kBr = 64, kMaxBc = 256, kMinBc = 16, kCausal = 128;
+  FlashTiles t;
+  if (const char* env = std::getenv("QKV_FLASH_TILES")) {
+    long br = 0, bc = 0;
+    if (std::sscanf(env, "%ldx%ld", &br, &bc) == 2 && br > 0 && bc > 0) return {br, bc};
+  }
+  const int64_t budget = l2_cache_bytes() / 2 / static_cast<int64_t>(sizeof(float));  // [floats]
+  t.bc = kMaxBc;
+  while (t.bc > kMinBc && flash_working_set(std::min(kBr, t.bc), t.bc, dk, dv) > budget) t.bc /= 2;
+  t.br = std::min(causal ? kCausal : kBr, t.bc);
+  if (causal) t.bc = t.br;
+  // Short sequences: one tile covers them (fewer, larger GEMMs; Lq = 1 is decode).
+  t.br = std::max<int64_t>(1, std::min(t.br, lq));
+  t.bc = std::max<int64_t>(1, std::min(t.bc, lk));
+  return t;
+}
+
+}  // namespace qkv::attention

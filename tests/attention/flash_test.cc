@@ -1,0 +1,432 @@
+// The fused CPU attention (scaled_dot_product_attention on f32) against the
+// float64 reference, with FlashAttention's criterion: the fused kernel's max
+// error against float64 is at most twice that of a naive float32 (unfused)
+// implementation against float64, over random configurations.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attention/flash_cpu.h"
+#include "attention/naive_f32.h"
+#include "attention/problem.h"
+#include "common/expect.h"
+#include "qkv/attention.h"
+#include "qkv/parallel.h"
+
+namespace qkv {
+namespace {
+
+
+// ---- random configurations ------------------------------------------------------
+
+enum class MaskKind { none, bool_full, bool_broadcast, bool_masked_rows, float_full, float_row };
+
+struct Config {
+  int64_t b = 1, hq = 1, hk = 1, lq = 1, lk = 1, dk = 1, dv = 1;
+  bool kv_batch_one = false;  // k/v of batch 1, broadcast over q's batch
+  MaskKind mask = MaskKind::none;
+  bool causal = false, gqa = false, big = false;  // big: q and k scaled x1000 (seed 001)
+  double dropout = 0.0;
+  std::optional<double> scale;
+  uint64_t seed = 1;
+  std::string str() const {
+    return "B=" + std::to_string(b) + " Hq=" + std::to_string(hq) + " Hk=" + std::to_string(hk) +
+           " Lq=" + std::to_string(lq) + " Lk=" + std::to_string(lk) + " Dk=" + std::to_string(dk) +
+           " Dv=" + std::to_string(dv) + " mask=" + std::to_string(static_cast<int>(mask)) +
+           " causal=" + std::to_string(causal) + " gqa=" + std::to_string(gqa) + " big=" + std::to_string(big) +
+           " dropout=" + std::to_string(dropout) + " seed=" + std::to_string(seed);
+  }
+};
+
+template <class T>
+T pick(std::mt19937_64& rng, std::initializer_list<T> values) {
+  return values.begin()[rng() % values.size()];
+}
+
+// Configuration i: lengths around and between tile sizes, odd head dims, every
+// mask kind, GQA, broadcast batches; every 8th has Lq = 1, Lk = 1, or causal with Lq != Lk.
+Config random_config(std::mt19937_64& rng, int i) {
+  Config c;
+  c.seed = rng();
+  const std::initializer_list<int64_t> lengths = {1, 2, 3, 7, 16, 31, 64, 65, 100, 127, 129, 200, 256, 257, 300};
+  c.lq = pick(rng, lengths);
+  c.lk = pick(rng, lengths);
+  c.dk = pick<int64_t>(rng, {1, 3, 8, 16, 32, 33, 64, 80, 128});
+  c.dv = rng() % 2 ? c.dk : pick<int64_t>(rng, {1, 5, 16, 64, 96});
+  c.b = pick<int64_t>(rng, {1, 2});
+  c.hk = pick<int64_t>(rng, {1, 2});
+  c.gqa = rng() % 3 == 0;
+  c.hq = c.gqa ? c.hk * pick<int64_t>(rng, {1, 2, 4}) : c.hk;
+  c.kv_batch_one = c.b > 1 && rng() % 4 == 0;
+  c.mask = pick(rng, {MaskKind::none, MaskKind::none, MaskKind::bool_full, MaskKind::bool_broadcast,
+                      MaskKind::bool_masked_rows, MaskKind::float_full, MaskKind::float_row});
+  c.causal = c.mask == MaskKind::none && rng() % 2 == 0;
+  c.big = rng() % 8 == 0;
+  if (rng() % 10 == 0) c.dropout = 0.2;
+  if (rng() % 10 == 0) c.scale = 0.3;
+  switch (i % 8) {
+    case 0: c.lq = 1; break;
+    case 1: c.lk = 1; break;
+    case 2:
+      c.mask = MaskKind::none, c.causal = true;
+      if (c.lq == c.lk) c.lk = c.lq + 37;
+      break;
+    default: break;
+  }
+  const int64_t work = c.b * c.hq * c.lq * c.lk * (c.dk + c.dv);  // keeps the suite fast
+  if (work > 600'000) c.b = 1, c.hq = c.hk = 1, c.gqa = false, c.kv_batch_one = false;
+  if (c.lq * c.lk * (c.dk + c.dv) > 1'000'000) c.dk = std::min<int64_t>(c.dk, 12), c.dv = std::min<int64_t>(c.dv, 8);
+  return c;
+}
+
+Tensor scaled(const Tensor& t, double f) {
+  std::vector<float> x = t.to_vector<float>();
+  for (float& e : x) e = static_cast<float>(e * f);
+  return Tensor::from_vector(x, t.shape());
+}
+
+Tensor bool_tensor(const Shape& s, uint64_t seed, double p_attend, int64_t masked_row_every) {
+  const Tensor u = Tensor::uniform(s, seed);
+  std::vector<bool> m(static_cast<size_t>(u.numel()));
+  const auto x = u.to_vector<double>();
+  const int64_t lk = s.back(), lq = s[s.size() - 2];
+  for (size_t i = 0; i < m.size(); ++i) {
+    const int64_t row = static_cast<int64_t>(i) / lk % lq;
+    m[i] = x[i] < p_attend && !(masked_row_every > 0 && row % masked_row_every == 1);
+  }
+  return Tensor::from_vector(m, s);
+}
+
+struct Inputs {
+  Tensor q, k, v;
+  AttentionOptions options;
+};
+
+Inputs make_inputs(const Config& c) {
+  Inputs in;
+  const int64_t bk = c.kv_batch_one ? 1 : c.b;
+  in.q = Tensor::randn({c.b, c.hq, c.lq, c.dk}, c.seed);
+  in.k = Tensor::randn({bk, c.hk, c.lk, c.dk}, c.seed + 1);
+  in.v = Tensor::randn({bk, c.hk, c.lk, c.dv}, c.seed + 2);
+  if (c.big) in.q = scaled(in.q, 1000.0), in.k = scaled(in.k, 1000.0);
+  AttentionOptions& o = in.options;
+  o.is_causal = c.causal;
+  o.enable_gqa = c.gqa;
+  o.dropout_p = c.dropout;
+  o.seed = c.seed;
+  o.scale = c.scale;
+  switch (c.mask) {
+    case MaskKind::none: break;
+    case MaskKind::bool_full: o.attn_mask = bool_tensor({c.b, c.hq, c.lq, c.lk}, c.seed + 3, 0.7, 0); break;
+    case MaskKind::bool_broadcast: o.attn_mask = bool_tensor({c.lq, c.lk}, c.seed + 3, 0.5, 0); break;
+    case MaskKind::bool_masked_rows: o.attn_mask = bool_tensor({c.lq, c.lk}, c.seed + 3, 0.5, 3); break;
+    case MaskKind::float_full: o.attn_mask = Tensor::randn({c.b, 1, c.lq, c.lk}, c.seed + 3); break;
+    case MaskKind::float_row: {
+      std::vector<float> row = Tensor::randn({c.lk}, c.seed + 3).to_vector<float>();
+      for (size_t j = 0; j < row.size(); j += 5) row[j] = -INFINITY;
+      o.attn_mask = Tensor::from_vector(row, {c.lk});
+      break;
+    }
+  }
+  return in;
+}
+
+// ---- measures ------------------------------------------------------------------------
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double x : t.to_vector<double>()) m = std::isnan(x) ? INFINITY : std::max(m, std::fabs(x));
+  return m;
+}
+
+// Max |a - b|; +inf on a NaN (only where exactly one side is NaN) or differing infinities.
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i]))) continue;
+    const double d = std::fabs(x[i] - y[i]);
+    m = std::isnan(d) ? INFINITY : std::max(m, d);
+  }
+  return m;
+}
+
+// The row logsumexp of the scaled, masked scores, in float64: [batch..., Lq].
+Tensor logsumexp_f64(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
+  const attention::Problem p = attention::make_problem(q, k, v, options, "test");
+  Shape shape = p.batch;
+  shape.push_back(p.lq);
+  Tensor out = Tensor::empty(shape, DType::f64);
+  double* o = out.data<double>();
+  for (int64_t b = 0; b < p.batch_size; ++b) {
+    for (int64_t i = 0; i < p.lq; ++i) {
+      std::vector<double> s;
+      for (int64_t j = 0; j < p.lk; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < p.dk; ++d) {
+          const int64_t qo = attention::batch_offset(p.q, p.batch, b, 1) + i * p.q.stride(-2) + d * p.q.stride(-1);
+          const int64_t ko =
+              attention::batch_offset(p.k, p.batch, b, p.gqa_group) + j * p.k.stride(-2) + d * p.k.stride(-1);
+          dot += static_cast<double>(p.q.data<float>()[qo]) * static_cast<double>(p.k.data<float>()[ko]);
+        }
+        double x = dot * p.scale;
+        if (p.mask) {
+          const int64_t mo = attention::batch_offset(*p.mask, p.batch, b, 1) + i * p.mask->stride(-2) +
+                             j * p.mask->stride(-1);
+          if (p.mask->dtype() == DType::b8) {
+            x = p.mask->data<bool>()[mo] ? x : -INFINITY;
+          } else {
+            x += static_cast<double>(p.mask->data<float>()[mo]);
+          }
+        }
+        if (options.is_causal && j > i) x = -INFINITY;
+        s.push_back(x);
+      }
+      const double m = s.empty() ? -INFINITY : *std::max_element(s.begin(), s.end());
+      double sum = 0;
+      for (double x : s) sum += m == -INFINITY ? 0.0 : std::exp(x - m);
+      o[b * p.lq + i] = m == -INFINITY ? -INFINITY : m + std::log(sum);
+    }
+  }
+  return out;
+}
+
+// The naive float32 attention on one thread (threaded oneDNN calls on small
+// matrices only cost time, the more so on a loaded machine).
+AttentionResult naive_f32(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+  const int threads = get_num_threads();
+  set_num_threads(1);
+  AttentionResult r = attention::attention_naive_f32(q, k, v, o);
+  set_num_threads(threads);
+  return r;
+}
+
+// Restores the thread count and the tile override when a test ends.
+class FlashAttention : public ::testing::Test {
+ protected:
+  void SetUp() override { threads_ = get_num_threads(); }
+  void TearDown() override {
+    set_num_threads(threads_);
+    unsetenv("QKV_FLASH_TILES");
+  }
+  int threads_ = 1;
+};
+
+// err(fused) <= 2 * err(naive f32) + a floor of one f32 ulp of the largest |v|
+// (for configurations where both are exact, e.g. Lk = 1).
+void expect_within_criterion(const Config& c, const Tensor& fused, const Tensor& naive, const Tensor& ref,
+                             double v_max, double* worst_ratio = nullptr) {
+  const double e_fused = max_abs_diff(fused, ref), e_naive = max_abs_diff(naive, ref);
+  const double floor = 0x1.0p-23 * v_max;
+  EXPECT_LE(e_fused, 2.0 * e_naive + floor) << c.str() << " fused " << e_fused << " naive " << e_naive;
+  if (worst_ratio && e_naive > floor) *worst_ratio = std::max(*worst_ratio, e_fused / e_naive);
+}
+
+TEST_F(FlashAttention, MatchesReferenceWithinTwiceNaiveF32Error) {
+  std::mt19937_64 rng(20261122);
+  double worst = 0.0;
+  for (int i = 0; i < 240; ++i) {
+    const Config c = random_config(rng, i);
+    const Inputs in = make_inputs(c);
+    const AttentionResult fused = scaled_dot_product_attention(in.q, in.k, in.v, in.options);
+    const Tensor naive = naive_f32(in.q, in.k, in.v, in.options).output;
+    const Tensor ref = attention_reference(in.q, in.k, in.v, in.options).output;
+    ASSERT_EQ(fused.output.shape(), ref.shape()) << c.str();
+    expect_within_criterion(c, fused.output, naive, ref, max_abs(in.v), &worst);
+  }
+  RecordProperty("worst_error_ratio", std::to_string(worst));
+  std::printf("worst fused/naive error ratio over 240 configurations: %.3f\n", worst);
+}
+
+TEST_F(FlashAttention, WeightsMatchReferenceWithinTwiceNaiveF32Error) {
+  std::mt19937_64 rng(7);
+  double worst = 0.0;
+  for (int i = 0; i < 60; ++i) {
+    const Config c = random_config(rng, i);
+    Inputs in = make_inputs(c);
+    in.options.return_weights = true;
+    const AttentionResult fused = scaled_dot_product_attention(in.q, in.k, in.v, in.options);
+    const AttentionResult naive = naive_f32(in.q, in.k, in.v, in.options);
+    const AttentionResult ref = attention_reference(in.q, in.k, in.v, in.options);
+    ASSERT_TRUE(fused.weights.has_value());
+    const double keep = c.dropout > 0 ? 1.0 / (1.0 - c.dropout) : 1.0;
+    expect_within_criterion(c, *fused.weights, *naive.weights, *ref.weights, keep, &worst);
+    expect_within_criterion(c, fused.output, naive.output, ref.output, max_abs(in.v));
+  }
+  std::printf("worst fused/naive weight error ratio over 60 configurations: %.3f\n", worst);
+}
+
+TEST_F(FlashAttention, ResultsDoNotDependOnThreadCount) {
+  std::mt19937_64 rng(99);
+  for (int i = 0; i < 40; ++i) {
+    const Config c = random_config(rng, i);
+    const Inputs in = make_inputs(c);
+    const Tensor naive = naive_f32(in.q, in.k, in.v, in.options).output;
+    const Tensor ref = attention_reference(in.q, in.k, in.v, in.options).output;
+    set_num_threads(1);
+    const Tensor one = scaled_dot_product_attention(in.q, in.k, in.v, in.options).output;
+    set_num_threads(3);
+    const Tensor three = scaled_dot_product_attention(in.q, in.k, in.v, in.options).output;
+    set_num_threads(threads_);
+    expect_within_criterion(c, one, naive, ref, max_abs(in.v));
+    expect_within_criterion(c, three, naive, ref, max_abs(in.v));
+    EXPECT_LE(max_abs_diff(one, three), max_abs_diff(naive, ref) + 0x1.0p-23 * max_abs(in.v)) << c.str();
+  }
+}
+
+TEST_F(FlashAttention, SmallAndOddTilesMatchReference) {
+  // Many tile boundaries: lengths straddle tiles of every shape.
+  std::mt19937_64 rng(5);
+  for (const char* tiles : {"1x3", "5x7", "16x8", "32x64"}) {
+    setenv("QKV_FLASH_TILES", tiles, 1);
+    for (int i = 0; i < 12; ++i) {
+      Config c = random_config(rng, i);
+      c.lq = std::min<int64_t>(c.lq, 70), c.lk = std::min<int64_t>(c.lk, 90);  // tiny tiles: many GEMM calls
+      const Inputs in = make_inputs(c);
+      const Tensor fused = scaled_dot_product_attention(in.q, in.k, in.v, in.options).output;
+      const Tensor naive = naive_f32(in.q, in.k, in.v, in.options).output;
+      const Tensor ref = attention_reference(in.q, in.k, in.v, in.options).output;
+      expect_within_criterion(c, fused, naive, ref, max_abs(in.v));
+    }
+  }
+}
+
+TEST_F(FlashAttention, DropoutMaskMatchesReferenceBitForBit) {
+  Config c;
+  c.b = 2, c.hq = 4, c.hk = 2, c.lq = 70, c.lk = 300, c.dk = 32, c.dv = 24, c.dropout = 0.3, c.gqa = true;
+  c.mask = MaskKind::bool_broadcast;
+  const Inputs in = make_inputs(c);
+  AttentionOptions o = in.options;
+  o.return_weights = true;
+  const AttentionResult fused = scaled_dot_product_attention(in.q, in.k, in.v, o);
+  const AttentionResult ref = attention_reference(in.q, in.k, in.v, o);
+  const auto fw = fused.weights->to_vector<double>(), rw = ref.weights->to_vector<double>();
+  int64_t dropped = 0;
+  for (size_t i = 0; i < fw.size(); ++i) {
+    ASSERT_EQ(fw[i] == 0.0, rw[i] == 0.0) << "element " << i;
+    dropped += fw[i] == 0.0;
+  }
+  EXPECT_GT(dropped, static_cast<int64_t>(fw.size() / 5));
+  expect_within_criterion(c, fused.output, naive_f32(in.q, in.k, in.v, o).output, ref.output, max_abs(in.v));
+  o.dropout_p = 1.0;  // everything dropped
+  EXPECT_EQ(max_abs(scaled_dot_product_attention(in.q, in.k, in.v, o).output), 0.0);
+}
+
+TEST_F(FlashAttention, FullyMaskedRowsGiveZeroOutputWeightsAndMinusInfLogsumexp) {
+  Config c;
+  c.lq = 40, c.lk = 270, c.dk = 16, c.dv = 8, c.mask = MaskKind::bool_masked_rows;
+  const Inputs in = make_inputs(c);
+  AttentionOptions o = in.options;
+  o.return_weights = o.return_logsumexp = true;
+  const AttentionResult r = scaled_dot_product_attention(in.q, in.k, in.v, o);
+  const AttentionResult ref = attention_reference(in.q, in.k, in.v, o);
+  int64_t masked_rows = 0;
+  for (int64_t i = 0; i < c.lq; ++i) {
+    if (in.options.attn_mask->select(-2, i).to(DType::f64).to_vector<double>() != std::vector<double>(c.lk, 0.0)) {
+      continue;
+    }
+    ++masked_rows;
+    EXPECT_EQ(r.logsumexp->item({0, 0, i}), -INFINITY);
+    EXPECT_EQ(max_abs(r.output.select(-2, i)), 0.0);
+    EXPECT_EQ(max_abs(r.weights->select(-2, i)), 0.0);
+  }
+  EXPECT_GT(masked_rows, 0);
+  EXPECT_LT(max_abs_diff(r.output, ref.output), 1e-5);
+}
+
+TEST_F(FlashAttention, LogsumexpMatchesFloat64) {
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 30; ++i) {
+    Config c = random_config(rng, i);
+    c.dropout = 0.0;  // lse is of the scores, before dropout
+    Inputs in = make_inputs(c);
+    in.options.return_logsumexp = true;
+    const AttentionResult r = scaled_dot_product_attention(in.q, in.k, in.v, in.options);
+    const Tensor want = logsumexp_f64(in.q, in.k, in.v, in.options);
+    ASSERT_EQ(r.logsumexp->shape(), want.shape()) << c.str();
+    ASSERT_EQ(r.logsumexp->dtype(), DType::f32);
+    const auto got = r.logsumexp->to_vector<double>(), exp = want.to_vector<double>();
+    for (size_t j = 0; j < got.size(); ++j) {
+      if (std::isinf(exp[j])) {
+        EXPECT_EQ(got[j], exp[j]) << c.str();
+      } else {
+        EXPECT_NEAR(got[j], exp[j], 1e-5 * (1.0 + std::fabs(exp[j]))) << c.str() << " row " << j;
+      }
+    }
+  }
+}
+
+TEST_F(FlashAttention, HalfAndBFloat16InputsReturnTheirDtype) {
+  for (DType dt : {DType::f16, DType::bf16}) {
+    Config c;
+    c.b = 1, c.hq = 2, c.hk = 2, c.lq = 33, c.lk = 65, c.dk = 16, c.dv = 8;
+    Inputs in = make_inputs(c);
+    in.options.return_weights = true;
+    const Tensor q = in.q.to(dt), k = in.k.to(dt), v = in.v.to(dt);
+    const AttentionResult r = scaled_dot_product_attention(q, k, v, in.options);
+    const AttentionResult ref = attention_reference(q, k, v, in.options);
+    EXPECT_EQ(r.output.dtype(), dt);
+    EXPECT_EQ(r.weights->dtype(), dt);
+    const double tol = dt == DType::f16 ? 2e-3 : 2e-2;  // one rounding to the output dtype
+    EXPECT_LT(max_abs_diff(r.output, ref.output), tol * max_abs(v));
+  }
+}
+
+TEST_F(FlashAttention, StridedInputsAreReadInPlaceOrCopied) {
+  // q/k/v laid out [B, L, H, D] (a view with row stride H*D), and k with Dk strided.
+  const Tensor q = Tensor::randn({2, 37, 4, 16}, 1).permute({0, 2, 1, 3});
+  const Tensor k = Tensor::randn({2, 4, 16, 50}, 2).transpose(-1, -2);  // last stride 50
+  const Tensor v = Tensor::randn({2, 50, 4, 8}, 3).permute({0, 2, 1, 3});
+  AttentionOptions o;
+  o.is_causal = true;
+  const Tensor fused = scaled_dot_product_attention(q, k, v, o).output;
+  const Tensor naive = naive_f32(q, k, v, o).output;
+  const Tensor ref = attention_reference(q, k, v, o).output;
+  expect_within_criterion(Config{}, fused, naive, ref, max_abs(v));
+}
+
+TEST_F(FlashAttention, F64UsesFloat64AndStillReturnsLogsumexp) {
+  const Tensor q = Tensor::randn({2, 5, 8}, 1, DType::f64), k = Tensor::randn({2, 7, 8}, 2, DType::f64);
+  const Tensor v = Tensor::randn({2, 7, 3}, 3, DType::f64);
+  AttentionOptions o;
+  o.return_logsumexp = true;
+  const AttentionResult r = scaled_dot_product_attention(q, k, v, o);
+  EXPECT_EQ(r.output.dtype(), DType::f64);
+  EXPECT_EQ(max_abs_diff(r.output, attention_reference(q, k, v, o).output), 0.0);
+  ASSERT_TRUE(r.logsumexp.has_value());
+  EXPECT_EQ(r.logsumexp->shape(), (Shape{2, 5}));
+}
+
+TEST_F(FlashAttention, ErrorsNameScaledDotProductAttention) {
+  const Tensor q = Tensor::randn({4, 8}, 1), k = Tensor::randn({6, 7}, 2), v = Tensor::randn({6, 3}, 3);
+  EXPECT_THROW_WITH(scaled_dot_product_attention(q, k, v), ShapeError,
+                    "scaled_dot_product_attention: q and k must have the same last dim (Dk), got q [4, 8], "
+                    "k [6, 7], v [6, 3]");
+  AttentionOptions o;
+  o.is_causal = true;
+  o.attn_mask = Tensor::ones({4, 6}, DType::b8);
+  EXPECT_THROW_WITH(scaled_dot_product_attention(q, Tensor::randn({6, 8}, 2), v, o), ValueError,
+                    "scaled_dot_product_attention: attn_mask and is_causal cannot both be set");
+  EXPECT_THROW_WITH(scaled_dot_product_attention(q.to(DType::f16), Tensor::randn({6, 8}, 2), v), DTypeError,
+                    "scaled_dot_product_attention: q, k and v must have the same dtype");
+}
+
+TEST_F(FlashAttention, EmptyLengthsGiveEmptyOrZeroOutputs) {
+  const Tensor q = Tensor::randn({2, 3, 8}, 1), v0 = Tensor::randn({2, 0, 4}, 3);
+  const AttentionResult r = scaled_dot_product_attention(q, Tensor::randn({2, 0, 8}, 2), v0);  // Lk = 0
+  EXPECT_EQ(r.output.shape(), (Shape{2, 3, 4}));
+  EXPECT_EQ(max_abs(r.output), 0.0);
+  const Tensor q0 = Tensor::randn({2, 0, 8}, 1);
+  EXPECT_EQ(scaled_dot_product_attention(q0, Tensor::randn({2, 5, 8}, 2), Tensor::randn({2, 5, 4}, 3)).output.shape(),
+            (Shape{2, 0, 4}));
+}
+
+}  // namespace
+}  // namespace qkv
