@@ -111,7 +111,7 @@ Tensor stack(const std::vector<Tensor>& xs, std::string_view op) {
   }
   Shape shape = xs[0].shape();
   shape.insert(shape.begin(), static_cast<int64_t>(xs.size()));
-  Tensor out = Tensor::empty(shape, xs[0].dtype());
+  Tensor out = kernels::empty_for_copy(shape, xs[0].dtype());
   for (size_t i = 0; i < xs.size(); ++i) kernels::permuted_copy(xs[i], out.select(0, static_cast<int64_t>(i)));
   return out;
 }
@@ -152,7 +152,7 @@ Tensor repeat(const std::vector<Tensor>& xs, std::string_view pattern, const Axi
 
 Tensor materialize(const Tensor& x) {
   if (x.is_contiguous()) return x;
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  Tensor out = kernels::empty_for_copy(x.shape(), x.dtype());
   kernels::permuted_copy(x, out);
   return out;
 }

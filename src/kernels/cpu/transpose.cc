@@ -1,7 +1,10 @@
 // Blocked, multi-threaded N-d permuted copy and its scalar reference.
 #include "kernels/cpu/transpose.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "qkv/error.h"
@@ -164,6 +167,18 @@ void dispatch_width(size_t width, Fn&& fn) {
 }
 
 }  // namespace
+
+Tensor empty_for_copy(const Shape& shape, DType dtype) {
+  constexpr size_t kHugePage = size_t{2} << 20;
+  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * itemsize(dtype);
+  if (nbytes < 2 * kHugePage) return Tensor::empty(shape, dtype);
+  const size_t rounded = (nbytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, rounded);
+  if (p == nullptr) return Tensor::empty(shape, dtype);
+  (void)madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without THP this changes nothing
+  std::shared_ptr<void> owner(p, [](void* q) { std::free(q); });
+  return Tensor::view_of(Storage::wrap(p, nbytes, std::move(owner)), dtype, shape, contiguous_strides(shape), 0);
+}
 
 void permuted_copy(const Tensor& src, const Tensor& dst) {
   check_args(src, dst, "permuted_copy");
