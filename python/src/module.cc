@@ -11,7 +11,8 @@
   AREA(errors)                 \
   AREA(runtime)                \
   AREA(io)                     \
-  AREA(attention)
+  AREA(attention)              \
+  AREA(einsum)
 
 #define QKV_DECLARE_AREA(area) void bind_##area(nanobind::module_& m);
 QKV_PYTHON_AREAS(QKV_DECLARE_AREA)

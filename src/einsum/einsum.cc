@@ -78,7 +78,7 @@ std::string report(const EinsumPath& p) {
   r += "  Largest intermediate:  " + fmt("%.3e", p.largest_intermediate) + " elements\n";
   r += std::string(74, '-') + "\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%6s %24s %40s %9s\n", "scaling", "current", "remaining", "kernel");
+  std::snprintf(line, sizeof line, "%6s %24s %40s\n", "scaling", "current", "remaining");
   r += line + std::string(74, '-');
   return r;
 }
@@ -143,8 +143,8 @@ EinsumPath describe(const ed::Spec& spec, const ed::Path& path) {
     std::string remaining;
     for (const auto& t : terms) remaining += (remaining.empty() ? "" : ",") + t;
     char line[512];
-    std::snprintf(line, sizeof line, "\n%4d    %24s %40s %9s", st.scaling, st.einsum.c_str(),
-                  (remaining + "->" + spec.term(spec.output)).c_str(), st.kernel.c_str());
+    std::snprintf(line, sizeof line, "\n%4d    %24s %40s", st.scaling, st.einsum.c_str(),
+                  (remaining + "->" + spec.term(spec.output)).c_str());
     rows += line;
     p.steps.push_back(std::move(st));
   }

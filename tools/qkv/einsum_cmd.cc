@@ -29,7 +29,9 @@ void run_einsum(const EinsumArgs& a) {
       for (size_t i = 0; i < step.size(); ++i) std::cout << (i ? ", " : "") << step[i];
       std::cout << ")";
     }
-    std::cout << "\n" << p.report << "\n";
+    std::cout << "\n" << p.report << "\nkernels:";
+    for (const EinsumStep& step : p.steps) std::cout << " " << step.kernel;
+    std::cout << "\n";
   }
   if (a.out.empty()) {
     if (!a.path) fail<ValueError>("einsum: give -o OUT (or --path to print the plan only)");
