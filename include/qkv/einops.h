@@ -67,6 +67,14 @@ AxisLengths parse_shape(const Shape& shape, std::string_view pattern);
 // Same for x's shape.
 AxisLengths parse_shape(const Tensor& x, std::string_view pattern);
 
+// einsum with einops' named axes: einsum({q, k}, "batch head q d, batch head k d ->
+// batch head q k") -> [batch, head, q, k]. Names map to letters, then qkv::einsum runs.
+Tensor einsum(const std::vector<Tensor>& tensors, std::string_view pattern);
+// The letter equation einsum hands to qkv::einsum ("abcd,abed->abce"), as einops'
+// _compactify_pattern_for_einsum builds it. FormatError for () axes, compositions,
+// anonymous axes, a missing "->" or an output axis absent from the inputs.
+std::string compact_einsum_pattern(std::string_view pattern);
+
 // A contiguous copy of any strided tensor (such as a view returned by rearrange or
 // repeat) made by the blocked, multi-threaded transpose kernel; x itself when contiguous.
 Tensor materialize(const Tensor& x);
