@@ -63,11 +63,12 @@ fuzz: deps
 	cmake --build build/fuzz -j $(JOBS)
 	scripts/fuzz.sh build/fuzz $(FUZZ_SECONDS)
 
-# Regenerates the PyTorch fixtures under tests/fixtures (needs PyPI; CI does not run this).
+# Regenerates the framework-made fixtures under tests/fixtures and the fuzz seed corpora (needs PyPI; CI does not run this).
 fixtures:
 	python3 -m venv .venv-fixtures
 	.venv-fixtures/bin/pip install --quiet -r tests/requirements-fixtures.txt
 	.venv-fixtures/bin/python tests/attention/make_sdpa_fixtures.py tests/fixtures/sdpa
+	.venv-fixtures/bin/python tests/io/make_io_fixtures.py
 
 bench: build
 	@for b in $(BUILD)/*_bench; do echo "== $$b"; $$b --benchmark_min_time=0.2; done
