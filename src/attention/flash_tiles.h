@@ -22,11 +22,11 @@
 namespace qkv::attention {
 
 struct FlashTiles {
-  int64_t br = 64;   // query rows per tile
-  int64_t bc = 256;  // key/value rows per tile
+  int64_t br = 128;  // query rows per tile
+  int64_t bc = 512;  // key/value rows per tile
 };
 
-// Bytes of L2 one core may use (sysconf, else 1 MiB).
+// Bytes of L2 of one core (sysconf, else 1 MiB).
 inline int64_t l2_cache_bytes() {
   const long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
   return bytes > 0 ? static_cast<int64_t>(bytes) : int64_t{1} << 20;
@@ -38,13 +38,13 @@ inline int64_t flash_working_set(int64_t br, int64_t bc, int64_t dk, int64_t dv)
 }
 
 inline FlashTiles choose_flash_tiles(int64_t lq, int64_t lk, int64_t dk, int64_t dv, bool causal) {
-  constexpr int64_t kBr = 64, kMaxBc = 256, kMinBc = 16, kCausal = 128;
+  constexpr int64_t kBr = 128, kMaxBc = 512, kMinBc = 16, kCausal = 128;
   FlashTiles t;
   if (const char* env = std::getenv("QKV_FLASH_TILES")) {
     long br = 0, bc = 0;
     if (std::sscanf(env, "%ldx%ld", &br, &bc) == 2 && br > 0 && bc > 0) return {br, bc};
   }
-  const int64_t budget = l2_cache_bytes() / 2 / static_cast<int64_t>(sizeof(float));  // [floats]
+  const int64_t budget = l2_cache_bytes() / static_cast<int64_t>(sizeof(float));  // [floats]
   t.bc = kMaxBc;
   while (t.bc > kMinBc && flash_working_set(std::min(kBr, t.bc), t.bc, dk, dv) > budget) t.bc /= 2;
   t.br = std::min(causal ? kCausal : kBr, t.bc);

@@ -11,6 +11,7 @@ namespace qkv::cli {
 void register_attention(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_demo(CLI::App& app);
+void register_bench(CLI::App& app);  // bench attention
 void register_einsum(CLI::App& app);
 void register_rearrange(CLI::App& app);  // rearrange, reduce, repeat, pack, unpack, parse-shape
 

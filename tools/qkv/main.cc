@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   qkv::cli::register_attention(app);
   qkv::cli::register_inspect(app);
   qkv::cli::register_demo(app);
+  qkv::cli::register_bench(app);
   qkv::cli::register_einsum(app);
   qkv::cli::register_rearrange(app);
   try {

@@ -1,0 +1,122 @@
+// Fused CPU attention (scaled_dot_product_attention, f32 forward) throughput,
+// beside qkv::gemm's on the same machine, and the tile-size sweep that chose
+// the constants of src/attention/flash_tiles.h.
+//
+//   QKV_NUM_THREADS=2 build/release/attention_bench --benchmark_min_time=1
+//
+// "flops" (G/s = GFLOP/s) counts the two products: 4 * B * H * Lq * Lk * D
+// non-causal; causal counts only the unmasked half, 4 * B * H * D * L(L+1)/2,
+// so causal GFLOP/s are those of useful work (the masked part of diagonal
+// tiles is computed but not counted). Peers: bench/peers/attention_peers.py.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "qkv/attention.h"
+#include "qkv/gemm.h"
+#include "qkv/parallel.h"
+
+namespace {
+
+double attention_flops(int64_t b, int64_t h, int64_t l, int64_t d, bool causal) {
+  const double pairs = causal ? static_cast<double>(l) * static_cast<double>(l + 1) / 2.0
+                              : static_cast<double>(l) * static_cast<double>(l);
+  return 4.0 * static_cast<double>(b * h * d) * pairs;
+}
+
+// state.range: B, H, L, D, causal.
+void BM_Flash(benchmark::State& state) {
+  const int64_t b = state.range(0), h = state.range(1), l = state.range(2), d = state.range(3);
+  const bool causal = state.range(4) != 0;
+  const qkv::Tensor q = qkv::Tensor::randn({b, h, l, d}, 1);  // [B, H, L, D]
+  const qkv::Tensor k = qkv::Tensor::randn({b, h, l, d}, 2);
+  const qkv::Tensor v = qkv::Tensor::randn({b, h, l, d}, 3);
+  qkv::AttentionOptions o;
+  o.is_causal = causal;
+  for (auto _ : state) {
+    qkv::AttentionResult r = qkv::scaled_dot_product_attention(q, k, v, o);
+    benchmark::DoNotOptimize(r.output.raw_data());
+  }
+  state.counters["flops"] =
+      benchmark::Counter(attention_flops(b, h, l, d, causal), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Flash)
+    ->ArgNames({"B", "H", "L", "D", "causal"})
+    ->Args({1, 8, 512, 64, 0})
+    ->Args({1, 8, 512, 64, 1})
+    ->Args({4, 8, 1024, 64, 0})
+    ->Args({4, 8, 1024, 64, 1})
+    ->Args({1, 16, 4096, 64, 0})
+    ->Args({1, 16, 4096, 64, 1})
+    ->Args({1, 8, 16384, 128, 0})
+    ->Args({1, 8, 16384, 128, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The tile sweep: (B, H, L, D) = (1, 8, L, D) with QKV_FLASH_TILES = BR x BC.
+void BM_FlashTiles(benchmark::State& state) {
+  const std::string tiles = std::to_string(state.range(2)) + "x" + std::to_string(state.range(3));
+  setenv("QKV_FLASH_TILES", tiles.c_str(), 1);
+  const int64_t l = state.range(0), d = state.range(1);
+  const bool causal = state.range(4) != 0;
+  const qkv::Tensor q = qkv::Tensor::randn({1, 8, l, d}, 1), k = qkv::Tensor::randn({1, 8, l, d}, 2);
+  const qkv::Tensor v = qkv::Tensor::randn({1, 8, l, d}, 3);
+  qkv::AttentionOptions o;
+  o.is_causal = causal;
+  for (auto _ : state) {
+    qkv::AttentionResult r = qkv::scaled_dot_product_attention(q, k, v, o);
+    benchmark::DoNotOptimize(r.output.raw_data());
+  }
+  unsetenv("QKV_FLASH_TILES");
+  state.counters["flops"] =
+      benchmark::Counter(attention_flops(1, 8, l, d, causal), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void tile_args(benchmark::internal::Benchmark* bm) {
+  for (int64_t causal : {0, 1}) {
+    for (int64_t d : {64, 128}) {
+      for (int64_t br : {32, 64, 128}) {
+        for (int64_t bc : {64, 128, 256, 512}) {
+          if (causal && bc != br) continue;  // causal tiles are square (flash_tiles.h)
+          bm->Args({2048, d, br, bc, causal});
+        }
+      }
+      if (causal) bm->Args({2048, d, 256, 256, causal});
+    }
+  }
+}
+BENCHMARK(BM_FlashTiles)
+    ->ArgNames({"L", "D", "Br", "Bc", "causal"})
+    ->Apply(tile_args)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The yardstick: qkv::gemm f32 on square matrices.
+void BM_Gemm(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a), c(a);
+  qkv::GemmShape s;
+  s.m = s.n = s.k = s.lda = s.ldb = s.ldc = n;
+  for (auto _ : state) {
+    qkv::gemm(s, 1.0f, a.data(), b.data(), 0.0f, c.data());
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["flops"] = benchmark::Counter(2.0 * static_cast<double>(n * n * n),
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Gemm)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  qkv::set_num_threads(qkv::get_num_threads());
+  benchmark::AddCustomContext("qkv_num_threads", std::to_string(qkv::get_num_threads()));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
