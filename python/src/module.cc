@@ -11,6 +11,7 @@
   AREA(errors)                 \
   AREA(runtime)                \
   AREA(io)                     \
+  AREA(einops)                 \
   AREA(attention)              \
   AREA(einsum)
 

@@ -1,0 +1,176 @@
+// einops for Python: qkv.rearrange / qkv.reduce / qkv.repeat with einops' signatures,
+// qkv.EinopsError, and the private helpers python/qkv/einops.py builds the rest of
+// einops' API on (pack, unpack, parse_shape, einsum).
+//
+// Pattern and shape errors raise qkv.EinopsError, a subclass of both ValueError (as
+// every qkv error) and RuntimeError (einops.EinopsError's base), with einops' message.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <vector>
+
+#include "qkv/einops.h"
+#include "tensor_convert.h"
+
+namespace nb = nanobind;
+using qkv::python::to_numpy;
+using qkv::python::to_tensor;
+
+namespace {
+
+PyObject* g_einops_error = nullptr;  // qkv.EinopsError (lives as long as the module)
+
+// Runs fn without the GIL; einops errors become qkv.EinopsError, numpy's mean of
+// integers NotImplementedError (as einops).
+template <class Fn>
+auto call(Fn&& fn) {
+  try {
+    nb::gil_scoped_release release;
+    return fn();
+  } catch (const qkv::FormatError& e) {
+    PyErr_SetString(g_einops_error, e.what());
+  } catch (const qkv::ShapeError& e) {
+    PyErr_SetString(g_einops_error, e.what());
+  } catch (const qkv::DTypeError& e) {
+    if (std::string(e.what()).find("reduce_mean") == std::string::npos) throw;
+    PyErr_SetString(PyExc_NotImplementedError, e.what());
+  }
+  throw nb::python_error();
+}
+
+// einops stacks a list of tensors on a new first axis; anything else is one tensor.
+std::vector<qkv::Tensor> inputs(nb::handle tensor, const char* op) {
+  std::vector<qkv::Tensor> out;
+  if (nb::isinstance<nb::list>(tensor)) {
+    if (nb::len(tensor) == 0) throw nb::type_error("Rearrange/Reduce/Repeat can't be applied to an empty list");
+    for (nb::handle t : tensor) out.push_back(to_tensor(t, (std::string(op) + ": tensor list element").c_str()));
+  } else {
+    out.push_back(to_tensor(tensor, (std::string(op) + ": tensor").c_str()));
+  }
+  return out;
+}
+
+qkv::einops::AxisLengths lengths_of(const nb::kwargs& kwargs) {
+  qkv::einops::AxisLengths lengths;
+  for (auto [key, value] : kwargs) {
+    nb::object index = nb::steal(PyNumber_Index(value.ptr()));  // ints and numpy integers
+    if (!index.is_valid()) throw nb::python_error();
+    lengths.emplace_back(nb::cast<std::string>(key), nb::cast<int64_t>(index));
+  }
+  return lengths;
+}
+
+nb::object transform(nb::handle tensor, const std::string& pattern, const std::string& op,
+                     const std::string& reduction, const nb::kwargs& kwargs) {
+  const std::vector<qkv::Tensor> xs = inputs(tensor, op.c_str());
+  const qkv::einops::AxisLengths lengths = lengths_of(kwargs);
+  const bool list = nb::isinstance<nb::list>(tensor);
+  const qkv::Tensor r = call([&] {
+    if (op == "rearrange") return list ? qkv::einops::rearrange(xs, pattern, lengths)
+                                       : qkv::einops::rearrange(xs[0], pattern, lengths);
+    if (op == "repeat") return list ? qkv::einops::repeat(xs, pattern, lengths)
+                                    : qkv::einops::repeat(xs[0], pattern, lengths);
+    return list ? qkv::einops::reduce(xs, pattern, reduction, lengths)
+                : qkv::einops::reduce(xs[0], pattern, reduction, lengths);
+  });
+  nb::object out = to_numpy(r);
+  for (size_t d = 0; d < r.shape().size(); ++d) {
+    if (r.strides()[d] == 0 && r.shape()[d] > 1) {  // a broadcast (repeat) view: read-only, as np.broadcast_to
+      out.attr("flags").attr("writeable") = false;
+      break;
+    }
+  }
+  return out;
+}
+
+nb::tuple pack(nb::handle tensors, const std::string& pattern) {
+  std::vector<qkv::Tensor> xs;
+  for (nb::handle t : tensors) xs.push_back(to_tensor(t, "pack: tensor"));
+  const qkv::einops::Packed p = call([&] { return qkv::einops::pack(xs, pattern); });
+  nb::list shapes;
+  for (const qkv::Shape& s : p.packed_shapes) {
+    nb::list dims;
+    for (int64_t d : s) dims.append(d);
+    shapes.append(nb::tuple(dims));
+  }
+  return nb::make_tuple(to_numpy(p.tensor), shapes);
+}
+
+nb::list unpack(nb::handle tensor, nb::handle packed_shapes, const std::string& pattern) {
+  const qkv::Tensor x = to_tensor(tensor, "unpack: tensor");
+  std::vector<qkv::Shape> shapes;
+  for (nb::handle s : packed_shapes) {
+    qkv::Shape shape;
+    for (nb::handle d : s) shape.push_back(nb::cast<int64_t>(nb::steal(PyNumber_Index(d.ptr()))));
+    shapes.push_back(std::move(shape));
+  }
+  const std::vector<qkv::Tensor> parts = call([&] { return qkv::einops::unpack(x, shapes, pattern); });
+  nb::list out;
+  for (const qkv::Tensor& t : parts) out.append(to_numpy(t));
+  return out;
+}
+
+// Only the shape is read, so any array with .shape works (also dtypes qkv lacks).
+nb::dict parse_shape(nb::handle x, const std::string& pattern) {
+  qkv::Shape shape;
+  nb::object s = nb::hasattr(x, "shape") ? nb::getattr(x, "shape") : nb::getattr(qkv::python::numpy().attr("asarray")(x), "shape");
+  for (nb::handle d : s) shape.push_back(nb::cast<int64_t>(d));
+  const qkv::einops::AxisLengths lengths = call([&] { return qkv::einops::parse_shape(shape, pattern); });
+  nb::dict out;
+  for (const auto& [name, length] : lengths) out[nb::str(name.c_str())] = length;
+  return out;
+}
+
+nb::object einsum(nb::handle tensors, const std::string& pattern) {
+  std::vector<qkv::Tensor> xs;
+  for (nb::handle t : tensors) xs.push_back(to_tensor(t, "einops.einsum: tensor"));
+  return to_numpy(call([&] { return qkv::einops::einsum(xs, pattern); }));
+}
+
+}  // namespace
+
+void bind_einops(nb::module_& m) {
+  nb::object bases = nb::make_tuple(nb::handle(PyExc_ValueError), nb::handle(PyExc_RuntimeError));
+  g_einops_error = PyErr_NewExceptionWithDoc(
+      "qkv.EinopsError", "An invalid einops pattern or one that does not fit the input (einops' EinopsError).",
+      bases.ptr(), nullptr);
+  m.attr("EinopsError") = nb::handle(g_einops_error);
+
+  m.def("rearrange",
+        [](nb::handle tensor, const std::string& pattern, const nb::kwargs& kw) {
+          return transform(tensor, pattern, "rearrange", "", kw);
+        },
+        nb::arg("tensor"), nb::arg("pattern"), nb::arg("axes_lengths"),
+        nb::sig("def rearrange(tensor: numpy.typing.ArrayLike | list[numpy.typing.ArrayLike], pattern: str, "
+                "**axes_lengths: int) -> numpy.ndarray"),
+        "einops.rearrange: reorder, compose and decompose axes ('b t (h d) -> b h t d', h=8).\n"
+        "A view of the input when one exists (as numpy), else one copy. A list is stacked on a new first axis.");
+  m.def("reduce",
+        [](nb::handle tensor, const std::string& pattern, const std::string& reduction, const nb::kwargs& kw) {
+          return transform(tensor, pattern, "reduce", reduction, kw);
+        },
+        nb::arg("tensor"), nb::arg("pattern"), nb::arg("reduction"), nb::arg("axes_lengths"),
+        nb::sig("def reduce(tensor: numpy.typing.ArrayLike | list[numpy.typing.ArrayLike], pattern: str, "
+                "reduction: str, **axes_lengths: int) -> numpy.ndarray"),
+        "einops.reduce: rearrange and reduce the axes missing on the right with 'sum', 'mean', 'max', 'min',\n"
+        "'prod', 'any' or 'all' ('b c (h 2) (w 2) -> b c h w', 'max'). numpy's result dtypes.");
+  m.def("repeat",
+        [](nb::handle tensor, const std::string& pattern, const nb::kwargs& kw) {
+          return transform(tensor, pattern, "repeat", "", kw);
+        },
+        nb::arg("tensor"), nb::arg("pattern"), nb::arg("axes_lengths"),
+        nb::sig("def repeat(tensor: numpy.typing.ArrayLike | list[numpy.typing.ArrayLike], pattern: str, "
+                "**axes_lengths: int) -> numpy.ndarray"),
+        "einops.repeat: rearrange and add new axes ('h w -> h w c', c=3); a zero-stride view when no merge copies.");
+  m.def("_einops_pack", &pack, nb::arg("tensors"), nb::arg("pattern"),
+        "einops.pack: (packed array, list of packed shapes); see qkv.einops.pack.");
+  m.def("_einops_unpack", &unpack, nb::arg("tensor"), nb::arg("packed_shapes"), nb::arg("pattern"),
+        "einops.unpack: list of views of tensor; see qkv.einops.unpack.");
+  m.def("_einops_parse_shape", &parse_shape, nb::arg("x"), nb::arg("pattern"),
+        "einops.parse_shape: {axis name: length}; see qkv.einops.parse_shape.");
+  m.def("_einops_einsum", &einsum, nb::arg("tensors"), nb::arg("pattern"),
+        "einops.einsum with named axes; see qkv.einops.einsum.");
+}

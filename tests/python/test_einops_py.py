@@ -1,0 +1,150 @@
+"""`from qkv import einops` against einops itself (live oracle), through the Python binding.
+
+Same cases as test_einops.py (which drives the CLI), plus what only the binding shows:
+views where einops returns views, list inputs, einops' exception classes and messages,
+pack/unpack/parse_shape/einsum with their Python types.
+"""
+import numpy as np
+import pytest
+
+einops = pytest.importorskip("einops")
+qkv = pytest.importorskip("qkv")
+qe = pytest.importorskip("qkv.einops")
+
+from test_einops import ERROR_CASES, OPS_CASES, REDUCE_CASES, REPEAT_CASES, SEED_CASES, normalize  # noqa: E402
+
+
+def call(module, op, x, pattern, lengths, reduction=None):
+    if op == "reduce":
+        return module.reduce(x, pattern, reduction, **lengths)
+    return getattr(module, op)(x, pattern, **lengths)
+
+
+@pytest.mark.parametrize("op,pattern,shape,lengths", SEED_CASES + OPS_CASES + REPEAT_CASES)
+def test_values_and_views_match_einops(op, pattern, shape, lengths):
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    expected = call(einops, op, x, pattern, lengths)
+    got = call(qe, op, x, pattern, lengths)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+    if op == "rearrange":  # a view exactly where einops (numpy) gives one
+        assert np.shares_memory(got, x) == np.shares_memory(expected, x), pattern
+    elif 0 in got.strides:  # repeat broadcasts as torch's expand does: read-only, like np.broadcast_to
+        assert not got.flags.writeable
+
+
+@pytest.mark.parametrize("op,pattern,shape,lengths,reduction", REDUCE_CASES)
+def test_reductions_match_einops(op, pattern, shape, lengths, reduction):
+    x = np.random.default_rng(1).uniform(0.5, 1.5, shape)
+    np.testing.assert_allclose(call(qe, op, x, pattern, lengths, reduction),
+                               call(einops, op, x, pattern, lengths, reduction), rtol=1e-12)
+
+
+def test_seed_split_heads_is_a_view_and_merge_copies():
+    x = np.random.default_rng(2).standard_normal((2, 5, 24)).astype(np.float32)
+    q, k, v = qe.rearrange(x, "b t (d k h) -> k b h t d", k=3, h=2)
+    assert np.shares_memory(q, x)
+    merged = qe.rearrange(q, "b h t d -> b t (h d)")
+    assert not np.shares_memory(merged, x) and merged.flags.c_contiguous
+    np.testing.assert_array_equal(merged, einops.rearrange(q, "b h t d -> b t (h d)"))
+
+
+def test_aliases_and_exception_classes():
+    assert qkv.rearrange is qe.rearrange and qkv.reduce is qe.reduce and qkv.repeat is qe.repeat
+    assert issubclass(qe.EinopsError, ValueError) and issubclass(qe.EinopsError, RuntimeError)
+    with pytest.raises(NotImplementedError, match="reduce_mean is not available for non-floating tensors"):
+        qe.reduce(np.arange(6).reshape(2, 3), "a b -> a", "mean")
+    with pytest.raises(TypeError, match="empty list"):
+        qe.rearrange([], "a -> a")
+
+
+def test_numpy_integer_lengths_and_lists():
+    x = np.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5)
+    np.testing.assert_array_equal(qe.rearrange(x, "a b c (d e) -> a e b c d", e=np.int64(5)),
+                                  einops.rearrange(x, "a b c (d e) -> a e b c d", e=5))
+    for op, pattern, lengths, reduction in [("rearrange", "... -> (...)", {}, None),
+                                            ("rearrange", "b ... -> ... b", {}, None),
+                                            ("reduce", "a ... e -> (...)", {}, "min"),
+                                            ("repeat", "...  -> b (...)", {"b": 3}, None)]:
+        np.testing.assert_array_equal(call(qe, op, list(x), pattern, lengths, reduction),
+                                      call(einops, op, list(x), pattern, lengths, reduction))
+
+
+@pytest.mark.parametrize("op,pattern,shape,lengths,reduction", ERROR_CASES)
+def test_errors_match_einops(op, pattern, shape, lengths, reduction):
+    x = np.zeros(shape, dtype=np.float32)
+    with pytest.raises(einops.EinopsError) as expected:
+        call(einops, op, x, pattern, lengths, reduction)
+    with pytest.raises(qe.EinopsError) as got:
+        call(qe, op, x, pattern, lengths, reduction)
+    assert normalize(str(got.value)) == normalize(str(expected.value))
+
+
+def test_list_input_error_says_input_is_list():
+    with pytest.raises(qe.EinopsError, match="Input is list. Additional info: {}.\n Wrong shape"):
+        qe.rearrange([np.zeros((2, 3))], "a b -> a b")
+
+
+@pytest.mark.parametrize("pattern,shapes", [("i j * k", [(2, 3, 5), (2, 3, 7, 5), (2, 3, 7, 9, 5)]),
+                                            ("h w *", [(4, 5), (4, 5, 3)]), ("* h w", [(4, 5), (2, 4, 5)])])
+def test_pack_unpack_roundtrip_matches_einops(pattern, shapes):
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(s) for s in shapes]
+    packed, ps = qe.pack(arrays, pattern)
+    expected, eps = einops.pack(arrays, pattern)
+    np.testing.assert_array_equal(packed, expected)
+    assert [tuple(s) for s in ps] == [tuple(s) for s in eps]
+    for a, b in zip(qe.unpack(packed, ps, pattern), einops.unpack(expected, eps, pattern)):
+        np.testing.assert_array_equal(a, b)
+        assert np.shares_memory(a, packed)
+
+
+@pytest.mark.parametrize("ps", [[[2], [1], [1]], [[2], [4], [-1]], [[-1], [1], [5]], [[-1], [-1]]])
+def test_unpack_errors_are_einops_errors(ps):
+    x = np.zeros((3, 5, 4))
+    with pytest.raises(einops.EinopsError):
+        einops.unpack(x, ps, "a * b")
+    with pytest.raises(qe.EinopsError, match="unpack"):
+        qe.unpack(x, ps, "a * b")
+
+
+def test_parse_shape_matches_einops():
+    x = np.zeros((2, 3, 5, 7), dtype=np.uint8)  # a dtype qkv lacks: only the shape is read
+    for pattern in ["batch _ h w", "a ...", "... a", "_ _ _ _", "a b c d"]:
+        assert qe.parse_shape(x, pattern) == einops.parse_shape(x, pattern)
+    y = np.zeros([700])
+    np.testing.assert_array_equal(qe.rearrange(y, "(b c h w) -> b c h w", **qe.parse_shape(x, "b _ h w")),
+                                  einops.rearrange(y, "(b c h w) -> b c h w", **einops.parse_shape(x, "b _ h w")))
+    with pytest.raises(RuntimeError, match="Can't parse shape with different number of dimensions"):
+        qe.parse_shape(x, "a b c")
+
+
+@pytest.mark.parametrize("pattern,shapes", [
+    ("b c h w, b w -> b h", [(2, 3, 4, 5), (2, 5)]),
+    ("b c h w, b w, b c -> b h", [(2, 3, 40, 5), (2, 5), (2, 3)]),
+    ("... one two three, three four five -> ... two five", [(32, 5, 2, 3, 4), (4, 5, 6)]),
+    ("one two three ..., three four five -> two five ...", [(2, 3, 4, 32, 5), (4, 5, 6)]),
+    ("first_tensor second_tensor -> first_tensor", [(5, 4)]),
+    ("i i -> ", [(5, 5)]),
+    (" one  two  ,  three four->two  four  ", [(2, 3), (4, 5)]),
+    ("i middle i -> middle", [(5, 10, 5)]),
+    ("batch head q d, batch head k d -> batch head q k", [(2, 4, 6, 8), (2, 4, 7, 8)]),
+])
+def test_einsum_matches_einops(pattern, shapes):
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(s) for s in shapes]
+    np.testing.assert_allclose(qe.einsum(*arrays, pattern), einops.einsum(*arrays, pattern), rtol=1e-10, atol=1e-12)
+
+
+def test_einsum_argument_errors_match_einops():
+    x = np.zeros((2, 2))
+    for args in [(x,), ()]:
+        with pytest.raises(ValueError, match="^`einops.einsum` takes"):
+            qe.einsum(*args)
+    with pytest.raises(ValueError, match="^The last argument"):
+        qe.einsum(x, x)
+    for pattern, fragment in [("i j -> ()", "Singleton"), ("i j -> (i j)", "Shape rearrangement"),
+                              ("i 2 -> i", "Anonymous axes"), ("i j", "Einsum pattern must contain"),
+                              ("i j -> k", "Unknown axis k")]:
+        with pytest.raises(ValueError, match=fragment):
+            qe.einsum(x, pattern)
