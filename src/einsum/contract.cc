@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <optional>
 
+#include "einsum/alloc.h"
 #include "einsum/contract.h"
+#include "kernels/cpu/transpose.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
 
@@ -62,7 +64,10 @@ Operand copy_as(const Operand& o, const std::vector<int>& order) {
   for (size_t d = 0; d < o.labels.size(); ++d)
     if (std::find(labels.begin(), labels.end(), o.labels[d]) == labels.end())
       perm.push_back(static_cast<int64_t>(d)), labels.push_back(o.labels[d]);
-  return {o.t.permute(perm).contiguous(), labels};
+  const Tensor src = o.t.permute(perm);
+  Tensor dst = pooled_empty(src.shape(), src.dtype());
+  kernels::permuted_copy(src, dst);
+  return {dst, labels};
 }
 
 enum class Misfit { none, a, b, c };
@@ -162,7 +167,7 @@ void run_call(const Call& call, const Operand& a, const Operand& b, const Operan
 Operand allocate(const std::vector<int>& labels, const std::vector<int64_t>& sizes, DType dtype) {
   Shape shape;
   for (int l : labels) shape.push_back(sizes[static_cast<size_t>(l)]);
-  return {Tensor::empty(shape, dtype), labels};
+  return {pooled_empty(shape, dtype), labels};
 }
 
 // Sums `o` over its labels outside `keep` (DIRECT), keeping the order of the rest.
@@ -192,7 +197,7 @@ void gemm_with_copies(Operand a, Operand b, const Operand& c, Groups g, const st
         for (int l : c.labels)
           for (size_t d = 0; d < out.labels.size(); ++d)
             if (out.labels[d] == l) perm.push_back(static_cast<int64_t>(d));
-        c.t.copy_from(out.t.permute(perm));
+        kernels::permuted_copy(out.t.permute(perm), c.t);
       }
       if (trace) trace->kernels.push_back(copied ? "GEMM+COPY" : "GEMM");
       return;

@@ -1,0 +1,111 @@
+// qkv::einsum throughput on the seed equations and attention-shaped contractions
+// (B=8, H=12, L=512, D=64, E=768), beside qkv::gemm running the same GEMM on
+// preallocated operands: "einsum/<case>" vs "gemm/<case>" gives einsum's overhead
+// (planning, allocation of the result) where the contraction is one GEMM.
+//
+//   QKV_NUM_THREADS=2 build/release/einsum_bench --benchmark_min_time=0.5
+//   /work/fixenv/bin/python bench/peers/einsum_peers.py build/release/einsum_bench   # + numpy, torch
+//
+// "flops" (GFLOP/s) = 2 * (multiply-adds of the contraction); for the multi-operand
+// case, those of the optimized path (opt_einsum's count / 2 * 2 is the same).
+#include <benchmark/benchmark.h>
+
+#include <string>
+#include <vector>
+
+#include "qkv/einsum.h"
+#include "qkv/gemm.h"
+
+namespace {
+
+struct Case {
+  const char* name;
+  const char* equation;
+  std::vector<qkv::Shape> shapes;
+  bool one_gemm;          // the contraction is exactly one (batched) GEMM
+  qkv::GemmShape gemm;    // that GEMM on contiguous operands of `shapes`
+  qkv::GemmBatch batch;
+};
+
+constexpr int64_t B = 8, H = 12, L = 512, D = 64, E = 768;
+
+qkv::GemmShape gs(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc) {
+  qkv::GemmShape s;
+  s.trans_a = ta, s.trans_b = tb, s.m = m, s.n = n, s.k = k, s.lda = lda, s.ldb = ldb, s.ldc = ldc;
+  return s;
+}
+
+// Keep the names in step with bench/peers/einsum_peers.py.
+std::vector<Case> cases() {
+  return {
+      {"scores_bhid_bhjd", "b h i d, b h j d -> b h i j", {{B, H, L, D}, {B, H, L, D}}, true,
+       gs(false, true, L, L, D, D, D, L), {{B * H}, {L * D}, {L * D}, {L * L}}},
+      {"values_bhij_bhjd", "b h i j, b h j d -> b h i d", {{B, H, L, L}, {B, H, L, D}}, true,
+       gs(false, false, L, D, L, L, D, D), {{B * H}, {L * L}, {L * D}, {L * D}}},
+      {"seed000_bid_bjd", "b i d, b j d -> b i j", {{B, L, E}, {B, L, E}}, true,
+       gs(false, true, L, L, E, E, E, L), {{B}, {L * E}, {L * E}, {L * L}}},
+      {"scores_unpermuted_k", "bhid,bjhd->bhij", {{B, H, L, D}, {B, L, H, D}}, true,
+       gs(false, true, L, L, D, D, H * D, L), {{B, H}, {H * L * D, L * D}, {L * H * D, D}, {H * L * L, L * L}}},
+      {"keras_proj_abc_cde", "abc,cde->abde", {{B, L, E}, {E, H, D}}, true,
+       gs(false, false, B * L, H * D, E, E, H * D, H * D), {}},
+      {"keras_scores_aecd_abcd", "aecd,abcd->acbe", {{B, L, H, D}, {B, L, H, D}}, true,
+       gs(false, true, L, L, D, H * D, H * D, L), {{B, H}, {L * H * D, D}, {L * H * D, D}, {H * L * L, L * L}}},
+      {"keras_values_acbe_aecd", "acbe,aecd->abcd", {{B, H, L, L}, {B, L, H, D}}, true,
+       gs(false, false, L, D, L, L, H * D, H * D), {{B, H}, {H * L * L, L * L}, {L * H * D, D}, {L * H * D, D}}},
+      {"keras_out_abcd_cde", "abcd,cde->abe", {{B, L, H, D}, {H, D, E}}, true,
+       gs(false, false, B * L, E, H * D, H * D, E, E), {}},
+      {"keras_dense_abc_cd", "abc,cd->abd", {{B, L, E}, {E, E}}, true, gs(false, false, B * L, E, E, E, E, E), {}},
+      {"chain_ea_fb_abcd_gc_hd", "ea,fb,abcd,gc,hd->efgh", {{48, 48}, {48, 48}, {48, 48, 48, 48}, {48, 48}, {48, 48}},
+       false, {}, {}},
+  };
+}
+
+double path_flops(const Case& c) {
+  const qkv::EinsumPath p = qkv::einsum_path(c.equation, std::span<const qkv::Shape>(c.shapes));
+  return p.optimized_flops;  // opt_einsum's flop_count: 2 per multiply-add for pairwise inner products
+}
+
+void run_einsum(benchmark::State& state, const Case& c) {
+  std::vector<qkv::Tensor> ops;
+  for (size_t i = 0; i < c.shapes.size(); ++i) ops.push_back(qkv::Tensor::randn(c.shapes[i], 1 + i));
+  benchmark::DoNotOptimize(qkv::einsum(c.equation, ops).raw_data());  // warm-up: plans, primitives
+  for (auto _ : state) {
+    qkv::Tensor out = qkv::einsum(c.equation, ops);
+    benchmark::DoNotOptimize(out.raw_data());
+  }
+  state.counters["flops"] = benchmark::Counter(path_flops(c), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void run_gemm(benchmark::State& state, const Case& c) {
+  std::vector<qkv::Tensor> ops;
+  for (size_t i = 0; i < c.shapes.size(); ++i) ops.push_back(qkv::Tensor::randn(c.shapes[i], 1 + i));
+  int64_t batch = 1;
+  for (int64_t n : c.batch.shape) batch *= n;
+  qkv::Tensor out = qkv::Tensor::zeros({batch, c.gemm.m, c.gemm.n});
+  const bool first_is_a = c.equation != std::string("aecd,abcd->acbe");  // key first: query is A
+  const float* a = ops[first_is_a ? 0 : 1].data<float>();
+  const float* b = ops[first_is_a ? 1 : 0].data<float>();
+  qkv::gemm(c.gemm, 1.0f, a, b, 0.0f, out.data<float>(), c.batch);  // warm-up
+  for (auto _ : state) {
+    qkv::gemm(c.gemm, 1.0f, a, b, 0.0f, out.data<float>(), c.batch);
+    benchmark::DoNotOptimize(out.raw_data());
+  }
+  state.counters["flops"] = benchmark::Counter(2.0 * static_cast<double>(batch * c.gemm.m * c.gemm.n * c.gemm.k),
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+
+const bool registered = [] {
+  for (const Case& c : cases()) {
+    benchmark::RegisterBenchmark(("einsum/" + std::string(c.name)).c_str(), run_einsum, c)
+        ->Unit(benchmark::kMillisecond)->UseRealTime();
+    if (c.one_gemm) {
+      benchmark::RegisterBenchmark(("gemm/" + std::string(c.name)).c_str(), run_gemm, c)
+          ->Unit(benchmark::kMillisecond)->UseRealTime();
+    }
+  }
+  return true;
+}();
+
+}  // namespace
+
+BENCHMARK_MAIN();
