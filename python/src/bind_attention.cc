@@ -119,8 +119,9 @@ void bind_attention(nb::module_& m) {
                 "is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *, "
                 "seed: int | None = None) -> numpy.ndarray"),
         (std::string("torch.nn.functional.scaled_dot_product_attention, same arguments (plus the\n"
-                     "keyword seed for dropout): runs the fastest qkv kernel that supports the\n"
-                     "options (today the reference). Returns the output [..., Hq, Lq, Dv].\n") +
+                     "keyword seed for dropout): qkv::scaled_dot_product_attention, which runs the\n"
+                     "fastest qkv kernel that supports the inputs and options. Returns the output\n"
+                     "[..., Hq, Lq, Dv].\n") +
          kConventions)
             .c_str());
 }
