@@ -124,29 +124,41 @@ Misfit fit(const Operand& a, const Operand& b, const Operand& c, const Groups& g
   return Misfit::none;
 }
 
-// C[b] = A[b] B[b] in float64 for the same call description (qkv::gemm is float32 only).
+// C[b] = A[b] B[b] in float64 for the same call description (qkv::gemm is float32
+// only): per row of C, the row of A is packed, then either rows of B are added
+// (B stored [K, N]) or dot products with rows of B are taken (B stored [N, K]).
 void gemm_f64(const Call& call, const double* a, const double* b, double* c) {
   const GemmShape& s = call.s;
   const GemmBatch& bt = call.batch;
   int64_t nbatch = 1;
   for (int64_t n : bt.shape) nbatch *= n;
-  parallel_for(0, nbatch * s.m, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, s.n * s.k)),
-               [&](int64_t begin, int64_t end) {
+  const int64_t rows = nbatch * s.m;
+  parallel_for(0, rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, s.n * s.k)), [&](int64_t begin, int64_t end) {
+    std::vector<double> arow(static_cast<size_t>(s.k));
     for (int64_t row = begin; row < end; ++row) {
-      int64_t rest = row / std::max<int64_t>(s.m, 1), oa = 0, ob = 0, oc = 0;
-      const int64_t m = row % std::max<int64_t>(s.m, 1);
+      int64_t rest = row / s.m, oa = 0, ob = 0, oc = 0;
+      const int64_t m = row % s.m;
       for (size_t d = bt.shape.size(); d-- > 0;) {
         const int64_t i = rest % bt.shape[d];
         rest /= bt.shape[d];
         oa += i * bt.stride_a[d], ob += i * bt.stride_b[d], oc += i * bt.stride_c[d];
       }
+      for (int64_t k = 0; k < s.k; ++k) arow[static_cast<size_t>(k)] = a[oa + (s.trans_a ? k * s.lda + m : m * s.lda + k)];
       double* crow = c + oc + m * s.ldc;
-      std::fill(crow, crow + s.n, 0.0);
-      for (int64_t k = 0; k < s.k; ++k) {
-        const double x = a[oa + (s.trans_a ? k * s.lda + m : m * s.lda + k)];
-        if (s.trans_b) {
-          for (int64_t n = 0; n < s.n; ++n) crow[n] += x * b[ob + n * s.ldb + k];
-        } else {
+      if (s.trans_b) {
+        for (int64_t n = 0; n < s.n; ++n) {
+          const double* brow = b + ob + n * s.ldb;
+          double acc[4] = {0, 0, 0, 0};
+          int64_t k = 0;
+          for (; k + 4 <= s.k; k += 4)
+            for (int u = 0; u < 4; ++u) acc[u] += arow[static_cast<size_t>(k + u)] * brow[k + u];
+          for (; k < s.k; ++k) acc[0] += arow[static_cast<size_t>(k)] * brow[k];
+          crow[n] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        }
+      } else {
+        std::fill(crow, crow + s.n, 0.0);
+        for (int64_t k = 0; k < s.k; ++k) {
+          const double x = arow[static_cast<size_t>(k)];
           const double* brow = b + ob + k * s.ldb;
           for (int64_t n = 0; n < s.n; ++n) crow[n] += x * brow[n];
         }
