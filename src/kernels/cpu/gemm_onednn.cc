@@ -46,7 +46,7 @@ using dnnl::memory;
 
 // Below this many flops per oneDNN call, an outer batch loop runs on
 // parallel_for with single-threaded calls rather than serially with threaded ones
-// (measured in bench/gemm_bench.cc, BM_GemmFallbackLoop).
+// (measured with bench/gemm_bench.cc, BM_GemmLoopedBatch; see docs/kernels.md).
 constexpr double kSerialCallFlops = 1 << 22;
 
 struct Problem {
