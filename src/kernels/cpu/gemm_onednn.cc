@@ -321,9 +321,10 @@ ThreadPlan& thread_plan(Problem&& p, const GemmShape& s, const GemmBatch& batch)
   thread_local std::array<ThreadPlan, kSlots> slots;
   thread_local size_t next = 0;
   for (ThreadPlan& slot : slots) {
-    if (slot.plan && slot.key == p) return slot;
+    if (slot.ops && slot.key == p) return slot;
   }
   ThreadPlan& slot = slots[next++ % kSlots];
+  slot.ops.reset();  // the slot is valid again only once everything below succeeded
   slot.plan = get_plan(p, s, batch);
   slot.key = std::move(p);
   slot.ops.emplace(*slot.plan);
