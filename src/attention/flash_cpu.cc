@@ -8,7 +8,8 @@
 // and finally O /= l and lse = m + log(l). The [Lq, Lk] scores never exist:
 // a worker holds one S tile. Causal masking stops each query tile at the
 // diagonal (tiles above it are never computed) and masks inside the diagonal
-// tile only. Masks and GQA k/v are read in place through their (zero) strides.
+// tile only; key tiles are taken from the diagonal backwards, so that the
+// masked triangle is at most Br x Br per query tile whatever Bc is. Masks and GQA k/v are read in place through their (zero) strides.
 // Dropout multiplies P after the row sum is taken (the sum is of the undropped
 // probabilities, as softmax-then-dropout), drawing random::dropout_keep for the
 // element's flat index into [..., Hq, Lq, Lk], as the reference does.
@@ -241,8 +242,11 @@ void run_rows(const Flash& f, const Rows& r, Scratch& sc) {
   std::fill(sc.m.begin(), sc.m.begin() + r.rows, kNegInf);
   std::fill(sc.l.begin(), sc.l.begin() + r.rows, 0.0f);
   std::fill(r.o, r.o + r.rows * p.dv, 0.0f);
-  for (int64_t j0 = 0; j0 < r.kv_end; j0 += f.tiles.bc) {
-    const int64_t cols = std::min(f.tiles.bc, r.kv_end - j0);
+  // Key tiles end at kv_end and go backwards: only the tile at the first keys
+  // may be partial (with causal masking, a multiple of Br wide), and the masked
+  // part of the diagonal stays within the last Br columns.
+  for (int64_t hi = r.kv_end; hi > 0; hi -= f.tiles.bc) {
+    const int64_t j0 = std::max<int64_t>(0, hi - f.tiles.bc), cols = hi - j0;
     score_tile(f, r, j0, cols, sc.s.data(), lds);
     softmax_tile(sc.s.data(), lds, r.rows, cols, sc.m.data(), sc.l.data(), r.o, p.dv);
     if (f.dropout_p > 0.0) dropout_tile(f, r, j0, cols, sc.s.data(), lds);

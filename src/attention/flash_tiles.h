@@ -2,13 +2,12 @@
 //
 // One worker keeps a Q tile [Br, Dk], a K tile [Bc, Dk], a V tile [Bc, Dv], the
 // scores/probabilities [Br, Bc] and the output accumulator [Br, Dv] in its L2.
-// Br and Bc are powers of two; Bc is the largest whose working set fits the L2
-// budget, capped at kMaxBc, and Br = min(kBr, Bc). With causal masking the
-// tiles are square (Br = Bc = kCausal): the key tiles of a query tile are then
-// whole tiles except for the Lk tail, so the tile GEMMs see few distinct shapes
-// (qkv::gemm keeps a per-thread memo of 4 plans) and the masked half of the
-// diagonal tile stays small. The constants were measured with
-// bench/attention_bench.cc (BM_FlashTiles; see docs/performance.md).
+// Br and Bc are powers of two; Bc is the largest whose working set fits the L2,
+// capped at kMaxBc, and Br = min(kBr, Bc). With causal masking Br = kCausal and
+// Bc = 2 Br: flash_cpu.cc takes key tiles backwards from the diagonal, so only
+// the tile at the first keys is partial and it is Br wide: the tile GEMMs see
+// two shapes (qkv::gemm keeps a per-thread memo of 4 plans), and the masked
+// triangle computed per query tile is Br x Br / 2.
 // QKV_FLASH_TILES=BRxBC (e.g. "64x256") overrides the choice, for tuning runs.
 #pragma once
 
@@ -48,7 +47,7 @@ inline FlashTiles choose_flash_tiles(int64_t lq, int64_t lk, int64_t dk, int64_t
   t.bc = kMaxBc;
   while (t.bc > kMinBc && flash_working_set(std::min(kBr, t.bc), t.bc, dk, dv) > budget) t.bc /= 2;
   t.br = std::min(causal ? kCausal : kBr, t.bc);
-  if (causal) t.bc = t.br;
+  if (causal) t.bc = std::min(t.bc, 2 * t.br);
   // Short sequences: one tile covers them (fewer, larger GEMMs; Lq = 1 is decode).
   t.br = std::max<int64_t>(1, std::min(t.br, lq));
   t.bc = std::max<int64_t>(1, std::min(t.bc, lk));

@@ -30,11 +30,12 @@ struct BenchArgs {
   int64_t gemm_n = 0;
 };
 
-// Fastest seconds per call of fn over at least `min_time` seconds (one warm-up call first).
+// Fastest seconds per call of fn over at least `min_time` seconds (one warm-up
+// call first, except with min_time 0: a single call, e.g. to measure memory).
 template <class Fn>
 double best_seconds(double min_time, Fn&& fn) {
   using clock = std::chrono::steady_clock;
-  fn();
+  if (min_time > 0) fn();
   double best = 1e300, total = 0.0;
   do {
     const auto t0 = clock::now();
@@ -114,7 +115,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--shape", args->shapes, "B,H,L,D (repeatable; default 1,8,1024,64)");
   cmd->add_flag("--causal", args->causal, "causal attention (GFLOP/s count the unmasked half)");
   cmd->add_option("--threads", args->threads, "threads (default QKV_NUM_THREADS, else OMP_NUM_THREADS, else cores)");
-  cmd->add_option("--min-time", args->min_time, "seconds to time each measurement (default 1)");
+  cmd->add_option("--min-time", args->min_time, "seconds to time each measurement (default 1; 0: one call, no warm-up)");
   cmd->add_option("--gemm", args->gemm_n, "also time an N x N x N f32 gemm (e.g. 2048) and report % of it");
   cmd->add_flag("--json", args->json, "one JSON object per line");
   cmd->callback([args] {
