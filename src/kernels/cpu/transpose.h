@@ -7,7 +7,8 @@ namespace qkv::kernels {
 
 // An uninitialised contiguous tensor for a copy's result. Buffers of 4 MB and more
 // are 2 MB aligned and advised as transparent huge pages (numpy does the same), so
-// the first touch of a fresh 64 MB result costs 32 page faults instead of 16384.
+// the first touch of a fresh 64 MB result costs 32 page faults instead of 16384;
+// up to 4 freed buffers (512 MB) are kept and reused for results of the same size.
 Tensor empty_for_copy(const Shape& shape, DType dtype);
 
 // dst[i...] = src[i...]. dst must be contiguous with src's shape and dtype; src may
