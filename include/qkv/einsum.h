@@ -17,8 +17,8 @@
 // Errors (message "einsum('<equation>'): <fault> (shapes [..], [..])"):
 // FormatError for a malformed equation (invalid character, misplaced "...",
 // "->" twice, an output label repeated or absent from the inputs), ShapeError for
-// shapes that do not fit it (operand count, labels vs rank, label sizes),
-// ValueError for a bad optimize option or explicit path.
+// shapes that do not fit it (labels vs rank, label sizes, "..." dims), ValueError
+// for the operand count, a bad optimize name or an invalid explicit path.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +38,8 @@ enum class EinsumOptimize {
   none,        // numpy's optimize=False: one step over all operands
   greedy,      // opt_einsum greedy (memory-removed cost; branch-1 under a memory limit)
   optimal,     // exhaustive depth-first search with flop/memory sieving
-  dp,          // dynamic programming over operand subsets (exact flops; greedy past 14 operands)
+  dp,          // single-operand sums first, then the least-flop tree over every split of every
+               // operand subset (outer products included); greedy past 14 operands
   branch_all,  // branch and bound over every candidate
   branch_2,    // branch and bound over the best 2 candidates per step
   branch_1,    // branch and bound over the best candidate per step
