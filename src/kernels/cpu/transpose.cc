@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include <hwy/cache_control.h>
+
 #include "qkv/error.h"
 #include "qkv/parallel.h"
 
@@ -110,6 +112,8 @@ void copy_rows(const Geometry& g, const T* src, T* dst) {
 // make lines evict each other mid-use. Runs along q are long (up to 1 KB; the buffer's
 // rest goes to p), which measured best for 64 MB 2-D to 5-D permutations. Outer dims
 // run in order of decreasing src stride, so neighbouring tiles share src lines.
+// While a tile is read, the first line of each run of the next tile along q is
+// prefetched (hwy::Prefetch): runs this short escape the hardware prefetchers.
 constexpr int64_t kTileBufferBytes = 16384;
 
 template <class T>
@@ -142,8 +146,11 @@ void copy_tiles(const Geometry& g, int p, const T* src, T* dst) {
       const int64_t i0 = (t / tiles_q) * tp, j0 = (t % tiles_q) * tq;
       const int64_t in = std::min(np - i0, tp), jn = std::min(nq - j0, tq);
       const T* s = src + c.src_off + i0 * ssp + j0 * ssq;
+      const bool prefetch = j0 + tq < nq;  // the next tile along q, while this one is read
+      const int64_t jn_next = prefetch ? std::min(nq - j0 - tq, tq) : 0;
       for (int64_t j = 0; j < jn; ++j) {  // read: runs along p
         const T* row = s + j * ssq;
+        if (j < jn_next) hwy::Prefetch(row + tq * ssq);
         T* b = buf + j * tp;
         for (int64_t i = 0; i < in; ++i) b[i] = row[i * ssp];
       }
