@@ -1,7 +1,7 @@
 """Times numpy's transpose().copy() on the shapes of bench/einops_bench.cc, runs that
 program (qkv rearrange + memcpy) in the same run, and prints one markdown table.
 
-    python bench/peers/einops_numpy.py build/release/einops_bench [--min-time 0.2] [--repetitions 5]
+    python bench/peers/einops_numpy.py build/release/einops_bench [--min-time 0.05] [--repetitions 10]
 
 numpy's copy is single-threaded; qkv is reported on 1 thread and on every core.
 GB/s counts bytes read + written (2 x the tensor size), as the C++ program does.
@@ -70,8 +70,8 @@ def cpp_rates(binary, min_time, repetitions):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("binary")
-    parser.add_argument("--min-time", type=float, default=0.2, help="seconds per repetition (C++) / per case (numpy)")
-    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--min-time", type=float, default=0.05, help="seconds per repetition (C++) / per case (numpy)")
+    parser.add_argument("--repetitions", type=int, default=10)
     args = parser.parse_args()
     load = os.getloadavg()[0]
     cpp = cpp_rates(args.binary, args.min_time, args.repetitions)
