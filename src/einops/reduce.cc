@@ -93,7 +93,14 @@ Tensor reduce_typed(const Tensor& x, const Geometry& g, std::string_view op, con
     Tensor out = Tensor::empty(out_shape, dtype_v<Sum>);
     const bool sum = op == "sum";
     reduce_loop(g, in, out.data<Sum>(), Acc(sum ? 0 : 1),
-                [&](Acc a, T v) { return sum ? a + value(v) : a * value(v); },
+                [&](Acc a, T v) {
+                  if constexpr (floating) {
+                    return sum ? a + value(v) : a * value(v);
+                  } else {  // wraps around like numpy's int64 (unsigned arithmetic: no signed overflow)
+                    const auto ua = static_cast<uint64_t>(a), uv = static_cast<uint64_t>(value(v));
+                    return static_cast<Acc>(sum ? ua + uv : ua * uv);
+                  }
+                },
                 [](Acc a) { return convert_element<Sum>(a); });
     return out;
   }

@@ -148,3 +148,42 @@ def test_einsum_argument_errors_match_einops():
                               ("i j -> k", "Unknown axis k")]:
         with pytest.raises(ValueError, match=fragment):
             qe.einsum(x, pattern)
+
+
+def test_random_patterns_on_strided_inputs_match_einops():
+    """400 random rearrange/reduce/repeat calls on sliced, transposed, reversed inputs of every dtype."""
+    rng = np.random.default_rng(7)
+    dtypes = [np.float32, np.float64, np.int32, np.int64, np.int8, np.float16, np.bool_]
+    for _ in range(400):
+        nd = int(rng.integers(1, 6))
+        shape = [int(s) for s in rng.integers(1, 5, size=nd)]
+        dt = dtypes[int(rng.integers(len(dtypes)))]
+        base = rng.integers(0, 100, size=[s * 2 for s in shape]).astype(dt)
+        x = base[tuple(slice(None, None, 2) for _ in shape)]
+        if rng.random() < 0.3:
+            x = x.transpose(rng.permutation(nd))
+        if rng.random() < 0.2:
+            x = x[::-1]
+        names = [f"ax{i}" for i in range(nd)]
+        perm = [int(p) for p in rng.permutation(nd)]
+        groups, i = [], 0
+        while i < nd:
+            k = int(rng.integers(1, nd - i + 1))
+            groups.append(perm[i:i + k])
+            i += k
+        right = " ".join("(" + " ".join(names[j] for j in g) + ")" for g in groups)
+        left = " ".join(names)
+        op = ["rearrange", "reduce", "repeat"][int(rng.integers(3))]
+        if op == "rearrange":
+            args, kwargs = (f"{left} -> {right}",), {}
+        elif op == "repeat":
+            args, kwargs = (f"{left} -> {right} (r rr)",), {"r": 2, "rr": 3}
+        else:
+            keep = " ".join(names[j] for j in perm if rng.random() < 0.5)
+            ops = ["sum", "max", "min", "prod", "any", "all"] + (["mean"] if dt in (np.float32, np.float64) else [])
+            args, kwargs = (f"{left} -> {keep}", ops[int(rng.integers(len(ops)))]), {}
+        with np.errstate(over="ignore"):
+            expected = getattr(einops, op)(x, *args, **kwargs)
+        got = getattr(qe, op)(x, *args, **kwargs)
+        assert got.shape == expected.shape and got.dtype == expected.dtype, (op, args, x.shape, x.dtype)
+        np.testing.assert_array_equal(got, expected, err_msg=f"{op} {args} {x.shape} {x.dtype}")
