@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <optional>
 #include <string>
@@ -17,7 +18,10 @@
 #include "attention/problem.h"
 #include "common/expect.h"
 #include "qkv/attention.h"
+#include "qkv/io.h"
 #include "qkv/parallel.h"
+
+#include <nlohmann/json.hpp>
 
 namespace qkv {
 namespace {
@@ -279,6 +283,36 @@ TEST_F(FlashAttention, ResultsDoNotDependOnThreadCount) {
     expect_within_criterion(c, three, naive, ref, max_abs(in.v));
     EXPECT_LE(max_abs_diff(one, three), max_abs_diff(naive, ref) + 0x1.0p-23 * max_abs(in.v)) << c.str();
   }
+}
+
+TEST_F(FlashAttention, MatchesTorchFixturesWithinTwiceNaiveF32Error) {
+  // PyTorch's float64 results for the inputs of tests/fixtures/sdpa (see
+  // reference_torch_test.cc). f32: the criterion; f16/bf16 outputs are rounded
+  // to their dtype, so one ulp of it at |want| is added.
+  namespace fs = std::filesystem;
+  int checked = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / "sdpa")) {
+    if (entry.path().extension() != ".safetensors") continue;
+    const auto file = io::load_safetensors(entry.path());
+    const auto options = nlohmann::json::parse(file.metadata.at("options"));
+    const DType dt = dtype_from_name(options.at("dtype").get<std::string>());
+    if (dt == DType::f64) continue;  // the reference's path
+    AttentionOptions o;
+    o.is_causal = options.at("is_causal").get<bool>();
+    o.enable_gqa = options.at("enable_gqa").get<bool>();
+    if (!options.at("scale").is_null()) o.scale = options.at("scale").get<double>();
+    if (auto it = file.tensors.find("attn_mask"); it != file.tensors.end()) o.attn_mask = it->second;
+    const Tensor &q = file.tensors.at("q"), &k = file.tensors.at("k"), &v = file.tensors.at("v");
+    const Tensor& want = file.tensors.at("out");
+    const Tensor got = scaled_dot_product_attention(q, k, v, o).output;
+    ASSERT_EQ(got.dtype(), dt) << entry.path();
+    const double e_naive = max_abs_diff(naive_f32(q, k, v, o).output, want);
+    const double ulp = dt == DType::f16 ? 0x1.0p-10 : dt == DType::bf16 ? 0x1.0p-7 : 0.0;
+    const double bound = 2.0 * e_naive + (ulp + 0x1.0p-23) * max_abs(want);
+    EXPECT_LE(max_abs_diff(got, want), bound) << entry.path().filename() << " naive " << e_naive;
+    ++checked;
+  }
+  EXPECT_GE(checked, 8);  // the f32, f16 and bf16 fixtures (the rest are f64)
 }
 
 TEST_F(FlashAttention, SmallAndOddTilesMatchReference) {
