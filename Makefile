@@ -69,6 +69,7 @@ fixtures:
 	.venv-fixtures/bin/pip install --quiet -r tests/requirements-fixtures.txt
 	.venv-fixtures/bin/python tests/attention/make_sdpa_fixtures.py tests/fixtures/sdpa
 	.venv-fixtures/bin/python tests/io/make_io_fixtures.py
+	.venv-fixtures/bin/python tests/nn/make_torch_mha_fixtures.py tests/fixtures/mha_torch
 
 bench: build
 	@for b in $(BUILD)/*_bench; do echo "== $$b"; $$b --benchmark_min_time=0.2; done

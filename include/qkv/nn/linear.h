@@ -1,0 +1,55 @@
+// qkv::nn::Linear: the projection every attention layer uses (PyTorch nn.Linear,
+// Keras Dense / EinsumDense with one contracted axis), through qkv::gemm.
+//
+// y[..., out] = x[..., in] @ W + b. The weight is kept as given, without copies:
+//   PyTorch layout: weight [out, in] (nn.Linear.weight, rows of in_proj_weight);
+//   Keras layout:   kernel [in, out...] (EinsumDense "abc,cde->abde": [dim, heads,
+//                   key_dim] is in = dim, out = heads * key_dim, head-major), or
+//                   [in..., out] (the output dense "abcd,cde->abe": in = heads * value_dim).
+// Converting between the two is a reshape + transpose (to_torch_layout/to_keras_layout).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "qkv/tensor.h"
+
+namespace qkv::nn {
+
+class Linear {
+ public:
+  Linear() = default;
+  // PyTorch layout: weight [out, in] (rows may be strided, as a slice of in_proj_weight),
+  // bias [out] or none. ShapeError on mismatched shapes, DTypeError unless f32.
+  static Linear torch(const Tensor& weight, const std::optional<Tensor>& bias);
+  // Keras layout: kernel [in_dims..., out_dims...] with `in_dims` leading axes
+  // contracted (1 for a query/key/value EinsumDense, 2 for the output dense);
+  // bias [out_dims...] or none.
+  static Linear keras(const Tensor& kernel, const std::optional<Tensor>& bias, int in_dims = 1);
+
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  bool has_bias() const { return bias_.has_value(); }
+  bool defined() const { return in_ > 0 || out_ > 0; }
+
+  // x [..., in] (any strides; f32, f16/bf16/f64 are converted) -> y [..., out] f32, contiguous.
+  Tensor forward(const Tensor& x) const;
+
+  // The weight as PyTorch stores it ([out, in], contiguous) / as Keras stores it
+  // ([in, out], contiguous; reshape to the EinsumDense kernel's axes as needed).
+  Tensor to_torch_layout() const;
+  Tensor to_keras_layout() const;
+  const std::optional<Tensor>& bias() const { return bias_; }  // [out]
+
+ private:
+  Tensor weight_;          // [out, in] when transposed_, else [in, out]; rows contiguous
+  bool transposed_ = false;
+  std::optional<Tensor> bias_;  // [out] contiguous f32
+  int64_t in_ = 0, out_ = 0;
+};
+
+// Reads an f32 parameter: converts other float dtypes, ShapeError naming `what`
+// unless its shape is `shape`.
+Tensor parameter(const Tensor& t, const Shape& shape, const char* what);
+
+}  // namespace qkv::nn

@@ -1,0 +1,89 @@
+// qkv::nn::MultiheadAttention: torch.nn.MultiheadAttention's semantics, inference only.
+//
+// Parameters and their state_dict names are PyTorch's:
+//   in_proj_weight [3E, E] (rows q | k | v) and in_proj_bias [3E] when kdim == vdim == E,
+//   else q_proj_weight [E, E], k_proj_weight [E, kdim], v_proj_weight [E, vdim] (+ in_proj_bias);
+//   bias_k, bias_v [1, 1, E] (add_bias_kv); out_proj.weight [E, E], out_proj.bias [E].
+// Inputs: query [L, N, E], key [S, N, kdim], value [S, N, vdim] ([N, L, E] ... with
+//   batch_first), or unbatched [L, E], [S, kdim], [S, vdim].
+// Masks are PyTorch's (the opposite of scaled_dot_product_attention's):
+//   key_padding_mask [N, S] (or [S]): bool True = ignore that key, float = added;
+//   attn_mask [L, S] or [N * H, L, S]: bool True = not allowed, float = added.
+//   add_bias_kv / add_zero_attn append key positions that every mask lets through.
+//   is_causal is PyTorch's hint: it needs attn_mask (ValueError otherwise, as torch).
+// Output [L, N, E] (or [N, L, E] / [L, E]); with need_weights the weights [N, L, S]
+//   averaged over heads, or [N, H, L, S] with average_attn_weights = false.
+// Attention runs through qkv::scaled_dot_product_attention; projections through
+// nn::Linear (qkv::gemm); self-attention (query, key and value the same tensor) with
+// packed weights projects with one GEMM, as PyTorch does. Dropout applies only when
+// `training` is set (default: eval). A fully masked row gives zeros, where PyTorch's
+// need_weights path gives NaN.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "qkv/nn/linear.h"
+#include "qkv/tensor.h"
+
+namespace qkv::nn {
+
+struct MultiheadAttentionConfig {
+  int64_t embed_dim = 0;
+  int64_t num_heads = 1;
+  double dropout = 0.0;
+  bool bias = true;
+  bool add_bias_kv = false;
+  bool add_zero_attn = false;
+  std::optional<int64_t> kdim;  // default embed_dim
+  std::optional<int64_t> vdim;  // default embed_dim
+  bool batch_first = false;
+};
+
+struct MhaForwardOptions {
+  std::optional<Tensor> key_padding_mask;  // [N, S] (True = ignore) or float
+  bool need_weights = true;
+  std::optional<Tensor> attn_mask;  // [L, S] or [N*H, L, S]; bool True = not allowed, or float
+  bool average_attn_weights = true;
+  bool is_causal = false;
+};
+
+struct MhaResult {
+  Tensor output;                  // [L, N, E] / [N, L, E] / [L, E]
+  std::optional<Tensor> weights;  // [N, L, S] or [N, H, L, S] (no N when unbatched)
+};
+
+class MultiheadAttention {
+ public:
+  // Parameters initialised as PyTorch's _reset_parameters does (xavier-uniform
+  // projections, zero biases), from `seed`. ValueError for embed_dim % num_heads != 0.
+  explicit MultiheadAttention(const MultiheadAttentionConfig& config, uint64_t seed = 0);
+  // A layer with the given state_dict (see load_state_dict).
+  static MultiheadAttention from_state_dict(const MultiheadAttentionConfig& config,
+                                            const std::map<std::string, Tensor>& state_dict);
+
+  // PyTorch's key names (above). strict: every expected key present and no unknown
+  // key (ValueError naming them); shapes checked (ShapeError).
+  void load_state_dict(const std::map<std::string, Tensor>& state_dict, bool strict = true);
+  std::map<std::string, Tensor> state_dict() const;
+
+  MhaResult forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                    const MhaForwardOptions& options = {}) const;
+
+  const MultiheadAttentionConfig& config() const { return config_; }
+  int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }
+  bool training = false;      // dropout only when set
+  uint64_t dropout_seed = 0;  // seed of scaled_dot_product_attention's dropout
+
+ private:
+  void rebuild();  // Linear views over the parameters
+  bool packed() const;
+
+  MultiheadAttentionConfig config_;
+  std::map<std::string, Tensor> params_;  // PyTorch names -> f32 tensors
+  Linear q_, k_, v_, qkv_, kv_, out_;     // kv_/qkv_: packed rows for self/kv-shared attention
+};
+
+}  // namespace qkv::nn

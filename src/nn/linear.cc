@@ -1,0 +1,108 @@
+// qkv::nn::Linear: y = x @ W + b through one qkv::gemm call (bias pre-filled, beta = 1).
+#include "qkv/nn/linear.h"
+
+#include <cstring>
+
+#include "qkv/gemm.h"
+#include "qkv/parallel.h"
+
+namespace qkv::nn {
+
+namespace {
+
+// f32 with the last dim contiguous and rows at a uniform distance (a GEMM operand).
+Tensor as_gemm_matrix(const Tensor& t) {
+  Tensor f = t.dtype() == DType::f32 ? t : t.to(DType::f32);
+  const bool ok = f.dim() == 2 && (f.size(1) <= 1 || f.stride(1) == 1) &&
+                  (f.size(0) <= 1 || f.stride(0) >= f.size(1));
+  return ok ? f : f.contiguous();
+}
+
+int64_t product(const Shape& s, size_t begin, size_t end) {
+  int64_t n = 1;
+  for (size_t i = begin; i < end; ++i) n *= s[i];
+  return n;
+}
+
+}  // namespace
+
+Tensor parameter(const Tensor& t, const Shape& shape, const char* what) {
+  if (t.shape() != shape) {
+    fail<ShapeError>(what, ": expected shape ", shape_str(shape), ", got ", shape_str(t.shape()));
+  }
+  if (t.dtype() != DType::f32 && t.dtype() != DType::f64 && t.dtype() != DType::f16 &&
+      t.dtype() != DType::bf16) {
+    fail<DTypeError>(what, ": expected a floating-point tensor");
+  }
+  return t.dtype() == DType::f32 ? t : t.to(DType::f32);
+}
+
+Linear Linear::torch(const Tensor& weight, const std::optional<Tensor>& bias) {
+  if (weight.dim() != 2) fail<ShapeError>("Linear: weight must be [out, in], got ", shape_str(weight.shape()));
+  Linear l;
+  l.out_ = weight.size(0);
+  l.in_ = weight.size(1);
+  l.weight_ = as_gemm_matrix(parameter(weight, weight.shape(), "Linear: weight"));
+  l.transposed_ = true;
+  if (bias) l.bias_ = parameter(*bias, {l.out_}, "Linear: bias").contiguous();
+  return l;
+}
+
+Linear Linear::keras(const Tensor& kernel, const std::optional<Tensor>& bias, int in_dims) {
+  if (in_dims < 1 || kernel.dim() <= in_dims) {
+    fail<ShapeError>("EinsumDense: kernel ", shape_str(kernel.shape()), " needs more than ", in_dims,
+                     " dims");
+  }
+  const size_t split = static_cast<size_t>(in_dims);
+  Linear l;
+  l.in_ = product(kernel.shape(), 0, split);
+  l.out_ = product(kernel.shape(), split, kernel.shape().size());
+  const Tensor k = parameter(kernel, kernel.shape(), "EinsumDense: kernel");
+  l.weight_ = as_gemm_matrix(k.reshape({l.in_, l.out_}));
+  l.transposed_ = false;
+  if (bias) {
+    const Shape out_shape(kernel.shape().begin() + in_dims, kernel.shape().end());
+    l.bias_ = parameter(*bias, out_shape, "EinsumDense: bias").reshape({l.out_}).contiguous();
+  }
+  return l;
+}
+
+Tensor Linear::forward(const Tensor& x) const {
+  if (x.dim() < 1 || x.size(-1) != in_) {
+    fail<ShapeError>("Linear: input ", shape_str(x.shape()), " does not end in in_features ", in_);
+  }
+  Shape out_shape = x.shape();
+  out_shape.back() = out_;
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  Tensor y = Tensor::empty(out_shape);  // [..., out]
+  if (rows == 0 || out_ == 0) return y;
+  const Tensor a = as_gemm_matrix(x.reshape({rows, in_}));  // [rows, in]
+  float* c = y.data<float>();
+  const int64_t m = a.size(0);
+  if (bias_) {
+    const float* b = bias_->data<float>();
+    parallel_for(0, m, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) std::memcpy(c + r * out_, b, sizeof(float) * out_);
+    });
+  }
+  GemmShape g;
+  g.trans_b = transposed_;
+  g.m = m;
+  g.n = out_;
+  g.k = in_;
+  g.lda = a.size(0) <= 1 ? in_ : a.stride(0);
+  g.ldb = weight_.size(0) <= 1 ? weight_.size(1) : weight_.stride(0);
+  g.ldc = out_;
+  gemm(g, 1.0f, a.data<float>(), weight_.data<float>(), bias_ ? 1.0f : 0.0f, c);
+  return y;
+}
+
+Tensor Linear::to_torch_layout() const {
+  return transposed_ ? weight_.contiguous() : weight_.transpose(0, 1).contiguous();
+}
+
+Tensor Linear::to_keras_layout() const {
+  return transposed_ ? weight_.transpose(0, 1).contiguous() : weight_.contiguous();
+}
+
+}  // namespace qkv::nn

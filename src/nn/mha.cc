@@ -1,0 +1,257 @@
+// qkv::nn::MultiheadAttention (PyTorch flavour): parameters and the forward pass.
+#include "qkv/nn/mha.h"
+
+#include <cmath>
+#include <set>
+
+#include "nn/heads.h"
+#include "qkv/attention.h"
+
+namespace qkv::nn {
+
+namespace {
+
+constexpr const char* kOp = "MultiheadAttention";
+
+// Same view of the same memory (PyTorch tests `query is key`).
+bool same_tensor(const Tensor& a, const Tensor& b) {
+  return a.shares_storage(b) && a.offset() == b.offset() && a.shape() == b.shape() &&
+         a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+
+Tensor xavier(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed) {
+  const double a = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+  return Tensor::uniform(shape, seed, -a, a);
+}
+
+// torch's checks of the attn_mask shape; returns it as [1|N, 1|H, L, S] (additive f32).
+Tensor attn_mask_4d(const Tensor& m, int64_t n, int64_t h, int64_t l, int64_t s) {
+  const Tensor a = detail::additive_mask(m, true, "MultiheadAttention: attn_mask");
+  if (m.dim() == 2) {
+    if (m.shape() != Shape{l, s}) {
+      fail<ShapeError>(kOp, ": The shape of the 2D attn_mask is ", shape_str(m.shape()), ", but should be ",
+                       shape_str({l, s}), ".");
+    }
+    return a.view({1, 1, l, s});
+  }
+  if (m.dim() == 3) {
+    if (m.shape() != Shape{n * h, l, s}) {
+      fail<ShapeError>(kOp, ": The shape of the 3D attn_mask is ", shape_str(m.shape()), ", but should be ",
+                       shape_str({n * h, l, s}), ".");
+    }
+    return a.view({n, h, l, s});
+  }
+  fail<ShapeError>(kOp, ": attn_mask's dimension ", m.dim(), " is not supported");
+}
+
+}  // namespace
+
+MultiheadAttention::MultiheadAttention(const MultiheadAttentionConfig& config, uint64_t seed) : config_(config) {
+  const int64_t e = config.embed_dim, h = config.num_heads;
+  if (e <= 0 || h <= 0) fail<ValueError>(kOp, ": embed_dim and num_heads must be positive, got ", e, " and ", h);
+  if (e % h != 0) fail<ValueError>(kOp, ": embed_dim must be divisible by num_heads (", e, " and ", h, ")");
+  if (config.dropout < 0 || config.dropout > 1) fail<ValueError>(kOp, ": dropout must be in [0, 1]");
+  const int64_t kd = config.kdim.value_or(e), vd = config.vdim.value_or(e);
+  if (packed()) {
+    params_["in_proj_weight"] = xavier({3 * e, e}, e, 3 * e, seed);
+  } else {
+    params_["q_proj_weight"] = xavier({e, e}, e, e, seed);
+    params_["k_proj_weight"] = xavier({e, kd}, kd, e, seed + 1);
+    params_["v_proj_weight"] = xavier({e, vd}, vd, e, seed + 2);
+  }
+  if (config.bias) {
+    params_["in_proj_bias"] = Tensor::zeros({3 * e});
+    params_["out_proj.bias"] = Tensor::zeros({e});
+  }
+  if (config.add_bias_kv) {
+    params_["bias_k"] = xavier({1, 1, e}, 1, e, seed + 3);
+    params_["bias_v"] = xavier({1, 1, e}, 1, e, seed + 4);
+  }
+  const double bound = 1.0 / std::sqrt(static_cast<double>(e));
+  params_["out_proj.weight"] = Tensor::uniform({e, e}, seed + 5, -bound, bound);
+  rebuild();
+}
+
+bool MultiheadAttention::packed() const {
+  const int64_t e = config_.embed_dim;
+  return config_.kdim.value_or(e) == e && config_.vdim.value_or(e) == e;
+}
+
+MultiheadAttention MultiheadAttention::from_state_dict(const MultiheadAttentionConfig& config,
+                                                       const std::map<std::string, Tensor>& state_dict) {
+  MultiheadAttention m(config);
+  m.load_state_dict(state_dict);
+  return m;
+}
+
+void MultiheadAttention::load_state_dict(const std::map<std::string, Tensor>& state_dict, bool strict) {
+  std::map<std::string, Tensor> next;
+  std::string missing, unexpected;
+  for (const auto& [name, current] : params_) {
+    auto it = state_dict.find(name);
+    if (it == state_dict.end()) {
+      if (strict) missing += (missing.empty() ? "" : ", ") + name;
+      next[name] = current;
+      continue;
+    }
+    next[name] = parameter(it->second, current.shape(), (std::string(kOp) + ": " + name).c_str()).contiguous();
+  }
+  for (const auto& [name, t] : state_dict) {
+    if (!params_.count(name) && strict) unexpected += (unexpected.empty() ? "" : ", ") + name;
+  }
+  if (!missing.empty() || !unexpected.empty()) {
+    fail<ValueError>(kOp, ": error loading state_dict: missing keys [", missing, "], unexpected keys [",
+                     unexpected, "]");
+  }
+  params_ = std::move(next);
+  rebuild();
+}
+
+std::map<std::string, Tensor> MultiheadAttention::state_dict() const { return params_; }
+
+void MultiheadAttention::rebuild() {
+  const int64_t e = config_.embed_dim;
+  std::optional<Tensor> b;
+  auto bias_rows = [&](int64_t r0, int64_t r1) -> std::optional<Tensor> {
+    if (!config_.bias) return std::nullopt;
+    return params_.at("in_proj_bias").slice(0, r0, r1).contiguous();
+  };
+  if (packed()) {
+    const Tensor& w = params_.at("in_proj_weight");  // [3E, E]
+    qkv_ = Linear::torch(w, bias_rows(0, 3 * e));
+    q_ = Linear::torch(w.slice(0, 0, e), bias_rows(0, e));
+    k_ = Linear::torch(w.slice(0, e, 2 * e), bias_rows(e, 2 * e));
+    v_ = Linear::torch(w.slice(0, 2 * e, 3 * e), bias_rows(2 * e, 3 * e));
+    kv_ = Linear::torch(w.slice(0, e, 3 * e), bias_rows(e, 3 * e));
+  } else {
+    q_ = Linear::torch(params_.at("q_proj_weight"), bias_rows(0, e));
+    k_ = Linear::torch(params_.at("k_proj_weight"), bias_rows(e, 2 * e));
+    v_ = Linear::torch(params_.at("v_proj_weight"), bias_rows(2 * e, 3 * e));
+  }
+  std::optional<Tensor> ob;
+  if (config_.bias) ob = params_.at("out_proj.bias");
+  out_ = Linear::torch(params_.at("out_proj.weight"), ob);
+}
+
+namespace {
+
+// w [N, H, L, S] -> mean over heads [N, L, S].
+Tensor mean_heads(const Tensor& w) {
+  const Tensor c = w.contiguous();
+  const int64_t n = c.size(0), h = c.size(1), ls = c.size(2) * c.size(3);
+  Tensor out = Tensor::zeros({n, c.size(2), c.size(3)});
+  const float* src = c.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t i = 0; i < h; ++i) {
+      const float* p = src + (b * h + i) * ls;
+      for (int64_t j = 0; j < ls; ++j) dst[b * ls + j] += p[j];
+    }
+    for (int64_t j = 0; j < ls; ++j) dst[b * ls + j] /= static_cast<float>(h);
+  }
+  return out;
+}
+
+void check_input(const Tensor& t, int64_t dims, int64_t features, const char* what) {
+  if (t.dim() != dims || t.size(-1) != features) {
+    fail<ShapeError>(kOp, ": ", what, " must be ", dims == 3 ? "[L, N, " : "[L, ", features, "] (", dims,
+                     "-D like query), got ", shape_str(t.shape()));
+  }
+}
+
+}  // namespace
+
+MhaResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                      const MhaForwardOptions& o) const {
+  const int64_t e = config_.embed_dim, h = config_.num_heads, d = head_dim();
+  if (query.dim() != 3 && query.dim() != 2) {
+    fail<ShapeError>(kOp, ": query should be unbatched 2D or batched 3D, got ", shape_str(query.shape()));
+  }
+  const bool batched = query.dim() == 3;
+  check_input(query, query.dim(), e, "query");
+  check_input(key, query.dim(), config_.kdim.value_or(e), "key");
+  check_input(value, query.dim(), config_.vdim.value_or(e), "value");
+  // Unbatched inputs become [L, 1, E] (sequence-first).
+  const bool bf = batched && config_.batch_first;
+  const Tensor qi = batched ? query : query.unsqueeze(1);
+  const Tensor ki = batched ? key : key.unsqueeze(1);
+  const Tensor vi = batched ? value : value.unsqueeze(1);
+  const int64_t n = qi.size(bf ? 0 : 1), l = qi.size(bf ? 1 : 0), s = ki.size(bf ? 1 : 0);
+  if (ki.shape().front() != vi.shape().front() || ki.size(1) != vi.size(1) || ki.size(bf ? 0 : 1) != n) {
+    fail<ShapeError>(kOp, ": key ", shape_str(key.shape()), " and value ", shape_str(value.shape()),
+                     " must match each other and query ", shape_str(query.shape()), " in batch and length");
+  }
+  // ---- projections: [L, N, E] (or [N, L, E]) ----
+  Tensor qp, kp, vp;
+  if (packed() && same_tensor(query, key) && same_tensor(key, value)) {
+    const Tensor all = qkv_.forward(qi);  // [L, N, 3E], one GEMM
+    qp = all.slice(-1, 0, e);
+    kp = all.slice(-1, e, 2 * e);
+    vp = all.slice(-1, 2 * e, 3 * e);
+  } else if (packed() && same_tensor(key, value)) {
+    qp = q_.forward(qi);
+    const Tensor kv = kv_.forward(ki);  // [S, N, 2E]
+    kp = kv.slice(-1, 0, e);
+    vp = kv.slice(-1, e, 2 * e);
+  } else {
+    qp = q_.forward(qi);
+    kp = k_.forward(ki);
+    vp = v_.forward(vi);
+  }
+  const Tensor qh = detail::split_heads(qp, h, bf);  // [N, H, L, D]
+  Tensor kh = detail::split_heads(kp, h, bf);        // [N, H, S, D]
+  Tensor vh = detail::split_heads(vp, h, bf);        // [N, H, S, D]
+  int64_t extra = 0;
+  if (config_.add_bias_kv) {
+    kh = detail::append_key_row(kh, params_.at("bias_k").reshape({h, d}));
+    vh = detail::append_key_row(vh, params_.at("bias_v").reshape({h, d}));
+    ++extra;
+  }
+  if (config_.add_zero_attn) {
+    kh = detail::append_key_row(kh, std::nullopt);
+    vh = detail::append_key_row(vh, std::nullopt);
+    ++extra;
+  }
+  // ---- masks: one additive f32 mask [1|N, 1|H, L, S + extra] ----
+  std::optional<Tensor> mask;
+  if (o.attn_mask) mask = attn_mask_4d(*o.attn_mask, n, h, l, s);
+  if (o.key_padding_mask) {
+    const Tensor& m = *o.key_padding_mask;
+    const Shape expected = batched ? Shape{n, s} : Shape{s};
+    if (m.shape() != expected) {
+      fail<ShapeError>(kOp, ": expected key_padding_mask of shape ", shape_str(expected), ", got ",
+                       shape_str(m.shape()));
+    }
+    const Tensor kpm = detail::additive_mask(m, true, "MultiheadAttention: key_padding_mask").view({n, 1, 1, s});
+    mask = mask ? detail::add_broadcast(*mask, kpm) : kpm;
+  }
+  if (mask && extra > 0) mask = detail::pad_last(*mask, extra, 0.0f);
+  bool causal = false;
+  if (o.is_causal) {
+    if (!o.attn_mask) fail<ValueError>(kOp, ": Need attn_mask if specifying the is_causal hint.");
+    if (!o.key_padding_mask && !o.need_weights) {  // PyTorch then trusts the hint
+      causal = true;
+      mask.reset();
+    }
+  }
+  // ---- attention ----
+  AttentionOptions ao;
+  ao.attn_mask = mask;
+  ao.is_causal = causal;
+  ao.return_weights = o.need_weights;
+  if (training && config_.dropout > 0) {
+    ao.dropout_p = config_.dropout;
+    ao.seed = dropout_seed;
+  }
+  const AttentionResult r = scaled_dot_product_attention(qh, kh, vh, ao);  // output [N, H, L, D]
+  MhaResult result;
+  result.output = out_.forward(detail::merge_heads(r.output, bf));  // [L, N, E] or [N, L, E]
+  if (!batched) result.output = result.output.squeeze(1);
+  if (o.need_weights) {
+    Tensor w = o.average_attn_weights ? mean_heads(*r.weights) : *r.weights;  // [N, L, S'] / [N, H, L, S']
+    result.weights = batched ? w : w.squeeze(0);
+  }
+  return result;
+}
+
+}  // namespace qkv::nn
