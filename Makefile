@@ -69,6 +69,8 @@ fixtures:
 	.venv-fixtures/bin/pip install --quiet -r tests/requirements-fixtures.txt
 	.venv-fixtures/bin/python tests/attention/make_sdpa_fixtures.py tests/fixtures/sdpa
 	.venv-fixtures/bin/python tests/io/make_io_fixtures.py
+	.venv-fixtures/bin/python tests/io/make_keras_tf_fixtures.py
+	.venv-fixtures/bin/python tests/seed001/train_seed001.py
 	.venv-fixtures/bin/python tests/nn/make_torch_mha_fixtures.py tests/fixtures/mha_torch
 
 bench: build

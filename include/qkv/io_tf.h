@@ -1,0 +1,53 @@
+// TensorFlow checkpoints (the "tensor bundle" that tf.train.Checkpoint and
+// tf.keras save_weights write): PREFIX.index, a LevelDB table of BundleEntryProto
+// records, and the data shards PREFIX.data-0000N-of-0000M.
+//
+// Everything read is checked: the table footer, every block's trailer crc32c,
+// prefix-compressed keys and restart points, the protobuf records, every tensor's
+// extent in its shard and its crc32c. Errors: FormatError (malformed file, naming
+// the file and the fault), IOError (a file cannot be read), DTypeError (a tensor
+// dtype qkv has no type for, raised only when its data is asked for).
+// docs/formats.md has the full rules.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "qkv/tensor.h"
+
+namespace qkv::io {
+
+// One entry of a checkpoint.
+struct CheckpointEntry {
+  std::string key;    // the checkpoint key, e.g. "layer_with_weights-0/_query_dense/kernel/.ATTRIBUTES/VARIABLE_VALUE"
+  std::string name;   // the variable's own name from the object graph (e.g. "multi_head_attention/query/kernel"),
+                      // else the key without "/.ATTRIBUTES/VARIABLE_VALUE"
+  std::string dtype;  // numpy's name for qkv dtypes ("float32"), TF's otherwise ("string", "uint8")
+  Shape shape;
+  bool optimizer = false;  // optimizer state: slots (Adam's m/v), iteration count, learning rate
+};
+
+struct TfCheckpoint {
+  std::vector<CheckpointEntry> entries;   // in key order, _CHECKPOINTABLE_OBJECT_GRAPH included
+  std::map<std::string, Tensor> tensors;  // by key: every entry of a qkv dtype (strings are not tensors)
+};
+
+// `path` is the prefix ("ckpt") or the index file ("ckpt.index"). Reads every shard.
+// Entries of dtypes qkv cannot hold (strings, uint8, ...) are listed but not loaded.
+TfCheckpoint load_tf_checkpoint(const std::filesystem::path& path);
+// The listing alone, from the .index file (shard data is not read).
+std::vector<CheckpointEntry> inspect_tf_checkpoint(const std::filesystem::path& path);
+// In memory: the .index bytes and the shards' bytes (shards[i] = data-i-of-N).
+// `source` names the checkpoint in messages. The bytes are copied.
+TfCheckpoint parse_tf_checkpoint(std::span<const std::byte> index,
+                                 std::span<const std::span<const std::byte>> shards, const std::string& source);
+
+// The checkpoint prefix of `path`: "dir/ckpt" for "dir/ckpt", "dir/ckpt.index" or
+// "dir/ckpt.data-00000-of-00001"; empty when none of these files exists.
+std::filesystem::path tf_checkpoint_prefix(const std::filesystem::path& path);
+
+}  // namespace qkv::io

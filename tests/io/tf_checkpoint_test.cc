@@ -1,0 +1,204 @@
+// The TensorFlow checkpoint reader on files written by TensorFlow itself
+// (tests/io/make_keras_tf_fixtures.py, tests/seed001/train_seed001.py), compared
+// with the values TensorFlow read back and numpy saved as .safetensors.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "io/tf_internal.h"
+#include "io/io_test_util.h"
+#include "qkv/io_tf.h"
+
+namespace qkv::io {
+namespace {
+
+using testing::read_bytes;
+using testing::temp_path;
+
+std::filesystem::path keras_tf(const std::string& name) {
+  return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / "keras_tf" / name;
+}
+std::filesystem::path seed001(const std::string& name) {
+  return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / "seed001" / name;
+}
+
+void expect_same_values(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], w[i]) << what << " element " << i;
+}
+
+const CheckpointEntry& entry(const std::vector<CheckpointEntry>& entries, const std::string& key) {
+  for (const auto& e : entries) {
+    if (e.key == key) return e;
+  }
+  ADD_FAILURE() << "no entry " << key;
+  static const CheckpointEntry none;
+  return none;
+}
+
+// Copies a checkpoint (index + shards) to a temp dir, returning the new prefix.
+std::filesystem::path copy_checkpoint(const std::string& name) {
+  const auto dst = temp_path(name);
+  for (const auto& f : std::filesystem::directory_iterator(keras_tf(""))) {
+    const std::string file = f.path().filename().string();
+    if (file.starts_with(name + ".")) std::filesystem::copy_file(f.path(), dst.parent_path() / file);
+  }
+  return dst;
+}
+
+void patch_byte(const std::filesystem::path& path, size_t offset, unsigned char value) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.put(static_cast<char>(value));
+}
+
+TEST(Crc32c, MatchesTheStandardCheckValue) {
+  const std::string s = "123456789";
+  EXPECT_EQ(detail::crc32c(std::as_bytes(std::span(s.data(), s.size()))), 0xe3069283u);
+  EXPECT_EQ(detail::crc32c_unmask(detail::crc32c_mask(0x12345678u)), 0x12345678u);
+}
+
+TEST(TfCheckpoint, ReadsEveryQkvDtypeTensorFlowWrote) {
+  const TfCheckpoint ck = load_tf_checkpoint(keras_tf("dtypes"));
+  const SafetensorsFile want = load_safetensors(keras_tf("dtypes_expected.safetensors"));
+  const std::map<std::string, DType> dtypes = {{"f32", DType::f32}, {"f64", DType::f64}, {"f16", DType::f16},
+                                               {"bf16", DType::bf16}, {"i8", DType::i8},  {"i32", DType::i32},
+                                               {"i64", DType::i64}, {"b", DType::b8}};
+  for (const auto& [var, dtype] : dtypes) {
+    const std::string key = var + "/.ATTRIBUTES/VARIABLE_VALUE";
+    ASSERT_TRUE(ck.tensors.count(key)) << key;
+    EXPECT_EQ(ck.tensors.at(key).dtype(), dtype) << key;
+    expect_same_values(ck.tensors.at(key), want.tensors.at(key), key);
+  }
+  expect_same_values(ck.tensors.at("scalar/.ATTRIBUTES/VARIABLE_VALUE"),
+                     want.tensors.at("scalar/.ATTRIBUTES/VARIABLE_VALUE"), "scalar");
+  EXPECT_EQ(ck.tensors.at("empty/.ATTRIBUTES/VARIABLE_VALUE").shape(), (Shape{0, 4}));
+}
+
+TEST(TfCheckpoint, ListsStringAndUint8EntriesWithoutLoadingThem) {
+  const TfCheckpoint ck = load_tf_checkpoint(keras_tf("dtypes.index"));
+  EXPECT_EQ(entry(ck.entries, "u8/.ATTRIBUTES/VARIABLE_VALUE").dtype, "uint8");
+  EXPECT_EQ(entry(ck.entries, "s/.ATTRIBUTES/VARIABLE_VALUE").dtype, "string");
+  EXPECT_EQ(entry(ck.entries, "s/.ATTRIBUTES/VARIABLE_VALUE").shape, (Shape{3}));
+  EXPECT_EQ(entry(ck.entries, "_CHECKPOINTABLE_OBJECT_GRAPH").dtype, "string");
+  EXPECT_FALSE(ck.tensors.count("u8/.ATTRIBUTES/VARIABLE_VALUE"));
+  EXPECT_EQ(entry(ck.entries, "f32/.ATTRIBUTES/VARIABLE_VALUE").name, "Variable");  // TF's default name
+  EXPECT_EQ(inspect_tf_checkpoint(keras_tf("dtypes")).size(), ck.entries.size());
+}
+
+TEST(TfCheckpoint, ReadsAnIndexOfManyBlocksAndRestartPoints) {
+  const auto index = read_bytes(keras_tf("many.index"));
+  const detail::Context ctx{"test", "many.index"};
+  EXPECT_EQ(detail::read_leveldb_table(index, ctx).size(), 302u);  // header, object graph, 300 variables
+  const TfCheckpoint ck = load_tf_checkpoint(keras_tf("many"));
+  const SafetensorsFile want = load_safetensors(keras_tf("many_expected.safetensors"));
+  ASSERT_EQ(want.tensors.size(), 300u);
+  for (const auto& [key, t] : want.tensors) expect_same_values(ck.tensors.at(key), t, key);
+}
+
+TEST(TfCheckpoint, ReadsEveryShardOfAShardedCheckpoint) {
+  const TfCheckpoint ck = load_tf_checkpoint(keras_tf("sharded"));
+  const SafetensorsFile want = load_safetensors(keras_tf("sharded_expected.safetensors"));
+  ASSERT_EQ(want.tensors.size(), 4u);
+  for (const auto& [key, t] : want.tensors) expect_same_values(ck.tensors.at(key), t, key);
+}
+
+TEST(TfCheckpoint, NamesKeras3VariablesFromTheObjectGraphAndMarksOptimizerState) {
+  const TfCheckpoint ck = load_tf_checkpoint(seed001("ckpt"));
+  const SafetensorsFile want = load_safetensors(seed001("variables.safetensors"));
+  std::map<std::string, Shape> model;
+  for (const auto& e : ck.entries) {
+    if (!e.optimizer && e.key != "_CHECKPOINTABLE_OBJECT_GRAPH") model[e.name] = e.shape;
+    if (ck.tensors.count(e.key)) expect_same_values(ck.tensors.at(e.key), want.tensors.at(e.key), e.key);
+  }
+  const std::map<std::string, Shape> seed = {
+      {"multi_head_attention/query/kernel", {3, 2, 4}}, {"multi_head_attention/query/bias", {2, 4}},
+      {"multi_head_attention/key/kernel", {3, 2, 4}},   {"multi_head_attention/key/bias", {2, 4}},
+      {"multi_head_attention/value/kernel", {3, 2, 4}}, {"multi_head_attention/value/bias", {2, 4}},
+      {"multi_head_attention/attention_output/kernel", {2, 4, 3}},
+      {"multi_head_attention/attention_output/bias", {3}},
+      {"dense/kernel", {3, 1}}, {"dense/bias", {1}}};
+  EXPECT_EQ(model, seed);
+  const auto& m = entry(ck.entries, "optimizer/_variables/2/.ATTRIBUTES/VARIABLE_VALUE");
+  EXPECT_TRUE(m.optimizer);
+  EXPECT_EQ(m.name, "adam/multi_head_attention_query_kernel_momentum");
+  EXPECT_TRUE(entry(ck.entries, "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE").optimizer);
+}
+
+TEST(TfCheckpoint, ReadsTfKeras2KeysWithTheirVariableNames) {
+  const TfCheckpoint ck = load_tf_checkpoint(keras_tf("tfkeras2_ckpt"));
+  const SafetensorsFile want = load_safetensors(keras_tf("tfkeras2_expected.safetensors"));
+  const auto& q = entry(ck.entries, "layer_with_weights-0/_query_dense/kernel/.ATTRIBUTES/VARIABLE_VALUE");
+  EXPECT_EQ(q.name, "multi_head_attention/query/kernel");
+  EXPECT_FALSE(q.optimizer);
+  int model_vars = 0;
+  for (const auto& e : ck.entries) {
+    if (e.optimizer || e.key == "_CHECKPOINTABLE_OBJECT_GRAPH") continue;
+    ++model_vars;
+    ASSERT_TRUE(want.tensors.count(e.name + ":0")) << e.name;
+    expect_same_values(ck.tensors.at(e.key), want.tensors.at(e.name + ":0"), e.key);
+  }
+  EXPECT_EQ(model_vars, 10);
+}
+
+TEST(TfCheckpoint, RejectsABlockWhoseCrcDoesNotMatch) {
+  const auto prefix = copy_checkpoint("dtypes");
+  patch_byte(prefix.string() + ".index", 3, 0xff);
+  try {
+    (void)load_tf_checkpoint(prefix);
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("data block at offset 0 has crc32c"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dtypes.index"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TfCheckpoint, RejectsTensorDataWhoseCrcDoesNotMatch) {
+  const auto prefix = copy_checkpoint("dtypes");
+  const auto data = prefix.string() + ".data-00000-of-00001";
+  patch_byte(data, 0, static_cast<unsigned char>(~static_cast<unsigned char>(read_bytes(data)[0])));
+  EXPECT_THROW((void)load_tf_checkpoint(prefix), FormatError);
+  EXPECT_NO_THROW((void)inspect_tf_checkpoint(prefix.string() + ".index"));  // the index alone is fine
+}
+
+TEST(TfCheckpoint, RejectsCompressedBlocksClearly) {
+  auto index = read_bytes(keras_tf("dtypes.index"));
+  // The footer's index handle tells where the index block ends; mark it snappy and fix its crc.
+  const size_t footer = index.size() - 48;
+  size_t pos = footer;
+  uint64_t meta_off = 0, meta_size = 0, off = 0, size = 0;
+  ASSERT_TRUE(detail::read_varint(index, pos, meta_off) && detail::read_varint(index, pos, meta_size) &&
+              detail::read_varint(index, pos, off) && detail::read_varint(index, pos, size));
+  index[off + size] = std::byte{1};
+  const uint32_t crc = detail::crc32c_mask(detail::crc32c(std::span(index).subspan(off, size + 1)));
+  for (int i = 0; i < 4; ++i) index[off + size + 1 + static_cast<size_t>(i)] = static_cast<std::byte>(crc >> (8 * i));
+  const auto shard = read_bytes(keras_tf("dtypes.data-00000-of-00001"));
+  const std::span<const std::byte> shards[] = {shard};
+  try {
+    (void)parse_tf_checkpoint(index, shards, "x.index");
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("snappy"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TfCheckpoint, RejectsTruncatedAndForeignFiles) {
+  const auto index = read_bytes(keras_tf("dtypes.index"));
+  const std::span<const std::span<const std::byte>> none;
+  EXPECT_THROW((void)parse_tf_checkpoint(std::span(index).first(40), none, "x"), FormatError);
+  EXPECT_THROW((void)parse_tf_checkpoint(std::span(index).first(index.size() - 1), none, "x"), FormatError);
+  const auto npy = read_bytes(std::filesystem::path(QKV_SOURCE_DIR) / "tests/fixtures/seed001/probe_inputs.npy");
+  EXPECT_THROW((void)parse_tf_checkpoint(npy, none, "x"), FormatError);
+  EXPECT_THROW((void)parse_tf_checkpoint(index, none, "x"), ValueError);  // shard count
+}
+
+TEST(TfCheckpoint, MissingFilesAreIOErrors) {
+  EXPECT_THROW((void)load_tf_checkpoint(temp_path("nothing")), IOError);
+  const auto prefix = copy_checkpoint("dtypes");
+  std::filesystem::remove(prefix.string() + ".data-00000-of-00001");
+  EXPECT_THROW((void)load_tf_checkpoint(prefix), IOError);
+}
+
+}  // namespace
+}  // namespace qkv::io
