@@ -51,6 +51,7 @@ ed::Path resolve_path(const ed::Spec& spec, const EinsumOptions& options) {
     ed::fail_eq<ValueError>(spec.equation, spec.shapes, "invalid explicit path: ", count - 1,
                             " more operand(s) would still have to be contracted");
   }
+  if (options.path->empty()) return {{0}};  // one operand, no steps given: its own step
   return *options.path;
 }
 

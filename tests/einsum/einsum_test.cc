@@ -238,6 +238,13 @@ TEST(Einsum, ExplicitPathsIncludingSingleOperandSteps) {
                         1e-12, 1e-12));
 }
 
+TEST(Einsum, EmptyExplicitPathForOneOperand) {
+  EinsumOptions options;
+  options.path = std::vector<std::vector<int>>{};
+  const std::vector<Tensor> one = {Tensor::ones({3, 4}, DType::f64)};
+  EXPECT_EQ(einsum("ij->i", one, options).to_vector<double>(), (std::vector<double>{4, 4, 4}));
+}
+
 TEST(Einsum, FiftyTwoLabels) {
   std::string lhs;
   for (char c = 'A'; c <= 'Z'; ++c) lhs += c;
