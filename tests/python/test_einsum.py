@@ -233,3 +233,32 @@ def test_cli_matches_numpy(run, tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "s.npy"), np.einsum("bhid,bhjd->bhij", q, k), rtol=1e-5, atol=1e-5)
     bad = run("einsum", "ij,jk->ik", tmp_path / "q.npy", tmp_path / "k.npy", "-o", tmp_path / "x.npy")
     assert bad.returncode == 1 and "einsum('ij,jk->ik')" in bad.stderr
+
+
+# numpy's check_einsum_sums equations, for sizes 1..16 and several dtypes (small
+# integer values, so that every dtype's sums are exact and results compare equal).
+SUMS = {
+    "i->": lambda n: [(n,)], "...i->...": lambda n: [(2, 3, n)], "i...->...": lambda n: [(n, 2, 3)],
+    "ii": lambda n: [(n, n)], "...,...": lambda n: [(2, 3, n), (2, 3, n)], "..., ...": lambda n: [(3, n), ()],
+    "...i, ...i": lambda n: [(2, 3, n), (n,)], "i..., i...": lambda n: [(n, 2, 3), (n, 3)],
+    "i,->": lambda n: [(n,), ()], ",i->": lambda n: [(), (n,)], "i,->i": lambda n: [(n,), ()],
+    ",i->i": lambda n: [(), (n,)], "i,i": lambda n: [(n,), (n,)], "i, i": lambda n: [(n,), (n,)],
+    "i,i,i->i": lambda n: [(n,)] * 3, "ij,j": lambda n: [(4, n), (n,)], "ij, j": lambda n: [(4, n), (n,)],
+    "ji,j": lambda n: [(n, 4), (n,)], "ij,jk": lambda n: [(4, n), (n, 6)], "ij,jk,kl": lambda n: [(3, n), (n, 4), (4, 5)],
+    "ijk, jil -> kl": lambda n: [(3, 4, n), (4, 3, 2)], "ijk,jil->kl": lambda n: [(3, 4, n), (4, 3, 2)],
+    "i,j": lambda n: [(n,), (n + 1,)], "ij,i->": lambda n: [(n, 3), (n,)], "ji,i->": lambda n: [(3, n), (n,)],
+    "i,ij->": lambda n: [(n,), (n, 5)], "...ij,...jk->...ik": lambda n: [(2, n, 3), (3, 4)],
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.int64], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("eq", list(SUMS))
+def test_numpy_sums(eq, dtype):
+    rng = np.random.default_rng(3)
+    for n in range(1, 17):
+        ops = [rng.integers(-3, 4, size=s).astype(dtype) for s in SUMS[eq](n)]
+        for optimize in (False, True):
+            want = np.einsum(eq, *ops, optimize=optimize)
+            got = qkv.einsum(eq, *ops, optimize=optimize)
+            assert got.dtype == want.dtype and got.shape == want.shape, (eq, n)
+            np.testing.assert_array_equal(got, want, err_msg=f"{eq} n={n}")
