@@ -203,12 +203,10 @@ def test_sorting_of_26_and_27_implicit_labels():
         assert qkv.einsum(x, list(range(n))).shape == (1,) * n
 
 
-oe = pytest.importorskip("opt_einsum")
-oe_testing = pytest.importorskip("opt_einsum.testing")
-
-
 @pytest.mark.parametrize("seed", range(30))
 def test_optimal_cost_matches_opt_einsum(seed):
+    oe = pytest.importorskip("opt_einsum")  # requirements-dev.txt; skip only this test without it
+    oe_testing = pytest.importorskip("opt_einsum.testing")
     eq, shapes = oe_testing.rand_equation(3 + seed % 4, 3, n_out=seed % 3, d_min=2, d_max=6, seed=seed,
                                           global_dim=seed % 5 == 0)
     _, info = oe.contract_path(eq, *shapes, shapes=True, optimize="optimal")
