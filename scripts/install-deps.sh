@@ -7,6 +7,7 @@ packages=(
   libdnnl-dev libhwy-dev                        # GEMM (oneDNN) and SIMD (Highway)
   libgtest-dev libbenchmark-dev                 # tests and benchmarks
   libcli11-dev nlohmann-json3-dev               # CLI parsing, JSON headers
+  libhdf5-dev zlib1g-dev                        # Keras .h5 weights, .keras zips
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -17,7 +17,8 @@ Writes into tests/fixtures/keras_tf/ (default; or argv[1]):
                             query/kernel:0, layer_names / weight_names attributes)
   tfkeras2_weights.h5       tf.keras 2.x model.save_weights to .h5 (no model_weights group)
   tfkeras2_expected.safetensors   the tf_keras model's weights by their variable names
-  fuzz seeds in fuzz/corpus/tf_checkpoint/ (index + shard packed, see fuzz/tf_checkpoint_fuzzer.cc)
+  fuzz seeds in fuzz/corpus/tf_checkpoint/ (index + shard packed, see fuzz/tf_checkpoint_fuzzer.cc),
+  fuzz/corpus/keras_h5/ and fuzz/corpus/keras_zip/
 
 Run: /work/tfenv/bin/python tests/io/make_keras_tf_fixtures.py
 (pip install tensorflow-cpu tf_keras numpy h5py safetensors)
@@ -126,11 +127,39 @@ def fuzz_seeds(prefixes):
             f.write(struct.pack("<I", len(index)) + index + shard)
 
 
+def fuzz_seeds_h5_zip():
+    """Small HDF5 files in both Keras layouts and two tiny .keras-like zips."""
+    import shutil
+    import zipfile
+    import h5py
+    h5dir = os.path.join(root, "fuzz", "corpus", "keras_h5")
+    zipdir = os.path.join(root, "fuzz", "corpus", "keras_zip")
+    os.makedirs(h5dir, exist_ok=True)
+    os.makedirs(zipdir, exist_ok=True)
+    shutil.copy(os.path.join(out, "tfkeras2_weights.h5"), os.path.join(h5dir, "tfkeras2_weights.h5"))
+    with h5py.File(os.path.join(h5dir, "small_keras3.h5"), "w") as f:
+        f.create_dataset("layers/dense/vars/0", data=np.arange(3, dtype=np.float32).reshape(3, 1))
+        f.create_dataset("layers/dense/vars/1", data=np.zeros(1, np.float16))
+        f.create_dataset("optimizer/vars/0", data=np.int64(3))
+        f.create_dataset("b", data=np.array([True, False]))
+    with h5py.File(os.path.join(h5dir, "small_legacy.h5"), "w") as f:
+        f.attrs["layer_names"] = [b"dense"]
+        g = f.create_group("dense")
+        g.attrs["weight_names"] = [b"dense/kernel:0"]
+        g.create_dataset("dense/kernel:0", data=np.ones((2, 2), np.float64))
+    for name, method in (("stored.keras", zipfile.ZIP_STORED), ("deflated.keras", zipfile.ZIP_DEFLATED)):
+        with zipfile.ZipFile(os.path.join(zipdir, name), "w", compression=method) as z:
+            z.writestr("config.json", '{"class_name": "Functional", "config": {"layers": []}}')
+            z.writestr("metadata.json", '{"keras_version": "3.15.1"}')
+            z.writestr("model.weights.h5", b"\x89HDF\r\n\x1a\n" + bytes(range(64)) * 4)
+
+
 p1 = dtypes_checkpoint()
 p2 = many_checkpoint()
 sharded_checkpoint()
 tfkeras2_files()
 fuzz_seeds([p1, p2, os.path.join(out, "tfkeras2_ckpt")])
+fuzz_seeds_h5_zip()
 if os.path.exists(os.path.join(out, "checkpoint")):
     os.remove(os.path.join(out, "checkpoint"))  # TF's text file naming the latest checkpoint
 for f in sorted(os.listdir(out)):

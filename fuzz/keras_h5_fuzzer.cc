@@ -1,0 +1,21 @@
+// libFuzzer target: qkv::io::parse_keras_h5 (libhdf5 on an in-memory image, then the
+// Keras 3 / tf.keras layout readers) on arbitrary bytes. A malformed input must end
+// in a qkv::Error; anything else is a finding (see docs/formats.md for what libhdf5
+// itself does on hostile files). Seeds: fuzz/corpus/keras_h5 (real Keras files).
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "qkv/io_keras.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  try {
+    const qkv::io::WeightFile w = qkv::io::parse_keras_h5(std::as_bytes(std::span(data, size)), "fuzz.h5");
+    volatile double sink = 0;
+    for (const auto& [name, t] : w.tensors) {
+      for (double v : t.to_vector<double>()) sink = sink + v;
+    }
+  } catch (const qkv::Error&) {
+  }
+  return 0;
+}

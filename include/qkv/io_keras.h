@@ -1,0 +1,53 @@
+// Keras weight files: Keras 3 `.weights.h5` (datasets such as
+// layers/multi_head_attention/query_dense/vars/0), tf.keras 2.x `.h5` (model files
+// with model_weights/<layer>/<layer>/query/kernel:0 and weights-only files, both
+// listed through their layer_names / weight_names attributes), and the `.keras`
+// zip (config.json, metadata.json, model.weights.h5). HDF5 is read through libhdf5
+// from an in-memory image; zips are parsed here with full bounds checks.
+// Errors: FormatError (malformed file, naming the file and the fault), IOError,
+// DTypeError (a dataset dtype qkv cannot hold, raised only when its data is read).
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "qkv/io_tf.h"
+#include "qkv/tensor.h"
+
+namespace qkv::io {
+
+// The variables of a weight file, in the form the TF checkpoint reader returns:
+// entries[i].key is the HDF5 dataset path ("layers/dense/vars/0",
+// "model_weights/dense/dense/kernel:0"); .name is the Keras weight name where
+// the file records one ("dense/kernel"), else the path; .optimizer marks
+// optimizer state (optimizer/..., optimizer_weights/...). tensors[key] for every
+// dataset of a qkv dtype.
+using WeightFile = TfCheckpoint;
+
+// Keras 3 .weights.h5 or tf.keras .h5 (told apart by their content).
+WeightFile load_keras_h5(const std::filesystem::path& path);
+WeightFile parse_keras_h5(std::span<const std::byte> bytes, const std::string& source);
+std::vector<CheckpointEntry> inspect_keras_h5(const std::filesystem::path& path);
+
+// Writes a Keras 3 style .weights.h5: one little-endian dataset per tensor at its
+// key's path (groups created as needed), dtypes as h5py writes them (bool as
+// h5py's int8 enum). DTypeError for bfloat16 (HDF5/h5py have no such type).
+void save_keras_weights_h5(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors);
+
+// A .keras archive: the JSON members as text and the weights.
+struct KerasArchive {
+  std::string config_json;    // config.json
+  std::string metadata_json;  // metadata.json ("" when absent)
+  WeightFile weights;         // model.weights.h5
+};
+KerasArchive load_keras_archive(const std::filesystem::path& path);
+KerasArchive parse_keras_archive(std::span<const std::byte> bytes, const std::string& source);
+
+// One zip member by name (stored or deflated; sizes and crc32 checked).
+std::vector<std::byte> zip_member(std::span<const std::byte> zip, const std::string& name, const std::string& source);
+
+}  // namespace qkv::io

@@ -1,0 +1,75 @@
+// libhdf5 helpers of the Keras readers and writer (not public API): handles that
+// close themselves, one lock around every HDF5 call (the Debian build is not
+// thread-safe), error stacks turned into FormatError text, and dataset/attribute
+// readers with every size checked.
+#pragma once
+
+#include <hdf5.h>
+
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/io_internal.h"
+#include "qkv/io_tf.h"
+
+namespace qkv::io::detail {
+
+// Owns an HDF5 identifier and closes it with H5Idec_ref.
+class H5Id {
+ public:
+  H5Id() = default;
+  explicit H5Id(hid_t id) : id_(id) {}
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  H5Id(H5Id&& o) noexcept : id_(o.id_) { o.id_ = H5I_INVALID_HID; }
+  H5Id& operator=(H5Id&& o) noexcept {
+    std::swap(id_, o.id_);
+    return *this;
+  }
+  ~H5Id() {
+    if (id_ >= 0) H5Idec_ref(id_);
+  }
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+};
+
+// The lock every HDF5 call is made under; also turns HDF5's automatic error
+// printing off once.
+std::unique_lock<std::recursive_mutex> hdf5_lock();
+
+// The innermost messages of HDF5's current error stack, for a message ("" if none).
+std::string hdf5_error_text();
+
+// `id` when it is valid, else FormatError "<what>: <hdf5 error>".
+hid_t h5_check(hid_t id, const Context& ctx, const std::string& what);
+
+// Opens an in-memory HDF5 image read-only (core driver, no copy of the bytes kept
+// past the call); checks the superblock signature first.
+H5Id open_hdf5_image(std::span<const std::byte> bytes, const Context& ctx);
+
+// Dataset metadata: the qkv dtype (when there is one) and the listing's dtype name.
+struct H5DatasetInfo {
+  std::optional<DType> dtype;
+  std::string dtype_name;
+  Shape shape;
+  bool little_endian = true;
+};
+H5DatasetInfo dataset_info(hid_t dset, const Context& ctx, const std::string& path);
+// The dataset's data as a qkv tensor (DTypeError when it has no qkv dtype).
+// `max_bytes` bounds what a (possibly hostile) header may make us allocate.
+Tensor read_dataset(hid_t dset, const H5DatasetInfo& info, size_t max_bytes, const Context& ctx,
+                    const std::string& path);
+
+// A string or string-array attribute (fixed-length or variable-length strings, as
+// tf.keras and h5py write them); nullopt when `obj` has no attribute `name`.
+std::optional<std::vector<std::string>> read_string_attr(hid_t obj, const char* name, const Context& ctx);
+
+// Every dataset below `root` ("" = the whole file) as paths, in HDF5's name order.
+std::vector<std::string> list_datasets(hid_t file, const Context& ctx);
+
+}  // namespace qkv::io::detail
