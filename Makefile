@@ -72,6 +72,7 @@ fixtures:
 	.venv-fixtures/bin/python tests/io/make_keras_tf_fixtures.py
 	.venv-fixtures/bin/python tests/seed001/train_seed001.py
 	.venv-fixtures/bin/python tests/nn/make_torch_mha_fixtures.py tests/fixtures/mha_torch
+	KERAS_BACKEND=jax .venv-fixtures/bin/python tests/nn/make_keras_mha_fixtures.py tests/fixtures/mha_keras
 
 bench: build
 	@for b in $(BUILD)/*_bench; do echo "== $$b"; $$b --benchmark_min_time=0.2; done

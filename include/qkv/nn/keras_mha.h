@@ -1,0 +1,95 @@
+// qkv::nn::KerasMultiHeadAttention: Keras 3 keras.layers.MultiHeadAttention's semantics,
+// inference only.
+//
+// Weights (Keras' names and get_weights() order, use_bias = false drops the biases):
+//   query/kernel [dim_q, N, key_dim], query/bias [N, key_dim]; key/kernel [dim_k, N, key_dim],
+//   key/bias; value/kernel [dim_v, N, value_dim], value/bias [N, value_dim];
+//   attention_output/kernel [N, value_dim, *output_shape], attention_output/bias [*output_shape].
+// Inputs: query [B, T..., dim_q], value [B, S..., dim_v], key (default value) [B, S..., dim_k].
+// attention_axes: the axes attended over (default: every axis but the batch and the last);
+//   several axes are flattened into one length (softmax jointly over them is then ordinary
+//   softmax), the other axes are batch axes and must agree between query and value.
+// Masks (bool, True = attend; float > 0.5 counts as True): query_mask [B, T...] -> [.., T, 1],
+//   value_mask / key_mask [B, S...] -> [.., 1, S], use_causal_mask (row >= col over axis 1),
+//   attention_mask [B, T, S] (for several axes [B.., T.., S..]), AND-ed as Keras does. A row
+//   with no key left follows Keras 3.15: zeros where Keras takes its einsum path (scores
+//   returned, dropout, or attention over several axes), the mean of the values where it
+//   takes its fused dot_product_attention path (its -1e9 fill makes the softmax uniform).
+// The query is scaled by 1/sqrt(key_dim) (as the score scale). Output [B, T..., *output_shape]
+// (default output_shape = dim_q); scores [batch axes..., N, T..., S...] when asked for.
+// Projections are nn::Linear (qkv::gemm), attention is qkv::scaled_dot_product_attention.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "qkv/nn/linear.h"
+#include "qkv/nn/mha.h"
+#include "qkv/tensor.h"
+
+namespace qkv::nn {
+
+struct KerasMhaConfig {
+  int64_t num_heads = 1;
+  int64_t key_dim = 1;
+  std::optional<int64_t> value_dim;     // default key_dim
+  bool use_bias = true;
+  std::vector<int64_t> output_shape;    // empty: the query's feature size
+  std::vector<int64_t> attention_axes;  // empty: Keras' None (all but batch and features)
+  double dropout = 0.0;
+};
+
+struct KerasMhaCallOptions {
+  std::optional<Tensor> key;  // default: value
+  std::optional<Tensor> query_mask, value_mask, key_mask, attention_mask;
+  bool return_attention_scores = false;
+  bool use_causal_mask = false;
+};
+
+struct KerasMhaResult {
+  Tensor output;                 // [B, T..., *output_shape]
+  std::optional<Tensor> scores;  // [batch axes..., N, T..., S...]
+};
+
+class KerasMultiHeadAttention {
+ public:
+  explicit KerasMultiHeadAttention(const KerasMhaConfig& config);
+
+  // Keras' get_weights() order (query kernel, bias, key kernel, bias, value kernel, bias,
+  // output kernel, bias; no biases without use_bias). Builds the layer.
+  void set_weights(const std::vector<Tensor>& weights);
+  // By name: keys ending in "query/kernel", "key/bias", "attention_output/kernel", ... (Keras 3
+  // variable paths such as "multi_head_attention/query/kernel"). ValueError for a missing one.
+  void load_weights(const std::map<std::string, Tensor>& weights);
+  std::vector<Tensor> get_weights() const;
+  // Glorot-uniform kernels, zero biases (Keras' defaults), for the given input feature sizes.
+  void build(int64_t query_dim, int64_t value_dim, int64_t key_dim, uint64_t seed = 0);
+  bool built() const { return query_.defined(); }
+
+  // Builds with seed 0 on the first call when no weights were loaded (as Keras does).
+  KerasMhaResult call(const Tensor& query, const Tensor& value, const KerasMhaCallOptions& options = {});
+  // Same, on a built layer (ValueError otherwise).
+  KerasMhaResult forward(const Tensor& query, const Tensor& value, const KerasMhaCallOptions& options = {}) const;
+
+  const KerasMhaConfig& config() const { return config_; }
+  bool training = false;
+  uint64_t dropout_seed = 0;
+
+ private:
+  KerasMhaConfig config_;
+  std::vector<Tensor> weights_;  // get_weights() order, f32
+  Linear query_, key_, value_, output_;
+};
+
+// The PyTorch state_dict of the same layer (in_proj_weight = each kernel reshaped to
+// [dim, N*key_dim] and transposed, ...). ValueError unless the layouts coincide: equal
+// input sizes, N * key_dim == dim == N * value_dim, default output_shape, one attention axis
+// over [B, T, E] inputs, biases on.
+std::map<std::string, Tensor> keras_to_torch_state_dict(const KerasMultiHeadAttention& layer);
+// The Keras weights (get_weights() order) of a PyTorch layer without bias_kv/zero_attn.
+std::vector<Tensor> torch_to_keras_weights(const MultiheadAttention& layer);
+
+}  // namespace qkv::nn

@@ -1,0 +1,227 @@
+// qkv::nn::KerasMultiHeadAttention: weights, projections, attention over flattened axes.
+#include "qkv/nn/keras_mha.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "nn/keras_masks.h"
+#include "qkv/attention.h"
+
+namespace qkv::nn {
+
+namespace {
+
+constexpr const char* kOp = "KerasMultiHeadAttention";
+const char* const kNames[] = {"query/kernel", "query/bias", "key/kernel", "key/bias",
+                              "value/kernel", "value/bias", "attention_output/kernel", "attention_output/bias"};
+
+Tensor glorot(const Shape& shape, uint64_t seed) {
+  const int64_t rfs = shape_numel(Shape(shape.begin(), shape.end() - 2));
+  const double fan_in = static_cast<double>(shape[shape.size() - 2] * rfs);
+  const double fan_out = static_cast<double>(shape.back() * rfs);
+  const double a = std::sqrt(6.0 / (fan_in + fan_out));
+  return Tensor::uniform(shape, seed, -a, a);
+}
+
+// The attention axes of a projected tensor of rank `rank` (input rank + 1), Keras' default
+// when empty; negative axes count from the end of the projected tensor.
+std::vector<int64_t> attention_axes(const std::vector<int64_t>& given, int64_t rank) {
+  std::vector<int64_t> axes;
+  if (given.empty()) {
+    for (int64_t a = 1; a < rank - 2; ++a) axes.push_back(a);
+    return axes;
+  }
+  for (int64_t a : given) {
+    const int64_t n = a < 0 ? a + rank : a;
+    if (n < 1 || n > rank - 3 || std::count(axes.begin(), axes.end(), n)) {
+      fail<ValueError>(kOp, ": attention axis ", a, " is not a token axis of a rank-", rank - 1, " input");
+    }
+    axes.push_back(n);
+  }
+  return axes;
+}
+
+}  // namespace
+
+KerasMultiHeadAttention::KerasMultiHeadAttention(const KerasMhaConfig& config) : config_(config) {
+  if (config.num_heads <= 0 || config.key_dim <= 0 || config.value_dim.value_or(1) <= 0) {
+    fail<ValueError>(kOp, ": num_heads, key_dim and value_dim must be positive, got ", config.num_heads, ", ",
+                     config.key_dim, ", ", config.value_dim.value_or(config.key_dim));
+  }
+}
+
+void KerasMultiHeadAttention::set_weights(const std::vector<Tensor>& weights) {
+  const bool bias = config_.use_bias;
+  if (weights.size() != (bias ? 8u : 4u)) {
+    fail<ValueError>(kOp, ": expected ", bias ? 8 : 4, " weights (get_weights() order), got ", weights.size());
+  }
+  const int64_t n = config_.num_heads, kd = config_.key_dim, vd = config_.value_dim.value_or(kd);
+  auto w = [&](int i) -> const Tensor& { return weights[static_cast<size_t>(bias ? i : i / 2)]; };
+  auto kernel = [&](int i, int64_t d) {
+    const Tensor& k = w(i);
+    const std::string what = std::string(kOp) + ": " + kNames[i];
+    if (k.dim() != 3) fail<ShapeError>(what, ": expected [dim, ", n, ", ", d, "], got ", shape_str(k.shape()));
+    return parameter(k, {k.size(0), n, d}, what.c_str());
+  };
+  const Tensor qk = kernel(0, kd), kk = kernel(2, kd), vk = kernel(4, vd);
+  const Tensor& ok = w(6);
+  Shape out_shape = config_.output_shape;
+  if (out_shape.empty() && ok.dim() >= 3) out_shape.assign(ok.shape().begin() + 2, ok.shape().end());
+  Shape ok_shape{n, vd};
+  ok_shape.insert(ok_shape.end(), out_shape.begin(), out_shape.end());
+  const Tensor okp = parameter(ok, ok_shape, "KerasMultiHeadAttention: attention_output/kernel");
+  std::vector<std::optional<Tensor>> b(4);
+  if (bias) {
+    b[0] = parameter(w(1), {n, kd}, "KerasMultiHeadAttention: query/bias");
+    b[1] = parameter(w(3), {n, kd}, "KerasMultiHeadAttention: key/bias");
+    b[2] = parameter(w(5), {n, vd}, "KerasMultiHeadAttention: value/bias");
+    b[3] = parameter(w(7), out_shape, "KerasMultiHeadAttention: attention_output/bias");
+  }
+  query_ = Linear::keras(qk, b[0]);
+  key_ = Linear::keras(kk, b[1]);
+  value_ = Linear::keras(vk, b[2]);
+  output_ = Linear::keras(okp, b[3], 2);
+  config_.output_shape = out_shape;
+  weights_.clear();
+  for (int i = 0; i < 8; ++i) {
+    if (i % 2 == 1 && !bias) continue;
+    weights_.push_back(w(i).to(DType::f32).contiguous());
+  }
+}
+
+void KerasMultiHeadAttention::load_weights(const std::map<std::string, Tensor>& weights) {
+  std::vector<Tensor> list;
+  for (int i = 0; i < 8; ++i) {
+    if (i % 2 == 1 && !config_.use_bias) continue;
+    const std::string suffix = kNames[i];
+    const Tensor* found = nullptr;
+    for (const auto& [name, t] : weights) {
+      const bool ends = name.size() >= suffix.size() &&
+                        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+                        (name.size() == suffix.size() || name[name.size() - suffix.size() - 1] == '/');
+      if (ends) found = &t;
+    }
+    if (!found) fail<ValueError>(kOp, ": no weight named \"", suffix, "\" (or \".../", suffix, "\")");
+    list.push_back(*found);
+  }
+  set_weights(list);
+}
+
+std::vector<Tensor> KerasMultiHeadAttention::get_weights() const { return weights_; }
+
+void KerasMultiHeadAttention::build(int64_t query_dim, int64_t value_dim, int64_t key_dim, uint64_t seed) {
+  const int64_t n = config_.num_heads, kd = config_.key_dim, vd = config_.value_dim.value_or(kd);
+  Shape out_shape = config_.output_shape.empty() ? Shape{query_dim} : config_.output_shape;
+  Shape ok_shape{n, vd};
+  ok_shape.insert(ok_shape.end(), out_shape.begin(), out_shape.end());
+  std::vector<Tensor> w{glorot({query_dim, n, kd}, seed), Tensor::zeros({n, kd}),
+                        glorot({key_dim, n, kd}, seed + 1), Tensor::zeros({n, kd}),
+                        glorot({value_dim, n, vd}, seed + 2), Tensor::zeros({n, vd}),
+                        glorot(ok_shape, seed + 3), Tensor::zeros(out_shape)};
+  if (!config_.use_bias) w = {w[0], w[2], w[4], w[6]};
+  set_weights(w);
+}
+
+KerasMhaResult KerasMultiHeadAttention::call(const Tensor& query, const Tensor& value,
+                                             const KerasMhaCallOptions& options) {
+  if (!built()) {
+    const Tensor& key = options.key ? *options.key : value;
+    build(query.size(-1), value.size(-1), key.size(-1));
+  }
+  return forward(query, value, options);
+}
+
+namespace {
+
+// x [B, A1.., Ak, N*D] (projected) -> [batch axes..., N, T, D] with T the attended axes
+// flattened (a view when the layout allows, else one copy).
+Tensor to_attention_layout(const Tensor& x, int64_t heads, const detail::KerasAxes& axes) {
+  Shape split = x.shape();
+  const int64_t d = split.back() / heads;
+  split.back() = heads;
+  split.push_back(d);
+  const Tensor v = x.view(split);  // [B, A.., N, D]
+  const int64_t rank = v.dim();
+  std::vector<int64_t> perm(axes.batch.begin(), axes.batch.end());
+  perm.push_back(rank - 2);
+  perm.insert(perm.end(), axes.attention.begin(), axes.attention.end());
+  perm.push_back(rank - 1);
+  const Tensor p = v.permute(perm);  // [batch.., N, attended.., D]
+  Shape flat;
+  for (int64_t a : axes.batch) flat.push_back(v.size(a));
+  flat.push_back(heads);
+  flat.push_back(-1);
+  flat.push_back(d);
+  return p.reshape(flat);
+}
+
+}  // namespace
+
+KerasMhaResult KerasMultiHeadAttention::forward(const Tensor& query, const Tensor& value,
+                                                const KerasMhaCallOptions& o) const {
+  if (!built()) fail<ValueError>(kOp, ": the layer has no weights (set_weights, load_weights or build first)");
+  const Tensor& key = o.key ? *o.key : value;
+  const int64_t rank = query.dim();
+  if (rank < 3 || value.dim() != rank || key.dim() != rank) {
+    fail<ShapeError>(kOp, ": query ", shape_str(query.shape()), ", value ", shape_str(value.shape()), " and key ",
+                     shape_str(key.shape()), " must have the same rank, at least 3 ([B, T, dim])");
+  }
+  detail::KerasAxes axes;
+  axes.attention = attention_axes(config_.attention_axes, rank + 1);
+  for (int64_t a = 0; a < rank - 1; ++a) {
+    if (!std::count(axes.attention.begin(), axes.attention.end(), a)) axes.batch.push_back(a);
+  }
+  for (int64_t a : axes.batch) {
+    if (value.size(a) != query.size(a) || key.size(a) != query.size(a)) {
+      fail<ShapeError>(kOp, ": query ", shape_str(query.shape()), ", value ", shape_str(value.shape()), " and key ",
+                       shape_str(key.shape()), " differ on axis ", a, ", which is not an attention axis");
+    }
+  }
+  const int64_t n = config_.num_heads;
+  const Tensor q = to_attention_layout(query_.forward(query), n, axes);  // [batch.., N, T, kd]
+  const Tensor k = to_attention_layout(key_.forward(key), n, axes);      // [batch.., N, S, kd]
+  const Tensor v = to_attention_layout(value_.forward(value), n, axes);  // [batch.., N, S, vd]
+  AttentionOptions ao;
+  ao.attn_mask = detail::keras_attention_mask(query, value, o, axes);  // [mb.., 1, T, S] bool
+  ao.scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim));
+  ao.return_weights = o.return_attention_scores;
+  if (training && config_.dropout > 0) {
+    ao.dropout_p = config_.dropout;
+    ao.seed = dropout_seed;
+  }
+  const AttentionResult r = scaled_dot_product_attention(q, k, v, ao);
+  const Tensor out = r.output.contiguous();  // [batch.., N, T, vd]
+  std::optional<Tensor> scores;
+  if (r.weights) scores = r.weights->contiguous();
+  // Keras 3 zeroes fully masked rows on its einsum path (scores, dropout or several axes) and
+  // averages the values on its fused dot_product_attention path (the rest): follow it.
+  const bool keras_fused_path = !o.return_attention_scores && rank == 3 && config_.dropout == 0;
+  if (ao.attn_mask && keras_fused_path) detail::fill_fully_masked_rows(*ao.attn_mask, v, out, scores);
+  // Back to [B, A.., N, vd]: unflatten the attended axes, undo the permutation.
+  Shape unflat(out.shape().begin(), out.shape().end() - 2);  // [batch.., N]
+  for (int64_t a : axes.attention) unflat.push_back(query.size(a));
+  unflat.push_back(out.size(-1));
+  std::vector<int64_t> order(axes.batch.begin(), axes.batch.end());
+  order.push_back(rank - 1);
+  order.insert(order.end(), axes.attention.begin(), axes.attention.end());
+  order.push_back(rank);
+  std::vector<int64_t> inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+  Shape merged(query.shape().begin(), query.shape().end() - 1);
+  merged.push_back(n * out.size(-1));
+  const Tensor heads = out.view(unflat).permute(inverse).reshape(merged);  // [B, A.., N*vd]
+  Shape out_shape(query.shape().begin(), query.shape().end() - 1);
+  out_shape.insert(out_shape.end(), config_.output_shape.begin(), config_.output_shape.end());
+  KerasMhaResult result;
+  result.output = output_.forward(heads).view(out_shape);
+  if (scores) {
+    Shape sshape(out.shape().begin(), out.shape().end() - 2);  // [batch.., N]
+    for (int64_t a : axes.attention) sshape.push_back(query.size(a));
+    for (int64_t a : axes.attention) sshape.push_back(value.size(a));
+    result.scores = scores->view(sshape);
+  }
+  return result;
+}
+
+}  // namespace qkv::nn
