@@ -61,6 +61,8 @@ struct EinsumOptions {
 // Parses "false"/"none", "true"/"auto", "greedy", "optimal", "dp", "branch-all",
 // "branch-2", "branch-1" (case-insensitive); ValueError naming the string otherwise.
 EinsumOptimize einsum_optimize_from_name(std::string_view name);
+// The canonical name of an optimizer ("false", "auto", "greedy", ...), as accepted
+// by einsum_optimize_from_name.
 std::string_view einsum_optimize_name(EinsumOptimize optimize);
 
 // One step of a contraction path, as einsum_path reports it.
