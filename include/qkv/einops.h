@@ -43,6 +43,19 @@ Tensor reduce(const Tensor& x, std::string_view pattern, std::string_view reduct
 Tensor reduce(const std::vector<Tensor>& xs, std::string_view pattern, std::string_view reduction,
               const AxisLengths& axes_lengths = {});
 
+// How reduce(x, pattern, f) runs for a reduction f computed elsewhere (a Python
+// callable, as einops accepts): x.reshape(init_shape).permute(permutation) puts the
+// reduced axes last (dims n_kept..); reducing them and reshaping to final_shape gives
+// the result. Same checks and messages as reduce; `name` stands for f in messages.
+struct ReductionPlan {
+  Shape init_shape;
+  std::vector<int64_t> permutation;
+  int64_t n_kept = 0;
+  Shape final_shape;
+};
+ReductionPlan reduction_plan(const Shape& shape, std::string_view pattern, std::string_view name,
+                             const AxisLengths& axes_lengths = {}, bool is_list = false);
+
 // rearrange plus new axes on the right (named with a length, or anonymous numbers),
 // broadcasting x along them: a zero-stride view when no merge needs a copy.
 Tensor repeat(const Tensor& x, std::string_view pattern, const AxisLengths& axes_lengths = {});

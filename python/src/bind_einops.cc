@@ -86,6 +86,29 @@ nb::object transform(nb::handle tensor, const std::string& pattern, const std::s
   return out;
 }
 
+// einops' reduce with a callable: qkv plans and permutes (views), f reduces the
+// trailing axes of the NumPy view, NumPy reshapes the result.
+nb::object reduce_with_callable(nb::handle tensor, const std::string& pattern, nb::handle reduction,
+                                const nb::kwargs& kwargs) {
+  const std::vector<qkv::Tensor> xs = inputs(tensor, "reduce");
+  const qkv::einops::AxisLengths lengths = lengths_of(kwargs);
+  const bool list = nb::isinstance<nb::list>(tensor);
+  const std::string name = nb::cast<std::string>(nb::repr(reduction));
+  const qkv::Tensor x = list ? call([&] { return qkv::einops::rearrange(xs, "... -> ...", {}); }) : xs[0];
+  const qkv::einops::ReductionPlan plan =
+      call([&] { return qkv::einops::reduction_plan(x.shape(), pattern, name, lengths, list); });
+  const qkv::Tensor view = x.reshape(plan.init_shape).permute(plan.permutation);
+  nb::object result = to_numpy(view);
+  if (plan.n_kept < view.dim()) {
+    nb::list axes;
+    for (int64_t d = plan.n_kept; d < view.dim(); ++d) axes.append(d);
+    result = reduction(result, nb::tuple(axes));
+  }
+  nb::list final_shape;
+  for (int64_t d : plan.final_shape) final_shape.append(d);
+  return qkv::python::numpy().attr("reshape")(result, nb::tuple(final_shape));
+}
+
 nb::tuple pack(nb::handle tensors, const std::string& pattern) {
   std::vector<qkv::Tensor> xs;
   for (nb::handle t : tensors) xs.push_back(to_tensor(t, "pack: tensor"));
@@ -149,14 +172,17 @@ void bind_einops(nb::module_& m) {
         "einops.rearrange: reorder, compose and decompose axes ('b t (h d) -> b h t d', h=8).\n"
         "A view of the input when one exists (as numpy), else one copy. A list is stacked on a new first axis.");
   m.def("reduce",
-        [](nb::handle tensor, const std::string& pattern, const std::string& reduction, const nb::kwargs& kw) {
-          return transform(tensor, pattern, "reduce", reduction, kw);
+        [](nb::handle tensor, const std::string& pattern, nb::handle reduction, const nb::kwargs& kw) {
+          if (PyCallable_Check(reduction.ptr())) return reduce_with_callable(tensor, pattern, reduction, kw);
+          return transform(tensor, pattern, "reduce", nb::cast<std::string>(reduction), kw);
         },
         nb::arg("tensor"), nb::arg("pattern"), nb::arg("reduction"), nb::arg("axes_lengths"),
         nb::sig("def reduce(tensor: numpy.typing.ArrayLike | list[numpy.typing.ArrayLike], pattern: str, "
-                "reduction: str, **axes_lengths: int) -> numpy.ndarray"),
+                "reduction: str | typing.Callable[[numpy.ndarray, tuple[int, ...]], numpy.ndarray], "
+                "**axes_lengths: int) -> numpy.ndarray"),
         "einops.reduce: rearrange and reduce the axes missing on the right with 'sum', 'mean', 'max', 'min',\n"
-        "'prod', 'any' or 'all' ('b c (h 2) (w 2) -> b c h w', 'max'). numpy's result dtypes.");
+        "'prod', 'any' or 'all' ('b c (h 2) (w 2) -> b c h w', 'max'), numpy's result dtypes; or with a\n"
+        "callable f(array, axes) -> array, as einops (e.g. a logsumexp), called on a NumPy view.");
   m.def("repeat",
         [](nb::handle tensor, const std::string& pattern, const nb::kwargs& kw) {
           return transform(tensor, pattern, "repeat", "", kw);

@@ -27,20 +27,20 @@ std::string dict_repr(const AxisLengths& lengths) {
 //   Error while processing <op>-reduction pattern "<p>".
 //    Input tensor shape: (2, 3). Additional info: {'h': 2}.
 //    <inner>
-std::string context(std::string_view op, std::string_view pattern, const Tensor& x, bool is_list,
+std::string context(std::string_view op, std::string_view pattern, const Shape& shape, bool is_list,
                     const AxisLengths& lengths, const char* inner) {
   std::string m = "Error while processing ";
-  m += op;
+  m += op.starts_with(einops_detail::kCallablePrefix) ? op.substr(einops_detail::kCallablePrefix.size()) : op;
   m += "-reduction pattern \"";
   m += pattern;
   m += "\".\n ";
   m += is_list ? std::string("Input is list. ")
-               : "Input tensor shape: " + einops_detail::py_tuple_repr(x.shape()) + ". ";
+               : "Input tensor shape: " + einops_detail::py_tuple_repr(shape) + ". ";
   m += "Additional info: " + dict_repr(lengths) + ".\n " + inner;
   return m;
 }
 
-Plan make_plan(const Tensor& x, bool is_list, std::string_view pattern, std::string_view op,
+Plan make_plan(const Shape& shape, bool is_list, std::string_view pattern, std::string_view op,
                const AxisLengths& lengths) {
   try {
     std::vector<std::string> names;
@@ -53,12 +53,12 @@ Plan make_plan(const Tensor& x, bool is_list, std::string_view pattern, std::str
       names.push_back(name);
       values.push_back(value);
     }
-    const auto recipe = einops_detail::prepare_recipe(pattern, op, names, x.dim());
-    return einops_detail::reconstruct(*recipe, x.shape(), values);
+    const auto recipe = einops_detail::prepare_recipe(pattern, op, names, static_cast<int64_t>(shape.size()));
+    return einops_detail::reconstruct(*recipe, shape, values);
   } catch (const FormatError& e) {
-    throw FormatError(context(op, pattern, x, is_list, lengths, e.what()));
+    throw FormatError(context(op, pattern, shape, is_list, lengths, e.what()));
   } catch (const ShapeError& e) {
-    throw ShapeError(context(op, pattern, x, is_list, lengths, e.what()));
+    throw ShapeError(context(op, pattern, shape, is_list, lengths, e.what()));
   }
 }
 
@@ -118,7 +118,7 @@ Tensor stack(const std::vector<Tensor>& xs, std::string_view op) {
 
 Tensor transform(const Tensor& x, bool is_list, std::string_view pattern, std::string_view op,
                  const AxisLengths& lengths) {
-  const Plan plan = make_plan(x, is_list, pattern, op, lengths);
+  const Plan plan = make_plan(x.shape(), is_list, pattern, op, lengths);
   return apply_plan(x, plan, op);
 }
 
@@ -148,6 +148,22 @@ Tensor repeat(const Tensor& x, std::string_view pattern, const AxisLengths& axes
 
 Tensor repeat(const std::vector<Tensor>& xs, std::string_view pattern, const AxisLengths& axes_lengths) {
   return transform(stack(xs, "repeat"), true, pattern, "repeat", axes_lengths);
+}
+
+ReductionPlan reduction_plan(const Shape& shape, std::string_view pattern, std::string_view name,
+                             const AxisLengths& axes_lengths, bool is_list) {
+  std::string op(einops_detail::kCallablePrefix);
+  op += name;
+  const Plan plan = make_plan(shape, is_list, pattern, op, axes_lengths);
+  ReductionPlan r;
+  r.init_shape = plan.init_shape;
+  r.permutation = plan.permutation;
+  for (int64_t d = static_cast<int64_t>(r.permutation.size()); d < static_cast<int64_t>(r.init_shape.size()); ++d) {
+    r.permutation.push_back(d);  // the identity when the plan has no permutation
+  }
+  r.n_kept = plan.n_kept;
+  r.final_shape = plan.final_shape;
+  return r;
 }
 
 Tensor materialize(const Tensor& x) {

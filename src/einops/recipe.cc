@@ -18,7 +18,12 @@ namespace {
 constexpr std::string_view kReductions[] = {"min", "max", "sum", "mean", "prod", "any", "all"};
 
 bool is_reduction(std::string_view op) {
-  return std::find(std::begin(kReductions), std::end(kReductions), op) != std::end(kReductions);
+  return std::find(std::begin(kReductions), std::end(kReductions), op) != std::end(kReductions) ||
+         op.starts_with(kCallablePrefix);
+}
+
+std::string_view display_op(std::string_view op) {
+  return op.starts_with(kCallablePrefix) ? op.substr(kCallablePrefix.size()) : op;
 }
 
 // Axes of both sides by key, to print anonymous axes as einops does ("2-axis").
@@ -86,7 +91,8 @@ void check_sides(const Expression& left, const Expression& rght, std::string_vie
   } else if (is_reduction(op)) {
     const auto diff = set_difference(rght.identifiers, left.identifiers);
     if (!diff.empty()) {
-      fail<FormatError>("Unexpected identifiers on the right side of reduce ", op, ": ", names.set_repr(diff));
+      fail<FormatError>("Unexpected identifiers on the right side of reduce ", display_op(op), ": ",
+                        names.set_repr(diff));
     }
   } else {
     fail<FormatError>("Unknown reduction ", op, ". Expect one of ('min', 'max', 'sum', 'mean', 'prod', 'any', 'all').");

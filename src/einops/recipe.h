@@ -29,6 +29,10 @@ struct Recipe {
   std::vector<std::vector<int>> output_composite_axes;  // per output dim: its elementary axes
 };
 
+// An operation "\x02<name>" is a reduction done elsewhere (a Python callable, as
+// einops accepts): checked as a reduction, <name> in messages.
+inline constexpr std::string_view kCallablePrefix = "\x02";
+
 inline constexpr int64_t kUnknown = -999999;
 inline constexpr int64_t kExpected = -99999;
 

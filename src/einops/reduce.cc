@@ -135,7 +135,9 @@ Tensor reduce_typed(const Tensor& x, const Geometry& g, std::string_view op, con
                 [](Acc a) { return convert_element<T>(a); });
     return out;
   }
-  // any / all
+  if (op != "any" && op != "all") {
+    fail<ValueError>("reduce: '", op, "' is not a reduction qkv computes (sum, mean, max, min, prod, any, all)");
+  }
   Tensor out = Tensor::empty(out_shape, DType::b8);
   const bool any = op == "any";
   reduce_loop(g, in, out.data<bool>(), !any,

@@ -95,5 +95,22 @@ TEST(Reduce, ListInputs) {
   EXPECT_EQ(y.to_vector<float>(), (std::vector<float>(6, 10.0f)));
 }
 
+TEST(Reduce, ReductionPlanForCallables) {
+  const ReductionPlan p = reduction_plan({2, 3, 4}, "a b c -> c a", "f");
+  EXPECT_EQ(p.init_shape, (Shape{2, 3, 4}));
+  EXPECT_EQ(p.permutation, (std::vector<int64_t>{2, 0, 1}));
+  EXPECT_EQ(p.n_kept, 2);
+  EXPECT_EQ(p.final_shape, (Shape{4, 2}));
+  const ReductionPlan q = reduction_plan({6, 5}, "(a a2) b -> (a2 a) ()", "f", {{"a2", 2}});
+  EXPECT_EQ(q.init_shape, (Shape{3, 2, 5}));
+  EXPECT_EQ(q.permutation, (std::vector<int64_t>{1, 0, 2}));
+  EXPECT_EQ(q.n_kept, 2);
+  EXPECT_EQ(q.final_shape, (Shape{6, 1}));
+  EXPECT_THROW_WITH(reduction_plan({2, 3}, "a b -> a c", "<function f>"), FormatError,
+                    "Error while processing <function f>-reduction pattern \"a b -> a c\".\n Input tensor shape: (2, 3). "
+                    "Additional info: {}.\n Unexpected identifiers on the right side of reduce <function f>: {'c'}");
+  EXPECT_THROW_WITH(reduce(Tensor::zeros({2}), "a -> ", "\x02" "f"), ValueError, "not a reduction qkv computes");
+}
+
 }  // namespace
 }  // namespace qkv::einops

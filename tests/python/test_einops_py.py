@@ -40,6 +40,30 @@ def test_reductions_match_einops(op, pattern, shape, lengths, reduction):
                                call(einops, op, x, pattern, lengths, reduction), rtol=1e-12)
 
 
+def logsumexp(x, axes):
+    m = x.max(axes)
+    return np.log(np.exp(x - x.max(axes, keepdims=True)).sum(axis=axes)) + m
+
+
+@pytest.mark.parametrize("pattern", ["a b c d e -> ", " ... ->  ", "a b c d e -> (e a)", "a ... e -> (e a)",
+                                     "a b c d e -> d (a e)", " a b c d e ... -> d (a e) ", "a b c d e -> (a b)",
+                                     " ... c d e  -> (...) ", "(a a2) b c d e -> (a2 a) b () c d e"])
+def test_callable_reductions_match_einops(pattern):
+    """einops' test_reduction_with_callable_imperatives: a logsumexp as the reduction."""
+    x = np.arange(2 * 3 * 4 * 5 * 6).reshape([2, 3, 4, 5, 6]).astype("float32")
+    x /= x.max()
+    lengths = {"a2": 1} if "a2" in pattern else {}
+    np.testing.assert_allclose(qe.reduce(x, pattern, logsumexp, **lengths),
+                               einops.reduce(x, pattern, logsumexp, **lengths), rtol=1e-6)
+    np.testing.assert_allclose(qe.reduce(list(x), pattern, np.max, **lengths),
+                               einops.reduce(list(x), pattern, np.max, **lengths))
+    with pytest.raises(einops.EinopsError) as expected:
+        einops.reduce(x, "a b c d e -> f", logsumexp)
+    with pytest.raises(qe.EinopsError) as got:
+        qe.reduce(x, "a b c d e -> f", logsumexp)
+    assert normalize(str(got.value)) == normalize(str(expected.value))
+
+
 def test_seed_split_heads_is_a_view_and_merge_copies():
     x = np.random.default_rng(2).standard_normal((2, 5, 24)).astype(np.float32)
     q, k, v = qe.rearrange(x, "b t (d k h) -> k b h t d", k=3, h=2)
