@@ -110,7 +110,8 @@ nb::object einsum_path_py(nb::args args, nb::handle optimize) {
 
 void bind_einsum(nb::module_& m) {
   m.def("einsum", &einsum_py, nb::arg("operands"), nb::arg("optimize") = false,
-        nb::sig("def einsum(*operands: typing.Any, optimize: bool | str | tuple | list = False) -> numpy.ndarray"),
+        nb::sig("def einsum(subscripts: str | typing.Any, /, *operands: typing.Any, "
+                "optimize: bool | str | tuple | list = False) -> numpy.ndarray"),
         "numpy.einsum(subscripts, *operands, optimize=False): Einstein summation with numpy's\n"
         "semantics (implicit/explicit output, '...' broadcasting, diagonals, traces, size-1\n"
         "broadcasting, scalars), also in the interleaved form einsum(a, [0, 1], b, [1, 2], [0, 2]).\n"
@@ -122,8 +123,8 @@ void bind_einsum(nb::module_& m) {
         "single operand without summation gives a view (as numpy). The GIL is released.\n"
         "Errors: ValueError naming the equation, the fault and the operand shapes.");
   m.def("einsum_path", &einsum_path_py, nb::arg("operands"), nb::arg("optimize") = "greedy",
-        nb::sig("def einsum_path(*operands: typing.Any, optimize: bool | str | tuple | list = 'greedy') "
-                "-> tuple[list, str]"),
+        nb::sig("def einsum_path(subscripts: str | typing.Any, /, *operands: typing.Any, "
+                "optimize: bool | str | tuple | list = 'greedy') -> tuple[list, str]"),
         "numpy.einsum_path(subscripts, *operands, optimize='greedy'): the contraction path\n"
         "qkv.einsum takes, as ['einsum_path', (i, j), ...], and numpy's printed report (naive\n"
         "and optimized FLOP counts, scaling, largest intermediate, one line per step).");
