@@ -59,14 +59,18 @@ struct TensorInfo {
   std::string name;
   std::string dtype;
   Shape shape;
+  bool optimizer = false;  // optimizer state (TF checkpoints and Keras files; see qkv/io_keras.h)
 };
 // Lists a file's tensors without reading their data (.npy: one entry named after
 // the file stem), validating the header against the file size. Dtypes qkv cannot
 // hold are listed too. safetensors entries come in data_offsets order.
+// Also reads Keras .h5 / .weights.h5, .keras archives and TensorFlow checkpoints
+// (PREFIX, PREFIX.index; qkv/io_tf.h, qkv/io_keras.h): names are their keys.
 std::vector<TensorInfo> inspect(const std::filesystem::path& path);
 // All tensors of a .npy (one, named after the file stem) or .safetensors file.
 std::map<std::string, Tensor> load(const std::filesystem::path& path);
-// .npy takes exactly one tensor (ValueError otherwise); .safetensors any number.
+// .npy takes exactly one tensor (ValueError otherwise); .safetensors and .h5 (a
+// Keras 3 style weights file, datasets at the names' paths) any number.
 // Any other extension: FormatError naming the path.
 void save(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors);
 

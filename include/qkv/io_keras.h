@@ -50,4 +50,38 @@ KerasArchive parse_keras_archive(std::span<const std::byte> bytes, const std::st
 // One zip member by name (stored or deflated; sizes and crc32 checked).
 std::vector<std::byte> zip_member(std::span<const std::byte> zip, const std::string& name, const std::string& source);
 
+// ---- any weight format -----------------------------------------------------------------
+// By extension as io::load: .index / PREFIX (TF checkpoint), .h5, .keras, and also
+// .safetensors / .npy (entries named by their keys, nothing marked optimizer).
+WeightFile load_weights(const std::filesystem::path& path);
+std::vector<CheckpointEntry> inspect_weights(const std::filesystem::path& path);
+
+// ---- layers -----------------------------------------------------------------------------
+// The model variables of a weight file grouped by layer: layer name -> weight ->
+// tensor, weights named as tf.keras names them: "kernel", "bias" (Dense,
+// EinsumDense), and for MultiHeadAttention "query/kernel", "query/bias", "key/...",
+// "value/...", "attention_output/kernel", "attention_output/bias". Read from
+// Keras 3 paths (layers/<layer>/query_dense/vars/0: vars 0 = kernel, 1 = bias),
+// tf.keras names (<layer>/query/kernel), TF checkpoints' variable names or keys
+// (layer_with_weights-0/_query_dense/kernel). Optimizer state is skipped.
+using LayerWeights = std::map<std::string, std::map<std::string, Tensor>>;
+LayerWeights keras_layer_weights(const WeightFile& file);
+// One layer's weights; FormatError listing the layers found when `layer` is missing.
+const std::map<std::string, Tensor>& layer_weights(const LayerWeights& layers, const std::string& layer,
+                                                   const std::string& source);
+
+// Keras 3 .weights.h5 paths for `layers` (layers/<layer>/query_dense/vars/0, ...,
+// layers/<layer>/vars/0 for a Dense): what save_keras_weights_h5 takes.
+std::map<std::string, Tensor> keras3_paths(const LayerWeights& layers);
+// Keras MultiHeadAttention weights -> torch.nn.MultiheadAttention's state dict
+// ("<layer>.in_proj_weight" [3E, E] rows q|k|v, "in_proj_bias", "out_proj.weight",
+// "out_proj.bias"); Dense kernels [in, out] -> "<layer>.weight" [out, in], "<layer>.bias".
+// ValueError when an MHA layer has no PyTorch equivalent (heads * key_dim != E,
+// value_dim != key_dim, key/value input sizes != E, or a missing bias).
+std::map<std::string, Tensor> keras_to_torch(const LayerWeights& layers);
+// The inverse: "<prefix>in_proj_weight" etc. become MHA layer "<prefix>" (without
+// its trailing '.'; "multi_head_attention" when empty) with `num_heads` heads;
+// "<p>.weight" [out, in] + "<p>.bias" become Dense layer "<p>".
+LayerWeights torch_to_keras(const std::map<std::string, Tensor>& state_dict, int64_t num_heads);
+
 }  // namespace qkv::io

@@ -8,6 +8,8 @@
 #include <string>
 
 #include "io/io_internal.h"
+#include "qkv/io_keras.h"
+#include "qkv/io_tf.h"
 
 namespace qkv::io {
 namespace detail {
@@ -80,43 +82,94 @@ void write_file(const std::filesystem::path& path, std::span<const std::span<con
 
 namespace {
 
-enum class Format { npy, safetensors };
+enum class Format { npy, safetensors, tf_checkpoint, keras_h5, keras_archive };
+
+constexpr const char* kKnownFormats =
+    "(qkv reads and writes .npy and .safetensors, reads and writes Keras .h5 weights, and reads "
+    ".keras archives and TensorFlow checkpoints PREFIX / PREFIX.index)";
 
 Format format_of(const std::filesystem::path& path, const char* op) {
   std::string ext = path.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (ext == ".npy") return Format::npy;
   if (ext == ".safetensors") return Format::safetensors;
-  detail::fail_at(detail::Context{op, path.string()}, "unknown file extension '", path.extension().string(),
-                  "' (qkv reads and writes .npy and .safetensors)");
+  if (ext == ".h5" || ext == ".hdf5") return Format::keras_h5;
+  if (ext == ".keras") return Format::keras_archive;
+  if (ext == ".index" || path.filename().string().find(".data-") != std::string::npos) return Format::tf_checkpoint;
+  if (!tf_checkpoint_prefix(path).empty()) return Format::tf_checkpoint;  // a prefix: PREFIX.index exists
+  detail::fail_at(detail::Context{op, path.string()}, "unknown file extension '", path.extension().string(), "' ",
+                  kKnownFormats);
+}
+
+// A listing of the weight formats as TensorInfo (name = the key that load() uses).
+std::vector<TensorInfo> to_infos(const std::vector<CheckpointEntry>& entries) {
+  std::vector<TensorInfo> out;
+  for (const CheckpointEntry& e : entries) out.push_back({e.key, e.dtype, e.shape, e.optimizer});
+  return out;
 }
 
 }  // namespace
 
 std::vector<TensorInfo> inspect(const std::filesystem::path& path) {
   const detail::Context ctx{"inspect", path.string()};
-  return format_of(path, ctx.op) == Format::npy ? detail::inspect_npy(path, ctx)
-                                                 : detail::inspect_safetensors(path, ctx);
+  switch (format_of(path, ctx.op)) {
+    case Format::npy: return detail::inspect_npy(path, ctx);
+    case Format::safetensors: return detail::inspect_safetensors(path, ctx);
+    default: return to_infos(inspect_weights(path));
+  }
 }
 
 std::map<std::string, Tensor> load(const std::filesystem::path& path) {
   const detail::Context ctx{"load", path.string()};
-  if (format_of(path, ctx.op) == Format::npy) {
-    return {{path.stem().string(), detail::npy_from_storage(detail::read_file(path, ctx), ctx)}};
+  switch (format_of(path, ctx.op)) {
+    case Format::npy:
+      return {{path.stem().string(), detail::npy_from_storage(detail::read_file(path, ctx), ctx)}};
+    case Format::safetensors: return detail::safetensors_from_storage(detail::read_file(path, ctx), ctx).tensors;
+    default: return load_weights(path).tensors;
   }
-  return detail::safetensors_from_storage(detail::read_file(path, ctx), ctx).tensors;
 }
 
 void save(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors) {
-  if (format_of(path, "save") == Format::safetensors) {
-    save_safetensors(path, tensors);
-    return;
+  switch (format_of(path, "save")) {
+    case Format::safetensors: save_safetensors(path, tensors); return;
+    case Format::keras_h5: save_keras_weights_h5(path, tensors); return;
+    case Format::npy: break;
+    default:
+      detail::fail_at(detail::Context{"save", path.string()}, "qkv reads this format but does not write it; write "
+                      ".safetensors or .weights.h5 instead");
   }
   if (tensors.size() != 1) {
     detail::fail_at<ValueError>(detail::Context{"save", path.string()}, "an .npy file holds exactly one tensor, got ",
                                 tensors.size());
   }
   save_npy(path, tensors.begin()->second);
+}
+
+WeightFile load_weights(const std::filesystem::path& path) {
+  const detail::Context ctx{"load_weights", path.string()};
+  switch (format_of(path, ctx.op)) {
+    case Format::tf_checkpoint: return load_tf_checkpoint(path);
+    case Format::keras_h5: return load_keras_h5(path);
+    case Format::keras_archive: return load_keras_archive(path).weights;
+    default: break;
+  }
+  WeightFile w;
+  w.tensors = load(path);
+  for (const auto& [name, t] : w.tensors) w.entries.push_back({name, name, std::string(dtype_name(t.dtype())), t.shape(), false});
+  return w;
+}
+
+std::vector<CheckpointEntry> inspect_weights(const std::filesystem::path& path) {
+  const detail::Context ctx{"inspect_weights", path.string()};
+  switch (format_of(path, ctx.op)) {
+    case Format::tf_checkpoint: return inspect_tf_checkpoint(path);
+    case Format::keras_h5: return inspect_keras_h5(path);
+    case Format::keras_archive: return load_keras_archive(path).weights.entries;
+    default: break;
+  }
+  std::vector<CheckpointEntry> out;
+  for (const TensorInfo& t : inspect(path)) out.push_back({t.name, t.name, t.dtype, t.shape, false});
+  return out;
 }
 
 }  // namespace qkv::io

@@ -78,9 +78,10 @@ TEST(IoFiles, LoadAndSaveDispatchByExtension) {
 
 TEST(IoFiles, UnknownExtensionIsFormatError) {
   EXPECT_THROW_MSG(load("model.pt"), FormatError,
-                   "load: model.pt: unknown file extension '.pt' (qkv reads and writes .npy and .safetensors)");
+                   "load: model.pt: unknown file extension '.pt' (qkv reads and writes .npy and .safetensors");
   EXPECT_THROW_MSG(inspect("noext"), FormatError, "inspect: noext: unknown file extension ''");
-  EXPECT_THROW_MSG(save("x.h5", {}), FormatError, "save: x.h5: unknown file extension '.h5'");
+  EXPECT_THROW_MSG(save("x.pt", {}), FormatError, "save: x.pt: unknown file extension '.pt'");
+  EXPECT_THROW_MSG(save("x.keras", {}), FormatError, "save: x.keras: qkv reads this format but does not write it");
 }
 
 TEST(IoFiles, SaveNpyNeedsExactlyOneTensor) {

@@ -17,6 +17,7 @@ Writes into tests/fixtures/keras_tf/ (default; or argv[1]):
                             query/kernel:0, layer_names / weight_names attributes)
   tfkeras2_weights.h5       tf.keras 2.x model.save_weights to .h5 (no model_weights group)
   tfkeras2_expected.safetensors   the tf_keras model's weights by their variable names
+  mha4.weights.h5, mha4_*.npy     a Keras 3 MHA whose PyTorch layout exists, its inputs and output
   fuzz seeds in fuzz/corpus/tf_checkpoint/ (index + shard packed, see fuzz/tf_checkpoint_fuzzer.cc),
   fuzz/corpus/keras_h5/ and fuzz/corpus/keras_zip/
 
@@ -116,6 +117,26 @@ def tfkeras2_files():
         print(name, shape)
 
 
+def torch_compatible_mha():
+    """Keras 3 MHA with num_heads * key_dim == embed dim (PyTorch's layout exists):
+    mha4.weights.h5, cross-attention inputs mha4_query.npy [2, 3, 4], mha4_value.npy
+    [2, 5, 4] and Keras' output mha4_output.npy [2, 3, 4]."""
+    import keras
+    keras.utils.set_random_seed(4)
+    q_in = keras.Input(shape=(3, 4))
+    v_in = keras.Input(shape=(5, 4))
+    layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=2, name="multi_head_attention",
+                                            bias_initializer="random_normal")
+    model = keras.Model([q_in, v_in], layer(q_in, v_in))
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    v = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    model.save_weights(os.path.join(out, "mha4.weights.h5"))
+    np.save(os.path.join(out, "mha4_query.npy"), q)
+    np.save(os.path.join(out, "mha4_value.npy"), v)
+    np.save(os.path.join(out, "mha4_output.npy"), np.asarray(model.predict([q, v], verbose=0), np.float32))
+
+
 def fuzz_seeds(prefixes):
     """One seed per checkpoint: u32 index length, index bytes, then the shard bytes (one shard)."""
     corpus = os.path.join(root, "fuzz", "corpus", "tf_checkpoint")
@@ -158,6 +179,7 @@ p1 = dtypes_checkpoint()
 p2 = many_checkpoint()
 sharded_checkpoint()
 tfkeras2_files()
+torch_compatible_mha()
 fuzz_seeds([p1, p2, os.path.join(out, "tfkeras2_ckpt")])
 fuzz_seeds_h5_zip()
 if os.path.exists(os.path.join(out, "checkpoint")):

@@ -10,6 +10,7 @@ namespace qkv::cli {
 
 void register_attention(CLI::App& app);
 void register_inspect(CLI::App& app);
+void register_convert(CLI::App& app);  // convert IN OUT --to torch|keras
 void register_demo(CLI::App& app);
 void register_bench(CLI::App& app);  // bench attention
 void register_einsum(CLI::App& app);

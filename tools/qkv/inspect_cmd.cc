@@ -1,14 +1,47 @@
 // qkv inspect FILE: every tensor's name, dtype and shape, without reading data.
+// Weight files (TF checkpoints, Keras .h5 / .weights.h5, .keras) also show each
+// variable's own name and mark optimizer state.
 #include <algorithm>
 #include <iostream>
 
 #include "commands.h"
 #include "qkv/io.h"
+#include "qkv/io_keras.h"
 
 namespace qkv::cli {
 
 namespace {
+bool is_plain_tensor_file(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == ".npy" || ext == ".safetensors";
+}
+
+// key, dtype, shape, the variable's name where it differs from the key, "optimizer" marks.
+void run_inspect_weights(const std::string& path) {
+  const auto entries = io::inspect_weights(path);
+  size_t key_width = 3, dtype_width = 5, shape_width = 5, optimizer = 0;
+  for (const auto& e : entries) {
+    key_width = std::max(key_width, e.key.size());
+    dtype_width = std::max(dtype_width, e.dtype.size());
+    shape_width = std::max(shape_width, shape_str(e.shape).size());
+    optimizer += e.optimizer ? 1 : 0;
+  }
+  std::cout << path << ": " << entries.size() << " variables, " << optimizer << " of them optimizer state\n";
+  auto pad = [](const std::string& s, size_t w) { return s + std::string(w - s.size() + 2, ' '); };
+  std::cout << pad("name", key_width) << pad("dtype", dtype_width) << pad("shape", shape_width) << "variable\n";
+  for (const auto& e : entries) {
+    std::string note = e.name != e.key ? e.name : "";
+    if (e.optimizer) note += note.empty() ? "(optimizer)" : "  (optimizer)";
+    std::cout << pad(e.key, key_width) << pad(e.dtype, dtype_width) << pad(shape_str(e.shape), shape_width) << note << "\n";
+  }
+}
+
 void run_inspect(const std::string& path) {
+  if (!is_plain_tensor_file(path)) {
+    run_inspect_weights(path);
+    return;
+  }
   const auto infos = io::inspect(path);
   size_t name_width = 4, dtype_width = 5;
   for (const auto& t : infos) {
@@ -26,7 +59,7 @@ void run_inspect(const std::string& path) {
 
 void register_inspect(CLI::App& app) {
   auto path = std::make_shared<std::string>();
-  CLI::App* cmd = app.add_subcommand("inspect", "List the tensors of a .npy or .safetensors file");
+  CLI::App* cmd = app.add_subcommand("inspect", "List the tensors of a .npy, .safetensors, Keras .h5/.keras file or TF checkpoint");
   cmd->add_option("file", *path, "file to list")->required();
   cmd->callback([path] { run_inspect(*path); });
 }

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   qkv::cli::register_attention(app);
   qkv::cli::register_inspect(app);
+  qkv::cli::register_convert(app);
   qkv::cli::register_demo(app);
   qkv::cli::register_bench(app);
   qkv::cli::register_einsum(app);
