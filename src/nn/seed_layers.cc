@@ -1,0 +1,256 @@
+// The seed articles' attention layers (seeds 000, 003, 004).
+#include "qkv/nn/seed_layers.h"
+
+#include <cmath>
+
+#include "nn/heads.h"
+#include "qkv/attention.h"
+
+namespace qkv::nn {
+
+namespace {
+
+// PyTorch nn.Linear's default bound 1/sqrt(in) (kaiming_uniform with a = sqrt(5)).
+Tensor torch_init(const Shape& shape, uint64_t seed) {
+  const double bound = 1.0 / std::sqrt(static_cast<double>(shape.back()));
+  return Tensor::uniform(shape, seed, -bound, bound);
+}
+
+Tensor load(const std::map<std::string, Tensor>& sd, const std::string& layer, const std::string& name,
+            const Shape& shape) {
+  auto it = sd.find(name);
+  if (it == sd.end()) fail<ValueError>(layer, ": state_dict has no \"", name, "\"");
+  return parameter(it->second, shape, (layer + ": " + name).c_str()).contiguous();
+}
+
+// x [B, T, dim] must be 3-D with `dim` features.
+void check_3d(const Tensor& x, int64_t dim, const char* layer, const char* what) {
+  if (x.dim() != 3 || x.size(2) != dim) {
+    fail<ShapeError>(layer, ": ", what, " must be [B, T, ", dim, "], got ", shape_str(x.shape()));
+  }
+}
+
+// mask [T, T], True = masked (masked_fill(mask, -inf)) -> additive f32.
+std::optional<Tensor> seed_mask(const std::optional<Tensor>& mask, int64_t t, const char* layer) {
+  if (!mask) return std::nullopt;
+  if (mask->shape() != Shape{t, t}) {
+    fail<ShapeError>(layer, ": mask must be [", t, ", ", t, "] (tokens, tokens), got ", shape_str(mask->shape()));
+  }
+  return detail::additive_mask(*mask, true, layer);
+}
+
+// Rows of a [k*n, in] weight ordered (d k) -> ordered (k d) (einops 'b t (d k) -> k b t d').
+Tensor rows_dk_to_kd(const Tensor& w, int64_t d, int64_t k) {
+  return w.view({d, k, w.size(1)}).permute({1, 0, 2}).contiguous().view({k * d, w.size(1)});
+}
+
+}  // namespace
+
+// ---- seed 000: SelfAttention -----------------------------------------------------------
+
+SelfAttention::SelfAttention(int64_t dim, uint64_t seed) : dim_(dim) {
+  if (dim <= 0) fail<ValueError>("SelfAttention: dim must be positive, got ", dim);
+  load_state_dict({{"to_qvk.weight", torch_init({3 * dim, dim}, seed)}});
+}
+
+void SelfAttention::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  to_qvk_ = load(sd, "SelfAttention", "to_qvk.weight", {3 * dim_, dim_});
+  proj_ = Linear::torch(rows_dk_to_kd(to_qvk_, dim_, 3), std::nullopt);
+}
+
+std::map<std::string, Tensor> SelfAttention::state_dict() const { return {{"to_qvk.weight", to_qvk_}}; }
+
+Tensor SelfAttention::forward(const Tensor& x, const std::optional<Tensor>& mask) const {
+  check_3d(x, dim_, "SelfAttention", "x");
+  const Tensor qkv = proj_.forward(x).view({x.size(0), x.size(1), 3, dim_});  // [B, T, 3, dim]
+  AttentionOptions o;
+  o.attn_mask = seed_mask(mask, x.size(1), "SelfAttention");
+  o.scale = 1.0 / std::sqrt(static_cast<double>(dim_));
+  return scaled_dot_product_attention(qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), o).output;
+}
+
+// ---- seed 000: MultiHeadSelfAttention ----------------------------------------------------
+
+MultiHeadSelfAttention::MultiHeadSelfAttention(int64_t dim, int64_t heads, std::optional<int64_t> dim_head,
+                                               uint64_t seed)
+    : dim_(dim), heads_(heads), dim_head_(dim_head.value_or(heads > 0 ? dim / heads : 0)) {
+  if (dim <= 0 || heads <= 0 || dim_head_ <= 0) {
+    fail<ValueError>("MultiHeadSelfAttention: dim, heads and dim_head must be positive, got ", dim, ", ", heads,
+                     ", ", dim_head_);
+  }
+  const int64_t inner = heads_ * dim_head_;
+  load_state_dict({{"to_qvk.weight", torch_init({3 * inner, dim}, seed)},
+                   {"W_0.weight", torch_init({dim, inner}, seed + 1)}});
+}
+
+void MultiHeadSelfAttention::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  const int64_t inner = heads_ * dim_head_;
+  to_qvk_ = load(sd, "MultiHeadSelfAttention", "to_qvk.weight", {3 * inner, dim_});
+  w0_ = load(sd, "MultiHeadSelfAttention", "W_0.weight", {dim_, inner});
+  // 'b t (d k h) -> k b h t d': reorder the rows (d, k*h) to (k*h, d) once, so that the
+  // projection comes out as [B, T, 3, H, dh] and q, k, v are strided views.
+  proj_ = Linear::torch(rows_dk_to_kd(to_qvk_, dim_head_, 3 * heads_), std::nullopt);
+  out_ = Linear::torch(w0_, std::nullopt);
+}
+
+std::map<std::string, Tensor> MultiHeadSelfAttention::state_dict() const {
+  return {{"to_qvk.weight", to_qvk_}, {"W_0.weight", w0_}};
+}
+
+Tensor MultiHeadSelfAttention::forward(const Tensor& x, const std::optional<Tensor>& mask) const {
+  check_3d(x, dim_, "MultiHeadSelfAttention", "x");
+  const int64_t b = x.size(0), t = x.size(1);
+  const Tensor qkv = proj_.forward(x).view({b, t, 3, heads_, dim_head_});  // [B, T, 3, H, dh]
+  auto part = [&](int64_t i) { return qkv.select(2, i).permute({0, 2, 1, 3}); };  // [B, H, T, dh]
+  AttentionOptions o;
+  o.attn_mask = seed_mask(mask, t, "MultiHeadSelfAttention");
+  o.scale = 1.0 / std::sqrt(static_cast<double>(dim_head_));
+  const Tensor heads = scaled_dot_product_attention(part(0), part(1), part(2), o).output;  // [B, H, T, dh]
+  return out_.forward(detail::merge_heads(heads, true));  // 'b h t d -> b t (h d)', W_0
+}
+
+// ---- seed 003 ------------------------------------------------------------------------------
+
+SeparateHeadsAttention::SeparateHeadsAttention(int64_t embed_dim, int64_t n_heads, std::optional<int64_t> d_kq,
+                                               std::optional<int64_t> d_v, std::optional<double> scale, bool causal,
+                                               uint64_t seed)
+    : e_(embed_dim), h_(n_heads), scale_(scale), causal_(causal) {
+  if (n_heads <= 0 || embed_dim <= 0) fail<ValueError>("SeparateHeadsAttention: embed_dim and n_heads must be positive");
+  if ((!d_kq || !d_v) && embed_dim < n_heads) {
+    fail<ValueError>("SeparateHeadsAttention: embed_dim (", embed_dim, ") must be at least n_heads (", n_heads,
+                     ") for the default head size embed_dim / n_heads");
+  }
+  dkq_ = d_kq.value_or(embed_dim / n_heads);
+  dv_ = d_v.value_or(embed_dim / n_heads);
+  if (dkq_ <= 0 || dv_ <= 0) fail<ValueError>("SeparateHeadsAttention: d_kq and d_v must be positive");
+  params_ = {{"W_q.weight", torch_init({h_ * dkq_, e_}, seed)},
+             {"W_k.weight", torch_init({h_ * dkq_, e_}, seed + 1)},
+             {"W_v.weight", torch_init({h_ * dv_, e_}, seed + 2)},
+             {"W_o.weight", torch_init({e_, h_ * dv_}, seed + 3)}};
+  rebuild();
+}
+
+void SeparateHeadsAttention::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  const char* layer = "SeparateHeadsAttention";
+  params_ = {{"W_q.weight", load(sd, layer, "W_q.weight", {h_ * dkq_, e_})},
+             {"W_k.weight", load(sd, layer, "W_k.weight", {h_ * dkq_, e_})},
+             {"W_v.weight", load(sd, layer, "W_v.weight", {h_ * dv_, e_})},
+             {"W_o.weight", load(sd, layer, "W_o.weight", {e_, h_ * dv_})}};
+  rebuild();
+}
+
+void SeparateHeadsAttention::rebuild() {
+  wq_ = Linear::torch(params_.at("W_q.weight"), std::nullopt);
+  wk_ = Linear::torch(params_.at("W_k.weight"), std::nullopt);
+  wv_ = Linear::torch(params_.at("W_v.weight"), std::nullopt);
+  wo_ = Linear::torch(params_.at("W_o.weight"), std::nullopt);
+}
+
+std::map<std::string, Tensor> SeparateHeadsAttention::state_dict() const { return params_; }
+
+SeparateHeadsResult SeparateHeadsAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v) const {
+  const char* layer = "SeparateHeadsAttention";
+  check_3d(q, e_, layer, "q");
+  check_3d(k, e_, layer, "k");
+  check_3d(v, e_, layer, "v");
+  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || v.size(1) != k.size(1)) {
+    fail<ShapeError>(layer, ": q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()),
+                     " disagree in batch or key length");
+  }
+  AttentionOptions o;
+  o.scale = scale_.value_or(1.0 / std::sqrt(static_cast<double>(dkq_)));
+  o.is_causal = causal_;  // triu(ones(Lq, Lk), 1) filled with -inf: top-left aligned
+  o.return_weights = true;
+  // view + transpose: [B, L, H*D] -> [B, H, L, D]
+  const AttentionResult r = scaled_dot_product_attention(detail::split_heads(wq_.forward(q), h_, true),
+                                                         detail::split_heads(wk_.forward(k), h_, true),
+                                                         detail::split_heads(wv_.forward(v), h_, true), o);
+  return {wo_.forward(detail::merge_heads(r.output, true)), *r.weights};
+}
+
+// ---- seed 004 ------------------------------------------------------------------------------
+
+namespace {
+const char* const kLazy = "LazyMultiHeadAttention";
+const char* const kLazyNames[] = {"W_q", "W_k", "W_v"};
+}  // namespace
+
+LazyMultiHeadAttention::LazyMultiHeadAttention(int64_t hidden, int64_t heads, uint64_t seed)
+    : hidden_(hidden), heads_(heads), seed_(seed) {
+  if (hidden <= 0 || heads <= 0 || hidden % heads != 0) {
+    fail<ValueError>(kLazy, ": hidden size ", hidden, " must be a positive multiple of heads ", heads);
+  }
+  const double bound = 1.0 / std::sqrt(static_cast<double>(hidden));
+  params_["W_o.weight"] = Tensor::uniform({hidden, hidden}, seed + 3, -bound, bound);
+  params_["W_o.bias"] = Tensor::uniform({hidden}, seed + 4, -bound, bound);
+  rebuild();
+}
+
+void LazyMultiHeadAttention::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  std::map<std::string, Tensor> next;
+  for (const char* name : kLazyNames) {
+    const std::string w = std::string(name) + ".weight", b = std::string(name) + ".bias";
+    auto it = sd.find(w);
+    if (it == sd.end()) fail<ValueError>(kLazy, ": state_dict has no \"", w, "\"");
+    const int64_t in = it->second.dim() == 2 ? it->second.size(1) : -1;
+    if (materialized() && params_.at(w).size(1) != in) {
+      fail<ShapeError>(kLazy, ": ", w, " has ", in, " input features but the layer was materialized with ",
+                       params_.at(w).size(1));
+    }
+    next[w] = load(sd, kLazy, w, {hidden_, in});
+    next[b] = load(sd, kLazy, b, {hidden_});
+  }
+  next["W_o.weight"] = load(sd, kLazy, "W_o.weight", {hidden_, hidden_});
+  next["W_o.bias"] = load(sd, kLazy, "W_o.bias", {hidden_});
+  params_ = std::move(next);
+  rebuild();
+}
+
+std::map<std::string, Tensor> LazyMultiHeadAttention::state_dict() const { return params_; }
+
+void LazyMultiHeadAttention::rebuild() {
+  if (params_.count("W_q.weight")) {
+    wq_ = Linear::torch(params_.at("W_q.weight"), params_.at("W_q.bias"));
+    wk_ = Linear::torch(params_.at("W_k.weight"), params_.at("W_k.bias"));
+    wv_ = Linear::torch(params_.at("W_v.weight"), params_.at("W_v.bias"));
+  }
+  wo_ = Linear::torch(params_.at("W_o.weight"), params_.at("W_o.bias"));
+}
+
+Tensor LazyMultiHeadAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const Tensor* inputs[] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i) {
+    const Tensor& x = *inputs[i];
+    if (x.dim() != 3) fail<ShapeError>(kLazy, ": inputs must be [batch, seq, features], got ", shape_str(x.shape()));
+    if (materialized()) {
+      const int64_t fixed = params_.at(std::string(kLazyNames[i]) + ".weight").size(1);
+      if (x.size(2) != fixed) {
+        fail<ShapeError>(kLazy, ": ", "qkv"[i], " has ", x.size(2), " features, but the first call fixed d_",
+                         "qkv"[i], " = ", fixed, " (LazyLinear input sizes are inferred once)");
+      }
+    }
+  }
+  if (!materialized()) {  // LazyLinear: the input sizes of this first call become the layer's
+    for (int i = 0; i < 3; ++i) {
+      const int64_t in = inputs[i]->size(2);
+      const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+      const std::string name = kLazyNames[i];
+      params_[name + ".weight"] = Tensor::uniform({hidden_, in}, seed_ + 10 + 2 * static_cast<uint64_t>(i), -bound, bound);
+      params_[name + ".bias"] = Tensor::uniform({hidden_}, seed_ + 11 + 2 * static_cast<uint64_t>(i), -bound, bound);
+    }
+    rebuild();
+  }
+  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || v.size(1) != k.size(1)) {
+    fail<ShapeError>(kLazy, ": q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()),
+                     " disagree in batch or key length");
+  }
+  // 'batch seq (heads eachhead) -> batch heads seq eachhead' as views, attention per
+  // (batch, head), '(batch heads) numq eachhead -> batch numq (heads eachhead)', W_o.
+  const Tensor out = scaled_dot_product_attention(detail::split_heads(wq_.forward(q), heads_, true),
+                                                  detail::split_heads(wk_.forward(k), heads_, true),
+                                                  detail::split_heads(wv_.forward(v), heads_, true))
+                         .output;  // [B, H, Lq, D/H]
+  return wo_.forward(detail::merge_heads(out, true));
+}
+
+}  // namespace qkv::nn
