@@ -101,6 +101,7 @@ void run_demo() {
   options.is_causal = true;
   const AttentionResult causal = scaled_dot_product_attention(q, k, v, options);
   section("causal attention weights (token 0 sees only itself)", *causal.weights);
+  demo_seed001();
   std::cout << std::flush;
   speed_line();
 }

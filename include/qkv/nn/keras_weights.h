@@ -1,0 +1,40 @@
+// Keras layers with their trained weights straight from a weight file: TF
+// checkpoints, Keras 3 .weights.h5, tf.keras .h5 and .keras archives (any format
+// io::load_weights reads), by layer name. A missing layer is a FormatError that
+// lists the layers (and their weights) the file has.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "qkv/io_keras.h"
+#include "qkv/nn/keras_mha.h"
+#include "qkv/nn/linear.h"
+#include "qkv/tensor.h"
+
+namespace qkv::nn {
+
+// The MultiHeadAttention config the weights imply: num_heads and key_dim from the
+// query kernel [dim, N, key_dim], value_dim from the value kernel, output_shape from
+// the output kernel's trailing axes when they differ from the query's dim, use_bias
+// from the presence of biases. (attention_axes and dropout are not in weight files.)
+KerasMhaConfig keras_mha_config(const std::map<std::string, Tensor>& weights);
+
+// The layer `name` of `layers` as a KerasMultiHeadAttention (config from keras_mha_config).
+KerasMultiHeadAttention load_keras_mha(const io::LayerWeights& layers, const std::string& name,
+                                       const std::string& source);
+// The Dense layer `name`: kernel [in, out] (+ bias [out]).
+Linear load_keras_dense(const io::LayerWeights& layers, const std::string& name, const std::string& source);
+
+// Seed 001's model shape: MultiHeadAttention self-attention followed by a Dense layer.
+struct KerasMhaDense {
+  KerasMultiHeadAttention attention{KerasMhaConfig{}};
+  Linear dense;
+  // x [B, T, dim] -> dense(attention(x, x)) [B, T, units].
+  Tensor forward(const Tensor& x) const;
+};
+// Loads both layers from `file` by name (seed 001: "multi_head_attention", "dense").
+KerasMhaDense load_keras_mha_dense(const std::filesystem::path& file, const std::string& mha_name = "multi_head_attention",
+                                   const std::string& dense_name = "dense");
+
+}  // namespace qkv::nn
