@@ -8,3 +8,4 @@ qkv's memory. See docs/python.md.
 
 from ._qkv import *  # noqa: F401,F403  (every public binding; see python/src/module.cc)
 from ._qkv import __version__  # noqa: F401
+from . import nn  # noqa: E402,F401  (qkv.nn: the attention layers, python/qkv/nn.py)

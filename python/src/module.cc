@@ -13,7 +13,8 @@
   AREA(io)                     \
   AREA(einops)                 \
   AREA(attention)              \
-  AREA(einsum)
+  AREA(einsum)                 \
+  AREA(nn)
 
 #define QKV_DECLARE_AREA(area) void bind_##area(nanobind::module_& m);
 QKV_PYTHON_AREAS(QKV_DECLARE_AREA)

@@ -1,0 +1,155 @@
+"""qkv.nn: multi-head attention layers with PyTorch's and Keras' semantics (inference only).
+
+Every computation runs in C++ (qkv::nn, the _qkv extension); this module only gives the
+layers the frameworks' signatures. Inputs are NumPy arrays or CPU torch tensors (read in
+place through DLPack); results are NumPy arrays, or torch tensors when the query was one
+(`torch.from_dlpack`, no copy). Dropout applies only with `layer.training = True`
+(default: eval, as torch's `.eval()`). See docs/nn.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from ._qkv import nn as _nn
+
+LazyMultiHeadAttention = _nn.LazyMultiHeadAttention
+MultiHeadSelfAttention = _nn.MultiHeadSelfAttention
+SelfAttention = _nn.SelfAttention
+SeparateHeadsAttention = _nn.SeparateHeadsAttention
+
+__all__ = ["MultiheadAttention", "KerasMultiHeadAttention", "SelfAttention", "MultiHeadSelfAttention",
+           "SeparateHeadsAttention", "LazyMultiHeadAttention"]
+
+
+def _array(x: Any) -> Any:
+    """A torch tensor that requires grad is read through .detach() (no copy)."""
+    if x is not None and hasattr(x, "detach") and getattr(x, "requires_grad", False):
+        return x.detach()
+    return x
+
+
+def _arrays(d: Mapping[str, Any]) -> dict:
+    return {str(k): _array(v) for k, v in dict(d).items()}
+
+
+def _like(result: Any, like: Any) -> Any:
+    """Results as torch tensors when the input was one, else NumPy arrays."""
+    if result is None or type(like).__module__.split(".")[0] != "torch":
+        return result
+    import torch
+
+    return torch.from_dlpack(result)
+
+
+class MultiheadAttention:
+    """torch.nn.MultiheadAttention's semantics and state_dict names; see docs/nn.md."""
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
+                 vdim: int | None = None, batch_first: bool = False) -> None:
+        self._layer = _nn._MultiheadAttention(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn,
+                                              kdim, vdim, batch_first)
+        self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, dropout
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self.batch_first = batch_first
+
+    @classmethod
+    def from_state_dict(cls, state_dict: Mapping[str, Any], num_heads: int, *, dropout: float = 0.0,
+                        add_zero_attn: bool = False, batch_first: bool = False) -> "MultiheadAttention":
+        """A layer with PyTorch's state_dict (dict of arrays or tensors); embed_dim, kdim, vdim,
+        bias and add_bias_kv are read from the keys and shapes."""
+        sd = _arrays(state_dict)
+        embed_dim = int(sd["out_proj.weight"].shape[0])
+        kdim = vdim = None
+        if "in_proj_weight" not in sd:
+            kdim, vdim = int(sd["k_proj_weight"].shape[1]), int(sd["v_proj_weight"].shape[1])
+        layer = cls(embed_dim, num_heads, dropout=dropout, bias="in_proj_bias" in sd, add_bias_kv="bias_k" in sd,
+                    add_zero_attn=add_zero_attn, kdim=kdim, vdim=vdim, batch_first=batch_first)
+        layer.load_state_dict(sd)
+        return layer
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+        self._layer.load_state_dict(_arrays(state_dict), strict)
+
+    def state_dict(self) -> dict:
+        return self._layer.state_dict()
+
+    @property
+    def training(self) -> bool:
+        return self._layer.training
+
+    def train(self, mode: bool = True) -> "MultiheadAttention":
+        self._layer.training = mode
+        return self
+
+    def eval(self) -> "MultiheadAttention":
+        return self.train(False)
+
+    def forward(self, query: Any, key: Any, value: Any, key_padding_mask: Any = None, need_weights: bool = True,
+                attn_mask: Any = None, average_attn_weights: bool = True, is_causal: bool = False) -> tuple:
+        """(attn_output, attn_output_weights or None), as torch: output [L, N, E] ([N, L, E] with
+        batch_first), weights [N, L, S] averaged over heads or [N, H, L, S]."""
+        q, k, v = _array(query), _array(key), _array(value)
+        k = q if key is query else k
+        v = q if value is query else (k if value is key else v)
+        out, w = self._layer.forward(q, k, v, _array(key_padding_mask), need_weights, _array(attn_mask),
+                                     average_attn_weights, is_causal)
+        return _like(out, query), _like(w, query)
+
+    __call__ = forward
+
+
+class KerasMultiHeadAttention:
+    """keras.layers.MultiHeadAttention's semantics (Keras 3) and weights; see docs/nn.md."""
+
+    def __init__(self, num_heads: int, key_dim: int, value_dim: int | None = None, use_bias: bool = True,
+                 output_shape: int | Sequence[int] | None = None,
+                 attention_axes: int | Sequence[int] | None = None, dropout: float = 0.0) -> None:
+        shape = [] if output_shape is None else ([output_shape] if isinstance(output_shape, int) else list(output_shape))
+        axes = [] if attention_axes is None else (
+            [attention_axes] if isinstance(attention_axes, int) else list(attention_axes))
+        self._layer = _nn._KerasMultiHeadAttention(num_heads, key_dim, value_dim, use_bias, shape, axes, dropout)
+        self.num_heads, self.key_dim = num_heads, key_dim
+        self.value_dim = value_dim if value_dim is not None else key_dim
+        self.use_bias, self.output_shape, self.attention_axes = use_bias, output_shape, attention_axes
+
+    @classmethod
+    def from_weights(cls, weights: Sequence[Any] | Mapping[str, Any], num_heads: int, key_dim: int,
+                     **kwargs: Any) -> "KerasMultiHeadAttention":
+        """A layer with Keras' weights: the list of layer.get_weights(), or a dict keyed by the
+        variables' paths ("mha/query/kernel", ...)."""
+        layer = cls(num_heads, key_dim, **kwargs)
+        layer.set_weights(weights) if not isinstance(weights, Mapping) else layer.load_weights(weights)
+        return layer
+
+    def set_weights(self, weights: Sequence[Any] | Mapping[str, Any]) -> None:
+        if isinstance(weights, Mapping):
+            self.load_weights(weights)
+        else:
+            self._layer.set_weights([_array(w) for w in weights])
+
+    def load_weights(self, weights: Mapping[str, Any]) -> None:
+        self._layer.load_weights(_arrays(weights))
+
+    def get_weights(self) -> list:
+        return self._layer.get_weights()
+
+    @property
+    def built(self) -> bool:
+        return self._layer.built
+
+    def __call__(self, query: Any, value: Any, key: Any = None, query_mask: Any = None, value_mask: Any = None,
+                 key_mask: Any = None, attention_mask: Any = None, return_attention_scores: bool = False,
+                 use_causal_mask: bool = False, training: bool | None = None) -> Any:
+        """output [B, T..., *output_shape], or (output, scores [B.., N, T.., S..]) as Keras."""
+        if training is not None:
+            self._layer.training = bool(training)
+        q = _array(query)
+        v = q if value is query else _array(value)
+        r = self._layer.call(q, v, _array(key), _array(query_mask), _array(value_mask), _array(key_mask),
+                             _array(attention_mask), return_attention_scores, use_causal_mask)
+        if return_attention_scores:
+            return _like(r[0], query), _like(r[1], query)
+        return _like(r, query)

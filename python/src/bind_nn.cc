@@ -1,0 +1,261 @@
+// qkv._qkv.nn: the attention layers (qkv/nn/*.h). python/qkv/nn.py gives them the
+// frameworks' signatures; these classes convert arrays and release the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "qkv/nn/keras_mha.h"
+#include "qkv/nn/mha.h"
+#include "qkv/nn/seed_layers.h"
+#include "tensor_convert.h"
+
+namespace nb = nanobind;
+using qkv::Tensor;
+using qkv::python::to_numpy;
+using qkv::python::to_optional_tensor;
+using qkv::python::to_tensor;
+
+namespace {
+
+std::map<std::string, Tensor> to_tensor_map(nb::handle d, const std::string& op) {
+  std::map<std::string, Tensor> out;
+  for (auto [key, value] : nb::borrow<nb::dict>(d)) {
+    const std::string name = nb::cast<std::string>(key);
+    out.emplace(name, to_tensor(value, (op + ": " + name).c_str()));
+  }
+  return out;
+}
+
+nb::dict to_dict(const std::map<std::string, Tensor>& tensors) {
+  nb::dict out;
+  for (const auto& [name, t] : tensors) out[nb::str(name.c_str(), name.size())] = to_numpy(t);
+  return out;
+}
+
+nb::object optional_numpy(const std::optional<Tensor>& t) { return t ? to_numpy(*t) : nb::none(); }
+
+// ---- PyTorch flavour ------------------------------------------------------------------------
+
+qkv::nn::MultiheadAttention make_torch(int64_t embed_dim, int64_t num_heads, double dropout, bool bias,
+                                       bool add_bias_kv, bool add_zero_attn, std::optional<int64_t> kdim,
+                                       std::optional<int64_t> vdim, bool batch_first) {
+  qkv::nn::MultiheadAttentionConfig c;
+  c.embed_dim = embed_dim;
+  c.num_heads = num_heads;
+  c.dropout = dropout;
+  c.bias = bias;
+  c.add_bias_kv = add_bias_kv;
+  c.add_zero_attn = add_zero_attn;
+  c.kdim = kdim;
+  c.vdim = vdim;
+  c.batch_first = batch_first;
+  return qkv::nn::MultiheadAttention(c);
+}
+
+nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, nb::handle key, nb::handle value,
+                        nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask,
+                        bool average_attn_weights, bool is_causal) {
+  const Tensor q = to_tensor(query, "MultiheadAttention: query");
+  const Tensor k = key.is(query) ? q : to_tensor(key, "MultiheadAttention: key");
+  const Tensor v = value.is(key) ? k : (value.is(query) ? q : to_tensor(value, "MultiheadAttention: value"));
+  qkv::nn::MhaForwardOptions o;
+  o.key_padding_mask = to_optional_tensor(key_padding_mask, "MultiheadAttention: key_padding_mask");
+  o.attn_mask = to_optional_tensor(attn_mask, "MultiheadAttention: attn_mask");
+  o.need_weights = need_weights;
+  o.average_attn_weights = average_attn_weights;
+  o.is_causal = is_causal;
+  qkv::nn::MhaResult r;
+  {
+    nb::gil_scoped_release release;
+    r = m.forward(q, k, v, o);
+  }
+  return nb::make_tuple(to_numpy(r.output), optional_numpy(r.weights));
+}
+
+void bind_torch_flavour(nb::module_& nn) {
+  nb::class_<qkv::nn::MultiheadAttention>(nn, "_MultiheadAttention")
+      .def(nb::new_(&make_torch), nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("dropout") = 0.0,
+           nb::arg("bias") = true, nb::arg("add_bias_kv") = false, nb::arg("add_zero_attn") = false,
+           nb::arg("kdim").none() = nb::none(), nb::arg("vdim").none() = nb::none(), nb::arg("batch_first") = false)
+      .def("load_state_dict",
+           [](qkv::nn::MultiheadAttention& m, nb::handle sd, bool strict) {
+             const auto tensors = to_tensor_map(sd, "MultiheadAttention.load_state_dict");
+             nb::gil_scoped_release release;
+             m.load_state_dict(tensors, strict);
+           },
+           nb::arg("state_dict"), nb::arg("strict") = true)
+      .def("state_dict", [](const qkv::nn::MultiheadAttention& m) { return to_dict(m.state_dict()); })
+      .def("forward", &torch_forward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
+           nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
+           nb::arg("attn_mask").none() = nb::none(), nb::arg("average_attn_weights") = true,
+           nb::arg("is_causal") = false)
+      .def_rw("training", &qkv::nn::MultiheadAttention::training)
+      .def_rw("dropout_seed", &qkv::nn::MultiheadAttention::dropout_seed);
+}
+
+// ---- Keras flavour ----------------------------------------------------------------------------
+
+qkv::nn::KerasMultiHeadAttention make_keras(int64_t num_heads, int64_t key_dim, std::optional<int64_t> value_dim,
+                                            bool use_bias, std::vector<int64_t> output_shape,
+                                            std::vector<int64_t> attention_axes, double dropout) {
+  qkv::nn::KerasMhaConfig c;
+  c.num_heads = num_heads;
+  c.key_dim = key_dim;
+  c.value_dim = value_dim;
+  c.use_bias = use_bias;
+  c.output_shape = std::move(output_shape);
+  c.attention_axes = std::move(attention_axes);
+  c.dropout = dropout;
+  return qkv::nn::KerasMultiHeadAttention(c);
+}
+
+nb::object keras_call(qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb::handle value, nb::handle key,
+                      nb::handle query_mask, nb::handle value_mask, nb::handle key_mask, nb::handle attention_mask,
+                      bool return_attention_scores, bool use_causal_mask) {
+  const Tensor q = to_tensor(query, "KerasMultiHeadAttention: query");
+  const Tensor v = value.is(query) ? q : to_tensor(value, "KerasMultiHeadAttention: value");
+  qkv::nn::KerasMhaCallOptions o;
+  o.key = to_optional_tensor(key, "KerasMultiHeadAttention: key");
+  o.query_mask = to_optional_tensor(query_mask, "KerasMultiHeadAttention: query_mask");
+  o.value_mask = to_optional_tensor(value_mask, "KerasMultiHeadAttention: value_mask");
+  o.key_mask = to_optional_tensor(key_mask, "KerasMultiHeadAttention: key_mask");
+  o.attention_mask = to_optional_tensor(attention_mask, "KerasMultiHeadAttention: attention_mask");
+  o.return_attention_scores = return_attention_scores;
+  o.use_causal_mask = use_causal_mask;
+  qkv::nn::KerasMhaResult r;
+  {
+    nb::gil_scoped_release release;
+    r = m.call(q, v, o);
+  }
+  if (!return_attention_scores) return to_numpy(r.output);
+  return nb::make_tuple(to_numpy(r.output), to_numpy(*r.scores));
+}
+
+void bind_keras_flavour(nb::module_& nn) {
+  nb::class_<qkv::nn::KerasMultiHeadAttention>(nn, "_KerasMultiHeadAttention")
+      .def(nb::new_(&make_keras), nb::arg("num_heads"), nb::arg("key_dim"), nb::arg("value_dim").none() = nb::none(),
+           nb::arg("use_bias") = true, nb::arg("output_shape") = std::vector<int64_t>{},
+           nb::arg("attention_axes") = std::vector<int64_t>{}, nb::arg("dropout") = 0.0)
+      .def("set_weights",
+           [](qkv::nn::KerasMultiHeadAttention& m, nb::handle weights) {
+             std::vector<Tensor> ws;
+             for (nb::handle w : weights) ws.push_back(to_tensor(w, "KerasMultiHeadAttention.set_weights"));
+             m.set_weights(ws);
+           })
+      .def("load_weights",
+           [](qkv::nn::KerasMultiHeadAttention& m, nb::handle d) {
+             m.load_weights(to_tensor_map(d, "KerasMultiHeadAttention.load_weights"));
+           })
+      .def("get_weights",
+           [](const qkv::nn::KerasMultiHeadAttention& m) {
+             nb::list out;
+             for (const Tensor& w : m.get_weights()) out.append(to_numpy(w));
+             return out;
+           })
+      .def("build", &qkv::nn::KerasMultiHeadAttention::build, nb::arg("query_dim"), nb::arg("value_dim"),
+           nb::arg("key_dim"), nb::arg("seed") = 0)
+      .def_prop_ro("built", &qkv::nn::KerasMultiHeadAttention::built)
+      .def("call", &keras_call, nb::arg("query"), nb::arg("value"), nb::arg("key").none() = nb::none(),
+           nb::arg("query_mask").none() = nb::none(), nb::arg("value_mask").none() = nb::none(),
+           nb::arg("key_mask").none() = nb::none(), nb::arg("attention_mask").none() = nb::none(),
+           nb::arg("return_attention_scores") = false, nb::arg("use_causal_mask") = false)
+      .def_rw("training", &qkv::nn::KerasMultiHeadAttention::training);
+}
+
+// ---- seed flavours -------------------------------------------------------------------------------
+
+template <class Layer>
+void bind_state(nb::class_<Layer>& c) {
+  c.def("load_state_dict", [](Layer& m, nb::handle sd) { m.load_state_dict(to_tensor_map(sd, "load_state_dict")); })
+      .def("state_dict", [](const Layer& m) { return to_dict(m.state_dict()); });
+}
+
+void bind_seed_flavours(nb::module_& nn) {
+  using namespace qkv::nn;
+  nb::class_<SelfAttention> sa(nn, "SelfAttention", "Seed 000's single-head self-attention (to_qvk, no bias).");
+  sa.def(nb::init<int64_t, uint64_t>(), nb::arg("dim"), nb::arg("seed") = 0)
+      .def("__call__",
+           [](const SelfAttention& m, nb::handle x, nb::handle mask) {
+             const Tensor t = to_tensor(x, "SelfAttention: x");
+             const auto mk = to_optional_tensor(mask, "SelfAttention: mask");
+             Tensor r;
+             {
+               nb::gil_scoped_release release;
+               r = m.forward(t, mk);
+             }
+             return to_numpy(r);
+           },
+           nb::arg("x"), nb::arg("mask").none() = nb::none());
+  bind_state(sa);
+  nb::class_<MultiHeadSelfAttention> mh(nn, "MultiHeadSelfAttention",
+                                        "Seed 000's MHSA: to_qvk 'b t (d k h) -> k b h t d', W_0.");
+  mh.def(nb::init<int64_t, int64_t, std::optional<int64_t>, uint64_t>(), nb::arg("dim"), nb::arg("heads") = 8,
+         nb::arg("dim_head").none() = nb::none(), nb::arg("seed") = 0)
+      .def("__call__",
+           [](const MultiHeadSelfAttention& m, nb::handle x, nb::handle mask) {
+             const Tensor t = to_tensor(x, "MultiHeadSelfAttention: x");
+             const auto mk = to_optional_tensor(mask, "MultiHeadSelfAttention: mask");
+             Tensor r;
+             {
+               nb::gil_scoped_release release;
+               r = m.forward(t, mk);
+             }
+             return to_numpy(r);
+           },
+           nb::arg("x"), nb::arg("mask").none() = nb::none());
+  bind_state(mh);
+  nb::class_<SeparateHeadsAttention> sh(nn, "SeparateHeadsAttention",
+                                        "Seed 003's layer: Dkq != Dv, scale, causal; returns (output, scores).");
+  sh.def(nb::init<int64_t, int64_t, std::optional<int64_t>, std::optional<int64_t>, std::optional<double>, bool,
+                  uint64_t>(),
+         nb::arg("embed_dim"), nb::arg("n_heads"), nb::arg("d_kq").none() = nb::none(),
+         nb::arg("d_v").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("causal") = false,
+         nb::arg("seed") = 0)
+      .def("__call__",
+           [](const SeparateHeadsAttention& m, nb::handle q, nb::handle k, nb::handle v) {
+             const Tensor tq = to_tensor(q, "SeparateHeadsAttention: q");
+             const Tensor tk = to_tensor(k, "SeparateHeadsAttention: k");
+             const Tensor tv = to_tensor(v, "SeparateHeadsAttention: v");
+             SeparateHeadsResult r;
+             {
+               nb::gil_scoped_release release;
+               r = m.forward(tq, tk, tv);
+             }
+             return nb::make_tuple(to_numpy(r.output), to_numpy(r.scores));
+           },
+           nb::arg("q"), nb::arg("k"), nb::arg("v"));
+  bind_state(sh);
+  nb::class_<LazyMultiHeadAttention> lz(nn, "LazyMultiHeadAttention",
+                                        "Seed 004's layer: LazyLinear q/k/v projections fixed at the first call.");
+  lz.def(nb::init<int64_t, int64_t, uint64_t>(), nb::arg("hidden"), nb::arg("heads"), nb::arg("seed") = 0)
+      .def("__call__",
+           [](LazyMultiHeadAttention& m, nb::handle q, nb::handle k, nb::handle v) {
+             const Tensor tq = to_tensor(q, "LazyMultiHeadAttention: q");
+             const Tensor tk = to_tensor(k, "LazyMultiHeadAttention: k");
+             const Tensor tv = to_tensor(v, "LazyMultiHeadAttention: v");
+             Tensor r;
+             {
+               nb::gil_scoped_release release;
+               r = m.forward(tq, tk, tv);
+             }
+             return to_numpy(r);
+           },
+           nb::arg("q"), nb::arg("k"), nb::arg("v"))
+      .def_prop_ro("materialized", &LazyMultiHeadAttention::materialized);
+  bind_state(lz);
+}
+
+}  // namespace
+
+void bind_nn(nb::module_& m) {
+  nb::module_ nn = m.def_submodule("nn", "Attention layers: PyTorch, Keras and the seed articles' flavours");
+  bind_torch_flavour(nn);
+  bind_keras_flavour(nn);
+  bind_seed_flavours(nn);
+}

@@ -1,0 +1,166 @@
+"""qkv.nn against the frameworks' fixtures (tests/fixtures/mha_torch, mha_keras), a NumPy
+oracle of torch.nn.MultiheadAttention's formula, and live torch when it is installed."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+import qkv
+import qkv.nn
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
+TOL = 1e-5
+
+
+def load(path):
+    with safe_open(str(path), "np") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        options = json.loads(f.metadata()["options"])
+    return tensors, options
+
+
+def rel_err(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    return np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-300)
+
+
+TORCH_FILES = sorted((FIXTURES / "mha_torch").glob("*.safetensors"))
+KERAS_FILES = sorted((FIXTURES / "mha_keras").glob("*.safetensors"))
+
+
+def test_fixture_counts():
+    assert len(TORCH_FILES) >= 30 and len(KERAS_FILES) >= 30
+
+
+@pytest.mark.parametrize("path", TORCH_FILES, ids=lambda p: p.stem)
+def test_multihead_attention_matches_pytorch(path):
+    t, o = load(path)
+    sd = {k: v for k, v in t.items() if not k.startswith(("input.", "expected."))}
+    mha = qkv.nn.MultiheadAttention.from_state_dict(sd, o["num_heads"], add_zero_attn=o["add_zero_attn"],
+                                                    batch_first=o["batch_first"])
+    q = t["input.query"]
+    k = q if o["self_attention"] else t["input.key"]
+    v = q if o["self_attention"] else (k if o["kv_shared"] else t["input.value"])
+    out, w = mha(q, k, v, key_padding_mask=t.get("input.key_padding_mask"), need_weights=o["need_weights"],
+                 attn_mask=t.get("input.attn_mask"), average_attn_weights=o["average_attn_weights"],
+                 is_causal=o["is_causal"])
+    assert rel_err(out, t["expected.output"]) <= TOL
+    assert (w is None) == ("expected.weights" not in t)
+    if w is not None:
+        assert rel_err(w, t["expected.weights"]) <= TOL
+
+
+@pytest.mark.parametrize("path", KERAS_FILES, ids=lambda p: p.stem)
+def test_keras_multi_head_attention_matches_keras(path):
+    t, o = load(path)
+    weights = {k: v for k, v in t.items() if k.startswith("mha/")}
+    layer = qkv.nn.KerasMultiHeadAttention.from_weights(
+        weights, o["num_heads"], o["key_dim"], value_dim=o["value_dim"], use_bias=o["use_bias"],
+        output_shape=o["output_shape"], attention_axes=o["attention_axes"])
+    q = t["input.query"]
+    r = layer(q, t.get("input.value", q), key=t.get("input.key"), query_mask=t.get("input.query_mask"),
+              value_mask=t.get("input.value_mask"), key_mask=t.get("input.key_mask"),
+              attention_mask=t.get("input.attention_mask"), return_attention_scores=o["return_attention_scores"],
+              use_causal_mask=o["use_causal_mask"])
+    out, scores = r if o["return_attention_scores"] else (r, None)
+    assert rel_err(out, t["expected.output"]) <= TOL
+    if scores is not None:
+        assert rel_err(scores, t["expected.scores"]) <= TOL
+
+
+def seed(name):
+    return load(FIXTURES / "mha_torch" / "seeds" / f"{name}.safetensors")
+
+
+def params(t):
+    return {k: v for k, v in t.items() if not k.startswith(("input.", "expected."))}
+
+
+def test_seed_layers_match_the_articles_code():
+    t, o = seed("mhsa_dim_head")
+    m = qkv.nn.MultiHeadSelfAttention(o["dim"], o["heads"], o["dim_head"])
+    m.load_state_dict(params(t))
+    assert rel_err(m(t["input.x"], t["input.mask"]), t["expected.output"]) <= TOL
+    t, o = seed("self_attention_mask")
+    s = qkv.nn.SelfAttention(o["dim"])
+    s.load_state_dict(params(t))
+    assert rel_err(s(t["input.x"], t["input.mask"]), t["expected.output"]) <= TOL
+    t, o = seed("seed003_causal_scale")
+    a = qkv.nn.SeparateHeadsAttention(o["E"], o["H"], o["Dkq"], o["Dv"], scale=o["scale"], causal=True)
+    a.load_state_dict(params(t))
+    out, scores = a(t["input.q"], t["input.k"], t["input.v"])
+    assert rel_err(out, t["expected.output"]) <= TOL and rel_err(scores, t["expected.scores"]) <= TOL
+    t, o = seed("seed004_lazy")
+    lazy = qkv.nn.LazyMultiHeadAttention(o["hidden"], o["heads"])
+    assert not lazy.materialized
+    lazy.load_state_dict(params(t))
+    assert rel_err(lazy(t["input.q"], t["input.k"], t["input.v"]), t["expected.output"]) <= TOL
+    with pytest.raises(ValueError, match="the first call fixed d_q = 7"):
+        lazy(t["input.q"][..., :5], t["input.k"], t["input.v"])
+
+
+def numpy_mha(x, sd, heads, kpm, attn_mask):
+    """torch.nn.MultiheadAttention's formula in float64 NumPy: batch_first self-attention with a
+    bool key_padding_mask (True = ignore), a float attn_mask and add_bias_kv."""
+    n, l, e = x.shape
+    d = e // heads
+    w, b = sd["in_proj_weight"].astype(np.float64), sd["in_proj_bias"].astype(np.float64)
+    q, k, v = (x @ w[i * e:(i + 1) * e].T + b[i * e:(i + 1) * e] for i in range(3))
+    k = np.concatenate([k, np.broadcast_to(sd["bias_k"].reshape(1, 1, e), (n, 1, e))], 1)
+    v = np.concatenate([v, np.broadcast_to(sd["bias_v"].reshape(1, 1, e), (n, 1, e))], 1)
+    split = lambda t: t.reshape(n, -1, heads, d).transpose(0, 2, 1, 3)  # noqa: E731
+    s = split(q) @ split(k).transpose(0, 1, 3, 2) / np.sqrt(d)
+    mask = np.pad(attn_mask, ((0, 0), (0, 1)))[None, None] + np.where(np.pad(kpm, ((0, 0), (0, 1))), -np.inf, 0)[:, None, None]
+    s = s + mask
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = (p @ split(v)).transpose(0, 2, 1, 3).reshape(n, l, e)
+    return o @ sd["out_proj.weight"].T + sd["out_proj.bias"], p.mean(1)
+
+
+def test_multihead_attention_matches_a_numpy_oracle():
+    rng = np.random.default_rng(5)
+    e, heads = 12, 3
+    mha = qkv.nn.MultiheadAttention(e, heads, add_bias_kv=True, batch_first=True)
+    sd = {k: rng.standard_normal(v.shape).astype(np.float32) * 0.4 for k, v in mha.state_dict().items()}
+    mha.load_state_dict(sd)
+    x = rng.standard_normal((2, 6, e)).astype(np.float32)
+    kpm = rng.random((2, 6)) < 0.3
+    kpm[:, 0] = False
+    attn = rng.standard_normal((6, 6)).astype(np.float32)
+    out, w = mha(x, x, x, key_padding_mask=kpm, attn_mask=attn)
+    want_out, want_w = numpy_mha(x.astype(np.float64), sd, heads, kpm, attn)
+    assert rel_err(out, want_out) <= TOL and rel_err(w, want_w) <= TOL
+
+
+def test_errors_are_python_exceptions():
+    with pytest.raises(ValueError, match="divisible by num_heads"):
+        qkv.nn.MultiheadAttention(10, 3)
+    mha = qkv.nn.MultiheadAttention(8, 2)
+    x = np.zeros((3, 2, 8), np.float32)
+    with pytest.raises(ValueError, match="Need attn_mask"):
+        mha(x, x, x, is_causal=True)
+    with pytest.raises(ValueError, match="missing keys"):
+        mha.load_state_dict({})
+    keras = qkv.nn.KerasMultiHeadAttention(2, 4, output_shape=(3, 2))
+    out = keras(np.ones((1, 5, 6), np.float32), np.ones((1, 4, 7), np.float32))  # builds at the first call
+    assert out.shape == (1, 5, 3, 2) and keras.built and keras.get_weights()[6].shape == (2, 4, 3, 2)
+
+
+def test_torch_tensors_in_torch_tensors_out_and_live_parity():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(16, 4, batch_first=True, kdim=10, vdim=6).eval()
+    q, k, v = torch.randn(2, 5, 16), torch.randn(2, 7, 10), torch.randn(2, 7, 6)
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    kpm[1, 4:] = True
+    mha = qkv.nn.MultiheadAttention.from_state_dict(ref.state_dict(), 4, batch_first=True)
+    out, w = mha(q, k, v, key_padding_mask=kpm, average_attn_weights=False)
+    assert isinstance(out, torch.Tensor) and isinstance(w, torch.Tensor)
+    with torch.inference_mode():
+        want, want_w = ref(q, k, v, key_padding_mask=kpm, average_attn_weights=False)
+    assert rel_err(out.numpy(), want.numpy()) <= TOL and rel_err(w.numpy(), want_w.numpy()) <= TOL
