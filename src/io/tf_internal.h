@@ -21,6 +21,14 @@ uint32_t crc32c_extend(uint32_t crc, const std::byte* data, size_t n);
 inline uint32_t crc32c(std::span<const std::byte> bytes) { return crc32c_extend(0, bytes.data(), bytes.size()); }
 // LevelDB/TF store crcs "masked" so that a crc of data holding crcs is not degenerate.
 inline uint32_t crc32c_mask(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
+// Fuzz builds (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, set by the QKV_FUZZ CMake option)
+// compute checksums but do not enforce them, so that mutated inputs reach the parsers
+// behind them instead of stopping at the first crc32c. Every other build enforces them.
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+inline constexpr bool kEnforceChecksums = false;
+#else
+inline constexpr bool kEnforceChecksums = true;
+#endif
 inline uint32_t crc32c_unmask(uint32_t masked) {
   const uint32_t rot = masked - 0xa282ead8u;
   return (rot >> 17) | (rot << 15);
