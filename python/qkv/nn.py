@@ -9,6 +9,7 @@ place through DLPack); results are NumPy arrays, or torch tensors when the query
 
 from __future__ import annotations
 
+import types
 from typing import Any, Mapping, Sequence
 
 from ._qkv import nn as _nn
@@ -33,6 +34,16 @@ def _arrays(d: Mapping[str, Any]) -> dict:
     return {str(k): _array(v) for k, v in dict(d).items()}
 
 
+class _hybridmethod:
+    """A method that works on the class (a constructor) and on an instance (loads into it)."""
+
+    def __init__(self, on_class, on_instance):
+        self.on_class, self.on_instance = on_class, on_instance
+
+    def __get__(self, obj, cls):
+        return types.MethodType(self.on_class, cls) if obj is None else types.MethodType(self.on_instance, obj)
+
+
 def _like(result: Any, like: Any) -> Any:
     """Results as torch tensors when the input was one, else NumPy arrays."""
     if result is None or type(like).__module__.split(".")[0] != "torch":
@@ -55,11 +66,11 @@ class MultiheadAttention:
         self.vdim = vdim if vdim is not None else embed_dim
         self.batch_first = batch_first
 
-    @classmethod
-    def from_state_dict(cls, state_dict: Mapping[str, Any], num_heads: int, *, dropout: float = 0.0,
-                        add_zero_attn: bool = False, batch_first: bool = False) -> "MultiheadAttention":
-        """A layer with PyTorch's state_dict (dict of arrays or tensors); embed_dim, kdim, vdim,
-        bias and add_bias_kv are read from the keys and shapes."""
+    def _new_from_state_dict(cls, state_dict: Mapping[str, Any], num_heads: int, *, dropout: float = 0.0,
+                             add_zero_attn: bool = False, batch_first: bool = False) -> "MultiheadAttention":
+        """MultiheadAttention.from_state_dict(sd, num_heads, ...): a layer with PyTorch's state_dict
+        (dict of arrays or tensors); embed_dim, kdim, vdim, bias and add_bias_kv are read from the
+        keys and shapes. layer.from_state_dict(sd): loads into this layer and returns it."""
         sd = _arrays(state_dict)
         embed_dim = int(sd["out_proj.weight"].shape[0])
         kdim = vdim = None
@@ -69,6 +80,12 @@ class MultiheadAttention:
                     add_zero_attn=add_zero_attn, kdim=kdim, vdim=vdim, batch_first=batch_first)
         layer.load_state_dict(sd)
         return layer
+
+    def _load_from_state_dict(self, state_dict: Mapping[str, Any]) -> "MultiheadAttention":
+        self.load_state_dict(state_dict)
+        return self
+
+    from_state_dict = _hybridmethod(_new_from_state_dict, _load_from_state_dict)
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         self._layer.load_state_dict(_arrays(state_dict), strict)
@@ -115,14 +132,18 @@ class KerasMultiHeadAttention:
         self.value_dim = value_dim if value_dim is not None else key_dim
         self.use_bias, self.output_shape, self.attention_axes = use_bias, output_shape, attention_axes
 
-    @classmethod
-    def from_weights(cls, weights: Sequence[Any] | Mapping[str, Any], num_heads: int, key_dim: int,
-                     **kwargs: Any) -> "KerasMultiHeadAttention":
-        """A layer with Keras' weights: the list of layer.get_weights(), or a dict keyed by the
-        variables' paths ("mha/query/kernel", ...)."""
-        layer = cls(num_heads, key_dim, **kwargs)
-        layer.set_weights(weights) if not isinstance(weights, Mapping) else layer.load_weights(weights)
-        return layer
+    def _new_from_weights(cls, weights: Sequence[Any] | Mapping[str, Any], num_heads: int, key_dim: int,
+                          **kwargs: Any) -> "KerasMultiHeadAttention":
+        """KerasMultiHeadAttention.from_weights(weights, num_heads, key_dim, ...): a layer with Keras'
+        weights, the list of layer.get_weights() or a dict keyed by the variables' paths
+        ("mha/query/kernel", ...). layer.from_weights(weights): loads into this layer, returns it."""
+        return cls(num_heads, key_dim, **kwargs).from_weights(weights)
+
+    def _load_weights_into(self, weights: Sequence[Any] | Mapping[str, Any]) -> "KerasMultiHeadAttention":
+        self.set_weights(weights)
+        return self
+
+    from_weights = _hybridmethod(_new_from_weights, _load_weights_into)
 
     def set_weights(self, weights: Sequence[Any] | Mapping[str, Any]) -> None:
         if isinstance(weights, Mapping):

@@ -146,9 +146,13 @@ def test_errors_are_python_exceptions():
         mha(x, x, x, is_causal=True)
     with pytest.raises(ValueError, match="missing keys"):
         mha.load_state_dict({})
+    layer = qkv.nn.MultiheadAttention(8, 2).from_state_dict(mha.state_dict())  # instance form
+    assert isinstance(layer, qkv.nn.MultiheadAttention)
     keras = qkv.nn.KerasMultiHeadAttention(2, 4, output_shape=(3, 2))
     out = keras(np.ones((1, 5, 6), np.float32), np.ones((1, 4, 7), np.float32))  # builds at the first call
     assert out.shape == (1, 5, 3, 2) and keras.built and keras.get_weights()[6].shape == (2, 4, 3, 2)
+    again = qkv.nn.KerasMultiHeadAttention(2, 4, output_shape=(3, 2)).from_weights(keras.get_weights())
+    assert np.array_equal(again(np.ones((1, 5, 6), np.float32), np.ones((1, 4, 7), np.float32)), out)
 
 
 def test_torch_tensors_in_torch_tensors_out_and_live_parity():
