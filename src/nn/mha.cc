@@ -2,7 +2,6 @@
 #include "qkv/nn/mha.h"
 
 #include <cmath>
-#include <set>
 
 #include "nn/heads.h"
 #include "qkv/attention.h"
@@ -159,7 +158,47 @@ void check_input(const Tensor& t, int64_t dims, int64_t features, const char* wh
   }
 }
 
+// The call's masks as one additive f32 mask [1|N, 1|H, L, S + extra] (PyTorch's merge of
+// key_padding_mask and attn_mask; the `extra` bias_kv / zero_attn keys always take part).
+std::optional<Tensor> combined_mask(const MhaForwardOptions& o, bool batched, int64_t n, int64_t h, int64_t l,
+                                    int64_t s, int64_t extra) {
+  std::optional<Tensor> mask;
+  if (o.attn_mask) mask = attn_mask_4d(*o.attn_mask, n, h, l, s);
+  if (o.key_padding_mask) {
+    const Tensor& m = *o.key_padding_mask;
+    const Shape expected = batched ? Shape{n, s} : Shape{s};
+    if (m.shape() != expected) {
+      fail<ShapeError>(kOp, ": expected key_padding_mask of shape ", shape_str(expected), ", got ",
+                       shape_str(m.shape()));
+    }
+    const Tensor kpm = detail::additive_mask(m, true, "MultiheadAttention: key_padding_mask").view({n, 1, 1, s});
+    mask = mask ? detail::add_broadcast(*mask, kpm) : kpm;
+  }
+  if (mask && extra > 0) mask = detail::pad_last(*mask, extra, 0.0f);
+  return mask;
+}
+
 }  // namespace
+
+void MultiheadAttention::project(const Tensor& q, const Tensor& k, const Tensor& v, bool self, bool kv_shared,
+                                 Tensor& qp, Tensor& kp, Tensor& vp) const {
+  const int64_t e = config_.embed_dim;
+  if (packed() && self) {
+    const Tensor all = qkv_.forward(q);  // [L, N, 3E], one GEMM
+    qp = all.slice(-1, 0, e);
+    kp = all.slice(-1, e, 2 * e);
+    vp = all.slice(-1, 2 * e, 3 * e);
+  } else if (packed() && kv_shared) {
+    qp = q_.forward(q);
+    const Tensor kv = kv_.forward(k);  // [S, N, 2E]
+    kp = kv.slice(-1, 0, e);
+    vp = kv.slice(-1, e, 2 * e);
+  } else {
+    qp = q_.forward(q);
+    kp = k_.forward(k);
+    vp = v_.forward(v);
+  }
+}
 
 MhaResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                       const MhaForwardOptions& o) const {
@@ -183,21 +222,7 @@ MhaResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, co
   }
   // ---- projections: [L, N, E] (or [N, L, E]) ----
   Tensor qp, kp, vp;
-  if (packed() && same_tensor(query, key) && same_tensor(key, value)) {
-    const Tensor all = qkv_.forward(qi);  // [L, N, 3E], one GEMM
-    qp = all.slice(-1, 0, e);
-    kp = all.slice(-1, e, 2 * e);
-    vp = all.slice(-1, 2 * e, 3 * e);
-  } else if (packed() && same_tensor(key, value)) {
-    qp = q_.forward(qi);
-    const Tensor kv = kv_.forward(ki);  // [S, N, 2E]
-    kp = kv.slice(-1, 0, e);
-    vp = kv.slice(-1, e, 2 * e);
-  } else {
-    qp = q_.forward(qi);
-    kp = k_.forward(ki);
-    vp = v_.forward(vi);
-  }
+  project(qi, ki, vi, same_tensor(query, key) && same_tensor(key, value), same_tensor(key, value), qp, kp, vp);
   const Tensor qh = detail::split_heads(qp, h, bf);  // [N, H, L, D]
   Tensor kh = detail::split_heads(kp, h, bf);        // [N, H, S, D]
   Tensor vh = detail::split_heads(vp, h, bf);        // [N, H, S, D]
@@ -212,20 +237,7 @@ MhaResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, co
     vh = detail::append_key_row(vh, std::nullopt);
     ++extra;
   }
-  // ---- masks: one additive f32 mask [1|N, 1|H, L, S + extra] ----
-  std::optional<Tensor> mask;
-  if (o.attn_mask) mask = attn_mask_4d(*o.attn_mask, n, h, l, s);
-  if (o.key_padding_mask) {
-    const Tensor& m = *o.key_padding_mask;
-    const Shape expected = batched ? Shape{n, s} : Shape{s};
-    if (m.shape() != expected) {
-      fail<ShapeError>(kOp, ": expected key_padding_mask of shape ", shape_str(expected), ", got ",
-                       shape_str(m.shape()));
-    }
-    const Tensor kpm = detail::additive_mask(m, true, "MultiheadAttention: key_padding_mask").view({n, 1, 1, s});
-    mask = mask ? detail::add_broadcast(*mask, kpm) : kpm;
-  }
-  if (mask && extra > 0) mask = detail::pad_last(*mask, extra, 0.0f);
+  std::optional<Tensor> mask = combined_mask(o, batched, n, h, l, s, extra);  // [1|N, 1|H, L, S']
   bool causal = false;
   if (o.is_causal) {
     if (!o.attn_mask) fail<ValueError>(kOp, ": Need attn_mask if specifying the is_causal hint.");

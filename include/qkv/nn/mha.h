@@ -80,6 +80,9 @@ class MultiheadAttention {
  private:
   void rebuild();  // Linear views over the parameters
   bool packed() const;
+  // q/k/v projections [L, N, E]: one GEMM for self-attention, one for k and v when shared.
+  void project(const Tensor& q, const Tensor& k, const Tensor& v, bool self, bool kv_shared, Tensor& qp,
+               Tensor& kp, Tensor& vp) const;
 
   MultiheadAttentionConfig config_;
   std::map<std::string, Tensor> params_;  // PyTorch names -> f32 tensors
