@@ -65,8 +65,12 @@ H5DatasetInfo dataset_info(hid_t dset, const Context& ctx, const std::string& pa
 Tensor read_dataset(hid_t dset, const H5DatasetInfo& info, size_t max_bytes, const Context& ctx,
                     const std::string& path);
 
-// A string or string-array attribute (fixed-length or variable-length strings, as
-// tf.keras and h5py write them); nullopt when `obj` has no attribute `name`.
+bool has_attr(hid_t obj, const char* name, const Context& ctx);
+// A fixed-length string (array) attribute, as tf.keras writes layer_names and
+// weight_names (an empty non-string array, as h5py writes [], gives no names);
+// nullopt when `obj` has no attribute `name` or it holds variable-length strings.
+// Variable-length strings are not read: libhdf5 1.10.8 reads them from the global
+// heap without bounds checks and crashes on corrupt files (docs/formats.md).
 std::optional<std::vector<std::string>> read_string_attr(hid_t obj, const char* name, const Context& ctx);
 
 // Every dataset below `root` ("" = the whole file) as paths, in HDF5's name order.

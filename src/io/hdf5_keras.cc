@@ -27,23 +27,45 @@ std::string weight_name(std::string name) {
   return name;
 }
 
-// tf.keras 2.x: `base` holds layer_names; each layer group holds weight_names,
-// the datasets' paths relative to it.
+// The datasets below `group` ("a/b"), as paths relative to it.
+std::vector<std::string> datasets_below(const std::vector<std::string>& all, const std::string& group) {
+  std::vector<std::string> out;
+  for (const std::string& p : all) {
+    if (group.empty() || (p.size() > group.size() + 1 && p.starts_with(group) && p[group.size()] == '/')) {
+      out.push_back(group.empty() ? p : p.substr(group.size() + 1));
+    }
+  }
+  return out;
+}
+
+// tf.keras 2.x: `base` holds layer_names; each layer group holds weight_names, the
+// datasets' paths relative to it. Where those attributes hold variable-length
+// strings (Keras 3's legacy writer), the layers and weights are the groups and
+// datasets below `base` instead (same names, HDF5's order).
 void read_legacy(hid_t file, const std::string& base, bool data, size_t max_bytes, WeightFile& out,
                  const Context& ctx) {
+  const std::vector<std::string> all = list_datasets(file, ctx);
   H5Id group(h5_check(H5Gopen2(file, base.empty() ? "/" : base.c_str(), H5P_DEFAULT), ctx, "group /" + base));
-  const auto layers = read_string_attr(group.get(), "layer_names", ctx).value_or(std::vector<std::string>{});
   const std::string prefix = base.empty() ? "" : base + "/";
-  for (const std::string& layer : layers) {
+  auto layers = read_string_attr(group.get(), "layer_names", ctx);
+  if (!layers) {
+    layers.emplace();
+    for (const std::string& p : datasets_below(all, base)) {
+      const std::string layer = p.substr(0, p.find('/'));
+      if (layer == p || (base.empty() && layer == "optimizer_weights")) continue;
+      if (std::find(layers->begin(), layers->end(), layer) == layers->end()) layers->push_back(layer);
+    }
+  }
+  for (const std::string& layer : *layers) {
     const std::string lpath = prefix + layer;
     H5Id lg(h5_check(H5Gopen2(file, lpath.c_str(), H5P_DEFAULT), ctx, "layer group " + quote_name(lpath)));
-    const auto names = read_string_attr(lg.get(), "weight_names", ctx);
-    if (!names) fail_at(ctx, "layer group ", quote_name(lpath), " has no weight_names attribute");
-    for (const std::string& w : *names) add_dataset(file, lpath + "/" + w, weight_name(w), false, data, max_bytes, out, ctx);
+    if (!has_attr(lg.get(), "weight_names", ctx)) fail_at(ctx, "layer group ", quote_name(lpath), " has no weight_names attribute");
+    const auto names = read_string_attr(lg.get(), "weight_names", ctx).value_or(datasets_below(all, lpath));
+    for (const std::string& w : names) add_dataset(file, lpath + "/" + w, weight_name(w), false, data, max_bytes, out, ctx);
   }
   if (H5Lexists(file, "optimizer_weights", H5P_DEFAULT) > 0) {
     H5Id og(h5_check(H5Gopen2(file, "optimizer_weights", H5P_DEFAULT), ctx, "group optimizer_weights"));
-    const auto names = read_string_attr(og.get(), "weight_names", ctx).value_or(std::vector<std::string>{});
+    const auto names = read_string_attr(og.get(), "weight_names", ctx).value_or(datasets_below(all, "optimizer_weights"));
     for (const std::string& w : names) {
       add_dataset(file, "optimizer_weights/" + w, weight_name(w), true, data, max_bytes, out, ctx);
     }
@@ -58,7 +80,7 @@ WeightFile read_keras_h5(std::span<const std::byte> bytes, bool data, const Cont
   const size_t max_bytes = bytes.size() * 64 + (size_t{1} << 20);
   WeightFile out;
   H5Id root(h5_check(H5Gopen2(file.get(), "/", H5P_DEFAULT), ctx, "root group"));
-  if (read_string_attr(root.get(), "layer_names", ctx)) {
+  if (has_attr(root.get(), "layer_names", ctx)) {
     read_legacy(file.get(), "", data, max_bytes, out, ctx);  // tf.keras save_weights("x.h5")
   } else if (H5Lexists(file.get(), "model_weights", H5P_DEFAULT) > 0) {
     read_legacy(file.get(), "model_weights", data, max_bytes, out, ctx);  // tf.keras model.save("x.h5")

@@ -131,10 +131,14 @@ Tensor read_dataset(hid_t dset, const H5DatasetInfo& info, size_t max_bytes, con
   return t;
 }
 
-std::optional<std::vector<std::string>> read_string_attr(hid_t obj, const char* name, const Context& ctx) {
+bool has_attr(hid_t obj, const char* name, const Context& ctx) {
   const htri_t exists = H5Aexists(obj, name);
   if (exists < 0) fail_at(ctx, "attribute '", name, "': ", hdf5_error_text());
-  if (exists == 0) return std::nullopt;
+  return exists > 0;
+}
+
+std::optional<std::vector<std::string>> read_string_attr(hid_t obj, const char* name, const Context& ctx) {
+  if (!has_attr(obj, name, ctx)) return std::nullopt;
   const std::string what = std::string("attribute '") + name + "'";
   H5Id attr(h5_check(H5Aopen(obj, name, H5P_DEFAULT), ctx, what));
   H5Id type(h5_check(H5Aget_type(attr.get()), ctx, what));
@@ -144,15 +148,7 @@ std::optional<std::vector<std::string>> read_string_attr(hid_t obj, const char* 
   std::vector<std::string> out;
   if (n == 0 || H5Tget_class(type.get()) != H5T_STRING) return out;  // e.g. h5py's empty float64 array
   const auto count = static_cast<size_t>(n);
-  if (H5Tis_variable_str(type.get()) > 0) {
-    std::vector<char*> ptrs(count, nullptr);
-    H5Id mem(h5_check(H5Tcopy(H5T_C_S1), ctx, what));
-    H5Tset_size(mem.get(), H5T_VARIABLE);
-    if (H5Aread(attr.get(), mem.get(), ptrs.data()) < 0) fail_at(ctx, what, ": ", hdf5_error_text());
-    for (char* p : ptrs) out.emplace_back(p != nullptr ? p : "");
-    H5Dvlen_reclaim(mem.get(), space.get(), H5P_DEFAULT, ptrs.data());
-    return out;
-  }
+  if (H5Tis_variable_str(type.get()) != 0) return std::nullopt;  // not read: see the header
   const size_t size = H5Tget_size(type.get());
   if (size == 0 || size > (size_t{1} << 20) / count + 1) fail_at(ctx, what, ": invalid string size ", size);
   std::vector<char> buf(size * count);
