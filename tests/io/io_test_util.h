@@ -62,6 +62,16 @@ inline double expected_value(DType dtype, int64_t i) {
   }
 }
 
+// The raw little-endian bytes of the first n f32 fixture values.
+inline std::string f32_data(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    const float v = static_cast<float>(expected_value(DType::f32, i));
+    s.append(reinterpret_cast<const char*>(&v), 4);
+  }
+  return s;
+}
+
 // A contiguous tensor holding the fixture values.
 inline Tensor formula_tensor(DType dtype, const Shape& shape) {
   std::vector<double> values(static_cast<size_t>(shape_numel(shape)));

@@ -12,6 +12,7 @@ namespace qkv::io {
 namespace {
 
 using testing::expect_formula;
+using testing::f32_data;
 using testing::fixture;
 using testing::fixture_dtypes;
 using testing::formula_tensor;
@@ -31,15 +32,6 @@ std::vector<std::byte> npy_with_header(std::string header, const std::string& da
   out += '\0';
   for (size_t i = 0; i < len_bytes; ++i) out += static_cast<char>((header.size() >> (8 * i)) & 0xff);
   return to_bytes(out + header + data);
-}
-
-std::string f32_data(int n) {
-  std::string s;
-  for (int i = 0; i < n; ++i) {
-    const float v = static_cast<float>(testing::expected_value(DType::f32, i));
-    s.append(reinterpret_cast<const char*>(&v), 4);
-  }
-  return s;
 }
 
 TEST(Npy, ReadsEveryDtypeWrittenByNumpy) {

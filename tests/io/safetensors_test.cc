@@ -15,6 +15,7 @@ namespace qkv::io {
 namespace {
 
 using testing::expect_formula;
+using testing::f32_data;
 using testing::fixture;
 using testing::fixture_dtypes;
 using testing::formula_tensor;
@@ -27,15 +28,6 @@ std::vector<std::byte> st_file(const std::string& header, const std::string& dat
   std::string out;
   for (int i = 0; i < 8; ++i) out += static_cast<char>((n >> (8 * i)) & 0xff);
   return to_bytes(out + header + data);
-}
-
-std::string f32_data(int n) {
-  std::string s;
-  for (int i = 0; i < n; ++i) {
-    const float v = static_cast<float>(testing::expected_value(DType::f32, i));
-    s.append(reinterpret_cast<const char*>(&v), 4);
-  }
-  return s;
 }
 
 // The tensors of tests/fixtures/io/mixed.safetensors.
