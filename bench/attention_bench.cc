@@ -18,6 +18,7 @@
 #include "qkv/attention.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
+#include "bench_main.h"
 
 namespace {
 
@@ -111,12 +112,4 @@ BENCHMARK(BM_Gemm)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseReal
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  qkv::set_num_threads(qkv::get_num_threads());
-  benchmark::AddCustomContext("qkv_num_threads", std::to_string(qkv::get_num_threads()));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return qkv::bench::run_benchmarks(argc, argv); }

@@ -15,6 +15,7 @@
 
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
+#include "bench_main.h"
 
 namespace {
 
@@ -148,14 +149,4 @@ BENCHMARK(BM_RawTiny);
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  // Applies QKV_NUM_THREADS to this thread's OpenMP runtime, so the raw oneDNN
-  // runs use the same thread count as qkv::gemm.
-  qkv::set_num_threads(qkv::get_num_threads());
-  benchmark::AddCustomContext("qkv_num_threads", std::to_string(qkv::get_num_threads()));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return qkv::bench::run_benchmarks(argc, argv); }

@@ -15,6 +15,7 @@
 #include "qkv/nn/linear.h"
 #include "qkv/nn/mha.h"
 #include "qkv/parallel.h"
+#include "bench_main.h"
 
 namespace {
 
@@ -81,12 +82,4 @@ BENCHMARK(BM_MultiheadAttentionParts)
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  qkv::set_num_threads(qkv::get_num_threads());
-  benchmark::AddCustomContext("qkv_num_threads", std::to_string(qkv::get_num_threads()));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return qkv::bench::run_benchmarks(argc, argv); }

@@ -16,6 +16,7 @@
 #include "qkv/parallel.h"
 #include "qkv/softmax.h"
 #include "qkv/tensor.h"
+#include "bench_main.h"
 
 namespace {
 
@@ -113,11 +114,4 @@ BENCHMARK(BM_SoftmaxTensor)->Args({1024, 1024})->Args({8192, 1024})->UseRealTime
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  benchmark::AddCustomContext("qkv_num_threads", std::to_string(qkv::get_num_threads()));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return qkv::bench::run_benchmarks(argc, argv); }
