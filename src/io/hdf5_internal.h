@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "io/io_internal.h"
+#include "qkv/io_keras.h"
 #include "qkv/io_tf.h"
 
 namespace qkv::io::detail {
@@ -38,7 +39,8 @@ class H5Id {
   hid_t id_ = H5I_INVALID_HID;
 };
 
-// The lock every HDF5 call is made under; also turns HDF5's automatic error
+// The lock every HDF5 call in this process is made under (and fork() of a reader
+// process, which then calls libhdf5 without it); also turns HDF5's automatic error
 // printing off once.
 std::unique_lock<std::recursive_mutex> hdf5_lock();
 
@@ -48,8 +50,11 @@ std::string hdf5_error_text();
 // `id` when it is valid, else FormatError "<what>: <hdf5 error>".
 hid_t h5_check(hid_t id, const Context& ctx, const std::string& what);
 
+// FormatError unless the HDF5 signature is at offset 0, 512, 1024, ....
+void check_hdf5_signature(std::span<const std::byte> bytes, const Context& ctx);
 // Opens an in-memory HDF5 image read-only (core driver, no copy of the bytes kept
-// past the call); checks the superblock signature first.
+// past the call); checks the superblock signature first. libhdf5 1.10.8 is unsafe on
+// hostile files: the readers call this in a child process (io/isolated.h).
 H5Id open_hdf5_image(std::span<const std::byte> bytes, const Context& ctx);
 
 // Dataset metadata: the qkv dtype (when there is one) and the listing's dtype name.
@@ -75,5 +80,15 @@ std::optional<std::vector<std::string>> read_string_attr(hid_t obj, const char* 
 
 // Every dataset below `root` ("" = the whole file) as paths, in HDF5's name order.
 std::vector<std::string> list_datasets(hid_t file, const Context& ctx);
+
+// ---- Keras readers ---------------------------------------------------------------------
+// The Keras layouts (hdf5_keras.cc), tensors read only when `data`. Takes no lock:
+// it runs in a reader process, or in this one under hdf5_lock().
+WeightFile read_keras_h5(std::span<const std::byte> bytes, bool data, const Context& ctx);
+// read_keras_h5 in a reader process (hdf5_reader_process.cc): libhdf5 1.10.8 crashes,
+// hangs or exhausts memory on hostile files (docs/formats.md), which then ends in a
+// FormatError here. QKV_HDF5_TIMEOUT_S (default 120) bounds its time;
+// QKV_HDF5_IN_PROCESS=1 reads in this process instead (for debugging libhdf5).
+WeightFile read_keras_h5_isolated(std::span<const std::byte> bytes, bool data, const Context& ctx);
 
 }  // namespace qkv::io::detail

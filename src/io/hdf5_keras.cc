@@ -72,8 +72,10 @@ void read_legacy(hid_t file, const std::string& base, bool data, size_t max_byte
   }
 }
 
+}  // namespace
+
+// Runs in the reader process (hdf5_reader_process.cc) without hdf5_lock().
 WeightFile read_keras_h5(std::span<const std::byte> bytes, bool data, const Context& ctx) {
-  auto lock = hdf5_lock();
   H5Id file = open_hdf5_image(bytes, ctx);
   // A hostile header may claim huge datasets; real weights never exceed the file
   // (Keras does not compress them), so allow 64x the file plus 1 MiB.
@@ -91,6 +93,8 @@ WeightFile read_keras_h5(std::span<const std::byte> bytes, bool data, const Cont
   }
   return out;
 }
+
+namespace {
 
 hid_t h5_file_type(DType dt, H5Id& owned, const Context& ctx, const std::string& name) {
   switch (dt) {
@@ -138,19 +142,19 @@ void write_dataset(hid_t file, hid_t lcpl, const std::string& name, const Tensor
 }  // namespace detail
 
 WeightFile parse_keras_h5(std::span<const std::byte> bytes, const std::string& source) {
-  return detail::read_keras_h5(bytes, true, detail::Context{"parse_keras_h5", source});
+  return detail::read_keras_h5_isolated(bytes, true, detail::Context{"parse_keras_h5", source});
 }
 
 WeightFile load_keras_h5(const std::filesystem::path& path) {
   const detail::Context ctx{"load_keras_h5", path.string()};
   const auto file = detail::read_file(path, ctx);
-  return detail::read_keras_h5({file->data(), file->nbytes()}, true, ctx);
+  return detail::read_keras_h5_isolated({file->data(), file->nbytes()}, true, ctx);
 }
 
 std::vector<CheckpointEntry> inspect_keras_h5(const std::filesystem::path& path) {
   const detail::Context ctx{"inspect_keras_h5", path.string()};
   const auto file = detail::read_file(path, ctx);
-  return detail::read_keras_h5({file->data(), file->nbytes()}, false, ctx).entries;
+  return detail::read_keras_h5_isolated({file->data(), file->nbytes()}, false, ctx).entries;
 }
 
 void save_keras_weights_h5(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors) {

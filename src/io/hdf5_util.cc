@@ -42,13 +42,17 @@ hid_t h5_check(hid_t id, const Context& ctx, const std::string& what) {
   return id;
 }
 
-H5Id open_hdf5_image(std::span<const std::byte> bytes, const Context& ctx) {
+void check_hdf5_signature(std::span<const std::byte> bytes, const Context& ctx) {
   // The superblock may follow a user block of 512 * 2^k bytes.
   bool found = false;
   for (size_t at = 0; at + 8 <= bytes.size() && !found; at = at == 0 ? 512 : at * 2) {
     found = std::memcmp(bytes.data() + at, kSignature, 8) == 0;
   }
   if (!found) fail_at(ctx, "not an HDF5 file (no HDF5 signature)");
+}
+
+H5Id open_hdf5_image(std::span<const std::byte> bytes, const Context& ctx) {
+  check_hdf5_signature(bytes, ctx);
   H5Id fapl(h5_check(H5Pcreate(H5P_FILE_ACCESS), ctx, "H5Pcreate"));
   h5_check(H5Pset_fapl_core(fapl.get(), 1 << 16, 0), ctx, "H5Pset_fapl_core");
   // H5Pset_file_image copies the buffer, so the const_cast never leads to a write.
