@@ -30,6 +30,7 @@ struct Case {
   bool one_gemm;          // the contraction is exactly one (batched) GEMM
   qkv::GemmShape gemm;    // that GEMM on contiguous operands of `shapes`
   qkv::GemmBatch batch;
+  qkv::DType dtype = qkv::DType::f32;  // cases named "f64_..." run in float64
 };
 
 constexpr int64_t B = 8, H = 12, L = 512, D = 64, E = 768;
@@ -62,7 +63,20 @@ std::vector<Case> cases() {
       {"keras_dense_abc_cd", "abc,cd->abd", {{B, L, E}, {E, E}}, true, gs(false, false, B * L, E, E, E, E, E), {}},
       {"chain_ea_fb_abcd_gc_hd", "ea,fb,abcd,gc,hd->efgh", {{48, 48}, {48, 48}, {48, 48, 48, 48}, {48, 48}, {48, 48}},
        false, {}, {}},
+      // float64, numpy's default dtype (OpenBLAS dgemm underneath).
+      {"f64_seed000_bid_bjd", "b i d, b j d -> b i j", {{B, L, E}, {B, L, E}}, true,
+       gs(false, true, L, L, E, E, E, L), {{B}, {L * E}, {L * E}, {L * L}}, qkv::DType::f64},
+      {"f64_keras_proj_abc_cde", "abc,cde->abde", {{B, L, E}, {E, H, D}}, true,
+       gs(false, false, B * L, H * D, E, E, H * D, H * D), {}, qkv::DType::f64},
+      {"f64_scores_bhid_bhjd", "b h i d, b h j d -> b h i j", {{B, H, L, D}, {B, H, L, D}}, true,
+       gs(false, true, L, L, D, D, D, L), {{B * H}, {L * D}, {L * D}, {L * L}}, qkv::DType::f64},
   };
+}
+
+std::vector<qkv::Tensor> operands(const Case& c) {
+  std::vector<qkv::Tensor> ops;
+  for (size_t i = 0; i < c.shapes.size(); ++i) ops.push_back(qkv::Tensor::randn(c.shapes[i], 1 + i, c.dtype));
+  return ops;
 }
 
 double path_flops(const Case& c) {
@@ -75,17 +89,20 @@ struct GemmRun {
   std::vector<qkv::Tensor> ops;
   qkv::Tensor out;
   const Case& c;
-  explicit GemmRun(const Case& cs) : c(cs) {
-    for (size_t i = 0; i < c.shapes.size(); ++i) ops.push_back(qkv::Tensor::randn(c.shapes[i], 1 + i));
+  explicit GemmRun(const Case& cs) : ops(operands(cs)), c(cs) {
     int64_t batch = 1;
     for (int64_t n : c.batch.shape) batch *= n;
-    out = qkv::Tensor::zeros({batch, c.gemm.m, c.gemm.n});
+    out = qkv::Tensor::zeros({batch, c.gemm.m, c.gemm.n}, c.dtype);
   }
   double flops() const { return 2.0 * static_cast<double>(out.numel()) * static_cast<double>(c.gemm.k); }
   void operator()() const {
     const bool first_is_a = c.equation != std::string("aecd,abcd->acbe");  // key first: query is A
-    qkv::gemm(c.gemm, 1.0f, ops[first_is_a ? 0 : 1].data<float>(), ops[first_is_a ? 1 : 0].data<float>(), 0.0f,
-              out.data<float>(), c.batch);
+    const qkv::Tensor &a = ops[first_is_a ? 0 : 1], &b = ops[first_is_a ? 1 : 0];
+    if (c.dtype == qkv::DType::f64) {
+      qkv::gemm(c.gemm, 1.0, a.data<double>(), b.data<double>(), 0.0, out.data<double>(), c.batch);
+    } else {
+      qkv::gemm(c.gemm, 1.0f, a.data<float>(), b.data<float>(), 0.0f, out.data<float>(), c.batch);
+    }
   }
 };
 
@@ -98,8 +115,7 @@ double seconds_of(const std::function<void()>& fn) {
 // "of_gemm": qkv::gemm's time for the same GEMM (best of 3, measured next to the
 // einsum loop) over einsum's mean time per call; 1.0 = no overhead.
 void run_einsum(benchmark::State& state, const Case& c) {
-  std::vector<qkv::Tensor> ops;
-  for (size_t i = 0; i < c.shapes.size(); ++i) ops.push_back(qkv::Tensor::randn(c.shapes[i], 1 + i));
+  const std::vector<qkv::Tensor> ops = operands(c);
   benchmark::DoNotOptimize(qkv::einsum(c.equation, ops).raw_data());  // warm-up: plans, primitives
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {

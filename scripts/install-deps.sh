@@ -5,6 +5,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config python3-venv
   clang libclang-rt-14-dev libomp-dev          # libFuzzer targets and their sanitizers
   libdnnl-dev libhwy-dev                        # GEMM (oneDNN) and SIMD (Highway)
+  libopenblas-openmp-dev                        # float64 GEMM (OpenBLAS, OpenMP threads)
   libgtest-dev libbenchmark-dev                 # tests and benchmarks
   libcli11-dev nlohmann-json3-dev               # CLI parsing, JSON headers
   libhdf5-dev zlib1g-dev                        # Keras .h5 weights, .keras zips

@@ -44,6 +44,10 @@ CASES = {
     "keras_out_abcd_cde": ("abcd,cde->abe", [(B, L, H, D), (H, D, E)]),
     "keras_dense_abc_cd": ("abc,cd->abd", [(B, L, E), (E, E)]),
     "chain_ea_fb_abcd_gc_hd": ("ea,fb,abcd,gc,hd->efgh", [(48, 48)] * 2 + [(48, 48, 48, 48)] + [(48, 48)] * 2),
+    # float64 (numpy's default dtype): names starting "f64_" run in float64 everywhere.
+    "f64_seed000_bid_bjd": ("b i d, b j d -> b i j", [(B, L, E), (B, L, E)]),
+    "f64_keras_proj_abc_cde": ("abc,cde->abde", [(B, L, E), (E, H, D)]),
+    "f64_scores_bhid_bhjd": ("b h i d, b h j d -> b h i j", [(B, H, L, D), (B, H, L, D)]),
 }
 
 
@@ -87,7 +91,8 @@ def main():
             cpp, flops[name] = cpp_times(name)
             for kind, seconds in cpp.items():
                 keep_best(best, (kind, name), seconds)
-            ops = [rng.standard_normal(s, dtype=np.float32) for s in shapes]
+            dtype = np.float64 if name.startswith("f64_") else np.float32
+            ops = [rng.standard_normal(s, dtype=dtype) for s in shapes]
             tops = [torch.from_numpy(o) for o in ops]
             keep_best(best, ("numpy", name), best_seconds(lambda: np.einsum(eq, *ops, optimize=True), ARGS.min_time))
             keep_best(best, ("torch", name), best_seconds(lambda: torch.einsum(eq.replace(" ", ""), *tops),
@@ -95,7 +100,7 @@ def main():
     rows = [(name, eq, best[("einsum", name)], best.get(("gemm", name)), best[("numpy", name)],
              best[("torch", name)], flops[name]) for name, (eq, _) in CASES.items()]
     print(f"{ARGS.threads} threads; numpy {np.__version__} (einsum optimize=True), torch {torch.__version__}; "
-          f"float32; best of runs; GFLOP/s = 2 x multiply-adds / s\n")
+          f"float32 (float64 for f64_ cases); best of runs; GFLOP/s = 2 x multiply-adds / s\n")
     print("| case | equation | qkv einsum GFLOP/s | qkv::gemm GFLOP/s | einsum / gemm | numpy GFLOP/s | "
           "torch GFLOP/s | qkv / numpy | qkv / torch |")
     print("|" + "---|" * 9)

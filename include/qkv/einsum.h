@@ -9,7 +9,7 @@
 // label's size elsewhere; scalar operands (",i->"). Labels are A-Z and a-z (52).
 //
 // Result dtype is numpy's result type of the operands. f32 is computed in f32
-// (GEMMs through oneDNN), f64 in f64; f16 and bf16 are computed in f32 and the
+// (GEMMs through oneDNN), f64 in f64 (GEMMs through OpenBLAS); f16 and bf16 are computed in f32 and the
 // result rounded back; integer and bool operands are computed in f64 (exact
 // below 2^53) and converted back. A single operand without summation gives a
 // view of it (as numpy), e.g. einsum("ii->i", a) shares a's storage.

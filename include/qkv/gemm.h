@@ -1,4 +1,5 @@
-// The one GEMM entry point of qkv (oneDNN matmul underneath).
+// The one GEMM entry point of qkv: oneDNN matmul for float32, OpenBLAS dgemm for
+// float64 (oneDNN has no f64 matmul on CPUs).
 //
 // Row-major: C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b], op(A) is [M, K],
 // op(B) is [K, N], C is [M, N]. lda/ldb/ldc are row strides of the matrices as
@@ -47,5 +48,16 @@ void gemm(const GemmShape& s, float alpha, const float* a, const float* b, float
 // the oracle for gemm in tests. Same arguments, checks and conventions.
 void gemm_reference(const GemmShape& s, float alpha, const float* a, const float* b, float beta,
                     float* c, const GemmBatch& batch = {});
+
+// float64: OpenBLAS cblas_dgemm per batch matrix (OpenMP build of OpenBLAS, so it
+// uses get_num_threads() threads, one inside parallel_for). Many small matrices run
+// as a parallel_for over the batch, each dgemm on one thread. Same conventions and
+// checks as the float32 gemm.
+void gemm(const GemmShape& s, double alpha, const double* a, const double* b, double beta, double* c,
+          const GemmBatch& batch = {});
+
+// float64 oracle: long double accumulation, one rounding per element of C.
+void gemm_reference(const GemmShape& s, double alpha, const double* a, const double* b, double beta,
+                    double* c, const GemmBatch& batch = {});
 
 }  // namespace qkv

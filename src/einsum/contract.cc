@@ -125,99 +125,10 @@ Misfit fit(const Operand& a, const Operand& b, const Operand& c, const Groups& g
   return Misfit::none;
 }
 
-// C[b] = A[b] B[b] in float64 for the same call description (qkv::gemm is float32
-// only). B is used as [K, N] rows (packed so when stored [N, K]); C rows are built
-// four at a time as sums of scaled B rows, which vectorizes over N.
-struct F64Gemm {
-  const GemmShape& s;
-  const double *a, *b;
-  double* c;
-
-  // Rows [m0, m1) of one batch matrix; `bkn` is B as contiguous [K, N] (or null: use b).
-  void rows(int64_t oa, const double* bkn, int64_t oc, int64_t m0, int64_t m1, std::vector<double>& arows) const {
-    const int64_t k_len = s.k, n_len = s.n;
-    for (int64_t m = m0; m < m1; m += 4) {
-      const int64_t r_len = std::min<int64_t>(4, m1 - m);
-      for (int64_t r = 0; r < r_len; ++r)
-        for (int64_t k = 0; k < k_len; ++k)
-          arows[static_cast<size_t>(r * k_len + k)] = a[oa + (s.trans_a ? k * s.lda + m + r : (m + r) * s.lda + k)];
-      double* crow[4];
-      for (int64_t r = 0; r < 4; ++r) crow[r] = c + oc + (m + std::min(r, r_len - 1)) * s.ldc;
-      for (int64_t r = 0; r < r_len; ++r) std::fill(crow[r], crow[r] + n_len, 0.0);
-      for (int64_t k = 0; k < k_len; ++k) {
-        const double* brow = bkn + k * n_len;
-        const double x0 = arows[static_cast<size_t>(k)];
-        const double x1 = r_len > 1 ? arows[static_cast<size_t>(k_len + k)] : 0.0;
-        const double x2 = r_len > 2 ? arows[static_cast<size_t>(2 * k_len + k)] : 0.0;
-        const double x3 = r_len > 3 ? arows[static_cast<size_t>(3 * k_len + k)] : 0.0;
-        if (r_len == 4) {
-          double *c0 = crow[0], *c1 = crow[1], *c2 = crow[2], *c3 = crow[3];
-          for (int64_t n = 0; n < n_len; ++n) {
-            const double y = brow[n];
-            c0[n] += x0 * y, c1[n] += x1 * y, c2[n] += x2 * y, c3[n] += x3 * y;
-          }
-        } else {
-          const double xs[4] = {x0, x1, x2, x3};
-          for (int64_t r = 0; r < r_len; ++r)
-            for (int64_t n = 0; n < n_len; ++n) crow[r][n] += xs[r] * brow[n];
-        }
-      }
-    }
-  }
-
-  // B of one batch as contiguous [K, N] in `buf` (a copy only when strided or transposed).
-  const double* b_kn(int64_t ob, std::vector<double>& buf) const {
-    if (!s.trans_b && (s.ldb == s.n || s.k <= 1)) return b + ob;
-    buf.resize(static_cast<size_t>(s.k * s.n));
-    for (int64_t k = 0; k < s.k; ++k)
-      for (int64_t n = 0; n < s.n; ++n)
-        buf[static_cast<size_t>(k * s.n + n)] = b[ob + (s.trans_b ? n * s.ldb + k : k * s.ldb + n)];
-    return buf.data();
-  }
-};
-
-void gemm_f64(const Call& call, const double* a, const double* b, double* c) {
-  const GemmShape& s = call.s;
-  const GemmBatch& bt = call.batch;
-  if (s.m == 0 || s.n == 0) return;
-  int64_t nbatch = 1;
-  for (int64_t n : bt.shape) nbatch *= n;
-  const F64Gemm g{s, a, b, c};
-  auto offsets = [&](int64_t index) {
-    std::array<int64_t, 3> off{};
-    for (size_t d = bt.shape.size(); d-- > 0;) {
-      const int64_t i = index % bt.shape[d];
-      index /= bt.shape[d];
-      off[0] += i * bt.stride_a[d], off[1] += i * bt.stride_b[d], off[2] += i * bt.stride_c[d];
-    }
-    return off;
-  };
-  const int64_t row_blocks = (s.m + 15) / 16;
-  if (nbatch >= 2 * get_num_threads() || row_blocks == 1) {  // whole batch matrices per task
-    parallel_for(0, nbatch, 1, [&](int64_t begin, int64_t end) {
-      std::vector<double> buf, arows(static_cast<size_t>(4 * s.k));
-      for (int64_t i = begin; i < end; ++i) {
-        const auto off = offsets(i);
-        g.rows(off[0], g.b_kn(off[1], buf), off[2], 0, s.m, arows);
-      }
-    });
-    return;
-  }
-  std::vector<double> buf;
-  for (int64_t i = 0; i < nbatch; ++i) {  // few batches: split each one's rows
-    const auto off = offsets(i);
-    const double* bkn = g.b_kn(off[1], buf);
-    parallel_for(0, row_blocks, 1, [&](int64_t begin, int64_t end) {
-      std::vector<double> arows(static_cast<size_t>(4 * s.k));
-      g.rows(off[0], bkn, off[2], begin * 16, std::min(s.m, end * 16), arows);
-    });
-  }
-}
-
 void run_call(const Call& call, const Operand& a, const Operand& b, const Operand& c, ExecTrace* trace) {
   if (trace) ++trace->gemm_calls;
   if (c.t.dtype() == DType::f64) {
-    gemm_f64(call, a.t.data<double>(), b.t.data<double>(), c.t.data<double>());
+    gemm(call.s, 1.0, a.t.data<double>(), b.t.data<double>(), 0.0, c.t.data<double>(), call.batch);
   } else {
     gemm(call.s, 1.0f, a.t.data<float>(), b.t.data<float>(), 0.0f, c.t.data<float>(), call.batch);
   }

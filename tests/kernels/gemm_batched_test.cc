@@ -138,7 +138,8 @@ TEST(Gemm, RejectsInconsistentArguments) {
   const float* p = buf.data();
   float* c = buf.data();
   auto expect_error = [&](const GemmShape& s, const GemmBatch& batch, const std::string& part) {
-    for (auto fn : {&gemm, &gemm_reference}) {
+    using GemmF32 = void (*)(const GemmShape&, float, const float*, const float*, float, float*, const GemmBatch&);
+    for (GemmF32 fn : std::initializer_list<GemmF32>{gemm, gemm_reference}) {
       try {
         fn(s, 1.0f, p, p, 0.0f, c, batch);
         ADD_FAILURE() << "no error for " << part;

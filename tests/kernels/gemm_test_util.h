@@ -18,10 +18,11 @@ namespace qkv::test {
 
 // A buffer holding one operand of a batched gemm, with `base` the offset of the
 // [0, ..., 0] element (non-zero when some batch stride is negative).
+template <class T = float>
 struct Buffer {
-  std::vector<float> data;
+  std::vector<T> data;
   int64_t base = 0;
-  float* ptr() { return data.data() + base; }
+  T* ptr() { return data.data() + base; }
 };
 
 // Span of a stored matrix of `rows` rows of `len` elements, `ld` apart.
@@ -29,9 +30,10 @@ inline int64_t matrix_span(int64_t rows, int64_t len, int64_t ld) {
   return rows == 0 || len == 0 ? 0 : (rows - 1) * ld + len;
 }
 
-inline Buffer make_buffer(int64_t span, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
-                   std::mt19937& rng) {
-  Buffer buf;
+template <class T = float>
+Buffer<T> make_buffer(int64_t span, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
+                      std::mt19937& rng) {
+  Buffer<T> buf;
   int64_t lo = 0, hi = std::max<int64_t>(span, 1);
   for (size_t d = 0; d < shape.size(); ++d) {
     const int64_t reach = (std::max<int64_t>(shape[d], 1) - 1) * strides[d];
@@ -39,8 +41,8 @@ inline Buffer make_buffer(int64_t span, const std::vector<int64_t>& shape, const
   }
   buf.base = -lo;
   buf.data.resize(static_cast<size_t>(hi - lo));
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (float& x : buf.data) x = dist(rng);
+  std::uniform_real_distribution<T> dist(-1, 1);
+  for (T& x : buf.data) x = dist(rng);
   return buf;
 }
 
@@ -55,27 +57,31 @@ inline std::string describe(const Case& c) {
          ", beta=" + std::to_string(c.beta);
 }
 
-// Runs gemm and gemm_reference on the same random inputs and compares all of C's
-// buffer: written elements within 1e-6 * sqrt(K) of the sum of |terms| (the
-// scale of the rounding error), padding untouched bit for bit.
-inline void expect_matches_reference(const Case& c, uint32_t seed = 1) {
+// Runs gemm and gemm_reference on the same random inputs of type T (float or
+// double) and compares all of C's buffer: written elements within 1e-6 (float) or
+// 2e-15 (double) * sqrt(K) of the sum of |terms| (the scale of the rounding
+// error), padding untouched bit for bit.
+template <class T = float>
+void expect_matches_reference(const Case& c, uint32_t seed = 1) {
   SCOPED_TRACE(describe(c));
   std::mt19937 rng(seed);
   const GemmShape& s = c.s;
-  Buffer a = make_buffer(matrix_span(s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda),
+  const T alpha = c.alpha, beta = c.beta;
+  Buffer<T> a = make_buffer<T>(matrix_span(s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda),
                          c.batch.shape, c.batch.stride_a, rng);
-  Buffer b = make_buffer(matrix_span(s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb),
+  Buffer<T> b = make_buffer<T>(matrix_span(s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb),
                          c.batch.shape, c.batch.stride_b, rng);
-  Buffer out = make_buffer(matrix_span(s.m, s.n, s.ldc), c.batch.shape, c.batch.stride_c, rng);
-  Buffer expected = out, bound = out;
-  gemm(s, c.alpha, a.ptr(), b.ptr(), c.beta, out.ptr(), c.batch);
-  gemm_reference(s, c.alpha, a.ptr(), b.ptr(), c.beta, expected.ptr(), c.batch);
+  Buffer<T> out = make_buffer<T>(matrix_span(s.m, s.n, s.ldc), c.batch.shape, c.batch.stride_c, rng);
+  Buffer<T> expected = out, bound = out;
+  gemm(s, alpha, a.ptr(), b.ptr(), beta, out.ptr(), c.batch);
+  gemm_reference(s, alpha, a.ptr(), b.ptr(), beta, expected.ptr(), c.batch);
   // The same product over absolute values bounds the size of every term.
   for (auto* buf : {&a, &b, &bound}) {
-    for (float& x : buf->data) x = std::fabs(x);
+    for (T& x : buf->data) x = std::fabs(x);
   }
-  gemm_reference(s, std::fabs(c.alpha), a.ptr(), b.ptr(), std::fabs(c.beta), bound.ptr(), c.batch);
-  const double rel = 1e-6 * std::sqrt(static_cast<double>(std::max<int64_t>(s.k, 1)));
+  gemm_reference(s, std::fabs(alpha), a.ptr(), b.ptr(), std::fabs(beta), bound.ptr(), c.batch);
+  const double eps = sizeof(T) == 4 ? 1e-6 : 2e-15;
+  const double rel = eps * std::sqrt(static_cast<double>(std::max<int64_t>(s.k, 1)));
   int failures = 0;
   for (size_t i = 0; i < out.data.size() && failures < 5; ++i) {
     const double got = out.data[i], want = expected.data[i];

@@ -64,8 +64,8 @@ std::string gemm_args_str(const GemmShape& s, const GemmBatch& batch) {
   return out.str();
 }
 
-int64_t check_gemm_args(const char* op, const GemmShape& s, float alpha, const float* a,
-                        const float* b, float beta, const float* c, const GemmBatch& batch) {
+int64_t check_gemm_args(const char* op, const GemmShape& s, double alpha, const void* a,
+                        const void* b, double beta, const void* c, const GemmBatch& batch) {
   (void)beta;  // every beta is valid; kept in the signature to mirror gemm
   if (s.m < 0 || s.n < 0 || s.k < 0) {
     fail<ValueError>(op, ": m, n and k must be >= 0 for ", gemm_args_str(s, batch));
@@ -75,7 +75,7 @@ int64_t check_gemm_args(const char* op, const GemmShape& s, float alpha, const f
   check_leading_dim(op, "ldc", s.m, s.n, s.ldc, s, batch);
   const int64_t count = check_batch(op, s, batch);
   const bool writes_c = count > 0 && s.m > 0 && s.n > 0;
-  const bool reads_ab = writes_c && s.k > 0 && alpha != 0.0f;
+  const bool reads_ab = writes_c && s.k > 0 && alpha != 0.0;
   if ((reads_ab && (a == nullptr || b == nullptr)) || (writes_c && c == nullptr)) {
     fail<ValueError>(op, ": null matrix pointer for ", gemm_args_str(s, batch));
   }
@@ -113,17 +113,6 @@ int64_t gemm_batch_count(const std::vector<GemmDim>& dims) {
   int64_t count = 1;
   for (const GemmDim& d : dims) count *= d.size;
   return count;
-}
-
-void scale_gemm_output(float* c, int64_t m, int64_t n, int64_t ldc, float beta) {
-  for (int64_t i = 0; i < m; ++i) {
-    float* row = c + i * ldc;
-    if (beta == 0.0f) {
-      std::fill(row, row + n, 0.0f);
-    } else {
-      for (int64_t j = 0; j < n; ++j) row[j] *= beta;
-    }
-  }
 }
 
 }  // namespace qkv::detail

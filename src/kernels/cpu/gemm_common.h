@@ -24,8 +24,9 @@ std::string gemm_args_str(const GemmShape& s, const GemmBatch& batch);
 
 // Throws ValueError naming `op` and the arguments when they are inconsistent;
 // returns the number of matrices in the batch (the product of batch.shape).
-int64_t check_gemm_args(const char* op, const GemmShape& s, float alpha, const float* a,
-                        const float* b, float beta, const float* c, const GemmBatch& batch);
+// (float32 and float64 calls alike: the pointers are only checked for null.)
+int64_t check_gemm_args(const char* op, const GemmShape& s, double alpha, const void* a,
+                        const void* b, double beta, const void* c, const GemmBatch& batch);
 
 // The batch as a list of dims (checked arguments only).
 std::vector<GemmDim> gemm_batch_dims(const GemmBatch& batch);
@@ -70,7 +71,13 @@ void for_each_gemm_batch(const std::vector<GemmDim>& dims, int64_t first, int64_
 }
 
 // C = beta * C for one [m, n] matrix; beta == 0 stores zeros without reading C.
-void scale_gemm_output(float* c, int64_t m, int64_t n, int64_t ldc, float beta);
+template <class T>
+void scale_gemm_output(T* c, int64_t m, int64_t n, int64_t ldc, T beta) {
+  for (int64_t i = 0; i < m; ++i) {
+    T* row = c + i * ldc;
+    for (int64_t j = 0; j < n; ++j) row[j] = beta == T{0} ? T{0} : row[j] * beta;
+  }
+}
 
 // ---- introspection of qkv::gemm (gemm_onednn.cc), for tests and benchmarks ----
 

@@ -1,5 +1,6 @@
-// The gemm oracle: plain loops, double accumulation, one rounding per output.
-// Deliberately naive (no blocking, no threads) so that it is obviously right.
+// The gemm oracle: plain loops, wide accumulation (double for float32, long double
+// for float64), one rounding per output. Deliberately naive (no blocking, no
+// threads) so that it is obviously right.
 #include "kernels/cpu/gemm_common.h"
 #include "qkv/gemm.h"
 
@@ -7,42 +8,52 @@ namespace qkv {
 
 namespace {
 
-// C = alpha * op(A) op(B) + beta * C for one matrix.
-void reference_matrix(const GemmShape& s, float alpha, const float* a, const float* b, float beta,
-                      float* c) {
+// C = alpha * op(A) op(B) + beta * C for one matrix; Acc is the accumulator type.
+template <class T, class Acc>
+void reference_matrix(const GemmShape& s, T alpha, const T* a, const T* b, T beta, T* c) {
   // Element (i, p) of op(A) and (p, j) of op(B), whatever the storage order.
   const int64_t a_row = s.trans_a ? 1 : s.lda, a_col = s.trans_a ? s.lda : 1;
   const int64_t b_row = s.trans_b ? 1 : s.ldb, b_col = s.trans_b ? s.ldb : 1;
-  const bool reads_ab = s.k > 0 && alpha != 0.0f;
+  const bool reads_ab = s.k > 0 && alpha != T{0};
   for (int64_t i = 0; i < s.m; ++i) {
     for (int64_t j = 0; j < s.n; ++j) {
-      double acc = 0.0;
+      Acc acc = 0;
       if (reads_ab) {
         for (int64_t p = 0; p < s.k; ++p) {
-          acc += static_cast<double>(a[i * a_row + p * a_col]) *
-                 static_cast<double>(b[p * b_row + j * b_col]);
+          acc += static_cast<Acc>(a[i * a_row + p * a_col]) * static_cast<Acc>(b[p * b_row + j * b_col]);
         }
       }
-      float& out = c[i * s.ldc + j];
-      const double prior = beta == 0.0f ? 0.0 : static_cast<double>(beta) * out;
-      out = static_cast<float>(static_cast<double>(alpha) * acc + prior);
+      T& out = c[i * s.ldc + j];
+      const Acc prior = beta == T{0} ? Acc{0} : static_cast<Acc>(beta) * out;
+      out = static_cast<T>(static_cast<Acc>(alpha) * acc + prior);
     }
   }
+}
+
+template <class T, class Acc>
+void reference_batch(const GemmShape& s, T alpha, const T* a, const T* b, T beta, T* c,
+                     const GemmBatch& batch) {
+  const int64_t count = detail::check_gemm_args("gemm_reference", s, alpha, a, b, beta, c, batch);
+  if (count == 0 || s.m == 0 || s.n == 0) return;
+  detail::for_each_gemm_batch(detail::gemm_batch_dims(batch), 0, count,
+                              [&](int64_t oa, int64_t ob, int64_t oc) {
+                                // Unread operands may be null: never form a pointer from them.
+                                const T* pa = a ? a + oa : nullptr;
+                                const T* pb = b ? b + ob : nullptr;
+                                reference_matrix<T, Acc>(s, alpha, pa, pb, beta, c + oc);
+                              });
 }
 
 }  // namespace
 
 void gemm_reference(const GemmShape& s, float alpha, const float* a, const float* b, float beta,
                     float* c, const GemmBatch& batch) {
-  const int64_t count = detail::check_gemm_args("gemm_reference", s, alpha, a, b, beta, c, batch);
-  if (count == 0 || s.m == 0 || s.n == 0) return;
-  detail::for_each_gemm_batch(detail::gemm_batch_dims(batch), 0, count,
-                              [&](int64_t oa, int64_t ob, int64_t oc) {
-                                // Unread operands may be null: never form a pointer from them.
-                                const float* pa = a ? a + oa : nullptr;
-                                const float* pb = b ? b + ob : nullptr;
-                                reference_matrix(s, alpha, pa, pb, beta, c + oc);
-                              });
+  reference_batch<float, double>(s, alpha, a, b, beta, c, batch);
+}
+
+void gemm_reference(const GemmShape& s, double alpha, const double* a, const double* b, double beta,
+                    double* c, const GemmBatch& batch) {
+  reference_batch<double, long double>(s, alpha, a, b, beta, c, batch);
 }
 
 }  // namespace qkv
