@@ -69,8 +69,9 @@ struct TensorInfo {
 std::vector<TensorInfo> inspect(const std::filesystem::path& path);
 // All tensors of a .npy (one, named after the file stem) or .safetensors file.
 std::map<std::string, Tensor> load(const std::filesystem::path& path);
-// .npy takes exactly one tensor (ValueError otherwise); .safetensors and .h5 (a
-// Keras 3 style weights file, datasets at the names' paths) any number.
+// .npy takes exactly one tensor (ValueError otherwise); .safetensors, .h5 (a
+// Keras 3 style weights file, datasets at the names' paths) and PREFIX.index (a TF
+// checkpoint, tensors under their names as keys; qkv/io_tf.h) any number.
 // Any other extension: FormatError naming the path.
 void save(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors);
 

@@ -37,6 +37,8 @@ std::vector<CheckpointEntry> inspect_keras_h5(const std::filesystem::path& path)
 // key's path (groups created as needed), dtypes as h5py writes them (bool as
 // h5py's int8 enum). DTypeError for bfloat16 (HDF5/h5py have no such type).
 void save_keras_weights_h5(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors);
+// The same file's bytes, built in memory (what save_keras_archive stores).
+std::vector<std::byte> serialize_keras_weights_h5(const std::map<std::string, Tensor>& tensors);
 
 // A .keras archive: the JSON members as text and the weights.
 struct KerasArchive {
@@ -45,6 +47,12 @@ struct KerasArchive {
   WeightFile weights;         // model.weights.h5
 };
 KerasArchive load_keras_archive(const std::filesystem::path& path);
+// Writes a .keras zip (members stored, uncompressed, as Keras 3 writes them): metadata.json
+// (`metadata_json`, or {"keras_version": "3.15.1", "date_saved": ...} when empty),
+// config.json and model.weights.h5 holding `weights` at their Keras 3 paths
+// (keras3_paths). ValueError when config_json is not valid JSON.
+void save_keras_archive(const std::filesystem::path& path, const std::map<std::string, Tensor>& weights,
+                        const std::string& config_json, const std::string& metadata_json = "");
 KerasArchive parse_keras_archive(std::span<const std::byte> bytes, const std::string& source);
 
 // One zip member by name (stored or deflated; sizes and crc32 checked).
@@ -73,6 +81,40 @@ const std::map<std::string, Tensor>& layer_weights(const LayerWeights& layers, c
 // Keras 3 .weights.h5 paths for `layers` (layers/<layer>/query_dense/vars/0, ...,
 // layers/<layer>/vars/0 for a Dense): what save_keras_weights_h5 takes.
 std::map<std::string, Tensor> keras3_paths(const LayerWeights& layers);
+// ---- writing for Keras -------------------------------------------------------------------
+// tf.keras .h5 files and TF checkpoints match layers by position, so the writers take the
+// model order: the layers named in `order` first, the others after them by name.
+std::vector<std::string> ordered_layers(const LayerWeights& layers, const std::vector<std::string>& order);
+// The order in which a weight file lists its layers (model order for TF checkpoints and
+// tf.keras .h5 files; name order for Keras 3 .weights.h5, whose paths carry no order).
+std::vector<std::string> keras_layer_order(const WeightFile& file);
+// The layer names of a Keras config.json (config.layers[].name) in model order; empty
+// when the JSON has no such list.
+std::vector<std::string> keras_config_layer_order(const std::string& config_json);
+// A layer's weights in Keras' order: query kernel, query bias, key..., value...,
+// attention_output..., kernel, bias, then any others by name.
+std::vector<std::string> keras_weight_order(const std::map<std::string, Tensor>& weights);
+// Writes `layers` as tf.keras 2.x model.save_weights("x.h5") does: root attributes
+// layer_names, backend, keras_version; a group per layer with attribute weight_names
+// ("<layer>/query/kernel:0", fixed-length strings) and datasets at
+// <layer>/<layer>/query/kernel:0; an empty top_level_model_weights group.
+void save_keras_legacy_h5(const std::filesystem::path& path, const LayerWeights& layers,
+                          const std::vector<std::string>& order = {});
+// The keys and variable names tf.keras model.save_weights(prefix) writes for `layers`:
+// layer_with_weights-<i>/_query_dense/kernel/.ATTRIBUTES/VARIABLE_VALUE (MHA),
+// layer_with_weights-<i>/kernel/... (Dense), i counting layers in model order; full
+// names "<layer>/query/kernel". What save_tf_checkpoint takes.
+struct TfKerasCheckpoint {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, std::string> full_names;
+};
+TfKerasCheckpoint tf_keras_checkpoint_keys(const LayerWeights& layers, const std::vector<std::string>& order = {});
+// A Keras 3 config.json for a Functional model chaining `layers` in order on one
+// input [batch, seq, features]: InputLayer, then each MultiHeadAttention as
+// self-attention (query = value = the previous output) and each Dense on the last
+// axis. Head counts and sizes come from the kernels. ValueError for other layers.
+std::string keras_model_config(const LayerWeights& layers, const std::vector<std::string>& order = {});
+
 // Keras MultiHeadAttention weights -> torch.nn.MultiheadAttention's state dict
 // ("<layer>.in_proj_weight" [3E, E] rows q|k|v, "in_proj_bias", "out_proj.weight",
 // "out_proj.bias"); Dense kernels [in, out] -> "<layer>.weight" [out, in], "<layer>.bias".

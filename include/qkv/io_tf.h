@@ -46,6 +46,22 @@ std::vector<CheckpointEntry> inspect_tf_checkpoint(const std::filesystem::path& 
 TfCheckpoint parse_tf_checkpoint(std::span<const std::byte> index,
                                  std::span<const std::span<const std::byte>> shards, const std::string& source);
 
+// Writes PREFIX.index and PREFIX.data-00000-of-00001 as TensorFlow's BundleWriter
+// does: tensors in key order, little endian, unaligned, each with its masked crc32c;
+// the index a LevelDB table (uncompressed 256 KiB blocks, restart points every 16
+// keys) whose "" entry is the header {num_shards 1, version {producer 1}}. When keys
+// name object attributes ("a/b/.ATTRIBUTES/VARIABLE_VALUE") a _CHECKPOINTABLE_OBJECT_GRAPH
+// is written too: one node per path component, the variables as attributes with
+// full_name from `full_names` (else the path), so tf.train.Checkpoint can restore by
+// object path. ValueError for an empty key or one starting with '_CHECKPOINTABLE'.
+void save_tf_checkpoint(const std::filesystem::path& prefix, const std::map<std::string, Tensor>& tensors,
+                        const std::map<std::string, std::string>& full_names = {});
+struct TfCheckpointFiles {
+  std::vector<std::byte> index, data;  // PREFIX.index, PREFIX.data-00000-of-00001
+};
+TfCheckpointFiles serialize_tf_checkpoint(const std::map<std::string, Tensor>& tensors,
+                                          const std::map<std::string, std::string>& full_names = {});
+
 // The checkpoint prefix of `path`: "dir/ckpt" for "dir/ckpt", "dir/ckpt.index" or
 // "dir/ckpt.data-00000-of-00001"; empty when none of these files exists.
 std::filesystem::path tf_checkpoint_prefix(const std::filesystem::path& path);

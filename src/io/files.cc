@@ -134,9 +134,15 @@ void save(const std::filesystem::path& path, const std::map<std::string, Tensor>
     case Format::safetensors: save_safetensors(path, tensors); return;
     case Format::keras_h5: save_keras_weights_h5(path, tensors); return;
     case Format::npy: break;
+    case Format::tf_checkpoint:
+      if (path.extension() == ".index") {
+        save_tf_checkpoint(tf_checkpoint_prefix(path), tensors);
+        return;
+      }
+      [[fallthrough]];
     default:
-      detail::fail_at(detail::Context{"save", path.string()}, "qkv reads this format but does not write it; write "
-                      ".safetensors or .weights.h5 instead");
+      detail::fail_at(detail::Context{"save", path.string()}, "save writes .npy, .safetensors, .h5 and TF checkpoints "
+                      "(PREFIX.index); `qkv convert` writes .keras archives and tf.keras .h5 layouts");
   }
   if (tensors.size() != 1) {
     detail::fail_at<ValueError>(detail::Context{"save", path.string()}, "an .npy file holds exactly one tensor, got ",

@@ -1,6 +1,7 @@
 // Keras weight files in HDF5: Keras 3 .weights.h5 (every dataset, by path) and
 // tf.keras 2.x .h5 (layer_names / weight_names attributes, model or weights-only
-// files), read from an in-memory image through libhdf5; the .weights.h5 writer.
+// files), read from an in-memory image through libhdf5. The writers are in
+// hdf5_keras_writer.cc.
 #include <algorithm>
 
 #include "io/hdf5_internal.h"
@@ -94,51 +95,6 @@ WeightFile read_keras_h5(std::span<const std::byte> bytes, bool data, const Cont
   return out;
 }
 
-namespace {
-
-hid_t h5_file_type(DType dt, H5Id& owned, const Context& ctx, const std::string& name) {
-  switch (dt) {
-    case DType::f32: return H5T_IEEE_F32LE;
-    case DType::f64: return H5T_IEEE_F64LE;
-    case DType::i8: return H5T_STD_I8LE;
-    case DType::i32: return H5T_STD_I32LE;
-    case DType::i64: return H5T_STD_I64LE;
-    case DType::f16: {  // IEEE half as h5py defines it
-      owned = H5Id(h5_check(H5Tcopy(H5T_IEEE_F32LE), ctx, "H5Tcopy"));
-      H5Tset_fields(owned.get(), 15, 10, 5, 0, 10);
-      H5Tset_size(owned.get(), 2);
-      H5Tset_ebias(owned.get(), 15);
-      return owned.get();
-    }
-    case DType::b8: {  // h5py's bool
-      owned = H5Id(h5_check(H5Tenum_create(H5T_NATIVE_INT8), ctx, "H5Tenum_create"));
-      const int8_t f = 0, t = 1;
-      H5Tenum_insert(owned.get(), "FALSE", &f);
-      H5Tenum_insert(owned.get(), "TRUE", &t);
-      return owned.get();
-    }
-    default:
-      fail_at<DTypeError>(ctx, "tensor ", quote_name(name), " is ", dtype_name(dt),
-                          ", which HDF5 weight files cannot hold");
-  }
-}
-
-void write_dataset(hid_t file, hid_t lcpl, const std::string& name, const Tensor& tensor, const Context& ctx) {
-  H5Id owned;
-  const hid_t type = h5_file_type(tensor.dtype(), owned, ctx, name);
-  std::vector<hsize_t> dims(tensor.shape().begin(), tensor.shape().end());
-  H5Id space(dims.empty() ? H5Screate(H5S_SCALAR)
-                          : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
-  h5_check(space.get(), ctx, "dataspace of " + quote_name(name));
-  H5Id dset(H5Dcreate2(file, name.c_str(), type, space.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
-  if (!dset.valid()) fail_at<IOError>(ctx, "cannot create dataset ", quote_name(name), ": ", hdf5_error_text());
-  const Tensor c = tensor.contiguous();
-  if (c.numel() > 0 && H5Dwrite(dset.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, c.raw_data()) < 0) {
-    fail_at<IOError>(ctx, "cannot write dataset ", quote_name(name), ": ", hdf5_error_text());
-  }
-}
-
-}  // namespace
 }  // namespace detail
 
 WeightFile parse_keras_h5(std::span<const std::byte> bytes, const std::string& source) {
@@ -155,23 +111,6 @@ std::vector<CheckpointEntry> inspect_keras_h5(const std::filesystem::path& path)
   const detail::Context ctx{"inspect_keras_h5", path.string()};
   const auto file = detail::read_file(path, ctx);
   return detail::read_keras_h5_isolated({file->data(), file->nbytes()}, false, ctx).entries;
-}
-
-void save_keras_weights_h5(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors) {
-  const detail::Context ctx{"save_keras_weights_h5", path.string()};
-  for (const auto& [name, t] : tensors) {
-    if (name.empty() || name.front() == '/' || name.back() == '/' || name.find("//") != std::string::npos) {
-      detail::fail_at<ValueError>(ctx, "invalid dataset path ", detail::quote_name(name));
-    }
-    (void)t;
-  }
-  auto lock = detail::hdf5_lock();
-  detail::H5Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
-  if (!file.valid()) detail::fail_at<IOError>(ctx, "cannot create: ", detail::hdf5_error_text());
-  detail::H5Id lcpl(detail::h5_check(H5Pcreate(H5P_LINK_CREATE), ctx, "H5Pcreate"));
-  H5Pset_create_intermediate_group(lcpl.get(), 1);
-  for (const auto& [name, t] : tensors) detail::write_dataset(file.get(), lcpl.get(), name, t, ctx);
-  if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) detail::fail_at<IOError>(ctx, detail::hdf5_error_text());
 }
 
 }  // namespace qkv::io

@@ -1,5 +1,5 @@
-// A minimal protobuf wire-format reader: varints, fixed32/64, length-delimited
-// fields, skipping of unknown fields. Every read is bounds-checked.
+// A minimal protobuf wire format: a reader (varints, fixed32/64, length-delimited
+// fields, skipping of unknown fields; every read is bounds-checked) and a writer.
 #include <cstring>
 
 #include "io/tf_internal.h"
@@ -79,6 +79,30 @@ void ProtoReader::expect(uint32_t field, uint32_t wire_type, uint32_t expected) 
   if (wire_type != expected) {
     fail_at(ctx_, what_, ": field ", field, " has wire type ", wire_type, ", expected ", expected);
   }
+}
+
+void put_varint(std::string& out, uint64_t value) {
+  while (value >= 0x80) {
+    out.push_back(static_cast<char>((value & 0x7f) | 0x80));
+    value >>= 7;
+  }
+  out.push_back(static_cast<char>(value));
+}
+
+void ProtoWriter::varint(uint32_t field, uint64_t value) {
+  put_varint(out_, uint64_t{field} << 3);
+  put_varint(out_, value);
+}
+
+void ProtoWriter::fixed32(uint32_t field, uint32_t value) {
+  put_varint(out_, uint64_t{field} << 3 | 5);
+  for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>(value >> (8 * i)));
+}
+
+void ProtoWriter::bytes(uint32_t field, std::string_view value) {
+  put_varint(out_, uint64_t{field} << 3 | 2);
+  put_varint(out_, value.size());
+  out_.append(value);
 }
 
 }  // namespace qkv::io::detail

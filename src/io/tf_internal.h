@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -69,6 +70,22 @@ class ProtoReader {
 // A varint at `pos` of `bytes`, advancing pos; nullopt-like false when malformed.
 bool read_varint(std::span<const std::byte> bytes, size_t& pos, uint64_t& value);
 
+// Writes one message's fields in the order called, as protobuf's C++ serializer
+// does when fields are set in field-number order. Proto3 defaults are the
+// caller's to skip. Bytes are kept in a std::string (what the table writer takes).
+class ProtoWriter {
+ public:
+  void varint(uint32_t field, uint64_t value);
+  void fixed32(uint32_t field, uint32_t value);
+  void bytes(uint32_t field, std::string_view value);
+  void message(uint32_t field, const ProtoWriter& m) { bytes(field, m.str()); }
+  const std::string& str() const { return out_; }
+
+ private:
+  std::string out_;
+};
+void put_varint(std::string& out, uint64_t value);
+
 // ---- LevelDB table (the format of a TF checkpoint's .index file) -----------------------
 struct TableEntry {
   std::string key;
@@ -78,6 +95,14 @@ struct TableEntry {
 // trailer (compression 0 only, masked crc32c checked), prefix-compressed entries with
 // restart points, and strictly increasing keys are all checked.
 std::vector<TableEntry> read_leveldb_table(std::span<const std::byte> table, const Context& ctx);
+
+// A LevelDB table of `entries` (keys strictly increasing, else std::logic_error) as
+// LevelDB's TableBuilder writes it with TensorFlow's options: uncompressed data blocks
+// of about `block_size` bytes with a restart point every 16 keys, an empty metaindex
+// block, an index block of shortest separators (a restart at every entry), each
+// block followed by type 0 and its masked crc32c, and the 48-byte footer.
+std::string build_leveldb_table(const std::vector<std::pair<std::string, std::string>>& entries,
+                                size_t block_size = 262144);
 
 }  // namespace qkv::io::detail
 
@@ -91,4 +116,11 @@ void name_from_object_graph(std::string_view graph, std::vector<CheckpointEntry>
 // Without an object graph: names are keys without "/.ATTRIBUTES/VARIABLE_VALUE";
 // keys under "optimizer/" or holding "/.OPTIMIZER_SLOT/" are optimizer state.
 void name_from_keys(std::vector<CheckpointEntry>& entries);
+// The serialized TrackableObjectGraph for checkpoint keys naming object attributes
+// ("a/_b/kernel/.ATTRIBUTES/VARIABLE_VALUE"): a node per escaped path component
+// (".S" is '/', ".." is '.', as TF escapes local names), each attribute carrying its
+// full name (`full_names`, else the path). Keys without "/.ATTRIBUTES/" are left out;
+// "" when no key has one.
+std::string build_object_graph(const std::vector<std::string>& keys,
+                               const std::map<std::string, std::string>& full_names);
 }  // namespace qkv::io::detail

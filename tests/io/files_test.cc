@@ -81,7 +81,7 @@ TEST(IoFiles, UnknownExtensionIsFormatError) {
                    "load: model.pt: unknown file extension '.pt' (qkv reads and writes .npy and .safetensors");
   EXPECT_THROW_MSG(inspect("noext"), FormatError, "inspect: noext: unknown file extension ''");
   EXPECT_THROW_MSG(save("x.pt", {}), FormatError, "save: x.pt: unknown file extension '.pt'");
-  EXPECT_THROW_MSG(save("x.keras", {}), FormatError, "save: x.keras: qkv reads this format but does not write it");
+  EXPECT_THROW_MSG(save("x.keras", {}), FormatError, "save: x.keras: save writes .npy, .safetensors, .h5 and TF checkpoints");
 }
 
 TEST(IoFiles, SaveNpyNeedsExactlyOneTensor) {

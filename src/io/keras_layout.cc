@@ -1,0 +1,217 @@
+// What the Keras writers need beyond the tensors: the model order of layers (tf.keras
+// .h5 files and TF checkpoints match layers by position), the order of a layer's
+// weights (Keras' own: query kernel, query bias, key..., value..., output...), the
+// keys tf.keras model.save_weights(prefix) gives them, and a Keras 3 config.json
+// for a chain of MultiHeadAttention / Dense layers.
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "io/io_internal.h"
+#include "qkv/io_keras.h"
+
+namespace qkv::io {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+constexpr const char* kMhaParts[] = {"query", "key", "value", "attention_output"};
+
+bool is_mha(const std::map<std::string, Tensor>& weights) { return weights.count("query/kernel") != 0; }
+
+// tf.keras' attribute name of an MHA part: _query_dense, ..., _output_dense.
+std::string tf_keras_sublayer(const std::string& part) {
+  return part == "attention_output" ? "_output_dense" : "_" + part + "_dense";
+}
+
+const Tensor& need(const std::map<std::string, Tensor>& w, const std::string& layer, const std::string& name) {
+  const auto it = w.find(name);
+  if (it == w.end()) {
+    fail<ValueError>("keras_model_config: layer '", layer, "' has no weight '", name,
+                     "'; give the model's config.json instead");
+  }
+  return it->second;
+}
+
+ojson dtype_policy() {
+  return {{"module", "keras"}, {"class_name", "DTypePolicy"}, {"config", {{"name", "float32"}}},
+          {"registered_name", nullptr}};
+}
+
+ojson initializer(const char* cls, ojson config) {
+  return {{"module", "keras.initializers"}, {"class_name", cls}, {"config", std::move(config)},
+          {"registered_name", nullptr}};
+}
+
+ojson keras_tensor(const ojson& shape, const std::string& from) {
+  return {{"class_name", "__keras_tensor__"},
+          {"config", {{"shape", shape}, {"dtype", "float32"}, {"keras_history", {from, 0, 0}}}}};
+}
+
+ojson layer_entry(const char* cls, const std::string& name, ojson config, ojson build, ojson args) {
+  return {{"module", "keras.layers"}, {"class_name", cls}, {"config", std::move(config)},
+          {"registered_name", nullptr}, {"build_config", std::move(build)}, {"name", name},
+          {"inbound_nodes", {{{"args", std::move(args)}, {"kwargs", ojson::object()}}}}};
+}
+
+ojson common_config(const std::string& name) {
+  const ojson glorot = initializer("GlorotUniform", {{"seed", nullptr}, {"input_axes", nullptr}, {"output_axes", nullptr}});
+  return {{"name", name}, {"trainable", true}, {"dtype", dtype_policy()}, {"kernel_initializer", glorot},
+          {"bias_initializer", initializer("Zeros", ojson::object())}, {"kernel_regularizer", nullptr},
+          {"bias_regularizer", nullptr}, {"kernel_constraint", nullptr}, {"bias_constraint", nullptr}};
+}
+
+// One MHA layer applied to itself (query = value = the previous output of `dim`
+// features); returns its output's features.
+int64_t mha_layer(const std::string& name, const std::map<std::string, Tensor>& w, int64_t dim,
+                  const std::string& from, ojson& layers) {
+  const Tensor& q = need(w, name, "query/kernel");
+  const Tensor& v = need(w, name, "value/kernel");
+  const Tensor& o = need(w, name, "attention_output/kernel");
+  const Tensor& k = need(w, name, "key/kernel");
+  if (q.dim() != 3 || k.dim() != 3 || v.dim() != 3 || o.dim() != 3 || q.size(0) != dim || k.size(0) != dim ||
+      v.size(0) != dim) {
+    fail<ValueError>("keras_model_config: layer '", name, "': kernels ", shape_str(q.shape()), " ", shape_str(k.shape()),
+                     " ", shape_str(v.shape()), " are not those of self-attention over ", dim,
+                     " features; give the model's config.json instead");
+  }
+  const int64_t out = o.size(2);
+  ojson c = common_config(name);
+  c["num_heads"] = q.size(1);
+  c["key_dim"] = q.size(2);
+  c["value_dim"] = v.size(2);
+  c["dropout"] = 0.0;
+  c["use_bias"] = w.count("query/bias") != 0;
+  c["use_gate"] = false;
+  c["output_shape"] = out == dim ? ojson(nullptr) : ojson::array({out});
+  c["attention_axes"] = nullptr;
+  c["sliding_window"] = nullptr;
+  c["activity_regularizer"] = nullptr;
+  c["seed"] = nullptr;
+  const ojson shape = {nullptr, nullptr, dim};
+  layers.push_back(layer_entry("MultiHeadAttention", name, std::move(c),
+                               {{"shapes_dict", {{"query_shape", shape}, {"value_shape", shape}}}},
+                               {keras_tensor(shape, from), keras_tensor(shape, from)}));
+  return out;
+}
+
+int64_t dense_layer(const std::string& name, const std::map<std::string, Tensor>& w, int64_t dim,
+                    const std::string& from, ojson& layers) {
+  const Tensor& k = need(w, name, "kernel");
+  if (k.dim() != 2 || k.size(0) != dim) {
+    fail<ValueError>("keras_model_config: layer '", name, "': kernel ", shape_str(k.shape()), " does not take ", dim,
+                     " features; give the model's config.json instead");
+  }
+  ojson c = common_config(name);
+  c["units"] = k.size(1);
+  c["activation"] = "linear";
+  c["use_bias"] = w.count("bias") != 0;
+  c["quantization_config"] = nullptr;
+  const ojson shape = {nullptr, nullptr, dim};
+  layers.push_back(layer_entry("Dense", name, std::move(c), {{"input_shape", shape}}, {keras_tensor(shape, from)}));
+  return k.size(1);
+}
+
+// The feature count the first layer takes.
+int64_t input_features(const std::string& name, const std::map<std::string, Tensor>& w) {
+  const Tensor& k = need(w, name, is_mha(w) ? "query/kernel" : "kernel");
+  if (k.dim() < 2) fail<ValueError>("keras_model_config: layer '", name, "': kernel ", shape_str(k.shape()), " has no input axis");
+  return k.size(0);
+}
+
+}  // namespace
+
+std::vector<std::string> ordered_layers(const LayerWeights& layers, const std::vector<std::string>& order) {
+  std::vector<std::string> out;
+  for (const std::string& name : order) {
+    if (layers.count(name) && std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  }
+  for (const auto& [name, w] : layers) {
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  }
+  return out;
+}
+
+std::vector<std::string> keras_weight_order(const std::map<std::string, Tensor>& weights) {
+  std::vector<std::string> out;
+  auto take = [&](const std::string& n) {
+    if (weights.count(n) && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  };
+  for (const char* part : kMhaParts) {
+    take(std::string(part) + "/kernel");
+    take(std::string(part) + "/bias");
+  }
+  take("kernel");
+  take("bias");
+  for (const auto& [n, t] : weights) take(n);
+  return out;
+}
+
+std::vector<std::string> keras_layer_order(const WeightFile& file) {
+  const LayerWeights layers = keras_layer_weights(file);
+  std::vector<std::string> out;
+  for (const CheckpointEntry& e : file.entries) {
+    for (const auto& [layer, w] : layers) {
+      (void)w;
+      const bool match = e.name == layer || e.name.starts_with(layer + "/") || e.key.starts_with("layers/" + layer + "/");
+      if (match && std::find(out.begin(), out.end(), layer) == out.end()) out.push_back(layer);
+    }
+  }
+  return ordered_layers(layers, out);
+}
+
+TfKerasCheckpoint tf_keras_checkpoint_keys(const LayerWeights& layers, const std::vector<std::string>& order) {
+  TfKerasCheckpoint out;
+  int index = 0;
+  for (const std::string& layer : ordered_layers(layers, order)) {
+    const auto& weights = layers.at(layer);
+    if (weights.empty()) continue;
+    const std::string base = "layer_with_weights-" + std::to_string(index++) + "/";
+    for (const auto& [w, t] : weights) {
+      const auto slash = w.rfind('/');
+      const std::string part = slash == std::string::npos ? "" : w.substr(0, slash);
+      const bool sub = std::find(std::begin(kMhaParts), std::end(kMhaParts), part) != std::end(kMhaParts);
+      const std::string path = sub ? tf_keras_sublayer(part) + "/" + w.substr(slash + 1) : w;
+      const std::string key = base + path + "/.ATTRIBUTES/VARIABLE_VALUE";
+      out.tensors[key] = t;
+      out.full_names[key] = layer + "/" + w;
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> keras_config_layer_order(const std::string& config_json) {
+  std::vector<std::string> out;
+  const auto j = nlohmann::json::parse(config_json, nullptr, false);
+  if (!j.is_object() || !j.contains("config") || !j["config"].is_object()) return out;
+  const auto& layers = j["config"].value("layers", nlohmann::json::array());
+  if (!layers.is_array()) return out;
+  for (const auto& l : layers) {
+    if (l.is_object() && l.contains("name") && l["name"].is_string()) out.push_back(l["name"].get<std::string>());
+  }
+  return out;
+}
+
+std::string keras_model_config(const LayerWeights& layers, const std::vector<std::string>& order) {
+  const std::vector<std::string> names = ordered_layers(layers, order);
+  if (names.empty()) fail<ValueError>("keras_model_config: no layers");
+  int64_t dim = input_features(names.front(), layers.at(names.front()));
+  ojson list = ojson::array();
+  list.push_back({{"module", "keras.layers"}, {"class_name", "InputLayer"},
+                  {"config", {{"batch_shape", {nullptr, nullptr, dim}}, {"dtype", "float32"}, {"sparse", false},
+                              {"ragged", false}, {"name", "input_layer"}, {"optional", false}}},
+                  {"registered_name", nullptr}, {"name", "input_layer"}, {"inbound_nodes", ojson::array()}});
+  std::string from = "input_layer";
+  for (const std::string& name : names) {
+    if (name == "input_layer") fail<ValueError>("keras_model_config: a weight layer is named 'input_layer'");
+    const auto& w = layers.at(name);
+    dim = is_mha(w) ? mha_layer(name, w, dim, from, list) : dense_layer(name, w, dim, from, list);
+    from = name;
+  }
+  const ojson config = {{"module", "keras.src.models.functional"}, {"class_name", "Functional"},
+                        {"config", {{"name", "functional"}, {"trainable", true}, {"layers", list},
+                                    {"input_layers", {"input_layer", 0, 0}}, {"output_layers", {from, 0, 0}}}},
+                        {"registered_name", "Functional"}, {"build_config", {{"input_shape", nullptr}}}};
+  return config.dump();
+}
+
+}  // namespace qkv::io

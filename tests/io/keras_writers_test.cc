@@ -1,0 +1,120 @@
+// The tf.keras .h5 and .keras writers against files tf_keras 2.21 and Keras 3.15
+// wrote (tests/io/make_keras_tf_fixtures.py, tests/seed001/train_seed001.py): the
+// same datasets, names, order and values; a generated config.json with the layers
+// Keras wrote for seed 001. tests/io/check_writers_with_tf.py has real tf_keras
+// and Keras load qkv's files.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "io/io_test_util.h"
+#include "qkv/io_keras.h"
+
+namespace qkv::io {
+namespace {
+
+using testing::temp_path;
+
+std::filesystem::path fx(const std::string& dir, const std::string& name) {
+  return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / dir / name;
+}
+
+void expect_same(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], w[i]) << what << " element " << i;
+}
+
+TEST(KerasLegacyH5Writer, WritesTheDatasetsNamesAndValuesTfKerasWrote) {
+  const WeightFile tf = load_keras_h5(fx("keras_tf", "tfkeras2_weights.h5"));
+  const LayerWeights layers = keras_layer_weights(tf);
+  const auto path = temp_path("legacy.h5");
+  save_keras_legacy_h5(path, layers, {"multi_head_attention", "dense"});
+  const WeightFile ours = load_keras_h5(path);
+  ASSERT_EQ(ours.entries.size(), tf.entries.size());
+  for (const CheckpointEntry& want : tf.entries) {
+    const auto it = std::find_if(ours.entries.begin(), ours.entries.end(), [&](const auto& e) { return e.key == want.key; });
+    ASSERT_NE(it, ours.entries.end()) << want.key;
+    EXPECT_EQ(it->name, want.name);
+    EXPECT_EQ(it->dtype, want.dtype);
+    expect_same(ours.tensors.at(want.key), tf.tensors.at(want.key), want.key);
+  }
+  // Our layer_names / weight_names are fixed-length strings, which qkv reads: the
+  // entries come in model order and in Keras' weight order, as tf_keras loads them.
+  const std::vector<std::string> order = {"query/kernel", "query/bias", "key/kernel", "key/bias", "value/kernel",
+                                          "value/bias", "attention_output/kernel", "attention_output/bias"};
+  for (size_t i = 0; i < order.size(); ++i) {
+    EXPECT_EQ(ours.entries[i].key, "multi_head_attention/multi_head_attention/" + order[i] + ":0");
+  }
+  EXPECT_EQ(ours.entries[8].key, "dense/dense/kernel:0");
+  EXPECT_EQ(ours.entries[9].key, "dense/dense/bias:0");
+}
+
+TEST(KerasLegacyH5Writer, RoundTripsDtypesScalarsAndEmptyTensors) {
+  LayerWeights layers;
+  layers["a"]["kernel"] = Tensor::from_vector<double>({1, 2, 3, 4, 5, 6}, {2, 3}).to(DType::f16);
+  layers["a"]["bias"] = Tensor::from_vector<double>({}, {0}).to(DType::f64);
+  layers["b"]["step"] = Tensor::from_vector<double>({7}, {}).to(DType::i64);
+  const auto path = temp_path("dtypes.h5");
+  save_keras_legacy_h5(path, layers, {"b"});
+  const WeightFile back = load_keras_h5(path);
+  ASSERT_EQ(back.entries.size(), 3u);
+  EXPECT_EQ(back.entries[0].key, "b/b/step:0");  // b first, as ordered
+  for (const auto& [layer, weights] : layers) {
+    for (const auto& [name, t] : weights) expect_same(back.tensors.at(layer + "/" + layer + "/" + name + ":0"), t, name);
+  }
+  EXPECT_THROW(save_keras_legacy_h5(path, {{"x/y", {{"kernel", Tensor::ones({1})}}}}), ValueError);
+}
+
+TEST(KerasArchiveWriter, ConfigHasTheLayersKerasWroteForSeed001) {
+  const KerasArchive keras = load_keras_archive(fx("seed001", "model.keras"));
+  const LayerWeights layers = keras_layer_weights(keras.weights);
+  EXPECT_EQ(keras_config_layer_order(keras.config_json),
+            (std::vector<std::string>{"input_layer", "multi_head_attention", "dense"}));
+  const auto ours = nlohmann::json::parse(keras_model_config(layers, {"multi_head_attention", "dense"}));
+  const auto want = nlohmann::json::parse(keras.config_json);
+  EXPECT_EQ(ours["class_name"], want["class_name"]);
+  EXPECT_EQ(ours["config"]["input_layers"], want["config"]["input_layers"]);
+  EXPECT_EQ(ours["config"]["output_layers"], want["config"]["output_layers"]);
+  const auto& ol = ours["config"]["layers"];
+  const auto& wl = want["config"]["layers"];
+  ASSERT_EQ(ol.size(), wl.size());
+  for (size_t i = 0; i < ol.size(); ++i) {
+    EXPECT_EQ(ol[i]["class_name"], wl[i]["class_name"]) << i;
+    EXPECT_EQ(ol[i]["name"], wl[i]["name"]) << i;
+    for (const char* k : {"num_heads", "key_dim", "value_dim", "use_bias", "units", "activation", "dropout"}) {
+      EXPECT_EQ(ol[i]["config"].value(k, nlohmann::json()), wl[i]["config"].value(k, nlohmann::json())) << i << " " << k;
+    }
+    for (size_t n = 0; n < ol[i]["inbound_nodes"].size(); ++n) {
+      const auto& oa = ol[i]["inbound_nodes"][n]["args"];
+      const auto& wa = wl[i]["inbound_nodes"][n]["args"];
+      ASSERT_EQ(oa.size(), wa.size());
+      for (size_t a = 0; a < oa.size(); ++a) EXPECT_EQ(oa[a]["config"]["keras_history"], wa[a]["config"]["keras_history"]);
+    }
+  }
+}
+
+TEST(KerasArchiveWriter, RoundTripsThroughTheZipReader) {
+  const KerasArchive keras = load_keras_archive(fx("seed001", "model.keras"));
+  const std::map<std::string, Tensor> paths = keras3_paths(keras_layer_weights(keras.weights));
+  const auto path = temp_path("model.keras");
+  save_keras_archive(path, paths, keras.config_json);
+  const KerasArchive back = load_keras_archive(path);
+  EXPECT_EQ(back.config_json, keras.config_json);
+  EXPECT_EQ(nlohmann::json::parse(back.metadata_json)["keras_version"], "3.15.1");
+  ASSERT_EQ(back.weights.tensors.size(), paths.size());
+  for (const auto& [p, t] : paths) expect_same(back.weights.tensors.at(p), keras.weights.tensors.at(p), p);
+  EXPECT_THROW(save_keras_archive(path, paths, "{not json"), ValueError);
+}
+
+TEST(KerasArchiveWriter, InMemoryWeightsFileParsesAsWritten) {
+  const std::map<std::string, Tensor> t = {{"layers/d/vars/0", Tensor::ones({2, 2})},
+                                           {"layers/d/vars/1", Tensor::from_vector<double>({}, {0}).to(DType::f32)}};
+  const WeightFile back = parse_keras_h5(serialize_keras_weights_h5(t), "memory");
+  ASSERT_EQ(back.tensors.size(), 2u);
+  for (const auto& [p, v] : t) expect_same(back.tensors.at(p), v, p);
+}
+
+}  // namespace
+}  // namespace qkv::io
