@@ -97,6 +97,9 @@ void bind_io(nb::module_& m) {
         "Writes arrays to path, by extension: .npy takes exactly one array (a dict with one\n"
         "entry, or the array itself), .safetensors any number, plus optional string metadata\n"
         "(the __metadata__ entry). The bytes are those np.save and safetensors write.\n"
+        ".h5 writes a Keras 3 style weights file (datasets at the names' paths) and\n"
+        "PREFIX.index a TensorFlow checkpoint (PREFIX.index + PREFIX.data-00000-of-00001,\n"
+        "names as keys) that tf.train.load_checkpoint reads.\n"
         "Arrays are read in place (NumPy or DLPack, no copy).");
   m.def("inspect", &inspect, nb::arg("path"),
         nb::sig("def inspect(path: str | os.PathLike[str]) -> list[tuple[str, str, tuple[int, ...]]]"),
