@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <random>
+#include <vector>
 
 #include "common/expect.h"
 #include "qkv/einops.h"
@@ -15,16 +17,17 @@
 namespace qkv::kernels {
 namespace {
 
-// A random view: random shape (sizes chosen to straddle the tile sizes), random
-// permutation, sometimes a slice (non-unit inner stride) or a broadcast dim.
+// A random view: random shape (sizes chosen to straddle the SIMD block and tile
+// sizes), random permutation, sometimes a slice (non-unit stride, also along src's
+// contiguous dim) or a broadcast dim.
 Tensor random_view(std::mt19937& rng, DType dtype) {
   std::uniform_int_distribution<int> nd_dist(1, 5);
   const int nd = nd_dist(rng);
-  const int64_t sizes[] = {1, 2, 3, 7, 8, 17, 33, 64, 70};
+  const int64_t sizes[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 70};
   Shape shape;
   int64_t numel = 1;
   for (int i = 0; i < nd; ++i) {
-    int64_t s = sizes[std::uniform_int_distribution<int>(0, 8)(rng)];
+    int64_t s = sizes[std::uniform_int_distribution<int>(0, 13)(rng)];
     if (numel * s > 60000) s = 2;
     shape.push_back(s);
     numel *= s;
@@ -34,8 +37,12 @@ Tensor random_view(std::mt19937& rng, DType dtype) {
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   Tensor v = base.permute(perm);
-  const int kind = std::uniform_int_distribution<int>(0, 3)(rng);
+  const int kind = std::uniform_int_distribution<int>(0, 4)(rng);
   if (kind == 1 && v.size(-1) > 2) v = v.slice(-1, 0, v.size(-1), 2);
+  if (kind == 3) {
+    const auto contiguous_dim = static_cast<int64_t>(std::find(perm.begin(), perm.end(), nd - 1) - perm.begin());
+    if (v.size(contiguous_dim) > 3) v = v.slice(contiguous_dim, 1, v.size(contiguous_dim), 3);
+  }
   if (kind == 2) {
     Tensor u = v.unsqueeze(std::uniform_int_distribution<int>(0, nd)(rng));
     Shape target = u.shape();
@@ -47,7 +54,7 @@ Tensor random_view(std::mt19937& rng, DType dtype) {
 
 TEST(TransposeKernel, BlockedMatchesScalarReference) {
   std::mt19937 rng(1234);
-  for (int trial = 0; trial < 200; ++trial) {
+  for (int trial = 0; trial < 600; ++trial) {
     const DType dtype = std::array{DType::f32, DType::f64, DType::f16, DType::i8}[trial % 4];
     const Tensor src = random_view(rng, dtype);
     Tensor fast = Tensor::empty(src.shape(), dtype), ref = Tensor::empty(src.shape(), dtype);
@@ -78,6 +85,35 @@ TEST(TransposeKernel, LargeTransposeOnSeveralThreads) {
     permuted_copy(src, fast);
     permuted_copy_reference(src, ref);
     EXPECT_EQ(fast.to_vector<float>(), ref.to_vector<float>());
+  }
+  set_num_threads(before);
+}
+
+// Results of 8 MB and more take the non-temporal store path: every element width,
+// 1 to 3 threads, broadcast and sliced sources, and a dst that is not aligned.
+TEST(TransposeKernel, LargeCopiesMatchReference) {
+  const int before = get_num_threads();
+  int case_index = 0;
+  for (const DType dtype : {DType::f32, DType::f64, DType::f16, DType::i8}) {
+    const int64_t scale = 8 / static_cast<int64_t>(itemsize(dtype));  // about 12 MB at every width
+    const Tensor base = Tensor::uniform({33, 40 * scale, 17, 65}, 3, -100, 100, DType::f64).to(dtype);
+    const std::vector<Tensor> sources = {
+        base.permute({3, 2, 1, 0}),
+        base.slice(0, 1, 33).permute({0, 3, 1, 2}),
+        base.slice(1, 0, 40 * scale, 2).permute({2, 1, 3, 0}).unsqueeze(1).expand({17, 2, 20 * scale, 65, 33}),
+        base.slice(3, 0, 65, 2).permute({1, 3, 0, 2}).unsqueeze(0).expand({2, 40 * scale, 33, 33, 17}),
+    };
+    for (const Tensor& src : sources) {
+      set_num_threads(1 + case_index++ % 3);
+      Tensor ref = Tensor::empty(src.shape(), dtype);
+      permuted_copy_reference(src, ref);
+      Tensor aligned = Tensor::empty(src.shape(), dtype);
+      permuted_copy(src, aligned);
+      EXPECT_EQ(std::memcmp(aligned.raw_data(), ref.raw_data(), ref.nbytes()), 0) << shape_str(src.shape());
+      Tensor unaligned = Tensor::empty({src.numel() + 1}, dtype).slice(0, 1, src.numel() + 1).view(src.shape());
+      permuted_copy(src, unaligned);
+      EXPECT_EQ(std::memcmp(unaligned.raw_data(), ref.raw_data(), ref.nbytes()), 0) << shape_str(src.shape());
+    }
   }
   set_num_threads(before);
 }

@@ -12,6 +12,7 @@
 
 #include <hwy/cache_control.h>
 
+#include "kernels/cpu/transpose_simd.h"
 #include "qkv/error.h"
 #include "qkv/parallel.h"
 
@@ -112,18 +113,70 @@ void copy_rows(const Geometry& g, const T* src, T* dst) {
 // make lines evict each other mid-use. Runs along q are long (up to 1 KB; the buffer's
 // rest goes to p), which measured best for 64 MB 2-D to 5-D permutations. Outer dims
 // run in order of decreasing src stride, so neighbouring tiles share src lines.
-// While a tile is read, the first line of each run of the next tile along q is
-// prefetched (hwy::Prefetch): runs this short escape the hardware prefetchers.
 constexpr int64_t kTileBufferBytes = 16384;
+// Results at least this large are written with non-temporal stores: they would not
+// stay in the cache anyway, and a normal store first reads the line it overwrites.
+constexpr int64_t kStreamBytes = int64_t{8} << 20;
+// Src runs are prefetched this many bytes ahead of the read, across tile borders:
+// short runs at large strides escape the hardware prefetchers, and with power-of-two
+// strides lines fetched much earlier would be evicted by their own set before use.
+constexpr int64_t kPrefetchBytes = 2048;
+
+// Sizes of dims p and q, tile sizes along them, tile counts, and element strides.
+struct TilePlan {
+  int64_t np, nq, tp, tq, tiles_p, tiles_q, per_outer;
+  int64_t ssp, ssq, dsp;
+};
+
+// Offsets of a tile's first element and its extent (in <= tp, jn <= tq).
+struct Tile {
+  int64_t src_off, dst_off, in, jn;
+};
+
+// Yields the tiles of a chunk of items in order; items never go backwards.
+class TileCursor {
+ public:
+  TileCursor(const Geometry& g, const TilePlan& plan, const Counter& base, int64_t first)
+      : g_(g), plan_(plan), counter_(base), outer_(first / plan.per_outer) {
+    counter_.seek(g, outer_);
+  }
+  Tile at(int64_t item) {
+    for (const int64_t o = item / plan_.per_outer; outer_ < o; ++outer_) counter_.next(g_);
+    const int64_t t = item % plan_.per_outer;
+    const int64_t i0 = (t / plan_.tiles_q) * plan_.tp, j0 = (t % plan_.tiles_q) * plan_.tq;
+    return {counter_.src_off + i0 * plan_.ssp + j0 * plan_.ssq, counter_.dst_off + i0 * plan_.dsp + j0,
+            std::min(plan_.np - i0, plan_.tp), std::min(plan_.nq - j0, plan_.tq)};
+  }
+
+ private:
+  const Geometry& g_;
+  const TilePlan& plan_;
+  Counter counter_;
+  int64_t outer_;
+};
+
+template <class T>
+void prefetch_run(const T* run, int64_t n, int64_t stride) {
+  const auto* bytes = reinterpret_cast<const char*>(run);
+  const int64_t span = ((n - 1) * stride + 1) * static_cast<int64_t>(sizeof(T));
+  for (int64_t b = 0; b < span; b += 64) hwy::Prefetch(bytes + b);
+}
 
 template <class T>
 void copy_tiles(const Geometry& g, int p, const T* src, T* dst) {
   constexpr auto kSize = static_cast<int64_t>(sizeof(T));
   const int q = static_cast<int>(g.shape.size()) - 1;
-  const int64_t np = g.shape[p], nq = g.shape[q];
-  const int64_t tq = std::min(nq, 1024 / kSize);  // when q is short, p takes the rest of the buffer
-  const int64_t tp = std::min(np, std::max<int64_t>(16, kTileBufferBytes / (tq * kSize)));
-  const int64_t tiles_p = (np + tp - 1) / tp, tiles_q = (nq + tq - 1) / tq;
+  TilePlan plan{};
+  plan.np = g.shape[p];
+  plan.nq = g.shape[q];
+  plan.tq = std::min(plan.nq, 1024 / kSize);  // when q is short, p takes the rest of the buffer
+  plan.tp = std::min(plan.np, std::max<int64_t>(16, kTileBufferBytes / (plan.tq * kSize)));
+  plan.tiles_p = (plan.np + plan.tp - 1) / plan.tp;
+  plan.tiles_q = (plan.nq + plan.tq - 1) / plan.tq;
+  plan.per_outer = plan.tiles_p * plan.tiles_q;
+  plan.ssp = g.src[p];
+  plan.ssq = g.src[q];
+  plan.dsp = g.dst[p];
   Counter base;
   for (int d = 0; d < q; ++d) {
     if (d != p) base.dims.push_back(d);
@@ -131,35 +184,39 @@ void copy_tiles(const Geometry& g, int p, const T* src, T* dst) {
   std::stable_sort(base.dims.begin(), base.dims.end(), [&](int a, int b) { return g.src[a] > g.src[b]; });
   int64_t outer = 1;
   for (int d : base.dims) outer *= g.shape[d];
-  const int64_t ssp = g.src[p], ssq = g.src[q], dsp = g.dst[p];
-  const int64_t per_outer = tiles_p * tiles_q;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (tp * tq));
-  parallel_for(0, outer * per_outer, grain, [&](int64_t begin, int64_t end) {
+  const int64_t items = outer * plan.per_outer;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (plan.tp * plan.tq));
+  const bool stream = shape_numel(g.shape) * kSize >= kStreamBytes;
+  const int64_t run_bytes = std::max<int64_t>(64, plan.tp * plan.ssp * kSize);
+  const int64_t ahead = std::max<int64_t>(1, kPrefetchBytes / run_bytes);  // in runs
+  parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     alignas(64) unsigned char storage[kTileBufferBytes];
     T* buf = reinterpret_cast<T*>(storage);  // [tq][tp]
-    Counter c = base;
-    int64_t current_outer = begin / per_outer;
-    c.seek(g, current_outer);
+    TileCursor cursor(g, plan, base, begin);
+    Tile next = cursor.at(begin);
     for (int64_t item = begin; item < end; ++item) {
-      for (const int64_t o = item / per_outer; current_outer < o; ++current_outer) c.next(g);
-      const int64_t t = item % per_outer;
-      const int64_t i0 = (t / tiles_q) * tp, j0 = (t % tiles_q) * tq;
-      const int64_t in = std::min(np - i0, tp), jn = std::min(nq - j0, tq);
-      const T* s = src + c.src_off + i0 * ssp + j0 * ssq;
-      const bool prefetch = j0 + tq < nq;  // the next tile along q, while this one is read
-      const int64_t jn_next = prefetch ? std::min(nq - j0 - tq, tq) : 0;
-      for (int64_t j = 0; j < jn; ++j) {  // read: runs along p
-        const T* row = s + j * ssq;
-        if (j < jn_next) hwy::Prefetch(row + tq * ssq);
-        T* b = buf + j * tp;
-        for (int64_t i = 0; i < in; ++i) b[i] = row[i * ssp];
+      const Tile tile = next;
+      const bool has_next = item + 1 < items;
+      if (has_next) next = cursor.at(item + 1);
+      const T* s = src + tile.src_off;
+      for (int64_t j = 0; j < tile.jn; ++j) {  // read: runs along p into buf, then transpose to dst
+        const int64_t jp = j + ahead;
+        if (jp < tile.jn) {
+          prefetch_run(s + jp * plan.ssq, tile.in, plan.ssp);
+        } else if (has_next && jp - tile.jn < next.jn) {
+          prefetch_run(src + next.src_off + (jp - tile.jn) * plan.ssq, next.in, plan.ssp);
+        }
+        const T* row = s + j * plan.ssq;
+        T* b = buf + j * plan.tp;
+        if (plan.ssp == 1) {
+          std::memcpy(b, row, static_cast<size_t>(tile.in) * sizeof(T));
+        } else {
+          for (int64_t i = 0; i < tile.in; ++i) b[i] = row[i * plan.ssp];
+        }
       }
-      T* d = dst + c.dst_off + i0 * dsp + j0;
-      for (int64_t i = 0; i < in; ++i) {  // write: runs along q
-        T* out = d + i * dsp;
-        for (int64_t j = 0; j < jn; ++j) out[j] = buf[j * tp + i];
-      }
+      detail::transpose_tile(sizeof(T), buf, plan.tp, dst + tile.dst_off, plan.dsp, tile.in, tile.jn, stream);
     }
+    if (stream) detail::stream_fence();
   });
 }
 

@@ -1,0 +1,164 @@
+// Per-target pieces of the permuted copy (Highway): an in-register transpose of
+// square blocks and a streaming row copy. transpose_simd.cc re-includes this file
+// once per SIMD target via hwy/foreach_target.h; no other file includes it.
+// Highway's include guard convention: toggled per target.
+#if defined(QKV_KERNELS_CPU_TRANSPOSE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef QKV_KERNELS_CPU_TRANSPOSE_INL_H_
+#undef QKV_KERNELS_CPU_TRANSPOSE_INL_H_
+#else
+#define QKV_KERNELS_CPU_TRANSPOSE_INL_H_
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace qkv::kernels::HWY_NAMESPACE {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Element-wise scalar transpose of a rows x cols corner; the blocked code's edges.
+template <class T>
+HWY_INLINE void TransposeScalar(const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_RESTRICT dst,
+                                int64_t dst_stride, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    T* out = dst + i * dst_stride;
+    for (int64_t j = 0; j < cols; ++j) out[j] = tile[j * tile_stride + i];
+  }
+}
+
+#if HWY_TARGET == HWY_SCALAR
+
+template <class T>
+void TransposeTileT(const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_RESTRICT dst, int64_t dst_stride,
+                    int64_t rows, int64_t cols, bool /*stream*/) {
+  TransposeScalar(tile, tile_stride, dst, dst_stride, rows, cols);
+}
+
+#else
+
+// Blocks of kLanes x kLanes elements, kLanes = lanes of a vector of at most 32
+// bytes and 16 lanes: 16 registers at most, so AVX2 keeps a block in registers;
+// memory, not shuffles, bounds the copy, so AVX-512's wider blocks would not pay.
+template <class T>
+using BlockTag = hn::CappedTag<T, HWY_MIN(16, 32 / sizeof(T))>;
+
+// One butterfly stage: rows k and k + kStep exchange elements in groups of kStep
+// lanes. Groups smaller than 16 bytes interleave within 128-bit blocks; the
+// 16-byte stage of a 32-byte vector swaps its 128-bit halves.
+template <size_t kStep, class D, class V>
+HWY_INLINE void TransposeStage(D d, V* v) {
+  constexpr size_t kLanes = hn::MaxLanes(D());
+  constexpr size_t kGroupBytes = kStep * sizeof(hn::TFromD<D>);
+  for (size_t k = 0; k < kLanes; ++k) {
+    if (k & kStep) continue;
+    if constexpr (kGroupBytes < 16) {
+      const hn::Repartition<hwy::UnsignedFromSize<kGroupBytes>, D> dg;
+      const auto a = hn::BitCast(dg, v[k]), b = hn::BitCast(dg, v[k + kStep]);
+      v[k] = hn::BitCast(d, hn::InterleaveLower(a, b));
+      v[k + kStep] = hn::BitCast(d, hn::InterleaveUpper(dg, a, b));
+    } else {
+      const V a = v[k], b = v[k + kStep];
+      v[k] = hn::ConcatLowerLower(d, b, a);
+      v[k + kStep] = hn::ConcatUpperUpper(d, b, a);
+    }
+  }
+  if constexpr (2 * kStep < kLanes) TransposeStage<2 * kStep>(d, v);
+}
+
+// After the stages, v[k] holds column Column(k): the stages within a 128-bit block
+// leave the block's column bits reversed; the halves swap keeps the top bit.
+template <size_t kLanes, size_t kBlockLanes>
+constexpr size_t Column(size_t k) {
+  constexpr size_t kIn = kLanes < kBlockLanes ? kLanes : kBlockLanes;
+  size_t low = 0;
+  for (size_t bit = 1; bit < kIn; bit <<= 1) low = (low << 1) | ((k & bit) ? 1 : 0);
+  return (k & ~(kIn - 1)) | low;
+}
+
+// Loads the kLanes x kLanes block at tile[j0.., i0..] (rows along j) and
+// transposes it: v[k] then holds dst row i0 + Column(k), columns j0...
+template <class D, class T, class V>
+HWY_INLINE void LoadTransposed(D d, const T* HWY_RESTRICT tile, int64_t tile_stride, V* v) {
+  constexpr size_t kLanes = hn::MaxLanes(D());
+  for (size_t k = 0; k < kLanes; ++k) v[k] = hn::LoadU(d, tile + static_cast<int64_t>(k) * tile_stride);
+  TransposeStage<1>(d, v);
+}
+
+// dst[i * dst_stride + j] = tile[j * tile_stride + i] for i < rows, j < cols.
+// A dst row gets a whole 64-byte line at a time (kPerLine blocks side by side,
+// stored back to back): with `stream` (non-temporal stores, used when dst rows are
+// aligned to the vector size) a line left half-written while others are filled
+// can be flushed to memory as a partial write, which measured up to 3x slower.
+template <class T>
+void TransposeTileT(const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_RESTRICT dst, int64_t dst_stride,
+                    int64_t rows, int64_t cols, bool stream) {
+  const BlockTag<T> d;
+  using V = hn::Vec<decltype(d)>;
+  constexpr size_t kLanes = hn::MaxLanes(d);
+  constexpr int64_t kN = static_cast<int64_t>(kLanes);
+  constexpr size_t kBlockLanes = 16 / sizeof(T);
+  constexpr size_t kVectorBytes = kLanes * sizeof(T);
+  constexpr size_t kPerLine = kVectorBytes >= 64 ? 1 : 64 / kVectorBytes;
+  constexpr int64_t kLineCols = kN * static_cast<int64_t>(kPerLine);
+  const bool aligned = stream && reinterpret_cast<uintptr_t>(dst) % kVectorBytes == 0 &&
+                       (dst_stride * static_cast<int64_t>(sizeof(T))) % static_cast<int64_t>(kVectorBytes) == 0;
+  const auto store = [&](V v, T* out) {
+    if (aligned) {
+      hn::Stream(v, d, out);
+    } else {
+      hn::StoreU(v, d, out);
+    }
+  };
+  int64_t i0 = 0;
+  for (; i0 + kN <= rows; i0 += kN) {
+    int64_t j0 = 0;
+    for (; j0 + kLineCols <= cols; j0 += kLineCols) {
+      V v[kPerLine][kLanes];
+      for (size_t b = 0; b < kPerLine; ++b) {
+        LoadTransposed(d, tile + (j0 + static_cast<int64_t>(b) * kN) * tile_stride + i0, tile_stride, v[b]);
+      }
+      for (size_t k = 0; k < kLanes; ++k) {
+        T* out = dst + (i0 + static_cast<int64_t>(Column<kLanes, kBlockLanes>(k))) * dst_stride + j0;
+        for (size_t b = 0; b < kPerLine; ++b) store(v[b][k], out + static_cast<int64_t>(b) * kN);
+      }
+    }
+    for (; j0 + kN <= cols; j0 += kN) {
+      V v[kLanes];
+      LoadTransposed(d, tile + j0 * tile_stride + i0, tile_stride, v);
+      for (size_t k = 0; k < kLanes; ++k) {
+        store(v[k], dst + (i0 + static_cast<int64_t>(Column<kLanes, kBlockLanes>(k))) * dst_stride + j0);
+      }
+    }
+    TransposeScalar(tile + j0 * tile_stride + i0, tile_stride, dst + i0 * dst_stride + j0, dst_stride, kN, cols - j0);
+  }
+  TransposeScalar(tile + i0, tile_stride, dst + i0 * dst_stride, dst_stride, rows - i0, cols);
+}
+
+#endif  // HWY_TARGET == HWY_SCALAR
+
+// Exported per element width (HWY_EXPORT takes no templates).
+void TransposeTile8(const uint8_t* tile, int64_t tile_stride, uint8_t* dst, int64_t dst_stride, int64_t rows,
+                    int64_t cols, bool stream) {
+  TransposeTileT(tile, tile_stride, dst, dst_stride, rows, cols, stream);
+}
+void TransposeTile16(const uint16_t* tile, int64_t tile_stride, uint16_t* dst, int64_t dst_stride, int64_t rows,
+                     int64_t cols, bool stream) {
+  TransposeTileT(tile, tile_stride, dst, dst_stride, rows, cols, stream);
+}
+void TransposeTile32(const uint32_t* tile, int64_t tile_stride, uint32_t* dst, int64_t dst_stride, int64_t rows,
+                     int64_t cols, bool stream) {
+  TransposeTileT(tile, tile_stride, dst, dst_stride, rows, cols, stream);
+}
+void TransposeTile64(const uint64_t* tile, int64_t tile_stride, uint64_t* dst, int64_t dst_stride, int64_t rows,
+                     int64_t cols, bool stream) {
+  TransposeTileT(tile, tile_stride, dst, dst_stride, rows, cols, stream);
+}
+
+}  // namespace qkv::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard

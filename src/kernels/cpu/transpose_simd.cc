@@ -1,0 +1,51 @@
+// Runtime dispatch of the Highway pieces of the permuted copy (transpose-inl.h,
+// compiled once per SIMD target here and nowhere else).
+#include <cstddef>
+#include <cstdint>
+
+// The same target list as softmax.cc (see there why this file sets it itself).
+#undef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/transpose-inl.h"
+#include "hwy/foreach_target.h"  // must come before highway.h
+#include "hwy/highway.h"
+#include "kernels/cpu/transpose-inl.h"
+
+#if HWY_ONCE
+
+#include <hwy/cache_control.h>
+
+#include "kernels/cpu/transpose_simd.h"
+
+namespace qkv::kernels::detail {
+
+HWY_EXPORT(TransposeTile8);
+HWY_EXPORT(TransposeTile16);
+HWY_EXPORT(TransposeTile32);
+HWY_EXPORT(TransposeTile64);
+
+void transpose_tile(size_t width, const void* tile, int64_t tile_stride, void* dst, int64_t dst_stride, int64_t rows,
+                    int64_t cols, bool stream) {
+  switch (width) {
+    case 1:
+      return HWY_DYNAMIC_DISPATCH(TransposeTile8)(static_cast<const uint8_t*>(tile), tile_stride,
+                                                  static_cast<uint8_t*>(dst), dst_stride, rows, cols, stream);
+    case 2:
+      return HWY_DYNAMIC_DISPATCH(TransposeTile16)(static_cast<const uint16_t*>(tile), tile_stride,
+                                                   static_cast<uint16_t*>(dst), dst_stride, rows, cols, stream);
+    case 4:
+      return HWY_DYNAMIC_DISPATCH(TransposeTile32)(static_cast<const uint32_t*>(tile), tile_stride,
+                                                   static_cast<uint32_t*>(dst), dst_stride, rows, cols, stream);
+    default:
+      return HWY_DYNAMIC_DISPATCH(TransposeTile64)(static_cast<const uint64_t*>(tile), tile_stride,
+                                                   static_cast<uint64_t*>(dst), dst_stride, rows, cols, stream);
+  }
+}
+
+void stream_fence() { hwy::FlushStream(); }
+
+}  // namespace qkv::kernels::detail
+
+#endif  // HWY_ONCE
