@@ -4,6 +4,8 @@
 // keys tf.keras model.save_weights(prefix) gives them, and a Keras 3 config.json
 // for a chain of MultiHeadAttention / Dense layers.
 #include <algorithm>
+#include <limits>
+#include <string_view>
 #include <nlohmann/json.hpp>
 
 #include "io/io_internal.h"
@@ -146,10 +148,34 @@ std::vector<std::string> keras_weight_order(const std::map<std::string, Tensor>&
   return out;
 }
 
+namespace {
+
+// i of a tf.keras checkpoint key "layer_with_weights-<i>/...", else -1 (keys
+// without a number keep their order after the numbered ones).
+int64_t layer_with_weights_index(const std::string& key) {
+  static constexpr std::string_view kPrefix = "layer_with_weights-";
+  if (!key.starts_with(kPrefix)) return -1;
+  int64_t i = 0;
+  size_t at = kPrefix.size();
+  for (; at < key.size() && key[at] >= '0' && key[at] <= '9' && i < (int64_t{1} << 40); ++at) i = i * 10 + (key[at] - '0');
+  return at > kPrefix.size() && at < key.size() && key[at] == '/' ? i : -1;
+}
+
+}  // namespace
+
 std::vector<std::string> keras_layer_order(const WeightFile& file) {
   const LayerWeights layers = keras_layer_weights(file);
+  // A checkpoint's keys sort layer_with_weights-10 before -2: order by the number.
+  std::vector<CheckpointEntry> entries = file.entries;
+  std::stable_sort(entries.begin(), entries.end(), [](const CheckpointEntry& a, const CheckpointEntry& b) {
+    const auto rank = [](const std::string& key) {
+      const int64_t i = layer_with_weights_index(key);
+      return i < 0 ? std::numeric_limits<int64_t>::max() : i;
+    };
+    return rank(a.key) < rank(b.key);
+  });
   std::vector<std::string> out;
-  for (const CheckpointEntry& e : file.entries) {
+  for (const CheckpointEntry& e : entries) {
     for (const auto& [layer, w] : layers) {
       (void)w;
       const bool match = e.name == layer || e.name.starts_with(layer + "/") || e.key.starts_with("layers/" + layer + "/");

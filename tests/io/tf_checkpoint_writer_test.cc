@@ -122,6 +122,21 @@ TEST(TfCheckpointWriter, RoundTripsEveryDtypeScalarsAndEmptyTensors) {
   EXPECT_THROW(save_tf_checkpoint(prefix, {{"_CHECKPOINTABLE_OBJECT_GRAPH", tensors["scalar"]}}), ValueError);
 }
 
+TEST(TfCheckpointWriter, LayerOrderOfTwelveLayersFollowsTheNumbersNotTheKeyOrder) {
+  // Keys sort layer_with_weights-10 before -2; the model order must not.
+  LayerWeights layers;
+  std::vector<std::string> order;
+  for (int i = 0; i < 12; ++i) {
+    const std::string name = "z_dense_" + std::to_string(11 - i);  // name order is the reverse
+    layers[name] = {{"kernel", Tensor::full({2, 2}, static_cast<double>(i))}, {"bias", Tensor::zeros({2})}};
+    order.push_back(name);
+  }
+  const TfKerasCheckpoint keys = tf_keras_checkpoint_keys(layers, order);
+  const auto prefix = temp_path("twelve");
+  save_tf_checkpoint(prefix, keys.tensors, keys.full_names);
+  EXPECT_EQ(keras_layer_order(load_tf_checkpoint(prefix)), order);
+}
+
 TEST(TfCheckpointWriter, TfKerasLayoutHasTheKeysNamesAndValuesTfKerasWrote) {
   const TfCheckpoint tf = load_tf_checkpoint(fixture("keras_tf", "tfkeras2_ckpt"));
   const LayerWeights layers = keras_layer_weights(tf);
