@@ -38,18 +38,7 @@ TEST(GemmF64, KeepsPrecisionFloat32WouldLose) {
   EXPECT_EQ(c, (1.0 + 1e-12) + 3e-12);
 }
 
-TEST(GemmF64, MatchesReferenceOnRandomShapes) {
-  const int64_t sizes[] = {1, 2, 3, 5, 16, 17, 31, 64, 129};
-  const float scalars[][2] = {{1, 0}, {0.5f, 0}, {1, 1}, {-1.5f, 0.25f}, {2, -1}};
-  std::mt19937 rng(7);
-  auto pick = [&](auto& arr) { return arr[rng() % std::size(arr)]; };
-  for (int trial = 0; trial < 100; ++trial) {
-    Case c = plain(pick(sizes), pick(sizes), pick(sizes), rng() & 1, rng() & 2, trial % 3 == 0 ? 3 : 0);
-    c.alpha = pick(scalars)[0];
-    c.beta = pick(scalars)[1];
-    expect_matches_reference<double>(c, static_cast<uint32_t>(trial));
-  }
-}
+TEST(GemmF64, MatchesReferenceOnRandomShapes) { test::expect_random_shapes_match<double>(100, 7); }
 
 TEST(GemmF64, BatchedLayoutsOfAttentionAndEinsum) {
   // [B=2, H=3] heads read from [B, L, H, D] storage (L=5, D=4): scores = Q K^T.

@@ -37,18 +37,7 @@ TEST(Gemm, HandComputed2x2) {
   EXPECT_EQ(std::vector<float>(c, c + 4), (std::vector<float>{38.5f, 44.5f, 86.5f, 100.5f}));
 }
 
-TEST(Gemm, MatchesReferenceOnRandomShapes) {
-  const int64_t sizes[] = {1, 2, 3, 5, 7, 16, 17, 31, 64, 100, 129};
-  const float scalars[][2] = {{1, 0}, {0.5f, 0}, {1, 1}, {-1.5f, 0.25f}, {2, -1}};
-  std::mt19937 rng(42);
-  auto pick = [&](auto& arr) { return arr[rng() % std::size(arr)]; };
-  for (int trial = 0; trial < 150; ++trial) {
-    Case c = plain(pick(sizes), pick(sizes), pick(sizes), rng() & 1, rng() & 2, trial % 3 == 0 ? 3 : 0);
-    c.alpha = pick(scalars)[0];
-    c.beta = pick(scalars)[1];
-    expect_matches_reference(c, static_cast<uint32_t>(trial));
-  }
-}
+TEST(Gemm, MatchesReferenceOnRandomShapes) { test::expect_random_shapes_match<float>(150, 42); }
 
 TEST(Gemm, AllTransposeCombinations) {
   for (bool ta : {false, true}) {

@@ -100,4 +100,20 @@ inline Case plain(int64_t m, int64_t n, int64_t k, bool ta = false, bool tb = fa
   return c;
 }
 
+// `trials` random plain cases: sizes around vector widths, transposes, padding,
+// alpha/beta combinations; each against the reference in type T.
+template <class T = float>
+void expect_random_shapes_match(int trials, uint32_t seed) {
+  const int64_t sizes[] = {1, 2, 3, 5, 7, 16, 17, 31, 64, 100, 129};
+  const float scalars[][2] = {{1, 0}, {0.5f, 0}, {1, 1}, {-1.5f, 0.25f}, {2, -1}};
+  std::mt19937 rng(seed);
+  auto pick = [&](auto& arr) { return arr[rng() % std::size(arr)]; };
+  for (int trial = 0; trial < trials; ++trial) {
+    Case c = plain(pick(sizes), pick(sizes), pick(sizes), rng() & 1, rng() & 2, trial % 3 == 0 ? 3 : 0);
+    c.alpha = pick(scalars)[0];
+    c.beta = pick(scalars)[1];
+    expect_matches_reference<T>(c, static_cast<uint32_t>(trial));
+  }
+}
+
 }  // namespace qkv::test
