@@ -89,7 +89,7 @@ TEST(TransposeKernel, LargeTransposeOnSeveralThreads) {
   set_num_threads(before);
 }
 
-// Results of 8 MB and more take the non-temporal store path: every element width,
+// Results of 8 MB and more take the non-temporal store paths (tiles and rows): every element width,
 // 1 to 3 threads, broadcast and sliced sources, and a dst that is not aligned.
 TEST(TransposeKernel, LargeCopiesMatchReference) {
   const int before = get_num_threads();
@@ -102,6 +102,8 @@ TEST(TransposeKernel, LargeCopiesMatchReference) {
         base.slice(0, 1, 33).permute({0, 3, 1, 2}),
         base.slice(1, 0, 40 * scale, 2).permute({2, 1, 3, 0}).unsqueeze(1).expand({17, 2, 20 * scale, 65, 33}),
         base.slice(3, 0, 65, 2).permute({1, 3, 0, 2}).unsqueeze(0).expand({2, 40 * scale, 33, 33, 17}),
+        base.permute({0, 2, 1, 3}),                   // rows of 65 (streamed row copies)
+        base.slice(0, 1, 33).permute({2, 0, 1, 3}),  // the same from an offset
     };
     for (const Tensor& src : sources) {
       set_num_threads(1 + case_index++ % 3);

@@ -140,6 +140,29 @@ void TransposeTileT(const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_REST
 
 #endif  // HWY_TARGET == HWY_SCALAR
 
+// dst[0, bytes) = src[0, bytes) with non-temporal stores where dst is aligned to
+// the vector size; the unaligned head and the tail use plain stores.
+void StreamCopy(uint8_t* HWY_RESTRICT dst, const uint8_t* HWY_RESTRICT src, int64_t bytes) {
+#if HWY_TARGET == HWY_SCALAR
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+#else
+  const hn::ScalableTag<uint8_t> d;
+  const auto n = static_cast<int64_t>(hn::Lanes(d));
+  int64_t head = static_cast<int64_t>((n - reinterpret_cast<uintptr_t>(dst) % static_cast<uintptr_t>(n)) %
+                                      static_cast<uintptr_t>(n));
+  head = head < bytes ? head : bytes;
+  std::memcpy(dst, src, static_cast<size_t>(head));
+  int64_t i = head;
+  for (; i + 2 * n <= bytes; i += 2 * n) {
+    const auto a = hn::LoadU(d, src + i), b = hn::LoadU(d, src + i + n);
+    hn::Stream(a, d, dst + i);
+    hn::Stream(b, d, dst + i + n);
+  }
+  for (; i + n <= bytes; i += n) hn::Stream(hn::LoadU(d, src + i), d, dst + i);
+  std::memcpy(dst + i, src + i, static_cast<size_t>(bytes - i));
+#endif
+}
+
 // Exported per element width (HWY_EXPORT takes no templates).
 void TransposeTile8(const uint8_t* tile, int64_t tile_stride, uint8_t* dst, int64_t dst_stride, int64_t rows,
                     int64_t cols, bool stream) {

@@ -83,7 +83,25 @@ struct Counter {
   }
 };
 
-// Rows along the last dim: memcpy when src is contiguous along it, else a strided loop.
+// Results at least this large are written with non-temporal stores: they would not
+// stay in the cache anyway, and a normal store first reads the line it overwrites.
+constexpr int64_t kStreamBytes = int64_t{8} << 20;
+
+// Src runs (rows, or the runs of tiles, across tile borders) are prefetched this
+// many bytes ahead of the read: short runs at large strides escape the hardware
+// prefetchers (256-byte rows 4 KB apart were copied at half the speed without), and
+// with power-of-two strides lines fetched much earlier would be evicted before use.
+constexpr int64_t kPrefetchBytes = 2048;
+
+template <class T>
+void prefetch_run(const T* run, int64_t n, int64_t stride) {
+  const auto* bytes = reinterpret_cast<const char*>(run);
+  const int64_t span = ((n - 1) * stride + 1) * static_cast<int64_t>(sizeof(T));
+  for (int64_t b = 0; b < span; b += 64) hwy::Prefetch(bytes + b);
+}
+
+// Rows along the last dim: memcpy when src is contiguous along it (streamed for large
+// results), else a strided loop.
 template <class T>
 void copy_rows(const Geometry& g, const T* src, T* dst) {
   const int q = static_cast<int>(g.shape.size()) - 1;
@@ -92,18 +110,30 @@ void copy_rows(const Geometry& g, const T* src, T* dst) {
   Counter base;
   for (int d = 0; d < q; ++d) base.dims.push_back(d);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (len * static_cast<int64_t>(sizeof(T))));
+  const bool stream = rows * len * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
+  const int64_t row_bytes = len * ss * static_cast<int64_t>(sizeof(T));
+  // Short rows are prefetched like tile runs; long ones are left to the hardware.
+  const int64_t ahead = row_bytes <= kPrefetchBytes ? std::max<int64_t>(1, kPrefetchBytes / std::max<int64_t>(64, row_bytes)) : 0;
   parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    Counter c = base;
+    Counter c = base, next = base;
     c.seek(g, begin);
+    next.seek(g, std::min(begin + ahead, rows - 1));
     for (int64_t r = begin; r < end; ++r, c.next(g)) {
+      if (ahead > 0 && r + ahead < rows) {
+        prefetch_run(src + next.src_off, len, ss);
+        next.next(g);
+      }
       const T* s = src + c.src_off;
       T* d = dst + c.dst_off;
-      if (ss == 1) {
+      if (ss == 1 && stream) {
+        detail::stream_copy(d, s, len * static_cast<int64_t>(sizeof(T)));
+      } else if (ss == 1) {
         std::memcpy(d, s, static_cast<size_t>(len) * sizeof(T));
       } else {
         for (int64_t j = 0; j < len; ++j) d[j] = s[j * ss];
       }
     }
+    if (stream) detail::stream_fence();
   });
 }
 
@@ -114,14 +144,6 @@ void copy_rows(const Geometry& g, const T* src, T* dst) {
 // rest goes to p), which measured best for 64 MB 2-D to 5-D permutations. Outer dims
 // run in order of decreasing src stride, so neighbouring tiles share src lines.
 constexpr int64_t kTileBufferBytes = 16384;
-// Results at least this large are written with non-temporal stores: they would not
-// stay in the cache anyway, and a normal store first reads the line it overwrites.
-constexpr int64_t kStreamBytes = int64_t{8} << 20;
-// Src runs are prefetched this many bytes ahead of the read, across tile borders:
-// short runs at large strides escape the hardware prefetchers, and with power-of-two
-// strides lines fetched much earlier would be evicted by their own set before use.
-constexpr int64_t kPrefetchBytes = 2048;
-
 // Sizes of dims p and q, tile sizes along them, tile counts, and element strides.
 struct TilePlan {
   int64_t np, nq, tp, tq, tiles_p, tiles_q, per_outer;
@@ -154,13 +176,6 @@ class TileCursor {
   Counter counter_;
   int64_t outer_;
 };
-
-template <class T>
-void prefetch_run(const T* run, int64_t n, int64_t stride) {
-  const auto* bytes = reinterpret_cast<const char*>(run);
-  const int64_t span = ((n - 1) * stride + 1) * static_cast<int64_t>(sizeof(T));
-  for (int64_t b = 0; b < span; b += 64) hwy::Prefetch(bytes + b);
-}
 
 template <class T>
 void copy_tiles(const Geometry& g, int p, const T* src, T* dst) {

@@ -25,6 +25,7 @@ HWY_EXPORT(TransposeTile8);
 HWY_EXPORT(TransposeTile16);
 HWY_EXPORT(TransposeTile32);
 HWY_EXPORT(TransposeTile64);
+HWY_EXPORT(StreamCopy);
 
 void transpose_tile(size_t width, const void* tile, int64_t tile_stride, void* dst, int64_t dst_stride, int64_t rows,
                     int64_t cols, bool stream) {
@@ -42,6 +43,10 @@ void transpose_tile(size_t width, const void* tile, int64_t tile_stride, void* d
       return HWY_DYNAMIC_DISPATCH(TransposeTile64)(static_cast<const uint64_t*>(tile), tile_stride,
                                                    static_cast<uint64_t*>(dst), dst_stride, rows, cols, stream);
   }
+}
+
+void stream_copy(void* dst, const void* src, int64_t bytes) {
+  HWY_DYNAMIC_DISPATCH(StreamCopy)(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes);
 }
 
 void stream_fence() { hwy::FlushStream(); }

@@ -14,6 +14,10 @@ namespace qkv::kernels::detail {
 void transpose_tile(size_t width, const void* tile, int64_t tile_stride, void* dst, int64_t dst_stride, int64_t rows,
                     int64_t cols, bool stream);
 
+// memcpy with non-temporal stores (where dst is aligned to the vector size): for
+// copies whose destination will not be read again while it would still be cached.
+void stream_copy(void* dst, const void* src, int64_t bytes);
+
 // Orders earlier non-temporal stores of this thread before its later stores.
 void stream_fence();
 
