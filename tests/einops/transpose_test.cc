@@ -86,6 +86,15 @@ TEST(TransposeKernel, LargeTransposeOnSeveralThreads) {
     permuted_copy_reference(src, ref);
     EXPECT_EQ(fast.to_vector<float>(), ref.to_vector<float>());
   }
+  // Power-of-two strides: runs 4 KB apart, where tiles are cut to 16 runs.
+  const Tensor pow2 = Tensor::uniform({64, 8, 16, 64}, 10);
+  for (const auto& perm : {std::vector<int64_t>{3, 2, 1, 0}, std::vector<int64_t>{3, 0, 1, 2}}) {
+    const Tensor src = pow2.permute(perm);
+    Tensor fast = Tensor::empty(src.shape()), ref = Tensor::empty(src.shape());
+    permuted_copy(src, fast);
+    permuted_copy_reference(src, ref);
+    EXPECT_EQ(fast.to_vector<float>(), ref.to_vector<float>());
+  }
   set_num_threads(before);
 }
 

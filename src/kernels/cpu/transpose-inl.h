@@ -9,6 +9,7 @@
 #define QKV_KERNELS_CPU_TRANSPOSE_INL_H_
 #endif
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -40,28 +41,33 @@ void TransposeTileT(const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_REST
 
 #else
 
-// Blocks of kLanes x kLanes elements, kLanes = lanes of a vector of at most 32
-// bytes and 16 lanes: 16 registers at most, so AVX2 keeps a block in registers;
-// memory, not shuffles, bounds the copy, so AVX-512's wider blocks would not pay.
+// Blocks of kLanes x kLanes elements: vectors of at most 16 lanes (so at most 16
+// registers per block) and 64 bytes. On AVX-512 a 4-byte block row is a whole cache
+// line, so each src line is consumed by one load and each dst line written by one
+// store; smaller vectors store a dst line in pieces, back to back.
 template <class T>
-using BlockTag = hn::CappedTag<T, HWY_MIN(16, 32 / sizeof(T))>;
+using BlockTag = hn::CappedTag<T, HWY_MIN(16, 64 / sizeof(T))>;
 
 // One butterfly stage: rows k and k + kStep exchange elements in groups of kStep
-// lanes. Groups smaller than 16 bytes interleave within 128-bit blocks; the
-// 16-byte stage of a 32-byte vector swaps its 128-bit halves.
+// lanes (InterleaveLower/Upper of groups within a unit). Groups under 16 bytes
+// interleave within 128-bit blocks; 16-byte groups of a 64-byte vector within its
+// 256-bit halves; the last stage, groups of half a vector, concatenates halves.
 template <size_t kStep, class D, class V>
 HWY_INLINE void TransposeStage(D d, V* v) {
   constexpr size_t kLanes = hn::MaxLanes(D());
   constexpr size_t kGroupBytes = kStep * sizeof(hn::TFromD<D>);
   for (size_t k = 0; k < kLanes; ++k) {
     if (k & kStep) continue;
+    const V a = v[k], b = v[k + kStep];
     if constexpr (kGroupBytes < 16) {
       const hn::Repartition<hwy::UnsignedFromSize<kGroupBytes>, D> dg;
-      const auto a = hn::BitCast(dg, v[k]), b = hn::BitCast(dg, v[k + kStep]);
-      v[k] = hn::BitCast(d, hn::InterleaveLower(a, b));
-      v[k + kStep] = hn::BitCast(d, hn::InterleaveUpper(dg, a, b));
+      const auto ga = hn::BitCast(dg, a), gb = hn::BitCast(dg, b);
+      v[k] = hn::BitCast(d, hn::InterleaveLower(ga, gb));
+      v[k + kStep] = hn::BitCast(d, hn::InterleaveUpper(dg, ga, gb));
+    } else if constexpr (2 * kStep < kLanes) {  // 16-byte groups of a 64-byte vector
+      v[k] = hn::OddEvenBlocks(hn::SwapAdjacentBlocks(b), a);
+      v[k + kStep] = hn::OddEvenBlocks(b, hn::SwapAdjacentBlocks(a));
     } else {
-      const V a = v[k], b = v[k + kStep];
       v[k] = hn::ConcatLowerLower(d, b, a);
       v[k + kStep] = hn::ConcatUpperUpper(d, b, a);
     }
@@ -69,18 +75,38 @@ HWY_INLINE void TransposeStage(D d, V* v) {
   if constexpr (2 * kStep < kLanes) TransposeStage<2 * kStep>(d, v);
 }
 
-// After the stages, v[k] holds column Column(k): the stages within a 128-bit block
-// leave the block's column bits reversed; the halves swap keeps the top bit.
-template <size_t kLanes, size_t kBlockLanes>
-constexpr size_t Column(size_t k) {
-  constexpr size_t kIn = kLanes < kBlockLanes ? kLanes : kBlockLanes;
-  size_t low = 0;
-  for (size_t bit = 1; bit < kIn; bit <<= 1) low = (low << 1) | ((k & bit) ? 1 : 0);
-  return (k & ~(kIn - 1)) | low;
+// ColumnOrder()[k]: the column v[k] holds after the stages, found by applying the
+// stages' lane moves to column labels (the rows come out in lane order).
+template <size_t kLanes, size_t kSize>
+constexpr std::array<size_t, kLanes> ColumnOrder() {
+  std::array<std::array<size_t, kLanes>, kLanes> label{};
+  for (size_t k = 0; k < kLanes; ++k)
+    for (size_t x = 0; x < kLanes; ++x) label[k][x] = x;
+  for (size_t step = 1; step < kLanes; step *= 2) {
+    const size_t block = 16 / kSize < kLanes ? 16 / kSize : kLanes;
+    const size_t unit = step * kSize < 16 ? block : 2 * step;
+    for (size_t k = 0; k < kLanes; ++k) {
+      if (k & step) continue;
+      const auto a = label[k], b = label[k + step];
+      for (size_t base = 0; base < kLanes; base += unit) {
+        for (size_t g = 0; g < unit / (2 * step); ++g) {
+          for (size_t t = 0; t < step; ++t) {
+            label[k][base + 2 * g * step + t] = a[base + g * step + t];
+            label[k][base + (2 * g + 1) * step + t] = b[base + g * step + t];
+            label[k + step][base + 2 * g * step + t] = a[base + unit / 2 + g * step + t];
+            label[k + step][base + (2 * g + 1) * step + t] = b[base + unit / 2 + g * step + t];
+          }
+        }
+      }
+    }
+  }
+  std::array<size_t, kLanes> column{};
+  for (size_t k = 0; k < kLanes; ++k) column[k] = label[k][0];
+  return column;
 }
 
 // Loads the kLanes x kLanes block at tile[j0.., i0..] (rows along j) and
-// transposes it: v[k] then holds dst row i0 + Column(k), columns j0...
+// transposes it: v[k] then holds dst row i0 + ColumnOrder()[k], columns j0...
 template <class D, class T, class V>
 HWY_INLINE void LoadTransposed(D d, const T* HWY_RESTRICT tile, int64_t tile_stride, V* v) {
   constexpr size_t kLanes = hn::MaxLanes(D());
@@ -88,19 +114,19 @@ HWY_INLINE void LoadTransposed(D d, const T* HWY_RESTRICT tile, int64_t tile_str
   TransposeStage<1>(d, v);
 }
 
-// dst[i * dst_stride + j] = tile[j * tile_stride + i] for i < rows, j < cols.
-// A dst row gets a whole 64-byte line at a time (kPerLine blocks side by side,
-// stored back to back): with `stream` (non-temporal stores, used when dst rows are
-// aligned to the vector size) a line left half-written while others are filled
-// can be flushed to memory as a partial write, which measured up to 3x slower.
-template <class T>
-void TransposeTileT(const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_RESTRICT dst, int64_t dst_stride,
-                    int64_t rows, int64_t cols, bool stream) {
-  const BlockTag<T> d;
-  using V = hn::Vec<decltype(d)>;
+// dst[i * dst_stride + j] = tile[j * tile_stride + i] for the rows i < rows rounded
+// down to whole blocks (returned) and j < cols. A dst row gets a whole 64-byte line
+// at a time (kPerLine blocks side by side, stored back to back): with `stream`
+// (non-temporal stores, used when dst rows are aligned to the vector size) a line
+// left half-written while others are filled can be flushed to memory as a partial
+// write, which measured up to 3x slower.
+template <class D, class T>
+int64_t TransposeBlocks(D d, const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_RESTRICT dst,
+                        int64_t dst_stride, int64_t rows, int64_t cols, bool stream) {
+  using V = hn::Vec<D>;
   constexpr size_t kLanes = hn::MaxLanes(d);
   constexpr int64_t kN = static_cast<int64_t>(kLanes);
-  constexpr size_t kBlockLanes = 16 / sizeof(T);
+  static constexpr std::array<size_t, kLanes> kColumn = ColumnOrder<kLanes, sizeof(T)>();
   constexpr size_t kVectorBytes = kLanes * sizeof(T);
   constexpr size_t kPerLine = kVectorBytes >= 64 ? 1 : 64 / kVectorBytes;
   constexpr int64_t kLineCols = kN * static_cast<int64_t>(kPerLine);
@@ -122,7 +148,7 @@ void TransposeTileT(const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_REST
         LoadTransposed(d, tile + (j0 + static_cast<int64_t>(b) * kN) * tile_stride + i0, tile_stride, v[b]);
       }
       for (size_t k = 0; k < kLanes; ++k) {
-        T* out = dst + (i0 + static_cast<int64_t>(Column<kLanes, kBlockLanes>(k))) * dst_stride + j0;
+        T* out = dst + (i0 + static_cast<int64_t>(kColumn[k])) * dst_stride + j0;
         for (size_t b = 0; b < kPerLine; ++b) store(v[b][k], out + static_cast<int64_t>(b) * kN);
       }
     }
@@ -130,12 +156,29 @@ void TransposeTileT(const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_REST
       V v[kLanes];
       LoadTransposed(d, tile + j0 * tile_stride + i0, tile_stride, v);
       for (size_t k = 0; k < kLanes; ++k) {
-        store(v[k], dst + (i0 + static_cast<int64_t>(Column<kLanes, kBlockLanes>(k))) * dst_stride + j0);
+        store(v[k], dst + (i0 + static_cast<int64_t>(kColumn[k])) * dst_stride + j0);
       }
     }
     TransposeScalar(tile + j0 * tile_stride + i0, tile_stride, dst + i0 * dst_stride + j0, dst_stride, kN, cols - j0);
   }
-  TransposeScalar(tile + i0, tile_stride, dst + i0 * dst_stride, dst_stride, rows - i0, cols);
+  return i0;
+}
+
+// dst[i * dst_stride + j] = tile[j * tile_stride + i] for i < rows, j < cols: full
+// blocks, then rows left over in blocks of half the lanes (down to 16-byte vectors,
+// so that e.g. 8 rows of floats still go through AVX2-size blocks), then scalar.
+template <class T>
+void TransposeTileT(const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_RESTRICT dst, int64_t dst_stride,
+                    int64_t rows, int64_t cols, bool stream) {
+  const BlockTag<T> d;
+  int64_t done = TransposeBlocks(d, tile, tile_stride, dst, dst_stride, rows, cols, stream);
+  constexpr size_t kHalf = hn::MaxLanes(d) / 2;
+  if constexpr (kHalf * sizeof(T) >= 16) {
+    const hn::CappedTag<T, kHalf> dh;
+    done += TransposeBlocks(dh, tile + done, tile_stride, dst + done * dst_stride, dst_stride, rows - done, cols,
+                            stream);
+  }
+  TransposeScalar(tile + done, tile_stride, dst + done * dst_stride, dst_stride, rows - done, cols);
 }
 
 #endif  // HWY_TARGET == HWY_SCALAR
