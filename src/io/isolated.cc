@@ -98,6 +98,7 @@ std::pair<ErrorKind, std::string> current_error() {
   }
 }
 
+#ifndef QKV_ASAN  // no RLIMIT_AS under ASan, which reserves terabytes of address space
 // The child's size in bytes of address space (the first field of /proc/self/statm).
 // Read with open/read: no stdio in a child forked from a threaded process.
 size_t address_space_in_use() {
@@ -121,6 +122,7 @@ void limit_address_space(size_t extra) {
   const rlimit limit{want, current.rlim_max};
   ::setrlimit(RLIMIT_AS, &limit);
 }
+#endif
 
 void prepare_child(const IsolationOptions& options) {
   // Writing to a pipe the parent has closed (it gave up waiting) must end in an
