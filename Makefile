@@ -64,7 +64,7 @@ fuzz: deps
 	scripts/fuzz.sh build/fuzz $(FUZZ_SECONDS)
 
 # Regenerates the framework-made fixtures under tests/fixtures and the fuzz seed corpora (needs PyPI; CI does not run this).
-fixtures:
+fixtures: build
 	python3 -m venv .venv-fixtures
 	.venv-fixtures/bin/pip install --quiet -r tests/requirements-fixtures.txt
 	.venv-fixtures/bin/python tests/attention/make_sdpa_fixtures.py tests/fixtures/sdpa
@@ -74,6 +74,7 @@ fixtures:
 	.venv-fixtures/bin/python tests/nn/make_torch_mha_fixtures.py tests/fixtures/mha_torch
 	.venv-fixtures/bin/python tests/nn/make_seed_fixtures.py tests/fixtures/mha_torch/seeds
 	KERAS_BACKEND=jax .venv-fixtures/bin/python tests/nn/make_keras_mha_fixtures.py tests/fixtures/mha_keras
+	.venv-fixtures/bin/python tests/io/check_writers_with_tf.py $(BUILD)/bin/qkv --update
 
 bench: build
 	@for b in $(BUILD)/*_bench; do echo "== $$b"; $$b --benchmark_min_time=0.2; done

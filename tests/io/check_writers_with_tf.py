@@ -14,8 +14,10 @@ The built `qkv` CLI writes, from files TF/Keras made (tests/fixtures):
 Each model's weights must equal TF's checkpoint values exactly and its outputs on the
 five probe inputs (0.1, 1, 10, 100, 1000) are compared with Keras' probe_outputs.npy.
 
-Run (the Keras 3 part re-runs this script under /work/kerasenv with KERAS_BACKEND=jax):
-  /work/tfenv/bin/python tests/io/check_writers_with_tf.py [build/writers/bin/qkv] [--update]
+Run (the Keras 3 part re-runs this script under $KERAS3_PYTHON, default this interpreter, with
+KERAS_BACKEND=jax; `make fixtures` runs it in .venv-fixtures):
+  KERAS3_PYTHON=/work/kerasenv/bin/python /work/tfenv/bin/python tests/io/check_writers_with_tf.py \
+      [build/release/bin/qkv] [--update]
 --update rewrites tests/fixtures/writers/tf_report.json (asserted by
 tests/python/test_py_writers.py); without it the report is printed and compared.
 """
@@ -35,7 +37,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
 SEED = FIX / "seed001"
 REPORT = FIX / "writers" / "tf_report.json"
-KERAS3_PYTHON = "/work/kerasenv/bin/python"
+# The interpreter with Keras 3 + JAX (make fixtures: the same .venv-fixtures).
+KERAS3_PYTHON = os.environ.get("KERAS3_PYTHON", sys.executable)
 
 
 def qkv(cli, *args):
@@ -121,7 +124,7 @@ def check_tf_keras(cli, out):
 
 
 def check_keras3(out):
-    """Runs under /work/kerasenv: Keras 3 reads the .keras and .weights.h5 files in `out`."""
+    """Runs under KERAS3_PYTHON: Keras 3 reads the .keras and .weights.h5 files in `out`."""
     import keras
     probe = np.load(SEED / "probe_inputs.npy")
     # probe_outputs.npy came from Keras on TF; on JAX the same weights differ in the last
