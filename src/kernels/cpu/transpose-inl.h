@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -130,7 +131,9 @@ int64_t TransposeBlocks(D d, const T* HWY_RESTRICT tile, int64_t tile_stride, T*
   constexpr size_t kVectorBytes = kLanes * sizeof(T);
   constexpr size_t kPerLine = kVectorBytes >= 64 ? 1 : 64 / kVectorBytes;
   constexpr int64_t kLineCols = kN * static_cast<int64_t>(kPerLine);
-  const bool aligned = stream && reinterpret_cast<uintptr_t>(dst) % kVectorBytes == 0 &&
+  // Stream writes at least HWY_STREAM_MULTIPLE bytes, more than a smaller vector.
+  const bool aligned = stream && kVectorBytes >= HWY_STREAM_MULTIPLE &&
+                       reinterpret_cast<uintptr_t>(dst) % kVectorBytes == 0 &&
                        (dst_stride * static_cast<int64_t>(sizeof(T))) % static_cast<int64_t>(kVectorBytes) == 0;
   const auto store = [&](V v, T* out) {
     if (aligned) {
@@ -164,20 +167,29 @@ int64_t TransposeBlocks(D d, const T* HWY_RESTRICT tile, int64_t tile_stride, T*
   return i0;
 }
 
-// dst[i * dst_stride + j] = tile[j * tile_stride + i] for i < rows, j < cols: full
-// blocks, then rows left over in blocks of half the lanes (down to 16-byte vectors,
-// so that e.g. 8 rows of floats still go through AVX2-size blocks), then scalar.
+// TransposeBlocks with blocks of kLanes (at most), then of half as many lanes for
+// the rows left over, and so on down to 8-byte vectors (so that, e.g., 8 rows of
+// floats still go through 8x8 blocks on AVX-512, and 8 rows of bytes through 8x8).
+// Returns the rows done.
+template <class T, size_t kLanes>
+int64_t TransposeHalving(const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_RESTRICT dst, int64_t dst_stride,
+                         int64_t rows, int64_t cols, bool stream) {
+  const hn::CappedTag<T, kLanes> d;
+  int64_t done = TransposeBlocks(d, tile, tile_stride, dst, dst_stride, rows, cols, stream);
+  constexpr size_t kHalf = hn::MaxLanes(d) / 2;
+  if constexpr (kHalf >= 2 && kHalf * sizeof(T) >= 8) {
+    done += TransposeHalving<T, kHalf>(tile + done, tile_stride, dst + done * dst_stride, dst_stride, rows - done,
+                                       cols, stream);
+  }
+  return done;
+}
+
+// dst[i * dst_stride + j] = tile[j * tile_stride + i] for i < rows, j < cols.
 template <class T>
 void TransposeTileT(const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_RESTRICT dst, int64_t dst_stride,
                     int64_t rows, int64_t cols, bool stream) {
-  const BlockTag<T> d;
-  int64_t done = TransposeBlocks(d, tile, tile_stride, dst, dst_stride, rows, cols, stream);
-  constexpr size_t kHalf = hn::MaxLanes(d) / 2;
-  if constexpr (kHalf * sizeof(T) >= 16) {
-    const hn::CappedTag<T, kHalf> dh;
-    done += TransposeBlocks(dh, tile + done, tile_stride, dst + done * dst_stride, dst_stride, rows - done, cols,
-                            stream);
-  }
+  const int64_t done =
+      TransposeHalving<T, hn::MaxLanes(BlockTag<T>())>(tile, tile_stride, dst, dst_stride, rows, cols, stream);
   TransposeScalar(tile + done, tile_stride, dst + done * dst_stride, dst_stride, rows - done, cols);
 }
 

@@ -140,8 +140,8 @@ void copy_rows(const Geometry& g, const T* src, T* dst) {
 
 // Tiles of dims (p, q), where q is dst's contiguous last dim and p is src's
 // contiguous (smallest-stride) dim, are transposed in SIMD blocks (transpose-inl.h):
-// straight from src when its stride along p is 1, else through a 16 KB buffer the
-// strided runs are gathered into. Runs along q are up to 1 KB long, which measured
+// straight from src when its stride along p is 1, else (or see runs_per_tile_limit)
+// through a 16 KB buffer the runs are gathered into. Runs along q are up to 1 KB long, which measured
 // best for 64 MB 2-D to 5-D permutations; p takes the rest of the tile (64 KB direct,
 // the buffer else). Outer dims run in order of decreasing src stride, so neighbouring
 // tiles share src lines.
@@ -200,9 +200,12 @@ void copy_tiles(const Geometry& g, int p, const T* src, T* dst) {
   TilePlan plan{};
   plan.np = g.shape[p];
   plan.nq = g.shape[q];
-  const bool direct = g.src[p] == 1;
+  // Direct unless the runs-per-set cut would leave dst rows shorter than a line
+  // per tile (partial lines of streamed stores are slow): then the buffer.
+  const int64_t run_limit = runs_per_tile_limit(g.src[q] * kSize);
+  const bool direct = g.src[p] == 1 && run_limit >= std::min(plan.nq, 64 / kSize);
   plan.tq = std::min(plan.nq, 1024 / kSize);
-  if (direct) plan.tq = std::min(plan.tq, runs_per_tile_limit(g.src[q] * kSize));
+  if (direct) plan.tq = std::min(plan.tq, run_limit);
   const int64_t tile_bytes = direct ? kTileBytes : kTileBufferBytes;  // when q is short, p takes the rest
   plan.tp = std::min(plan.np, std::max<int64_t>(16, tile_bytes / (plan.tq * kSize)));
   plan.tiles_p = (plan.np + plan.tp - 1) / plan.tp;
@@ -248,11 +251,15 @@ void copy_tiles(const Geometry& g, int p, const T* src, T* dst) {
         detail::transpose_tile(sizeof(T), s, plan.ssq, dst + tile.dst_off, plan.dsp, tile.in, tile.jn, stream);
         continue;
       }
-      for (int64_t j = 0; j < tile.jn; ++j) {  // gather the strided runs along p into buf
+      for (int64_t j = 0; j < tile.jn; ++j) {  // gather the runs along p into buf
         prefetch_ahead(j);
         const T* row = s + j * plan.ssq;
         T* b = buf + j * plan.tp;
-        for (int64_t i = 0; i < tile.in; ++i) b[i] = row[i * plan.ssp];
+        if (plan.ssp == 1) {
+          std::memcpy(b, row, static_cast<size_t>(tile.in) * sizeof(T));
+        } else {
+          for (int64_t i = 0; i < tile.in; ++i) b[i] = row[i * plan.ssp];
+        }
       }
       detail::transpose_tile(sizeof(T), buf, plan.tp, dst + tile.dst_off, plan.dsp, tile.in, tile.jn, stream);
     }
