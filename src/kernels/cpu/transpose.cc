@@ -113,8 +113,10 @@ void copy_rows(const Geometry& g, const T* src, T* dst) {
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (len * static_cast<int64_t>(sizeof(T))));
   const bool stream = rows * len * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
   const int64_t row_bytes = len * ss * static_cast<int64_t>(sizeof(T));
-  // Short rows are prefetched like tile runs; long ones are left to the hardware.
-  const int64_t ahead = row_bytes <= kPrefetchBytes ? std::max<int64_t>(1, kPrefetchBytes / std::max<int64_t>(64, row_bytes)) : 0;
+  // Short rows are prefetched like tile runs (`ahead` rows on); long ones are left
+  // to the hardware.
+  const int64_t ahead =
+      row_bytes <= kPrefetchBytes ? std::max<int64_t>(1, kPrefetchBytes / std::max<int64_t>(64, row_bytes)) : 0;
   parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     Counter c = base, next = base;
     c.seek(g, begin);
