@@ -106,12 +106,21 @@ constexpr std::array<size_t, kLanes> ColumnOrder() {
   return column;
 }
 
+// The inverse: RowOfColumn()[c] is the k with ColumnOrder()[k] == c.
+template <size_t kLanes, size_t kSize>
+constexpr std::array<size_t, kLanes> RowOfColumn() {
+  const std::array<size_t, kLanes> column = ColumnOrder<kLanes, kSize>();
+  std::array<size_t, kLanes> row{};
+  for (size_t k = 0; k < kLanes; ++k) row[column[k]] = k;
+  return row;
+}
+
 // Loads the kLanes x kLanes block at tile[j0.., i0..] (rows along j) and
 // transposes it: v[k] then holds dst row i0 + ColumnOrder()[k], columns j0...
 template <class D, class T, class V>
 HWY_INLINE void LoadTransposed(D d, const T* HWY_RESTRICT tile, int64_t tile_stride, V* v) {
   constexpr size_t kLanes = hn::MaxLanes(D());
-  for (size_t k = 0; k < kLanes; ++k) v[k] = hn::LoadU(d, tile + static_cast<int64_t>(k) * tile_stride);
+  for (size_t k = 0; k < kLanes; ++k, tile += tile_stride) v[k] = hn::LoadU(d, tile);
   TransposeStage<1>(d, v);
 }
 
@@ -127,7 +136,7 @@ int64_t TransposeBlocks(D d, const T* HWY_RESTRICT tile, int64_t tile_stride, T*
   using V = hn::Vec<D>;
   constexpr size_t kLanes = hn::MaxLanes(d);
   constexpr int64_t kN = static_cast<int64_t>(kLanes);
-  static constexpr std::array<size_t, kLanes> kColumn = ColumnOrder<kLanes, sizeof(T)>();
+  static constexpr std::array<size_t, kLanes> kRowOf = RowOfColumn<kLanes, sizeof(T)>();
   constexpr size_t kVectorBytes = kLanes * sizeof(T);
   constexpr size_t kPerLine = kVectorBytes >= 64 ? 1 : 64 / kVectorBytes;
   constexpr int64_t kLineCols = kN * static_cast<int64_t>(kPerLine);
@@ -150,17 +159,16 @@ int64_t TransposeBlocks(D d, const T* HWY_RESTRICT tile, int64_t tile_stride, T*
       for (size_t b = 0; b < kPerLine; ++b) {
         LoadTransposed(d, tile + (j0 + static_cast<int64_t>(b) * kN) * tile_stride + i0, tile_stride, v[b]);
       }
-      for (size_t k = 0; k < kLanes; ++k) {
-        T* out = dst + (i0 + static_cast<int64_t>(kColumn[k])) * dst_stride + j0;
-        for (size_t b = 0; b < kPerLine; ++b) store(v[b][k], out + static_cast<int64_t>(b) * kN);
+      T* out = dst + i0 * dst_stride + j0;  // dst rows in order, v in column order
+      for (size_t c = 0; c < kLanes; ++c, out += dst_stride) {
+        for (size_t b = 0; b < kPerLine; ++b) store(v[b][kRowOf[c]], out + static_cast<int64_t>(b) * kN);
       }
     }
     for (; j0 + kN <= cols; j0 += kN) {
       V v[kLanes];
       LoadTransposed(d, tile + j0 * tile_stride + i0, tile_stride, v);
-      for (size_t k = 0; k < kLanes; ++k) {
-        store(v[k], dst + (i0 + static_cast<int64_t>(kColumn[k])) * dst_stride + j0);
-      }
+      T* out = dst + i0 * dst_stride + j0;
+      for (size_t c = 0; c < kLanes; ++c, out += dst_stride) store(v[kRowOf[c]], out);
     }
     TransposeScalar(tile + j0 * tile_stride + i0, tile_stride, dst + i0 * dst_stride + j0, dst_stride, kN, cols - j0);
   }
