@@ -13,9 +13,9 @@ Tensor empty_for_copy(const Shape& shape, DType dtype);
 
 // dst[i...] = src[i...]. dst must be contiguous with src's shape and dtype; src may
 // have any strides (zero strides broadcast). Dims are coalesced first; then either
-// contiguous rows are copied with memcpy, or, when src's stride-1 dim is not dst's
-// last dim, cache-blocked 2-D tiles between those two dims are transposed (SIMD
-// blocks in registers, non-temporal stores for results of 8 MB and more). Work is
+// contiguous rows are copied, or, when src's stride-1 dim is not dst's last dim,
+// cache-blocked 2-D tiles between those two dims are transposed in SIMD blocks.
+// Results of 8 MB and more are written with non-temporal stores either way. Work is
 // split over qkv::parallel_for. Bit-exact copy of every dtype (by element width).
 void permuted_copy(const Tensor& src, const Tensor& dst);
 
