@@ -66,7 +66,7 @@ void BM_Rearrange(benchmark::State& state, const Case& c) {
 
 // memcpy of 64 MB into a buffer allocated once (mapped, huge-page advised): the copy
 // bandwidth of the machine, on one thread or split in equal chunks over parallel_for.
-// (rearrange's results come from kernels::empty_for_copy, which reuses freed buffers
+// (rearrange's results come from kernels::empty_pooled, which reuses freed buffers
 // of the same size, so its iterations also write into mapped memory.)
 void BM_Memcpy(benchmark::State& state) {
   const int before = qkv::get_num_threads();

@@ -6,6 +6,7 @@
 #include "einops/parse.h"
 #include "einops/recipe.h"
 #include "einops/reduce.h"
+#include "kernels/cpu/buffer_pool.h"
 #include "kernels/cpu/transpose.h"
 #include "qkv/einops.h"
 
@@ -111,7 +112,7 @@ Tensor stack(const std::vector<Tensor>& xs, std::string_view op) {
   }
   Shape shape = xs[0].shape();
   shape.insert(shape.begin(), static_cast<int64_t>(xs.size()));
-  Tensor out = kernels::empty_for_copy(shape, xs[0].dtype());
+  Tensor out = kernels::empty_pooled(shape, xs[0].dtype());
   for (size_t i = 0; i < xs.size(); ++i) kernels::permuted_copy(xs[i], out.select(0, static_cast<int64_t>(i)));
   return out;
 }
@@ -168,7 +169,7 @@ ReductionPlan reduction_plan(const Shape& shape, std::string_view pattern, std::
 
 Tensor materialize(const Tensor& x) {
   if (x.is_contiguous()) return x;
-  Tensor out = kernels::empty_for_copy(x.shape(), x.dtype());
+  Tensor out = kernels::empty_pooled(x.shape(), x.dtype());
   kernels::permuted_copy(x, out);
   return out;
 }

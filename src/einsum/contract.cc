@@ -9,7 +9,7 @@
 #include <array>
 #include <optional>
 
-#include "einsum/alloc.h"
+#include "kernels/cpu/buffer_pool.h"
 #include "einsum/contract.h"
 #include "kernels/cpu/transpose.h"
 #include "qkv/gemm.h"
@@ -66,7 +66,7 @@ Operand copy_as(const Operand& o, const std::vector<int>& order) {
     if (std::find(labels.begin(), labels.end(), o.labels[d]) == labels.end())
       perm.push_back(static_cast<int64_t>(d)), labels.push_back(o.labels[d]);
   const Tensor src = o.t.permute(perm);
-  Tensor dst = pooled_empty(src.shape(), src.dtype());
+  Tensor dst = kernels::empty_pooled(src.shape(), src.dtype());
   kernels::permuted_copy(src, dst);
   return {dst, labels};
 }
@@ -137,7 +137,7 @@ void run_call(const Call& call, const Operand& a, const Operand& b, const Operan
 Operand allocate(const std::vector<int>& labels, const std::vector<int64_t>& sizes, DType dtype) {
   Shape shape;
   for (int l : labels) shape.push_back(sizes[static_cast<size_t>(l)]);
-  return {pooled_empty(shape, dtype), labels};
+  return {kernels::empty_pooled(shape, dtype), labels};
 }
 
 // Sums `o` over its labels outside `keep` (DIRECT), keeping the order of the rest.

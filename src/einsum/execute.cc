@@ -1,7 +1,7 @@
 // einsum stage 3: preparing operands (diagonal and broadcast views) and running a path.
 #include <algorithm>
 
-#include "einsum/alloc.h"
+#include "kernels/cpu/buffer_pool.h"
 #include "einsum/contract.h"
 
 namespace qkv::einsum_detail {
@@ -37,7 +37,7 @@ Operand run_step(std::vector<Operand> ops, LabelSet keep, const std::vector<int>
     Shape shape;
     const std::vector<int>& out_labels = order ? *order : labels;
     for (int l : out_labels) shape.push_back(spec.sizes[static_cast<size_t>(l)]);
-    Operand out{pooled_empty(shape, compute), out_labels};
+    Operand out{kernels::empty_pooled(shape, compute), out_labels};
     direct_contract(ops, out, spec.sizes);
     if (trace) trace->kernels.push_back("DIRECT");
     return out;

@@ -1,12 +1,9 @@
 // Blocked, multi-threaded N-d permuted copy and its scalar reference.
 #include "kernels/cpu/transpose.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -298,68 +295,6 @@ void dispatch_width(size_t width, Fn&& fn) {
 }
 
 }  // namespace
-
-namespace {
-
-// Freed result buffers kept for reuse (exact rounded size), so that repeated copies of
-// one shape write into memory that is already mapped: a fresh mapping costs the page
-// faults and the kernel's zeroing of every page, which is 40% of a 64 MB copy.
-class BufferCache {
- public:
-  static constexpr size_t kMaxBuffers = 4;
-  static constexpr size_t kMaxBytes = size_t{512} << 20;
-
-  void* take(size_t bytes) {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].first == bytes) {
-        void* p = free_[i].second;
-        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
-        held_ -= bytes;
-        return p;
-      }
-    }
-    return nullptr;
-  }
-  void give(void* p, size_t bytes) {
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      if (free_.size() < kMaxBuffers && held_ + bytes <= kMaxBytes) {
-        free_.emplace_back(bytes, p);
-        held_ += bytes;
-        return;
-      }
-    }
-    std::free(p);
-  }
-
- private:
-  std::mutex mutex_;
-  std::vector<std::pair<size_t, void*>> free_;
-  size_t held_ = 0;
-};
-
-BufferCache& buffer_cache() {
-  static BufferCache* cache = new BufferCache;  // never destroyed: tensors may outlive static destruction
-  return *cache;
-}
-
-}  // namespace
-
-Tensor empty_for_copy(const Shape& shape, DType dtype) {
-  constexpr size_t kHugePage = size_t{2} << 20;
-  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * itemsize(dtype);
-  if (nbytes < 2 * kHugePage) return Tensor::empty(shape, dtype);
-  const size_t rounded = (nbytes + kHugePage - 1) / kHugePage * kHugePage;
-  void* p = buffer_cache().take(rounded);
-  if (p == nullptr) {
-    p = std::aligned_alloc(kHugePage, rounded);
-    if (p == nullptr) return Tensor::empty(shape, dtype);
-    (void)madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without THP this changes nothing
-  }
-  std::shared_ptr<void> owner(p, [rounded](void* q) { buffer_cache().give(q, rounded); });
-  return Tensor::view_of(Storage::wrap(p, nbytes, std::move(owner)), dtype, shape, contiguous_strides(shape), 0);
-}
 
 void permuted_copy(const Tensor& src, const Tensor& dst) {
   check_args(src, dst, "permuted_copy");

@@ -5,14 +5,9 @@
 
 namespace qkv::kernels {
 
-// An uninitialised contiguous tensor for a copy's result. Buffers of 4 MB and more
-// are 2 MB aligned and advised as transparent huge pages (numpy does the same), so
-// the first touch of a fresh 64 MB result costs 32 page faults instead of 16384;
-// up to 4 freed buffers (512 MB) are kept and reused for results of the same size.
-Tensor empty_for_copy(const Shape& shape, DType dtype);
-
 // dst[i...] = src[i...]. dst must be contiguous with src's shape and dtype; src may
-// have any strides (zero strides broadcast). Dims are coalesced first; then either
+// have any strides (zero strides broadcast). Large results are best allocated with
+// kernels::empty_pooled (kernels/cpu/buffer_pool.h). Dims are coalesced first; then either
 // contiguous rows are copied, or, when src's stride-1 dim is not dst's last dim,
 // cache-blocked 2-D tiles between those two dims are transposed in SIMD blocks.
 // Results of 8 MB and more are written with non-temporal stores either way. Work is

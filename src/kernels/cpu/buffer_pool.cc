@@ -1,5 +1,5 @@
-// einsum's pool of large result buffers (see alloc.h).
-#include "einsum/alloc.h"
+// The pool of large result buffers (see buffer_pool.h).
+#include "kernels/cpu/buffer_pool.h"
 
 #include <sys/mman.h>
 
@@ -7,7 +7,7 @@
 #include <mutex>
 #include <vector>
 
-namespace qkv::einsum_detail {
+namespace qkv::kernels {
 
 namespace {
 
@@ -66,7 +66,7 @@ Pool& pool() {
 
 }  // namespace
 
-Tensor pooled_empty(const Shape& shape, DType dtype) {
+Tensor empty_pooled(const Shape& shape, DType dtype) {
   const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * itemsize(dtype);
   if (nbytes < kPooledMin) return Tensor::empty(shape, dtype);
   const size_t rounded = (nbytes + kHugePage - 1) / kHugePage * kHugePage;
@@ -81,4 +81,4 @@ Tensor pooled_empty(const Shape& shape, DType dtype) {
   return Tensor::view_of(Storage::wrap(p, nbytes, std::move(owner)), dtype, shape, contiguous_strides(shape), 0);
 }
 
-}  // namespace qkv::einsum_detail
+}  // namespace qkv::kernels
