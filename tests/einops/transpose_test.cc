@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "common/expect.h"
@@ -127,6 +128,30 @@ TEST(TransposeKernel, LargeCopiesMatchReference) {
       Tensor unaligned = Tensor::empty({src.numel() + 1}, dtype).slice(0, 1, src.numel() + 1).view(src.shape());
       permuted_copy(src, unaligned);
       EXPECT_EQ(std::memcmp(unaligned.raw_data(), ref.raw_data(), ref.nbytes()), 0) << shape_str(src.shape());
+    }
+  }
+  set_num_threads(before);
+}
+
+// Tile loops ordered by src stride: split heads' k (src stride 8 or 100 elements,
+// inside a tile's extent along q) runs inside the tiles along q; p split into
+// tiles with a partial last one (h = 100); small and streamed (>= 8 MB) results on
+// 1 to 3 threads, every element width.
+TEST(TransposeKernel, OuterDimsInsideTilesMatchReference) {
+  const int before = get_num_threads();
+  int case_index = 0;
+  for (const DType dtype : {DType::f32, DType::f64, DType::f16, DType::i8}) {
+    for (const auto& [shape, d, h] : {std::tuple<Shape, int64_t, int64_t>{{2, 130, 72}, 3, 8},
+                                      std::tuple<Shape, int64_t, int64_t>{{6, 2048, 1536}, 64, 8},
+                                      std::tuple<Shape, int64_t, int64_t>{{1, 300, 12000}, 40, 100}}) {
+      const Tensor x = Tensor::uniform(shape, 11, -100, 100, DType::f64).to(dtype);
+      const Tensor src = einops::rearrange(x, "b t (d k h) -> k b h t d", {{"h", h}, {"d", d}});
+      set_num_threads(1 + case_index++ % 3);
+      Tensor fast = Tensor::empty(src.shape(), dtype), ref = Tensor::empty(src.shape(), dtype);
+      permuted_copy(src, fast);
+      permuted_copy_reference(src, ref);
+      EXPECT_EQ(std::memcmp(fast.raw_data(), ref.raw_data(), ref.nbytes()), 0)
+          << dtype_name(dtype) << " " << shape_str(shape);
     }
   }
   set_num_threads(before);

@@ -161,7 +161,7 @@ int64_t runs_per_tile_limit(int64_t run_stride_bytes) {
 
 // Sizes of dims p and q, tile sizes along them, tile counts, and element strides.
 struct TilePlan {
-  int64_t np, nq, tp, tq, tiles_p, tiles_q, per_outer;
+  int64_t np, nq, tp, tq, tiles_p, tiles_q;
   int64_t ssp, ssq, dsp;
 };
 
@@ -170,26 +170,65 @@ struct Tile {
   int64_t src_off, dst_off, in, jn;
 };
 
+// The loops over tiles: the outer dims and the tile indices along p and q, as dims
+// of a Geometry (a tile index steps by a whole tile), outermost first. They run in
+// order of decreasing src stride, so consecutive tiles continue the src lines and
+// pages of the ones before: an outer dim with a src stride under a tile's extent
+// along q (split heads' k: 8 floats, inside 256-run tiles 24 floats apart) runs
+// inside the tiles along q instead of re-reading all of src once per index.
+struct TileLoops {
+  Geometry g;
+  Counter base;
+  int kp = -1, kq = -1;  // positions of the tile indices in base.dims
+};
+
+TileLoops tile_loops(const Geometry& g, int p, const TilePlan& plan) {
+  const int q = static_cast<int>(g.shape.size()) - 1;
+  TileLoops loops;
+  for (int d = 0; d < q; ++d) {
+    if (d == p) continue;
+    loops.g.shape.push_back(g.shape[d]);
+    loops.g.src.push_back(g.src[d]);
+    loops.g.dst.push_back(g.dst[d]);
+  }
+  const int ip = static_cast<int>(loops.g.shape.size());
+  loops.g.shape.push_back(plan.tiles_p);
+  loops.g.src.push_back(plan.tp * plan.ssp);
+  loops.g.dst.push_back(plan.tp * plan.dsp);
+  const int iq = ip + 1;
+  loops.g.shape.push_back(plan.tiles_q);
+  loops.g.src.push_back(plan.tq * plan.ssq);
+  loops.g.dst.push_back(plan.tq);
+  for (int d = 0; d <= iq; ++d) loops.base.dims.push_back(d);
+  std::stable_sort(loops.base.dims.begin(), loops.base.dims.end(), [&](int a, int b) {
+    return std::abs(loops.g.src[a]) > std::abs(loops.g.src[b]);
+  });
+  for (size_t k = 0; k < loops.base.dims.size(); ++k) {
+    if (loops.base.dims[k] == ip) loops.kp = static_cast<int>(k);
+    if (loops.base.dims[k] == iq) loops.kq = static_cast<int>(k);
+  }
+  return loops;
+}
+
 // Yields the tiles of a chunk of items in order; items never go backwards.
 class TileCursor {
  public:
-  TileCursor(const Geometry& g, const TilePlan& plan, const Counter& base, int64_t first)
-      : g_(g), plan_(plan), counter_(base), outer_(first / plan.per_outer) {
-    counter_.seek(g, outer_);
+  TileCursor(const TileLoops& loops, const TilePlan& plan, int64_t first)
+      : loops_(loops), plan_(plan), counter_(loops.base), item_(first) {
+    counter_.seek(loops.g, first);
   }
   Tile at(int64_t item) {
-    for (const int64_t o = item / plan_.per_outer; outer_ < o; ++outer_) counter_.next(g_);
-    const int64_t t = item % plan_.per_outer;
-    const int64_t i0 = (t / plan_.tiles_q) * plan_.tp, j0 = (t % plan_.tiles_q) * plan_.tq;
-    return {counter_.src_off + i0 * plan_.ssp + j0 * plan_.ssq, counter_.dst_off + i0 * plan_.dsp + j0,
-            std::min(plan_.np - i0, plan_.tp), std::min(plan_.nq - j0, plan_.tq)};
+    for (; item_ < item; ++item_) counter_.next(loops_.g);
+    const int64_t i0 = counter_.index[static_cast<size_t>(loops_.kp)] * plan_.tp;
+    const int64_t j0 = counter_.index[static_cast<size_t>(loops_.kq)] * plan_.tq;
+    return {counter_.src_off, counter_.dst_off, std::min(plan_.np - i0, plan_.tp), std::min(plan_.nq - j0, plan_.tq)};
   }
 
  private:
-  const Geometry& g_;
+  const TileLoops& loops_;
   const TilePlan& plan_;
   Counter counter_;
-  int64_t outer_;
+  int64_t item_;
 };
 
 template <class T>
@@ -209,18 +248,11 @@ void copy_tiles(const Geometry& g, int p, const T* src, T* dst) {
   plan.tp = std::min(plan.np, std::max<int64_t>(16, tile_bytes / (plan.tq * kSize)));
   plan.tiles_p = (plan.np + plan.tp - 1) / plan.tp;
   plan.tiles_q = (plan.nq + plan.tq - 1) / plan.tq;
-  plan.per_outer = plan.tiles_p * plan.tiles_q;
   plan.ssp = g.src[p];
   plan.ssq = g.src[q];
   plan.dsp = g.dst[p];
-  Counter base;
-  for (int d = 0; d < q; ++d) {
-    if (d != p) base.dims.push_back(d);
-  }
-  std::stable_sort(base.dims.begin(), base.dims.end(), [&](int a, int b) { return g.src[a] > g.src[b]; });
-  int64_t outer = 1;
-  for (int d : base.dims) outer *= g.shape[d];
-  const int64_t items = outer * plan.per_outer;
+  const TileLoops loops = tile_loops(g, p, plan);
+  const int64_t items = shape_numel(loops.g.shape);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (plan.tp * plan.tq));
   const bool stream = shape_numel(g.shape) * kSize >= kStreamBytes;
   const int64_t run_bytes = std::max<int64_t>(64, plan.tp * plan.ssp * kSize);
@@ -228,7 +260,7 @@ void copy_tiles(const Geometry& g, int p, const T* src, T* dst) {
   parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     alignas(64) unsigned char storage[kTileBufferBytes];
     T* buf = reinterpret_cast<T*>(storage);  // [tq][tp], when not direct
-    TileCursor cursor(g, plan, base, begin);
+    TileCursor cursor(loops, plan, begin);
     Tile next = cursor.at(begin);
     for (int64_t item = begin; item < end; ++item) {
       const Tile tile = next;
