@@ -87,9 +87,12 @@ TEST(KerasH5Isolation, ReaderProcessGivesTheSameFileAsReadingInProcess) {
 }
 
 TEST(KerasH5Isolation, FileThatCrashesLibhdf5IsAFormatErrorAndThisProcessGoesOn) {
-  // Found by the keras_h5 fuzzer: libhdf5 1.10.8 dereferences a bad pointer on it
-  // (SIGSEGV in the reader process; under ASan the child prints a heap-buffer-overflow
-  // report in libhdf5's memcpy and exits with status 1 instead).
+  // Found by the keras_h5 fuzzer: libhdf5 1.10.8 reads through a bad pointer on it.
+  // What it reads depends on the memory layout of the reader process: usually it
+  // dies (SIGSEGV; under ASan the child prints a heap-buffer-overflow report in
+  // libhdf5's memcpy and exits with status 1), sometimes it returns garbage (a
+  // dataset name of random bytes with a 4-billion-element shape, seen once in a
+  // full-suite run) that qkv's own checks reject. Either way: a FormatError naming the call and the file.
   const auto bad = read_bytes(fx("io", "libhdf5_segv.h5"));
   for (int i = 0; i < 3; ++i) {
     try {
@@ -97,8 +100,11 @@ TEST(KerasH5Isolation, FileThatCrashesLibhdf5IsAFormatErrorAndThisProcessGoesOn)
       FAIL() << "no exception";
     } catch (const FormatError& e) {
       const std::string m = e.what();
-      EXPECT_TRUE(m.starts_with("parse_keras_h5: libhdf5_segv.h5: libhdf5 failed on this file (reader process ")) << m;
-      EXPECT_TRUE(m.ends_with("; the file is malformed or not a Keras weight file")) << m;
+      EXPECT_TRUE(m.starts_with("parse_keras_h5: libhdf5_segv.h5: ")) << m;
+      if (m.find("(reader process ") != std::string::npos) {
+        EXPECT_TRUE(m.starts_with("parse_keras_h5: libhdf5_segv.h5: libhdf5 failed on this file (reader process ")) << m;
+        EXPECT_TRUE(m.ends_with("; the file is malformed or not a Keras weight file")) << m;
+      }
     }
   }
   EXPECT_EQ(load_keras_h5(fx("seed001", "model.weights.h5")).entries.size(), 32u);
