@@ -23,6 +23,19 @@ inline std::filesystem::path fixture(const std::string& name) {
   return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / "io" / name;
 }
 
+// tests/fixtures/<dir>/<name>.
+inline std::filesystem::path fixture(const std::string& dir, const std::string& name) {
+  return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / dir / name;
+}
+
+// Same dtype, shape and every value (compared as doubles, exactly).
+inline void expect_same_values(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], w[i]) << what << " element " << i;
+}
+
 inline std::vector<std::byte> read_bytes(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   EXPECT_TRUE(in.good()) << "cannot open " << path;

@@ -13,12 +13,9 @@
 namespace qkv::io {
 namespace {
 
+using testing::fixture;
 using testing::read_bytes;
 using testing::temp_path;
-
-std::filesystem::path fx(const std::string& dir, const std::string& name) {
-  return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / dir / name;
-}
 
 // Sets an environment variable for one scope.
 class ScopedEnv {
@@ -75,9 +72,9 @@ std::filesystem::path every_dtype_file() {
 }
 
 TEST(KerasH5Isolation, ReaderProcessGivesTheSameFileAsReadingInProcess) {
-  for (const auto& path : {fx("seed001", "model.weights.h5"), fx("seed001", "model.h5"),
-                           fx("keras_tf", "tfkeras2_model.h5"), fx("keras_tf", "tfkeras2_weights.h5"),
-                           fx("keras_tf", "mha4.weights.h5"), every_dtype_file()}) {
+  for (const auto& path : {fixture("seed001", "model.weights.h5"), fixture("seed001", "model.h5"),
+                           fixture("keras_tf", "tfkeras2_model.h5"), fixture("keras_tf", "tfkeras2_weights.h5"),
+                           fixture("keras_tf", "mha4.weights.h5"), every_dtype_file()}) {
     const WeightFile isolated = load_keras_h5(path);
     EXPECT_FALSE(isolated.tensors.empty()) << path;
     expect_same_file(isolated, load_in_process(path), path.string());
@@ -93,7 +90,7 @@ TEST(KerasH5Isolation, FileThatCrashesLibhdf5IsAFormatErrorAndThisProcessGoesOn)
   // libhdf5's memcpy and exits with status 1), sometimes it returns garbage (a
   // dataset name of random bytes with a 4-billion-element shape, seen once in a
   // full-suite run) that qkv's own checks reject. Either way: a FormatError naming the call and the file.
-  const auto bad = read_bytes(fx("io", "libhdf5_segv.h5"));
+  const auto bad = read_bytes(fixture("io", "libhdf5_segv.h5"));
   for (int i = 0; i < 3; ++i) {
     try {
       (void)parse_keras_h5(bad, "libhdf5_segv.h5");
@@ -107,14 +104,14 @@ TEST(KerasH5Isolation, FileThatCrashesLibhdf5IsAFormatErrorAndThisProcessGoesOn)
       }
     }
   }
-  EXPECT_EQ(load_keras_h5(fx("seed001", "model.weights.h5")).entries.size(), 32u);
+  EXPECT_EQ(load_keras_h5(fixture("seed001", "model.weights.h5")).entries.size(), 32u);
 }
 
 TEST(KerasH5Isolation, FileThatLoopsLibhdf5ForeverEndsAtTheDeadline) {
   // Found by the keras_h5 fuzzer: a path-building loop in libhdf5 that never ends.
   const ScopedEnv timeout("QKV_HDF5_TIMEOUT_S", "0.5");
   try {
-    (void)load_keras_h5(fx("io", "libhdf5_endless_loop.h5"));
+    (void)load_keras_h5(fixture("io", "libhdf5_endless_loop.h5"));
     FAIL() << "no exception";
   } catch (const FormatError& e) {
     const std::string m = e.what();
@@ -128,12 +125,12 @@ TEST(KerasH5Isolation, FileThatLoopsLibhdf5ForeverEndsAtTheDeadline) {
 TEST(KerasH5Isolation, BadTimeoutSettingIsAValueError) {
   for (const char* value : {"abc", "-1", "0", "5s", "nan"}) {
     const ScopedEnv timeout("QKV_HDF5_TIMEOUT_S", value);
-    EXPECT_THROW((void)load_keras_h5(fx("seed001", "model.weights.h5")), ValueError) << value;
+    EXPECT_THROW((void)load_keras_h5(fixture("seed001", "model.weights.h5")), ValueError) << value;
   }
 }
 
 TEST(KerasH5Isolation, FormatErrorOfTheReaderProcessKeepsItsMessage) {
-  const auto h5 = read_bytes(fx("seed001", "model.weights.h5"));
+  const auto h5 = read_bytes(fixture("seed001", "model.weights.h5"));
   try {
     (void)parse_keras_h5(std::span(h5).first(2048), "cut.h5");  // libhdf5 rejects it cleanly in the child
     FAIL() << "no exception";
@@ -170,7 +167,7 @@ TEST(KerasH5Wire, DecodesWhatItEncodes) {
 }
 
 TEST(KerasH5Wire, RejectsEveryTruncationAndGarbledCounts) {
-  const WeightFile w = load_in_process(fx("keras_tf", "mha4.weights.h5"));
+  const WeightFile w = load_in_process(fixture("keras_tf", "mha4.weights.h5"));
   const detail::Context ctx{"test", "wire"};
   const auto bytes = flatten(detail::encode_weight_file(w));
   for (size_t n = 0; n < bytes->nbytes(); n += n < 600 ? 1 : 97) {

@@ -9,12 +9,9 @@
 namespace qkv::io {
 namespace {
 
+using testing::fixture;
 using testing::read_bytes;
 using testing::temp_path;
-
-std::filesystem::path fx(const std::string& dir, const std::string& name) {
-  return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / dir / name;
-}
 
 void expect_same(const Tensor& got, const Tensor& want, const std::string& what) {
   ASSERT_EQ(got.shape(), want.shape()) << what;
@@ -40,8 +37,8 @@ const Tensor& tf_value(const SafetensorsFile& tf, const std::string& key) {
 }
 
 TEST(KerasH5, ReadsKeras3WeightsFileAndMarksOptimizerVariables) {
-  const WeightFile w = load_keras_h5(fx("seed001", "model.weights.h5"));
-  const SafetensorsFile tf = load_safetensors(fx("seed001", "variables.safetensors"));
+  const WeightFile w = load_keras_h5(fixture("seed001", "model.weights.h5"));
+  const SafetensorsFile tf = load_safetensors(fixture("seed001", "variables.safetensors"));
   for (const auto& [path, key] : kSeedPaths) expect_same(w.tensors.at(path), tf_value(tf, key), path);
   int optimizer = 0;
   for (const auto& e : w.entries) optimizer += e.optimizer ? 1 : 0;
@@ -52,8 +49,8 @@ TEST(KerasH5, ReadsKeras3WeightsFileAndMarksOptimizerVariables) {
 }
 
 TEST(KerasH5, ReadsLegacyH5ModelFileByLayerAndWeightNames) {
-  const WeightFile w = load_keras_h5(fx("seed001", "model.h5"));  // Keras 3's legacy HDF5 model.save
-  const SafetensorsFile tf = load_safetensors(fx("seed001", "variables.safetensors"));
+  const WeightFile w = load_keras_h5(fixture("seed001", "model.h5"));  // Keras 3's legacy HDF5 model.save
+  const SafetensorsFile tf = load_safetensors(fixture("seed001", "variables.safetensors"));
   const std::string q = "model_weights/multi_head_attention/multi_head_attention/query/kernel";
   ASSERT_TRUE(w.tensors.count(q));
   expect_same(w.tensors.at(q), tf_value(tf, "optimizer/_trainable_variables/0"), q);
@@ -69,9 +66,9 @@ TEST(KerasH5, ReadsLegacyH5ModelFileByLayerAndWeightNames) {
 }
 
 TEST(KerasH5, ReadsTfKeras2ModelAndWeightsFilesWithColonZeroNames) {
-  const SafetensorsFile want = load_safetensors(fx("keras_tf", "tfkeras2_expected.safetensors"));
+  const SafetensorsFile want = load_safetensors(fixture("keras_tf", "tfkeras2_expected.safetensors"));
   for (const char* file : {"tfkeras2_model.h5", "tfkeras2_weights.h5"}) {
-    const WeightFile w = load_keras_h5(fx("keras_tf", file));
+    const WeightFile w = load_keras_h5(fixture("keras_tf", file));
     int model = 0;
     for (const auto& e : w.entries) {
       if (e.optimizer) continue;
@@ -81,12 +78,12 @@ TEST(KerasH5, ReadsTfKeras2ModelAndWeightsFilesWithColonZeroNames) {
     }
     EXPECT_EQ(model, 10) << file;
   }
-  EXPECT_TRUE(load_keras_h5(fx("keras_tf", "tfkeras2_model.h5"))
+  EXPECT_TRUE(load_keras_h5(fixture("keras_tf", "tfkeras2_model.h5"))
                   .tensors.count("model_weights/multi_head_attention/multi_head_attention/query/kernel:0"));
 }
 
 TEST(KerasH5, InspectListsWithoutReadingData) {
-  const auto entries = inspect_keras_h5(fx("seed001", "model.weights.h5"));
+  const auto entries = inspect_keras_h5(fixture("seed001", "model.weights.h5"));
   ASSERT_EQ(entries.size(), 32u);
   bool found = false;
   for (const auto& e : entries) {
@@ -117,8 +114,8 @@ TEST(KerasH5, WriterRoundTripsEveryDtypeHdf5Holds) {
 }
 
 TEST(KerasH5, RejectsFilesThatAreNotHdf5OrAreTruncated) {
-  EXPECT_THROW((void)parse_keras_h5(read_bytes(fx("seed001", "probe_inputs.npy")), "x.h5"), FormatError);
-  const auto h5 = read_bytes(fx("seed001", "model.weights.h5"));
+  EXPECT_THROW((void)parse_keras_h5(read_bytes(fixture("seed001", "probe_inputs.npy")), "x.h5"), FormatError);
+  const auto h5 = read_bytes(fixture("seed001", "model.weights.h5"));
   for (size_t n : {size_t{8}, size_t{100}, size_t{2048}, h5.size() / 2}) {
     EXPECT_THROW((void)parse_keras_h5(std::span(h5).first(n), "x.h5"), FormatError) << n;
   }
@@ -126,17 +123,17 @@ TEST(KerasH5, RejectsFilesThatAreNotHdf5OrAreTruncated) {
 }
 
 TEST(KerasArchive, ReadsConfigAndWeightsOfAKerasZip) {
-  const KerasArchive a = load_keras_archive(fx("seed001", "model.keras"));
+  const KerasArchive a = load_keras_archive(fixture("seed001", "model.keras"));
   EXPECT_NE(a.config_json.find("MultiHeadAttention"), std::string::npos);
   EXPECT_NE(a.metadata_json.find("keras_version"), std::string::npos);
-  const SafetensorsFile tf = load_safetensors(fx("seed001", "variables.safetensors"));
+  const SafetensorsFile tf = load_safetensors(fixture("seed001", "variables.safetensors"));
   for (const auto& [path, key] : kSeedPaths) expect_same(a.weights.tensors.at(path), tf_value(tf, key), path);
 }
 
 TEST(KerasArchive, RejectsCorruptArchives) {
-  auto zip = read_bytes(fx("seed001", "model.keras"));
+  auto zip = read_bytes(fixture("seed001", "model.keras"));
   EXPECT_THROW((void)parse_keras_archive(std::span(zip).first(zip.size() - 30), "x.keras"), FormatError);
-  EXPECT_THROW((void)parse_keras_archive(read_bytes(fx("seed001", "model.h5")), "x.keras"), FormatError);
+  EXPECT_THROW((void)parse_keras_archive(read_bytes(fixture("seed001", "model.h5")), "x.keras"), FormatError);
   // Flip a byte inside the first member's data: its crc32 no longer matches.
   zip[60] = static_cast<std::byte>(~static_cast<unsigned>(zip[60]));
   try {

@@ -13,21 +13,12 @@
 namespace qkv::io {
 namespace {
 
+using testing::expect_same_values;
+using testing::fixture;
 using testing::temp_path;
 
-std::filesystem::path fx(const std::string& dir, const std::string& name) {
-  return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / dir / name;
-}
-
-void expect_same(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
-  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], w[i]) << what << " element " << i;
-}
-
 TEST(KerasLegacyH5Writer, WritesTheDatasetsNamesAndValuesTfKerasWrote) {
-  const WeightFile tf = load_keras_h5(fx("keras_tf", "tfkeras2_weights.h5"));
+  const WeightFile tf = load_keras_h5(fixture("keras_tf", "tfkeras2_weights.h5"));
   const LayerWeights layers = keras_layer_weights(tf);
   const auto path = temp_path("legacy.h5");
   save_keras_legacy_h5(path, layers, {"multi_head_attention", "dense"});
@@ -38,7 +29,7 @@ TEST(KerasLegacyH5Writer, WritesTheDatasetsNamesAndValuesTfKerasWrote) {
     ASSERT_NE(it, ours.entries.end()) << want.key;
     EXPECT_EQ(it->name, want.name);
     EXPECT_EQ(it->dtype, want.dtype);
-    expect_same(ours.tensors.at(want.key), tf.tensors.at(want.key), want.key);
+    expect_same_values(ours.tensors.at(want.key), tf.tensors.at(want.key), want.key);
   }
   // Our layer_names / weight_names are fixed-length strings, which qkv reads: the
   // entries come in model order and in Keras' weight order, as tf_keras loads them.
@@ -62,13 +53,13 @@ TEST(KerasLegacyH5Writer, RoundTripsDtypesScalarsAndEmptyTensors) {
   ASSERT_EQ(back.entries.size(), 3u);
   EXPECT_EQ(back.entries[0].key, "b/b/step:0");  // b first, as ordered
   for (const auto& [layer, weights] : layers) {
-    for (const auto& [name, t] : weights) expect_same(back.tensors.at(layer + "/" + layer + "/" + name + ":0"), t, name);
+    for (const auto& [name, t] : weights) expect_same_values(back.tensors.at(layer + "/" + layer + "/" + name + ":0"), t, name);
   }
   EXPECT_THROW(save_keras_legacy_h5(path, {{"x/y", {{"kernel", Tensor::ones({1})}}}}), ValueError);
 }
 
 TEST(KerasArchiveWriter, ConfigHasTheLayersKerasWroteForSeed001) {
-  const KerasArchive keras = load_keras_archive(fx("seed001", "model.keras"));
+  const KerasArchive keras = load_keras_archive(fixture("seed001", "model.keras"));
   const LayerWeights layers = keras_layer_weights(keras.weights);
   EXPECT_EQ(keras_config_layer_order(keras.config_json),
             (std::vector<std::string>{"input_layer", "multi_head_attention", "dense"}));
@@ -96,7 +87,7 @@ TEST(KerasArchiveWriter, ConfigHasTheLayersKerasWroteForSeed001) {
 }
 
 TEST(KerasArchiveWriter, RoundTripsThroughTheZipReader) {
-  const KerasArchive keras = load_keras_archive(fx("seed001", "model.keras"));
+  const KerasArchive keras = load_keras_archive(fixture("seed001", "model.keras"));
   const std::map<std::string, Tensor> paths = keras3_paths(keras_layer_weights(keras.weights));
   const auto path = temp_path("model.keras");
   save_keras_archive(path, paths, keras.config_json);
@@ -104,7 +95,7 @@ TEST(KerasArchiveWriter, RoundTripsThroughTheZipReader) {
   EXPECT_EQ(back.config_json, keras.config_json);
   EXPECT_EQ(nlohmann::json::parse(back.metadata_json)["keras_version"], "3.15.1");
   ASSERT_EQ(back.weights.tensors.size(), paths.size());
-  for (const auto& [p, t] : paths) expect_same(back.weights.tensors.at(p), keras.weights.tensors.at(p), p);
+  for (const auto& [p, t] : paths) expect_same_values(back.weights.tensors.at(p), keras.weights.tensors.at(p), p);
   EXPECT_THROW(save_keras_archive(path, paths, "{not json"), ValueError);
 }
 
@@ -113,7 +104,7 @@ TEST(KerasArchiveWriter, InMemoryWeightsFileParsesAsWritten) {
                                            {"layers/d/vars/1", Tensor::from_vector<double>({}, {0}).to(DType::f32)}};
   const WeightFile back = parse_keras_h5(serialize_keras_weights_h5(t), "memory");
   ASSERT_EQ(back.tensors.size(), 2u);
-  for (const auto& [p, v] : t) expect_same(back.tensors.at(p), v, p);
+  for (const auto& [p, v] : t) expect_same_values(back.tensors.at(p), v, p);
 }
 
 }  // namespace

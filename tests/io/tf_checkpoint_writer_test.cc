@@ -17,19 +17,10 @@
 namespace qkv::io {
 namespace {
 
+using testing::expect_same_values;
+using testing::fixture;
 using testing::read_bytes;
 using testing::temp_path;
-
-std::filesystem::path fixture(const std::string& dir, const std::string& name) {
-  return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / dir / name;
-}
-
-void expect_same_values(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
-  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], w[i]) << what << " element " << i;
-}
 
 // A BundleEntryProto without its offset (TF and qkv may order the data differently).
 struct EntryFields {
