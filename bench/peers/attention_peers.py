@@ -21,7 +21,8 @@ import json
 import os
 import subprocess
 import sys
-import time
+
+from timing import best_seconds
 
 import numpy as np
 
@@ -31,18 +32,6 @@ SHAPES = [(1, 8, 512, 64), (4, 8, 1024, 64), (1, 16, 4096, 64), (1, 8, 16384, 12
 def flops(b, h, l, d, causal):
     pairs = l * (l + 1) / 2 if causal else l * l
     return 4.0 * b * h * d * pairs
-
-
-def best_seconds(fn, min_time):
-    fn()
-    best, total = float("inf"), 0.0
-    while True:
-        t0 = time.perf_counter()
-        fn()
-        s = time.perf_counter() - t0
-        best, total = min(best, s), total + s
-        if total >= min_time:
-            return best
 
 
 def run_qkv(qkv, threads, shape, causal, min_time, gemm_n=0):

@@ -11,7 +11,8 @@ import json
 import os
 import subprocess
 import sys
-import time
+
+from timing import best_seconds
 
 import numpy as np
 
@@ -33,13 +34,7 @@ CASES = {
 
 def best_rate(fn, nbytes, min_time):
     """Best of repeated runs (at least 3, at least min_time seconds) in GB/s of 2 * nbytes."""
-    times = []
-    start = time.perf_counter()
-    while len(times) < 3 or time.perf_counter() - start < min_time:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 2 * nbytes / min(times) / 1e9
+    return 2 * nbytes / best_seconds(fn, min_time, min_runs=3, warm_up=False) / 1e9
 
 
 def numpy_rates(min_time):

@@ -12,7 +12,8 @@ import json
 import os
 import subprocess
 import sys
-import time
+
+from timing import best_seconds
 
 
 def parse_args():
@@ -51,16 +52,6 @@ CASES = {
 }
 
 
-def best_seconds(fn, min_time):
-    fn()  # warm-up
-    times, start = [], time.perf_counter()
-    while len(times) < 3 or time.perf_counter() - start < min_time:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def cpp_times(name):
     """Best einsum and gemm seconds of one case, and its flop count, from einsum_bench."""
     cmd = [ARGS.binary, f"--benchmark_min_time={ARGS.min_time / 2}", "--benchmark_format=json",
@@ -94,9 +85,10 @@ def main():
             dtype = np.float64 if name.startswith("f64_") else np.float32
             ops = [rng.standard_normal(s, dtype=dtype) for s in shapes]
             tops = [torch.from_numpy(o) for o in ops]
-            keep_best(best, ("numpy", name), best_seconds(lambda: np.einsum(eq, *ops, optimize=True), ARGS.min_time))
+            keep_best(best, ("numpy", name), best_seconds(lambda: np.einsum(eq, *ops, optimize=True), ARGS.min_time,
+                                                          min_runs=3))
             keep_best(best, ("torch", name), best_seconds(lambda: torch.einsum(eq.replace(" ", ""), *tops),
-                                                          ARGS.min_time))
+                                                          ARGS.min_time, min_runs=3))
     rows = [(name, eq, best[("einsum", name)], best.get(("gemm", name)), best[("numpy", name)],
              best[("torch", name)], flops[name]) for name, (eq, _) in CASES.items()]
     print(f"{ARGS.threads} threads; numpy {np.__version__} (einsum optimize=True), torch {torch.__version__}; "

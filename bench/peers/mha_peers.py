@@ -20,7 +20,8 @@ import argparse
 import json
 import os
 import subprocess
-import time
+
+from timing import best_seconds
 
 import numpy as np
 import torch
@@ -30,18 +31,6 @@ SHAPES = [(8, 512, 768, 12), (1, 4096, 512, 8)]
 
 def flops(b, l, e):
     return 2.0 * b * l * e * 3 * e + 4.0 * b * l * l * e + 2.0 * b * l * e * e
-
-
-def best_seconds(fn, min_time):
-    fn()
-    best, total = float("inf"), 0.0
-    while True:
-        t0 = time.perf_counter()
-        fn()
-        s = time.perf_counter() - t0
-        best, total = min(best, s), total + s
-        if total >= min_time:
-            return best
 
 
 def qkv_seconds(bench, threads, shape, min_time):
