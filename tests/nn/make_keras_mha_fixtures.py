@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -40,7 +39,7 @@ import numpy as np  # noqa: E402
 from keras.src import backend as kb  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
 
-TOTAL_LIMIT = 1024 * 1024
+from fixture_set import write_fixture_set  # noqa: E402
 
 
 def config(name, desc, **kw):
@@ -196,23 +195,10 @@ def run(c, seed):
 
 
 def main():
-    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "fixtures",
-                                                                 "mha_keras")
-    os.makedirs(out_dir, exist_ok=True)
-    total = 0
-    lines = ["# Keras 3 MultiHeadAttention fixtures", "",
-             f"Written by tests/nn/make_keras_mha_fixtures.py with Keras {keras.__version__} on "
-             f"{keras.backend.backend()} {jax.__version__} (float64).", "", "| file | configuration |", "|---|---|"]
-    for i, c in enumerate(CONFIGS):
-        tensors, meta = run(c, 2000 + i)
-        path = os.path.join(out_dir, c["name"] + ".safetensors")
-        save_file(tensors, path, metadata=meta)
-        total += os.path.getsize(path)
-        lines.append(f"| {c['name']} | {c['description']} |")
-    with open(os.path.join(out_dir, "README.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"{len(CONFIGS)} fixtures, {total} bytes in {out_dir}")
-    assert total < TOTAL_LIMIT, total
+    write_fixture_set(CONFIGS, run, 2000, "mha_keras",
+                      ["# Keras 3 MultiHeadAttention fixtures", "",
+                       f"Written by tests/nn/make_keras_mha_fixtures.py with Keras {keras.__version__} on "
+                       f"{keras.backend.backend()} {jax.__version__} (float64)."], save_file)
 
 
 if __name__ == "__main__":

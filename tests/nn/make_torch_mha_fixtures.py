@@ -26,13 +26,11 @@ biases from N(0, 0.5) so that every parameter matters (PyTorch initialises biase
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import torch
 from safetensors.torch import save_file
 
-TOTAL_LIMIT = 1024 * 1024
+from fixture_set import write_fixture_set
 
 
 def config(name, desc, e=16, h=4, n=2, l=5, s=7, **kw):
@@ -196,23 +194,9 @@ def run(c, seed):
 
 
 def main():
-    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "fixtures",
-                                                                 "mha_torch")
-    os.makedirs(out_dir, exist_ok=True)
-    total = 0
-    lines = ["# PyTorch nn.MultiheadAttention fixtures", "",
-             f"Written by tests/nn/make_torch_mha_fixtures.py with torch {torch.__version__}.", "",
-             "| file | configuration |", "|---|---|"]
-    for i, c in enumerate(CONFIGS):
-        tensors, meta = run(c, 1000 + i)
-        path = os.path.join(out_dir, c["name"] + ".safetensors")
-        save_file(tensors, path, metadata=meta)
-        total += os.path.getsize(path)
-        lines.append(f"| {c['name']} | {c['description']} |")
-    with open(os.path.join(out_dir, "README.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"{len(CONFIGS)} fixtures, {total} bytes in {out_dir}")
-    assert total < TOTAL_LIMIT, total
+    write_fixture_set(CONFIGS, run, 1000, "mha_torch",
+                      ["# PyTorch nn.MultiheadAttention fixtures", "",
+                       f"Written by tests/nn/make_torch_mha_fixtures.py with torch {torch.__version__}."], save_file)
 
 
 if __name__ == "__main__":
