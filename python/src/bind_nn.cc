@@ -176,39 +176,35 @@ void bind_state(nb::class_<Layer>& c) {
       .def("state_dict", [](const Layer& m) { return to_dict(m.state_dict()); });
 }
 
+// __call__(x, mask=None) of the seed layers whose forward is forward(x, mask); errors
+// name the layer and the argument.
+template <class Layer>
+auto self_attention_call(std::string layer) {
+  return [layer](const Layer& m, nb::handle x, nb::handle mask) {
+    const Tensor t = to_tensor(x, (layer + ": x").c_str());
+    const auto mk = to_optional_tensor(mask, (layer + ": mask").c_str());
+    Tensor r;
+    {
+      nb::gil_scoped_release release;
+      r = m.forward(t, mk);
+    }
+    return to_numpy(r);
+  };
+}
+
 void bind_seed_flavours(nb::module_& nn) {
   using namespace qkv::nn;
   nb::class_<SelfAttention> sa(nn, "SelfAttention", "Seed 000's single-head self-attention (to_qvk, no bias).");
   sa.def(nb::init<int64_t, uint64_t>(), nb::arg("dim"), nb::arg("seed") = 0)
-      .def("__call__",
-           [](const SelfAttention& m, nb::handle x, nb::handle mask) {
-             const Tensor t = to_tensor(x, "SelfAttention: x");
-             const auto mk = to_optional_tensor(mask, "SelfAttention: mask");
-             Tensor r;
-             {
-               nb::gil_scoped_release release;
-               r = m.forward(t, mk);
-             }
-             return to_numpy(r);
-           },
-           nb::arg("x"), nb::arg("mask").none() = nb::none());
+      .def("__call__", self_attention_call<SelfAttention>("SelfAttention"), nb::arg("x"),
+           nb::arg("mask").none() = nb::none());
   bind_state(sa);
   nb::class_<MultiHeadSelfAttention> mh(nn, "MultiHeadSelfAttention",
                                         "Seed 000's MHSA: to_qvk 'b t (d k h) -> k b h t d', W_0.");
   mh.def(nb::init<int64_t, int64_t, std::optional<int64_t>, uint64_t>(), nb::arg("dim"), nb::arg("heads") = 8,
          nb::arg("dim_head").none() = nb::none(), nb::arg("seed") = 0)
-      .def("__call__",
-           [](const MultiHeadSelfAttention& m, nb::handle x, nb::handle mask) {
-             const Tensor t = to_tensor(x, "MultiHeadSelfAttention: x");
-             const auto mk = to_optional_tensor(mask, "MultiHeadSelfAttention: mask");
-             Tensor r;
-             {
-               nb::gil_scoped_release release;
-               r = m.forward(t, mk);
-             }
-             return to_numpy(r);
-           },
-           nb::arg("x"), nb::arg("mask").none() = nb::none());
+      .def("__call__", self_attention_call<MultiHeadSelfAttention>("MultiHeadSelfAttention"), nb::arg("x"),
+           nb::arg("mask").none() = nb::none());
   bind_state(mh);
   nb::class_<SeparateHeadsAttention> sh(nn, "SeparateHeadsAttention",
                                         "Seed 003's layer: Dkq != Dv, scale, causal; returns (output, scores).");
