@@ -79,6 +79,13 @@ void scale_gemm_output(T* c, int64_t m, int64_t n, int64_t ldc, T beta) {
   }
 }
 
+// K == 0 or alpha == 0: C = beta * C for every batch matrix, A and B not touched.
+template <class T>
+void scale_gemm_batch(const GemmShape& s, T beta, T* c, const std::vector<GemmDim>& dims) {
+  for_each_gemm_batch(dims, 0, gemm_batch_count(dims),
+                      [&](int64_t, int64_t, int64_t oc) { scale_gemm_output(c + oc, s.m, s.n, s.ldc, beta); });
+}
+
 // ---- introspection of qkv::gemm (gemm_onednn.cc), for tests and benchmarks ----
 
 // Capacity of gemm's plan cache (least recently used plans are dropped).

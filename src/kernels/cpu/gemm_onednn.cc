@@ -344,13 +344,6 @@ void run_plan(ThreadPlan& tp, const float* a, const float* b, float* c) {
   });
 }
 
-// K == 0 or alpha == 0: C = beta * C without touching A, B or oneDNN.
-void scale_only(const GemmShape& s, float beta, float* c, const std::vector<GemmDim>& dims) {
-  detail::for_each_gemm_batch(dims, 0, detail::gemm_batch_count(dims), [&](int64_t, int64_t, int64_t oc) {
-    detail::scale_gemm_output(c + oc, s.m, s.n, s.ldc, beta);
-  });
-}
-
 }  // namespace
 
 void gemm(const GemmShape& s, float alpha, const float* a, const float* b, float beta, float* c,
@@ -359,7 +352,7 @@ void gemm(const GemmShape& s, float alpha, const float* a, const float* b, float
   if (count == 0 || s.m == 0 || s.n == 0) return;
   std::vector<GemmDim> dims = detail::simplify_gemm_batch(detail::gemm_batch_dims(batch));
   if (s.k == 0 || alpha == 0.0f) {
-    scale_only(s, beta, c, dims);
+    detail::scale_gemm_batch(s, beta, c, dims);
     return;
   }
   const int threads = detail::sync_runtime_threads();

@@ -63,9 +63,7 @@ void gemm(const GemmShape& s, double alpha, const double* a, const double* b, do
   if (count == 0 || s.m == 0 || s.n == 0) return;
   const std::vector<GemmDim> dims = detail::simplify_gemm_batch(detail::gemm_batch_dims(batch));
   if (s.k == 0 || alpha == 0.0) {  // A and B are not read (and may be null)
-    detail::for_each_gemm_batch(dims, 0, count, [&](int64_t, int64_t, int64_t oc) {
-      detail::scale_gemm_output(c + oc, s.m, s.n, s.ldc, beta);
-    });
+    detail::scale_gemm_batch(s, beta, c, dims);
     return;
   }
   const DgemmCall call = make_call(s, alpha, beta, batch);
