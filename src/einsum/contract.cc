@@ -6,7 +6,6 @@
 // tensor's layout does not allow that, it alone is copied to a GEMM layout
 // (opt_einsum's TDOT); contractions without a k label, or tiny ones, run DIRECT.
 #include <algorithm>
-#include <array>
 #include <optional>
 
 #include "kernels/cpu/buffer_pool.h"

@@ -2,7 +2,6 @@
 #include "kernels/cpu/transpose.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <utility>
