@@ -2,9 +2,11 @@
 # Installs the Debian packages qkv builds with, only those missing; non-interactive.
 set -euo pipefail
 packages=(
-  build-essential cmake ninja-build ccache pkg-config python3-venv
+  build-essential cmake ninja-build ccache pkg-config
+  python3-venv python3-dev                      # .venv and the Python extension's headers
   clang libclang-rt-14-dev libomp-dev          # libFuzzer targets and their sanitizers
   libdnnl-dev libhwy-dev                        # GEMM (oneDNN) and SIMD (Highway)
+  ocl-icd-opencl-dev                            # dnnl-config.cmake finds OpenCL; libdnnl-dev only recommends it
   libopenblas-openmp-dev                        # float64 GEMM (OpenBLAS, OpenMP threads)
   libgtest-dev libbenchmark-dev                 # tests and benchmarks
   libcli11-dev nlohmann-json3-dev               # CLI parsing, JSON headers
