@@ -12,7 +12,7 @@ FUZZ_SECONDS ?= 300
 PYTHON_EXT := $(if $(filter release debug,$(PRESET)),ON,OFF)
 PYTHON_FLAGS := -DQKV_BUILD_PYTHON=$(PYTHON_EXT) $(if $(filter ON,$(PYTHON_EXT)),-DPython_EXECUTABLE=$(abspath $(PY)))
 
-.PHONY: all deps venv configure build demo test ctest python pytest asan fuzz fixtures bench clean
+.PHONY: all deps venv configure build demo test ctest python pytest asan fuzz fixtures bench fresh-check clean
 
 all: build
 
@@ -75,6 +75,11 @@ fixtures: build
 	.venv-fixtures/bin/python tests/nn/make_seed_fixtures.py tests/fixtures/mha_torch/seeds
 	KERAS_BACKEND=jax .venv-fixtures/bin/python tests/nn/make_keras_mha_fixtures.py tests/fixtures/mha_keras
 	.venv-fixtures/bin/python tests/io/check_writers_with_tf.py $(BUILD)/bin/qkv --update
+
+# `make demo` and `make test` of the committed HEAD in a fresh Debian 12 root
+# (debootstrap, chroot; needs root; docs/testing.md "Fresh machine"). CI runs this.
+fresh-check:
+	scripts/fresh-check.sh
 
 bench: build
 	@for b in $(BUILD)/*_bench; do echo "== $$b"; $$b --benchmark_min_time=0.2; done
