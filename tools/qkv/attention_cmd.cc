@@ -40,10 +40,10 @@ void register_attention(CLI::App& app) {
   cmd->add_option("--v", args->v, "values")->required();
   cmd->add_option("--mask", args->mask, "attn_mask: bool (True = attend) or additive float, broadcast to [..., Lq, Lk]");
   cmd->add_flag("--causal", args->causal, "causal mask, top-left aligned (not with --mask)");
-  cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk))");
+  cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk))")->check(real_in());
   cmd->add_flag("--gqa", args->gqa, "grouped-query attention: k/v heads divide q heads");
-  cmd->add_option("--dropout", args->dropout, "dropout probability on the weights")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--seed", args->seed, "dropout seed");
+  cmd->add_option("--dropout", args->dropout, "dropout probability on the weights")->check(real_in(0.0, 1.0));
+  cmd->add_option("--seed", args->seed, "dropout seed")->check(integer_in(0, UINT64_MAX));
   cmd->add_option("--weights", args->weights, "also write the attention weights [..., Lq, Lk] here");
   cmd->add_option("-o,--output", args->out, "output file (.npy or .safetensors)")->required();
   cmd->callback([args] { run_attention(*args); });

@@ -5,7 +5,11 @@
 //   qkv bench attention --shape 4,8,1024,64 [--causal] [--threads 2] [--min-time 1] [--gemm 2048] [--json]
 //
 // GFLOP/s count 4*B*H*L*L*D (non-causal) or 4*B*H*D*L(L+1)/2 (causal: the
-// unmasked half only). Time per call is the fastest of the timed calls.
+// unmasked half only). Time per call is the fastest of the timed calls. A progress
+// line goes out before each measurement: to stdout on a terminal, to stderr when
+// stdout is a pipe or file (which then holds only the results).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -47,14 +51,27 @@ double best_seconds(double min_time, Fn&& fn) {
   return best;
 }
 
+// "B,H,L,D" -> {B, H, L, D}, each a positive integer (a usage error otherwise).
 std::vector<int64_t> parse_shape(const std::string& text) {
   std::vector<int64_t> dims;
   std::stringstream in(text);
-  for (std::string part; std::getline(in, part, ',');) dims.push_back(std::stoll(part));
-  if (dims.size() != 4 || std::any_of(dims.begin(), dims.end(), [](int64_t d) { return d < 1; })) {
-    fail<ValueError>("bench attention: --shape wants B,H,L,D (positive), got '", text, "'");
+  bool ok = !text.empty() && text.back() != ',';
+  for (std::string part; ok && std::getline(in, part, ',');) {
+    const std::optional<int64_t> d = to_integer(part, 1);
+    ok = d.has_value();
+    dims.push_back(d.value_or(0));
+  }
+  if (!ok || dims.size() != 4) {
+    throw CLI::ValidationError("expected B,H,L,D (four integers >= 1), got '" + text + "'");
   }
   return dims;
+}
+
+// "[2/3] attention 1,8,1024,64 ...": before each measurement, which can take seconds.
+void progress(size_t index, size_t count, const std::string& what) {
+  static FILE* const out = isatty(fileno(stdout)) ? stdout : stderr;
+  std::fprintf(out, "qkv bench: [%zu/%zu] %s ...\n", index, count, what.c_str());
+  std::fflush(out);
 }
 
 double bench_gemm(int64_t n, double min_time) {
@@ -91,7 +108,9 @@ void bench_one(const BenchArgs& a, const std::string& shape_text, double gemm_gf
 void run_bench_attention(const BenchArgs& a) {
   if (a.threads > 0) set_num_threads(a.threads);
   double gemm_gflops = 0.0;
+  const size_t count = a.shapes.size() + (a.gemm_n > 0 ? 1 : 0);
   if (a.gemm_n > 0) {
+    progress(1, count, "gemm f32 " + std::to_string(a.gemm_n) + "^3");
     gemm_gflops = bench_gemm(a.gemm_n, a.min_time);
     if (a.json) {
       std::printf("{\"op\": \"gemm\", \"n\": %ld, \"threads\": %d, \"gflops\": %.2f}\n", static_cast<long>(a.gemm_n),
@@ -101,8 +120,10 @@ void run_bench_attention(const BenchArgs& a) {
                   gemm_gflops);
     }
   }
-  for (const std::string& s : a.shapes) bench_one(a, s, gemm_gflops);
-  std::fflush(stdout);
+  for (size_t i = 0; i < a.shapes.size(); ++i) {
+    progress(count - a.shapes.size() + i + 1, count, std::string("attention ") + (a.causal ? "causal " : "") + a.shapes[i]);
+    bench_one(a, a.shapes[i], gemm_gflops);
+  }
 }
 
 }  // namespace
@@ -112,11 +133,15 @@ void register_bench(CLI::App& app) {
   bench->require_subcommand(1);
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = bench->add_subcommand("attention", "Fused f32 attention forward (and qkv::gemm) GFLOP/s");
-  cmd->add_option("--shape", args->shapes, "B,H,L,D (repeatable; default 1,8,1024,64)");
+  cmd->add_option("--shape", args->shapes, "B,H,L,D (repeatable; default 1,8,1024,64)")
+      ->each([](const std::string& text) { (void)parse_shape(text); });
   cmd->add_flag("--causal", args->causal, "causal attention (GFLOP/s count the unmasked half)");
-  cmd->add_option("--threads", args->threads, "threads (default QKV_NUM_THREADS, else OMP_NUM_THREADS, else cores)");
-  cmd->add_option("--min-time", args->min_time, "seconds to time each measurement (default 1; 0: one call, no warm-up)");
-  cmd->add_option("--gemm", args->gemm_n, "also time an N x N x N f32 gemm (e.g. 2048) and report % of it");
+  cmd->add_option("--threads", args->threads, "threads (default QKV_NUM_THREADS, else OMP_NUM_THREADS, else cores)")
+      ->check(integer_in(1, 4096));
+  cmd->add_option("--min-time", args->min_time, "seconds to time each measurement (default 1; 0: one call, no warm-up)")
+      ->check(real_in(0.0, 86400.0));
+  cmd->add_option("--gemm", args->gemm_n, "also time an N x N x N f32 gemm (e.g. 2048) and report % of it")
+      ->check(integer_in(1, 65536));
   cmd->add_flag("--json", args->json, "one JSON object per line");
   cmd->callback([args] {
     if (args->shapes.empty()) args->shapes = {"1,8,1024,64"};

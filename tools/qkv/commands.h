@@ -2,7 +2,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
+#include <optional>
 
 #include "qkv/tensor.h"
 
@@ -16,6 +19,19 @@ void register_demo(CLI::App& app);
 void register_bench(CLI::App& app);  // bench attention
 void register_einsum(CLI::App& app);
 void register_rearrange(CLI::App& app);  // rearrange, reduce, repeat, pack, unpack, parse-shape
+
+// Numeric values (options.cc): every numeric option checks its value with one of these,
+// e.g. ->check(integer_in(1, 4096)); a bad value is a usage error (exit 2) saying
+// "--threads: expected an integer in [1, 4096], got '0'". Reals must be finite.
+CLI::Validator integer_in(int64_t lo, uint64_t hi = std::numeric_limits<int64_t>::max());
+CLI::Validator real_in(double lo = -std::numeric_limits<double>::infinity(),
+                       double hi = std::numeric_limits<double>::infinity());
+// The same check for a number inside an option's text (--shape 1,8,64,64, NAME=LENGTH):
+// the value, or nullopt / a CLI::ValidationError naming `what` (0 <= hi).
+std::optional<int64_t> to_integer(const std::string& text, int64_t lo,
+                                  int64_t hi = std::numeric_limits<int64_t>::max());
+int64_t parse_integer(const std::string& text, const std::string& what, int64_t lo,
+                      int64_t hi = std::numeric_limits<int64_t>::max());
 
 // The single tensor of a .npy file, or of a .safetensors file holding exactly one
 // (name it as FILE:NAME to pick one of several). FormatError otherwise.

@@ -147,7 +147,7 @@ void register_convert(CLI::App& app) {
   cmd->add_option("--to", args->to, "target layout (same: every tensor under its own key, no layout change)")
       ->required()
       ->check(CLI::IsMember({"torch", "keras", "same"}));
-  cmd->add_option("--heads", args->heads, "number of heads (PyTorch -> Keras)");
+  cmd->add_option("--heads", args->heads, "number of heads (PyTorch -> Keras)")->check(integer_in(1, 65536));
   cmd->add_option("--format", args->format, "output format, instead of OUT's extension")
       ->check(CLI::IsMember({"safetensors", "keras3-h5", "tf-keras-h5", "keras", "tf-checkpoint"}));
   cmd->add_option("--layer-order", args->layer_order,

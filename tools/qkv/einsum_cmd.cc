@@ -50,7 +50,7 @@ void register_einsum(CLI::App& app) {
   cmd->add_option("-o,--output", args->out, "output file (.npy or .safetensors)");
   cmd->add_option("--optimize", args->optimize,
                   "path: false, true/auto, greedy, optimal, dp, branch-all, branch-2, branch-1 (default auto)");
-  cmd->add_option("--memory-limit", args->memory_limit, "largest intermediate, in elements");
+  cmd->add_option("--memory-limit", args->memory_limit, "largest intermediate, in elements")->check(integer_in(1));
   cmd->add_flag("--path", args->path, "print the contraction path and its cost report (numpy.einsum_path)");
   cmd->callback([args] { run_einsum(*args); });
 }

@@ -3,6 +3,7 @@
 // variable's own name and mark optimizer state.
 #include <algorithm>
 #include <iostream>
+#include <set>
 
 #include "commands.h"
 #include "qkv/io.h"
@@ -11,10 +12,44 @@
 namespace qkv::cli {
 
 namespace {
-bool is_plain_tensor_file(const std::string& path) {
-  std::string ext = std::filesystem::path(path).extension().string();
+std::string lower_extension(const std::filesystem::path& path) {
+  std::string ext = path.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext;
+}
+
+bool is_plain_tensor_file(const std::string& path) {
+  const std::string ext = lower_extension(path);
   return ext == ".npy" || ext == ".safetensors";
+}
+
+// A directory is not a weights file (a TF checkpoint is a prefix, not its folder):
+// say what qkv reads and which paths in the directory it could inspect.
+[[noreturn]] void explain_directory(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::set<std::string> candidates;  // sorted, each once
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    const std::string ext = lower_extension(e.path());
+    if (ext == ".index") {
+      candidates.insert((e.path().parent_path() / e.path().stem()).string() + "  (TF checkpoint prefix)");
+    } else if (ext == ".npy" || ext == ".safetensors" || ext == ".h5" || ext == ".keras") {
+      candidates.insert(e.path().string());
+    }
+  }
+  std::string list;
+  size_t shown = 0;
+  for (const std::string& c : candidates) {
+    if (++shown > 20) {
+      list += "\n  ... and " + std::to_string(candidates.size() - 20) + " more";
+      break;
+    }
+    list += "\n  " + c;
+  }
+  fail<ValueError>("inspect: '", dir, "' is a directory; give one file: .npy, .safetensors, .h5/.weights.h5, .keras, "
+                   "or a TF checkpoint prefix (PREFIX for PREFIX.index + PREFIX.data-*). ",
+                   candidates.empty() ? "It holds none of these." : "Candidates in it:" + list);
 }
 
 // key, dtype, shape, the variable's name where it differs from the key, "optimizer" marks.
@@ -38,6 +73,7 @@ void run_inspect_weights(const std::string& path) {
 }
 
 void run_inspect(const std::string& path) {
+  if (std::filesystem::is_directory(path)) explain_directory(path);
   if (!is_plain_tensor_file(path)) {
     run_inspect_weights(path);
     return;

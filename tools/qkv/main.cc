@@ -1,4 +1,7 @@
-// qkv: command-line front end of the library. Errors go to stderr, exit code 1.
+// qkv: command-line front end of the library. Errors go to stderr; exit codes:
+// 0 success, 1 runtime error (bad file, shape, ...), 2 usage error (unknown
+// subcommand, bad option or value), 130 interrupted (SIGINT). README "Exit codes".
+#include <cstdio>
 #include <iostream>
 
 #include "commands.h"
@@ -29,8 +32,39 @@ Tensor load_tensor(const std::string& spec) {
 
 }  // namespace qkv::cli
 
+namespace {
+
+constexpr int kUsageError = 2;
+
+// CLI11 reports a word that names no subcommand as "A subcommand is required" (or as
+// an unexpected argument); say what it is and list the choices instead.
+void check_subcommand_names(CLI::App& app, int argc, char** argv) {
+  CLI::App* at = &app;
+  for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+    const auto subs = at->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) return;  // at a leaf: its positionals follow
+    CLI::App* next = nullptr;
+    std::string names;
+    for (CLI::App* sub : subs) {
+      if (sub->check_name(argv[i])) next = sub;
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!next) {
+      const std::string where = at == &app ? "qkv" : "qkv " + at->get_name();
+      throw CLI::ValidationError("'" + std::string(argv[i]) + "' is not a subcommand of " + where + " (one of: " + names + ")");
+    }
+    at = next;
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  // Line-buffered even into a pipe, so `qkv bench ... | tee` shows each line when it
+  // is printed (stdout is block-buffered otherwise; std::cout writes through stdio).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"qkv: multi-head attention and Einstein-notation tensor operations"};
+  app.set_version_flag("--version", "qkv " QKV_VERSION, "print the version and exit");
   app.require_subcommand(1);
   qkv::cli::register_attention(app);
   qkv::cli::register_inspect(app);
@@ -40,15 +74,19 @@ int main(int argc, char** argv) {
   qkv::cli::register_einsum(app);
   qkv::cli::register_rearrange(app);
   try {
+    check_subcommand_names(app, argc, argv);
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "qkv: usage error: " << e.what() << "\nRun 'qkv --help' (or 'qkv SUBCOMMAND --help') for usage.\n";
+    return kUsageError;
   } catch (const qkv::Error& e) {
     std::cerr << "qkv: error: " << e.what() << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "qkv: internal error: " << e.what() << "\n";
-    return 2;
+    return 1;
   }
   return 0;
 }

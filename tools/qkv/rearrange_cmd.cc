@@ -31,15 +31,10 @@ void split_args(const std::vector<std::string>& rest, std::vector<Tensor>* input
       continue;
     }
     const std::string value = a.substr(eq + 1);
-    size_t used = 0;
-    int64_t n = 0;
-    try {
-      n = std::stoll(value, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != value.size()) fail<ValueError>("expected NAME=LENGTH with an integer length, got '", a, "'");
-    lengths->emplace_back(a.substr(0, eq), n);
+    // Any integer: einops itself judges the length (and says so as einops does).
+    const std::optional<int64_t> n = to_integer(value, std::numeric_limits<int64_t>::min());
+    if (!n) fail<ValueError>("expected NAME=LENGTH with an integer length, got '", a, "'");
+    lengths->emplace_back(a.substr(0, eq), *n);
   }
   if (inputs->empty()) fail<ValueError>("no input file given");
 }
@@ -80,7 +75,7 @@ std::vector<Shape> parse_shapes(const std::string& text) {
   std::string number;
   auto flush = [&] {
     if (number.empty()) return;
-    shapes.back().push_back(std::stoll(number));
+    shapes.back().push_back(parse_integer(number, "--shapes '" + text + "'", std::numeric_limits<int64_t>::min()));
     number.clear();
   };
   for (char c : text) {

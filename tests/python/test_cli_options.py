@@ -1,0 +1,156 @@
+"""The qkv tool's command line: --version, exit codes (2 usage, 1 runtime), the message
+of every bad numeric option, `inspect DIR`, and line-buffered output through a pipe."""
+import importlib.metadata
+import pathlib
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+import qkv
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+DUMMY = ["--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "-o", "out.npy"]
+
+
+def test_version_is_the_one_in_cmakelists(run):
+    project = re.search(r"project\(qkv VERSION ([0-9.]+)", (ROOT / "CMakeLists.txt").read_text()).group(1)
+    result = run("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"qkv {project}\n"
+    assert qkv.__version__ == project
+    assert importlib.metadata.version("qkv") == project
+
+
+@pytest.mark.parametrize("args,message", [
+    (["bogus"], "'bogus' is not a subcommand of qkv (one of: attention, inspect, convert, demo, bench, einsum,"),
+    (["bench", "bogus"], "'bogus' is not a subcommand of qkv bench (one of: attention)"),
+    ([], "A subcommand is required"),
+    (["bench"], "A subcommand is required"),
+    (["einsum", "ij->ji", "x.npy", "--no-such-option"], "--no-such-option"),
+])
+def test_usage_errors_exit_2(run, args, message):
+    result = run(*args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.startswith("qkv: usage error: "), result.stderr
+    assert message in result.stderr
+    assert "Run 'qkv --help'" in result.stderr
+
+
+def test_runtime_error_exits_1(run, tmp_path):
+    result = run("inspect", tmp_path / "missing.npy")
+    assert result.returncode == 1
+    assert result.stderr.startswith("qkv: error: ") and "missing.npy" in result.stderr
+
+
+BENCH = ["bench", "attention", "--min-time", "0", "--shape", "1,1,4,4"]
+BAD_NUMBERS = [
+    (["bench", "attention", "--shape", "a,b,c,d"], "--shape: expected B,H,L,D (four integers >= 1), got 'a,b,c,d'"),
+    (["bench", "attention", "--shape", "1,2,3"], "--shape: expected B,H,L,D (four integers >= 1), got '1,2,3'"),
+    (["bench", "attention", "--shape", "1,2,3,0"], "--shape: expected B,H,L,D (four integers >= 1), got '1,2,3,0'"),
+    (["bench", "attention", "--shape", "1,2,3,4,"], "--shape: expected B,H,L,D (four integers >= 1), got '1,2,3,4,'"),
+    (["bench", "attention", "--shape", "1,2,3,99999999999999999999"], "--shape: expected B,H,L,D (four integers >= 1), got '1,2,3,99999999999999999999'"),
+    (BENCH + ["--threads", "0"], "--threads: expected an integer in [1, 4096], got '0'"),
+    (BENCH + ["--threads", "-3"], "--threads: expected an integer in [1, 4096], got '-3'"),
+    (BENCH + ["--threads", "2.5"], "--threads: expected an integer in [1, 4096], got '2.5'"),
+    (BENCH + ["--threads", "two"], "--threads: expected an integer in [1, 4096], got 'two'"),
+    (BENCH + ["--min-time", "-1"], "--min-time: expected a finite number in [0, 86400], got '-1'"),
+    (BENCH + ["--min-time", "nan"], "--min-time: expected a finite number in [0, 86400], got 'nan'"),
+    (BENCH + ["--min-time", "inf"], "--min-time: expected a finite number in [0, 86400], got 'inf'"),
+    (BENCH + ["--min-time", "1s"], "--min-time: expected a finite number in [0, 86400], got '1s'"),
+    (BENCH + ["--gemm", "0"], "--gemm: expected an integer in [1, 65536], got '0'"),
+    (BENCH + ["--gemm", "-2048"], "--gemm: expected an integer in [1, 65536], got '-2048'"),
+    (["einsum", "ij->ji", "x.npy", "--memory-limit", "-5"], "--memory-limit: expected an integer >= 1, got '-5'"),
+    (["einsum", "ij->ji", "x.npy", "--memory-limit", "1e3"], "--memory-limit: expected an integer >= 1, got '1e3'"),
+    (["attention", *DUMMY, "--dropout", "nan"], "--dropout: expected a finite number in [0, 1], got 'nan'"),
+    (["attention", *DUMMY, "--dropout", "1.5"], "--dropout: expected a finite number in [0, 1], got '1.5'"),
+    (["attention", *DUMMY, "--scale", "nan"], "--scale: expected a finite number, got 'nan'"),
+    (["attention", *DUMMY, "--scale", "-inf"], "--scale: expected a finite number, got '-inf'"),
+    (["attention", *DUMMY, "--seed", "-1"], "--seed: expected an integer >= 0, got '-1'"),
+    (["attention", *DUMMY, "--seed", "18446744073709551616"],
+     "--seed: expected an integer >= 0, got '18446744073709551616'"),
+    (["convert", "a.safetensors", "b.safetensors", "--to", "keras", "--heads", "0"],
+     "--heads: expected an integer in [1, 65536], got '0'"),
+    (["unpack", "a * b", "x.npy", "--shapes", "2;99999999999999999999", "-o", "y.npy", "-o", "z.npy"],
+     "--shapes '2;99999999999999999999': expected an integer, got '99999999999999999999'"),
+    (["unpack", "a * b", "x.npy", "--shapes", "2;3-4", "-o", "y.npy", "-o", "z.npy"],
+     "--shapes '2;3-4': expected an integer, got '3-4'"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_NUMBERS, ids=[m.split(":")[0] + "=" + m.rsplit("got ", 1)[1] for _, m in BAD_NUMBERS])
+def test_bad_numbers_are_usage_errors_naming_the_option(qkv_cli, tmp_path, args, message):
+    # Checked while parsing: nothing is read, timed or written (the files do not exist).
+    started = time.monotonic()
+    result = subprocess.run([qkv_cli, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.startswith("qkv: usage error: " + message), result.stderr
+    assert result.stdout == ""
+    assert time.monotonic() - started < 30
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_good_numbers_still_pass(run, tmp_path):
+    result = run(*BENCH, "--threads", "1", "--gemm", "8", "--json")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and '"op": "gemm", "n": 8, "threads": 1' in lines[0]
+    assert '"shape": [1, 1, 4, 4]' in lines[1] and '"threads": 1' in lines[1]
+
+
+def test_name_length_that_is_no_integer(run, tmp_path):
+    import numpy as np
+    np.save(tmp_path / "x.npy", np.ones((2, 2), np.float32))
+    for value in ("abc", "99999999999999999999", "2.0"):
+        result = run("repeat", "h w -> h w c", tmp_path / "x.npy", "-o", tmp_path / "y.npy", f"c={value}")
+        assert result.returncode == 1
+        assert f"expected NAME=LENGTH with an integer length, got 'c={value}'" in result.stderr
+
+
+def test_inspect_directory_lists_candidates(run, tmp_path):
+    import numpy as np
+    np.save(tmp_path / "a.npy", np.zeros((2, 3), np.float32))
+    for f in (ROOT / "tests/fixtures/keras_tf").glob("tfkeras2_ckpt.*"):
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "notes.txt").write_text("not a tensor file")
+    result = run("inspect", tmp_path)
+    assert result.returncode == 1
+    assert f"inspect: '{tmp_path}' is a directory; give one file" in result.stderr
+    assert "TF checkpoint prefix (PREFIX for PREFIX.index + PREFIX.data-*)" in result.stderr
+    listed = [line.strip() for line in result.stderr.splitlines()[1:]]
+    assert listed == [f"{tmp_path / 'a.npy'}", f"{tmp_path / 'tfkeras2_ckpt'}  (TF checkpoint prefix)"]
+    # What it lists is what inspect takes.
+    assert run("inspect", tmp_path / "tfkeras2_ckpt").returncode == 0
+    assert run("inspect", tmp_path / "a.npy").returncode == 0
+
+
+def test_inspect_empty_directory(run, tmp_path):
+    result = run("inspect", tmp_path)
+    assert result.returncode == 1
+    assert "is a directory" in result.stderr and "It holds none of these." in result.stderr
+
+
+def test_bench_lines_arrive_through_a_pipe_as_printed(qkv_cli):
+    # Two shapes timed >= 1 s each: the first result must arrive while the second is
+    # still being timed, not when qkv exits (block-buffered output came only at exit).
+    proc = subprocess.Popen([qkv_cli, "bench", "attention", "--threads", "1", "--min-time", "1",
+                             "--shape", "1,1,8,8", "--shape", "1,1,16,8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        first_at = time.monotonic()
+        rest = proc.stdout.read()  # to EOF, i.e. until qkv exits
+        exit_at = time.monotonic()
+        err = proc.stderr.read()
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert first.startswith("attention (B,H,L,D)=(1,1,8,8) non-causal, 1 thread(s): "), first
+    assert exit_at - first_at > 0.5, "the first line came only when qkv exited"
+    assert rest.startswith("attention (B,H,L,D)=(1,1,16,8)") and len(rest.splitlines()) == 1
+    assert proc.returncode == 0, err
+    # Progress lines went to stderr (stdout is a pipe), one per shape, in order.
+    assert err.splitlines() == ["qkv bench: [1/2] attention 1,1,8,8 ...", "qkv bench: [2/2] attention 1,1,16,8 ..."]
