@@ -12,15 +12,44 @@
 //     h / (Hq / Hk) (torch's repeat_interleave). Without it heads must broadcast.
 //   weights = softmax(scores, -1); a row with every key masked gives weights 0
 //     and output 0 (PyTorch >= 2.5 _safe_softmax), not NaN.
+//   Dk == 0: every score is 0 (the empty dot product, whatever the scale).
 //   dropout_p > 0: weights[idx] is zeroed with probability dropout_p and the
 //     survivors scaled by 1/(1-dropout_p); idx is the row-major index into the
 //     broadcast [..., Hq, Lq, Lk] weights, drawn by random::dropout_keep(seed, idx).
 //     dropout_p == 1 gives zeros.
 //   return_weights: also returns the weights actually applied to v (after dropout).
 //   output [..., Hq, Lq, Dv] in q's dtype (f16/bf16 inputs are computed in f32/f64).
-//   return_logsumexp: also returns lse[..., Hq, Lq] (f32) = log sum_j exp(score_ij)
+//   return_logsumexp: also returns lse[..., Hq, Lq] = log sum_j exp(score_ij)
 //     over the scaled, masked scores before dropout (-inf for a fully masked row),
-//     what a backward pass needs to recompute the weights as exp(score - lse).
+//     what a backward pass needs to recompute the weights as exp(score - lse);
+//     f32, or f64 for f64 inputs (PyTorch's CPU kernel: its accumulation type).
+//
+// NaN and Inf (PyTorch's math backend, checked against it by
+// tests/attention/nonfinite_test.cc; the reference and every kernel agree):
+//   - A row's keys are j < Lk, or j <= i with is_causal. Causal masking removes
+//     the keys after the diagonal, whatever q_i . k_j is (PyTorch's CPU flash
+//     kernel; its math backend adds -inf there instead, so a NaN or +inf
+//     q_i . k_j after the diagonal turns the row NaN in it, not in qkv).
+//   - A mask adds to the score: bool False adds -inf, as PyTorch converts it, so
+//     a NaN or +inf score stays NaN under a False entry; NaN in a float mask is a
+//     NaN score.
+//   - A row with a NaN score, or a +inf score (inf - inf = NaN in the softmax),
+//     is NaN: every weight of its keys, its output and its lse. This includes
+//     NaN or Inf in q_i, a NaN in any k_j of the row, and +-Inf in k_j that meets
+//     a non-zero q_i.
+//   - A row whose every score is -inf (bool False, -inf in a float mask, or
+//     -inf from q_i . k_j) gives weights 0, lse -inf (PyTorch's CPU kernel
+//     writes 0 there, CUDA FlashAttention +inf: sentinels for their backward
+//     passes; qkv gives log 0) and output sum_j 0 * v_j: 0, or NaN in the
+//     columns where a v_j of the row is NaN or Inf, as in PyTorch.
+//   - output_i = sum_j w_ij v_j over the row's keys, zero weights included: a
+//     NaN or Inf in v_j makes column d NaN (or +-Inf) in every row that has key j.
+//     Under is_causal, whether it also reaches rows i < j is unspecified: the
+//     fused kernel's diagonal tile may multiply it by 0, the reference does not
+//     (PyTorch's math backend always does, its flash kernel within a 512-key block).
+//   PyTorch's CPU flash kernel (its default backend here) gives 0 instead of NaN
+//   for f32, f16 and bf16 rows whose every score is NaN (a NaN or an all-Inf
+//   q_i; torch 2.15); qkv follows the math backend and float64 there.
 #pragma once
 
 #include <cstdint>

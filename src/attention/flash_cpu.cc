@@ -122,9 +122,9 @@ void add_mask(const Flash& f, const Rows& r, int64_t j0, int64_t cols, float* s,
   for (int64_t x = 0; x < r.rows; ++x) {
     float* row = s + x * lds;  // [cols]
     const int64_t base = r.mask_base + (r.i0 + x) * si + j0 * sj;
-    if (f.mask_bool) {
+    if (f.mask_bool) {  // False adds -inf (PyTorch's conversion): a NaN or +inf score stays NaN
       const bool* m = f.mask_bool + base;
-      for (int64_t c = 0; c < cols; ++c) row[c] = m[c * sj] ? row[c] : kNegInf;
+      for (int64_t c = 0; c < cols; ++c) row[c] += m[c * sj] ? 0.0f : kNegInf;
     } else if (sj == 1) {
       const float* m = f.mask_float + base;
       for (int64_t c = 0; c < cols; ++c) row[c] += m[c];
@@ -146,7 +146,12 @@ void score_tile(const Flash& f, const Rows& r, int64_t j0, int64_t cols, float* 
   g.lda = p.q.stride(-2);
   g.ldb = p.k.stride(-2);
   g.ldc = lds;
-  gemm(g, static_cast<float>(p.scale), r.q, r.k + j0 * p.k.stride(-2), 0.0f, s);
+  // gemm skips A B when alpha is 0 (BLAS rules); scale 0 must still turn an inf q . k into NaN.
+  const float alpha = static_cast<float>(p.scale);
+  gemm(g, alpha == 0.0f ? 1.0f : alpha, r.q, r.k + j0 * p.k.stride(-2), 0.0f, s);
+  if (alpha == 0.0f) {
+    for (int64_t x = 0; x < r.rows; ++x) kernels::scale(s + x * lds, cols, 0.0f);
+  }
   if (p.mask) add_mask(f, r, j0, cols, s, lds);
   if (f.causal && j0 + cols - 1 > r.i0) {  // the tile crosses the diagonal
     for (int64_t x = 0; x < r.rows; ++x) {
@@ -206,16 +211,13 @@ void value_tile(const Flash& f, const Rows& r, int64_t j0, int64_t cols, const f
   gemm(g, 1.0f, s, r.v + j0 * p.v.stride(-2), 1.0f, r.o);
 }
 
-// o /= l, and lse = m + log(l); fully masked rows (l == 0) give 0 and -inf.
+// o /= l, and lse = m + log(l). Fully masked rows (l == 0) keep o, the sum of
+// 0 * v (0, or NaN where v has a NaN or inf, as PyTorch), and get lse -inf.
 void finish_rows(const Flash& f, const Rows& r, const float* m, const float* l) {
   const Problem& p = *f.p;
   for (int64_t x = 0; x < r.rows; ++x) {
     float* o = r.o + x * p.dv;  // [Dv]
-    if (l[x] == 0.0f) {
-      std::fill(o, o + p.dv, 0.0f);
-    } else {
-      kernels::scale(o, p.dv, 1.0f / l[x]);
-    }
+    if (l[x] != 0.0f) kernels::scale(o, p.dv, 1.0f / l[x]);
     if (f.lse) {
       const float lse = l[x] == 0.0f ? kNegInf : static_cast<float>(m[x] + std::log(static_cast<double>(l[x])));
       f.lse[r.b * p.lq + r.i0 + x] = lse;
@@ -232,7 +234,11 @@ void weight_rows(const Flash& f, const Rows& r) {
     score_tile(f, r, j0, std::min(f.tiles.bc, r.kv_end - j0), w + j0, p.lk);
   }
   kernels::softmax_rows(w, r.rows, r.kv_end, p.lk);  // fully masked rows give zeros
-  for (int64_t x = 0; x < r.rows; ++x) std::fill(w + x * p.lk + r.kv_end, w + (x + 1) * p.lk, 0.0f);
+  // Keys after the row's own causal end are not in the row: weight 0, even in a NaN row.
+  for (int64_t x = 0; x < r.rows; ++x) {
+    const int64_t end = f.causal ? std::min(p.lk, r.i0 + x + 1) : p.lk;
+    std::fill(w + x * p.lk + end, w + (x + 1) * p.lk, 0.0f);
+  }
   if (f.dropout_p > 0.0) dropout_tile(f, r, 0, r.kv_end, w, p.lk);
 }
 

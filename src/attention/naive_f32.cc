@@ -35,7 +35,10 @@ void scores(const Problem& p, const AttentionOptions& o, int64_t b, float* s) {
   g.lda = p.q.stride(-2);
   g.ldb = p.k.stride(-2);
   g.ldc = p.lk;
-  gemm(g, static_cast<float>(p.scale), q, k, 0.0f, s);
+  // gemm skips q k^T when alpha is 0 (BLAS rules); scale 0 must still turn inf into NaN.
+  const float alpha = static_cast<float>(p.scale);
+  gemm(g, alpha == 0.0f ? 1.0f : alpha, q, k, 0.0f, s);
+  if (alpha == 0.0f) std::transform(s, s + p.lq * p.lk, s, [](float x) { return x * 0.0f; });
   const int64_t mask_base = p.mask ? batch_offset(*p.mask, p.batch, b, 1) : 0;
   for (int64_t i = 0; i < p.lq; ++i) {
     for (int64_t j = 0; j < p.lk; ++j) {
@@ -47,17 +50,21 @@ void scores(const Problem& p, const AttentionOptions& o, int64_t b, float* s) {
 }
 
 // Row i of the weights, in place over its scores w [Lk]: softmax, then dropout.
+// Causal keys j > i are not in the row (weight 0); a NaN or +inf score makes the
+// row NaN (the max keeps NaN, exp(inf - inf) is NaN); all -inf gives zeros.
 void softmax_row(const Problem& p, const AttentionOptions& o, int64_t b, int64_t i, float* w) {
+  const int64_t keys = o.is_causal ? std::min(p.lk, i + 1) : p.lk;
+  std::fill(w + keys, w + p.lk, 0.0f);
   float mx = kNegInf;
-  for (int64_t j = 0; j < p.lk; ++j) mx = std::fmax(mx, w[j]);
+  for (int64_t j = 0; j < keys; ++j) mx = std::isnan(w[j]) || w[j] > mx ? w[j] : mx;
   if (mx == kNegInf) {  // fully masked row: zeros
-    std::fill(w, w + p.lk, 0.0f);
+    std::fill(w, w + keys, 0.0f);
     return;
   }
   const float keep_scale = o.dropout_p < 1.0 ? static_cast<float>(1.0 / (1.0 - o.dropout_p)) : 0.0f;
   float sum = 0.0f;
-  for (int64_t j = 0; j < p.lk; ++j) sum += (w[j] = std::exp(w[j] - mx));
-  for (int64_t j = 0; j < p.lk; ++j) {
+  for (int64_t j = 0; j < keys; ++j) sum += (w[j] = std::exp(w[j] - mx));
+  for (int64_t j = 0; j < keys; ++j) {
     w[j] /= sum;
     const auto index = static_cast<uint64_t>((b * p.lq + i) * p.lk + j);
     if (o.dropout_p > 0.0) w[j] = random::dropout_keep(o.seed, index, o.dropout_p) ? w[j] * keep_scale : 0.0f;

@@ -1,5 +1,6 @@
 // The attention oracle: plain loops, float64 accumulation, one thread.
 // Readability over speed; every convention is documented in qkv/attention.h.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -44,6 +45,23 @@ Tensor to_tensor(std::vector<double>& values, const Shape& shape, DType dtype) {
   return t;
 }
 
+// w [n] = softmax(s [n]) with PyTorch's conventions (qkv/attention.h); returns
+// the row's logsumexp. A NaN or +inf score makes every weight (and the lse) NaN:
+// the max keeps a NaN once seen (std::fmax would drop it) and exp(inf - inf) is
+// NaN. Every score -inf (all keys masked) gives weights 0 and lse -inf.
+double softmax_row(const double* s, double* w, int64_t n) {
+  double row_max = kNegInf;
+  for (int64_t j = 0; j < n; ++j) row_max = std::isnan(s[j]) || s[j] > row_max ? s[j] : row_max;
+  if (row_max == kNegInf) {  // PyTorch's _safe_softmax
+    std::fill(w, w + n, 0.0);
+    return kNegInf;
+  }
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) sum += (w[j] = std::exp(s[j] - row_max));
+  for (int64_t j = 0; j < n; ++j) w[j] /= sum;
+  return row_max + std::log(sum);
+}
+
 }  // namespace
 
 AttentionResult attention_reference(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -54,12 +72,13 @@ AttentionResult attention_reference(const Tensor& q_in, const Tensor& k_in, cons
   const std::vector<double> q = as_double(p.q), k = as_double(p.k), v = as_double(p.v);
   const std::vector<double> mask = p.mask ? as_double(*p.mask) : std::vector<double>{};
 
-  Shape out_shape = p.batch;
+  Shape out_shape = p.batch, w_shape = p.batch, lse_shape = p.batch;
   out_shape.insert(out_shape.end(), {p.lq, p.dv});
-  Shape w_shape = p.batch;
   w_shape.insert(w_shape.end(), {p.lq, p.lk});
+  lse_shape.push_back(p.lq);
   std::vector<double> out(static_cast<size_t>(shape_numel(out_shape)), 0.0);
   std::vector<double> weights(static_cast<size_t>(shape_numel(w_shape)), 0.0);
+  std::vector<double> lse(static_cast<size_t>(shape_numel(lse_shape)), kNegInf);
   const double keep_scale = options.dropout_p < 1.0 ? 1.0 / (1.0 - options.dropout_p) : 0.0;
 
   std::vector<double> row(static_cast<size_t>(p.lk));
@@ -69,32 +88,28 @@ AttentionResult attention_reference(const Tensor& q_in, const Tensor& k_in, cons
     const double* vb = v.data() + attention::batch_offset(p.v, p.batch, b, p.gqa_group);
     const int64_t mask_base = p.mask ? attention::batch_offset(*p.mask, p.batch, b, 1) : 0;
     for (int64_t i = 0; i < p.lq; ++i) {
-      // scores[j] = scale * q_i . k_j + bias(i, j)
-      double row_max = kNegInf;
-      for (int64_t j = 0; j < p.lk; ++j) {
+      // Causal masking removes keys j > i from the row (their weights stay 0,
+      // whatever q_i . k_j is); a mask adds to the score (bool False: -inf).
+      const int64_t keys = options.is_causal ? std::min(p.lk, i + 1) : p.lk;
+      for (int64_t j = 0; j < keys; ++j) {  // scores[j] = scale * q_i . k_j + bias(i, j)
         double dot = 0.0;
         for (int64_t d = 0; d < p.dk; ++d) {
           dot += qb[i * p.q.stride(-2) + d * p.q.stride(-1)] * kb[j * p.k.stride(-2) + d * p.k.stride(-1)];
         }
-        double s = dot * p.scale;
-        if (p.mask) s += mask_bias(*p.mask, mask.data(), mask_base, i, j);
-        if (options.is_causal && j > i) s = kNegInf;
-        row[j] = s;
-        row_max = std::fmax(row_max, s);
+        // Dk == 0: the empty dot product is 0 whatever the scale (inf by default), as PyTorch.
+        const double score = p.dk == 0 ? 0.0 : dot * p.scale;
+        row[j] = score + (p.mask ? mask_bias(*p.mask, mask.data(), mask_base, i, j) : 0.0);
       }
       double* w = weights.data() + (b * p.lq + i) * p.lk;
-      if (row_max == kNegInf) continue;  // every key masked: weights and output stay 0
-      double sum = 0.0;
-      for (int64_t j = 0; j < p.lk; ++j) sum += (w[j] = std::exp(row[j] - row_max));
-      for (int64_t j = 0; j < p.lk; ++j) {
-        w[j] /= sum;
-        if (options.dropout_p > 0.0) {
-          const auto index = static_cast<uint64_t>((b * p.lq + i) * p.lk + j);
-          w[j] = random::dropout_keep(options.seed, index, options.dropout_p) ? w[j] * keep_scale : 0.0;
-        }
+      lse[static_cast<size_t>(b * p.lq + i)] = softmax_row(row.data(), w, keys);
+      for (int64_t j = 0; j < keys && options.dropout_p > 0.0; ++j) {
+        const auto index = static_cast<uint64_t>((b * p.lq + i) * p.lk + j);
+        w[j] = random::dropout_keep(options.seed, index, options.dropout_p) ? w[j] * keep_scale : 0.0;
       }
+      // o_i = sum_j w_ij v_j over the row's keys, zero weights included: a NaN or
+      // inf in v reaches the row through 0 * v as in PyTorch (masked rows too).
       double* o = out.data() + (b * p.lq + i) * p.dv;
-      for (int64_t j = 0; j < p.lk; ++j) {
+      for (int64_t j = 0; j < keys; ++j) {
         for (int64_t d = 0; d < p.dv; ++d) o[d] += w[j] * vb[j * p.v.stride(-2) + d * p.v.stride(-1)];
       }
     }
@@ -102,6 +117,10 @@ AttentionResult attention_reference(const Tensor& q_in, const Tensor& k_in, cons
   AttentionResult result;
   result.output = to_tensor(out, out_shape, p.out_dtype);
   if (options.return_weights) result.weights = to_tensor(weights, w_shape, p.out_dtype);
+  // float64 inputs keep a float64 logsumexp (PyTorch's accumulation type); others f32.
+  if (options.return_logsumexp) {
+    result.logsumexp = to_tensor(lse, lse_shape, p.out_dtype == DType::f64 ? DType::f64 : DType::f32);
+  }
   return result;
 }
 
