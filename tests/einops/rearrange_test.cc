@@ -70,18 +70,42 @@ TEST(Rearrange, IdentityPatternsOfEinopsTests) {
   }
 }
 
+// Both patterns of each pair of einops' test against the result written out by
+// index arithmetic: x[a, b, c, d, e] = iota goes to flat position where(a..e) of y.
 TEST(Rearrange, EquivalentPatternsOfEinopsTests) {
-  const Tensor x = iota({2, 3, 4, 5, 6});
-  const std::pair<const char*, const char*> pairs[] = {
-      {"a b c d e -> (a b) c d e", "a b ... -> (a b) ... "},
-      {"a b c d e -> a b (c d) e", "... c d e -> ... (c d) e"},
-      {"a b c d e -> (a b c d e)", "... ->  (...)"},
-      {"a b c d e -> b (c d e) a", "a b ... -> b (...) a"},
-      {"a b c d e -> b (a c d) e", "a b ... e -> b (a ...) e"}};
-  for (const auto& [p1, p2] : pairs) {
-    const Tensor y1 = rearrange(x, p1), y2 = rearrange(x, p2);
-    EXPECT_EQ(y1.shape(), y2.shape()) << p1;
-    EXPECT_EQ(y1.to_vector<float>(), y2.to_vector<float>()) << p1;
+  const int64_t A = 2, B = 3, C = 4, D = 5, E = 6;
+  const Tensor x = iota({A, B, C, D, E});
+  using Where = int64_t (*)(int64_t, int64_t, int64_t, int64_t, int64_t);
+  struct Case {
+    const char *p1, *p2;
+    Shape shape;
+    Where where;
+  };
+  const Case cases[] = {
+      {"a b c d e -> (a b) c d e", "a b ... -> (a b) ... ", {A * B, C, D, E},
+       [](int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) { return (((a * B + b) * C + c) * D + d) * E + e; }},
+      {"a b c d e -> a b (c d) e", "... c d e -> ... (c d) e", {A, B, C * D, E},
+       [](int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) { return (((a * B + b) * C + c) * D + d) * E + e; }},
+      {"a b c d e -> (a b c d e)", "... ->  (...)", {A * B * C * D * E},
+       [](int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) { return (((a * B + b) * C + c) * D + d) * E + e; }},
+      {"a b c d e -> b (c d e) a", "a b ... -> b (...) a", {B, C * D * E, A},
+       [](int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) { return (b * C * D * E + (c * D + d) * E + e) * A + a; }},
+      {"a b c d e -> b (a c d) e", "a b ... e -> b (a ...) e", {B, A * C * D, E},
+       [](int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) { return (b * A * C * D + (a * C + c) * D + d) * E + e; }}};
+  for (const Case& k : cases) {
+    std::vector<float> want(static_cast<size_t>(x.numel()));
+    for (int64_t a = 0; a < A; ++a)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t d = 0; d < D; ++d)
+            for (int64_t e = 0; e < E; ++e)
+              want[static_cast<size_t>(k.where(a, b, c, d, e))] =
+                  static_cast<float>((((a * B + b) * C + c) * D + d) * E + e);
+    for (const char* p : {k.p1, k.p2}) {
+      const Tensor y = rearrange(x, p);
+      EXPECT_EQ(y.shape(), k.shape) << p;
+      EXPECT_EQ(y.to_vector<float>(), want) << p;
+    }
   }
 }
 
@@ -163,13 +187,19 @@ TEST(RecipeCache, CompilesOncePerPatternOpNamesAndNdim) {
 
 TEST(RecipeCache, ThreadSafe) {
   const Tensor x = iota({2, 3, 4});
+  // y[c, (b a)] = x[a, b, c] = (a * 3 + b) * 4 + c, written out.
+  std::vector<float> want(24);
+  for (int64_t a = 0; a < 2; ++a)
+    for (int64_t b = 0; b < 3; ++b)
+      for (int64_t c = 0; c < 4; ++c) want[static_cast<size_t>(c * 6 + b * 2 + a)] = static_cast<float>((a * 3 + b) * 4 + c);
   std::vector<std::thread> threads;
   std::vector<int> ok(8, 0);
   for (int i = 0; i < 8; ++i) {
     threads.emplace_back([&, i] {
       for (int j = 0; j < 200; ++j) {
         const std::string p = "a b c -> c (b a) " + std::string(static_cast<size_t>(j % 7), ' ');
-        ok[i] += rearrange(x, p).shape() == Shape{4, 6};
+        const Tensor y = rearrange(x, p);
+        ok[i] += y.shape() == Shape{4, 6} && y.to_vector<float>() == want;
       }
     });
   }

@@ -2,6 +2,8 @@
 // the naive float64 reference (einsum_reference) and against known values.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "einsum/einsum_test_util.h"
 #include "qkv/einsum.h"
 
@@ -200,13 +202,15 @@ TEST(Einsum, ResultTypePromotion) {
 }
 
 TEST(Einsum, HalfInputsAreComputedInFloat32) {
-  // 2048 ones summed: exact in f32 accumulation, while f16 accumulation stalls at 2048 anyway;
-  // use 0.1 steps whose f16 running sum would drift.
-  const Tensor x = Tensor::full({64, 64}, 0.1, DType::f32);
-  const Tensor want = einsum("ij,jk->ik", {x.to(DType::f16).to(DType::f32), x.to(DType::f16).to(DType::f32)});
-  const Tensor got = einsum("ij,jk->ik", {x.to(DType::f16), x.to(DType::f16)});
+  // Every element is 64 * h^2 with h = 0.1 in f16 (0.0999755859375): in float64,
+  // 0.63968753814697265625 exactly. An f32 accumulation rounds it once to f16 (half
+  // an ulp, 2^-12 in [0.5, 1)); a running f16 sum ends 6 ulps low.
+  const Tensor h = Tensor::full({64, 64}, 0.1, DType::f16);
+  ASSERT_EQ(h.item({0, 0}), 0.0999755859375);
+  const double exact = 64.0 * 0.0999755859375 * 0.0999755859375;
+  const Tensor got = einsum("ij,jk->ik", {h, h});
   EXPECT_EQ(got.dtype(), DType::f16);
-  EXPECT_TRUE(all_close(got.to(DType::f32), want.to(DType::f16).to(DType::f32), 0, 0));
+  for (double g : got.to_vector<double>()) ASSERT_LE(std::fabs(g - exact), 0x1.0p-12) << g << " vs " << exact;
 }
 
 TEST(Einsum, NonContiguousOperands) {

@@ -51,7 +51,12 @@ TEST(Linear, KerasEinsumDenseKernelIsTheTransposedTorchWeight) {
   EXPECT_EQ(k.to_torch_layout().shape(), (qkv::Shape{6, 6}));
   EXPECT_EQ(relative_error(t.to_keras_layout().reshape({6, 2, 3}), kernel), 0.0);
   const Tensor x = Tensor::randn({2, 4, 6}, 8);
-  EXPECT_LE(relative_error(k.forward(x), t.forward(x)), 1e-6);
+  // y[a, b, d, e] = sum_c x[a, b, c] kernel[c, d, e] + bias[d, e]: the loops with
+  // w[(d e), c] = kernel[c, (d e)].
+  const Tensor flat_bias = bias.reshape({6});
+  const Tensor want = oracle(x.reshape({8, 6}), kernel.reshape({6, 6}).transpose(0, 1), &flat_bias);
+  EXPECT_LE(relative_error(k.forward(x).reshape({8, 6}), want), 1e-6);
+  EXPECT_LE(relative_error(t.forward(x).reshape({8, 6}), want), 1e-6);
   // Output dense "abcd,cde->abe": kernel [heads, value_dim, out], two contracted axes.
   const Tensor okernel = Tensor::randn({2, 3, 5}, 9);
   const Linear o = Linear::keras(okernel, std::nullopt, 2);
