@@ -3,8 +3,9 @@
 // Against PyTorch: tests/fixtures/sdpa_nonfinite (tests/attention/
 // make_sdpa_nonfinite_fixtures.py, see docs/testing.md) puts a NaN or Inf in q,
 // k, v or a mask, masks whole rows, or hides keys causally, for every dtype.
-// attention_reference and scaled_dot_product_attention (the fused kernel for
-// f32/f16/bf16, the reference for f64) must give NaN exactly where torch does,
+// attention_reference, scaled_dot_product_attention (the fused kernel for
+// f32/f16/bf16, the reference for f64) and the naive f32 kernel of the
+// FlashAttention criterion must give NaN exactly where torch does,
 // the same infinities, exact zeros where torch has zeros (masked rows and
 // keys), and the finite values within the dtype's tolerance: the output, the
 // weights and the logsumexp. Then the fused kernel across many tiles, where no
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/naive_f32.h"
 #include "common/sdpa_fixtures.h"
 #include "qkv/attention.h"
 #include "qkv/tensor.h"
@@ -103,6 +105,18 @@ TEST_P(NonFiniteTorch, ScaledDotProductAttentionMatchesTorch) {
   const Fixture f = load();
   SCOPED_TRACE(f.name + ": " + f.options.dump());
   expect_matches_torch(f, scaled_dot_product_attention(f.tensor("q"), f.tensor("k"), f.tensor("v"), f.attention));
+}
+
+// The naive float32 kernel (flash_test.cc's yardstick) under the same rules:
+// f32 output and weights whatever the input dtype, so an f32 tolerance.
+TEST_P(NonFiniteTorch, NaiveF32MatchesTorch) {
+  const Fixture f = load();
+  SCOPED_TRACE(f.name + ": " + f.options.dump());
+  const AttentionResult r = attention::attention_naive_f32(f.tensor("q"), f.tensor("k"), f.tensor("v"), f.attention);
+  ASSERT_TRUE(r.weights.has_value());
+  const auto tol = [](double, double scale) { return 4e-6 * scale; };
+  EXPECT_TRUE(same_nonfinite("out", f.tensor("out"), r.output, tol));
+  EXPECT_TRUE(same_nonfinite("weights", f.tensor("weights"), *r.weights, tol));
 }
 
 std::string param_name(const ::testing::TestParamInfo<fs::path>& info) { return sdpa_fixtures::test_name(info.param); }
