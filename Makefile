@@ -57,11 +57,15 @@ test: ctest pytest
 asan:
 	$(MAKE) ctest PRESET=asan
 
-# Every libFuzzer target for FUZZ_SECONDS each (ASan + UBSan), from the committed corpora.
-fuzz: deps
-	cmake --preset fuzz >/dev/null
-	cmake --build build/fuzz -j $(JOBS)
-	scripts/fuzz.sh build/fuzz $(FUZZ_SECONDS)
+# Every libFuzzer target (fuzz/*_fuzzer.cc) and the atheris harness over the Python API
+# (fuzz/python/api_fuzzer.py, on an ASan + UBSan build of _qkv) for FUZZ_SECONDS each, from
+# the committed corpora. Only the targets are built: the stubs step cannot import a sanitized _qkv.
+FUZZ_TARGETS = $(notdir $(basename $(wildcard fuzz/*_fuzzer.cc)))
+fuzz: deps venv
+	$(PY) -m pip install --quiet -r fuzz/requirements.txt
+	cmake --preset fuzz -DQKV_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null
+	cmake --build build/fuzz -j $(JOBS) --target $(FUZZ_TARGETS) _qkv
+	FUZZ_PYTHON=$(abspath $(PY)) scripts/fuzz.sh build/fuzz $(FUZZ_SECONDS)
 
 # Regenerates the framework-made fixtures under tests/fixtures and the fuzz seed corpora (needs PyPI; CI does not run this).
 fixtures: build

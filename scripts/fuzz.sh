@@ -1,33 +1,65 @@
 #!/usr/bin/env bash
-# Runs every libFuzzer target BUILD_DIR/*_fuzzer for SECONDS each, one after the other.
+# Runs every libFuzzer target BUILD_DIR/*_fuzzer, then the atheris harness over the
+# Python API (fuzz/python/api_fuzzer.py, target name "api_python"), for SECONDS each,
+# one after the other.
 #
-#   scripts/fuzz.sh BUILD_DIR SECONDS        (make fuzz does: scripts/fuzz.sh build/fuzz 300)
+#   scripts/fuzz.sh BUILD_DIR [SECONDS [NAME...]]   (make fuzz: scripts/fuzz.sh build/fuzz 300)
 #
-# Each target NAME_fuzzer works on fuzz/work/NAME (gitignored), seeded from the
-# committed fuzz/corpus/NAME, and uses fuzz/corpus/NAME.dict when present.
+# NAMEs pick targets (e.g. "einsum einops api_python"); default: all of them.
+# Each target NAME works on fuzz/work/NAME (gitignored), seeded from the committed
+# fuzz/corpus/NAME, and uses fuzz/corpus/NAME.dict when present.
 # Crashing inputs go to fuzz/artifacts/ (gitignored); logs to fuzz/work/NAME.log.
 # Exits non-zero when any target reports a finding.
+#
+# The Python harness imports the _qkv that BUILD_DIR built (with ASan + UBSan in the
+# fuzz preset; the sanitizer runtime is then preloaded into python) or, when
+# BUILD_DIR has none, the qkv installed for $FUZZ_PYTHON (default .venv/bin/python),
+# which finds Python-level faults only. It needs atheris (fuzz/requirements.txt).
 set -euo pipefail
 
-if [ $# -lt 1 ] || [ $# -gt 2 ]; then
-  echo "usage: $0 BUILD_DIR [SECONDS]" >&2
+if [ $# -lt 1 ]; then
+  echo "usage: $0 BUILD_DIR [SECONDS [NAME...]]" >&2
   exit 2
 fi
 build=$1
 seconds=${2:-300}
+shift $(( $# >= 2 ? 2 : 1 ))
 root=$(cd "$(dirname "$0")/.." && pwd)
+python=${FUZZ_PYTHON:-$root/.venv/bin/python}
 
 shopt -s nullglob
-fuzzers=("$build"/*_fuzzer)
-if [ ${#fuzzers[@]} -eq 0 ]; then
+targets=()
+for fuzzer in "$build"/*_fuzzer; do targets+=("$(basename "$fuzzer" _fuzzer)"); done
+if "$python" -c "import atheris" 2>/dev/null; then targets+=(api_python); fi
+if [ $# -gt 0 ]; then targets=("$@"); fi
+if [ ${#targets[@]} -eq 0 ]; then
   echo "fuzz.sh: no *_fuzzer binaries in $build (configure with: cmake --preset fuzz)" >&2
   exit 2
 fi
 
+# The qkv package for the Python harness: python/qkv plus BUILD_DIR's extension.
+# Prints the environment assignments (PYTHONPATH-like dir, preload) for `env`.
+python_env() {
+  local ext=("$build"/python/_qkv*.so)
+  if [ ${#ext[@]} -eq 0 ]; then
+    echo "fuzz.sh: no _qkv in $build/python; api_python runs on the qkv installed for $python" >&2
+    return
+  fi
+  local pkg="$root/fuzz/work/python-pkg"
+  rm -rf "$pkg" && mkdir -p "$pkg/qkv"
+  cp "$root"/python/qkv/*.py "$pkg/qkv/" && cp "${ext[0]}" "$pkg/qkv/"
+  echo "QKV_FUZZ_PYTHONPATH=$pkg"
+  if nm -D "${ext[0]}" | grep -q ' U __asan_init'; then
+    # python itself is not instrumented: the ASan runtime (which carries UBSan's
+    # handlers) goes first; Python's own allocations leak by design.
+    echo "LD_PRELOAD=$(clang++ -print-runtime-dir)/libclang_rt.asan-x86_64.so"
+    echo "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0"
+  fi
+}
+
 mkdir -p "$root/fuzz/artifacts" "$root/fuzz/work"
 failed=()
-for fuzzer in "${fuzzers[@]}"; do
-  name=$(basename "$fuzzer" _fuzzer)
+for name in "${targets[@]}"; do
   work="$root/fuzz/work/$name"
   log="$root/fuzz/work/$name.log"
   mkdir -p "$work"
@@ -40,8 +72,14 @@ for fuzzer in "${fuzzers[@]}"; do
   if [ -f "$root/fuzz/corpus/$name.dict" ]; then
     args+=(-dict="$root/fuzz/corpus/$name.dict")
   fi
+  if [ "$name" = api_python ]; then
+    mapfile -t envs < <(python_env)
+    cmd=(env "${envs[@]}" "$python" "$root/fuzz/python/api_fuzzer.py")
+  else
+    cmd=("$build/${name}_fuzzer")
+  fi
   echo "== $name: ${seconds}s on $work (log: $log)"
-  if "$fuzzer" "${args[@]}" >"$log" 2>&1; then
+  if "${cmd[@]}" "${args[@]}" >"$log" 2>&1; then
     # The last status line has the exec count, coverage and speed.
     grep -E '^#[0-9]+' "$log" | tail -n 1 || true
     grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$log" || true
@@ -56,4 +94,4 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "fuzz.sh: findings in: ${failed[*]} (inputs in fuzz/artifacts/)" >&2
   exit 1
 fi
-echo "fuzz.sh: ${#fuzzers[@]} target(s), ${seconds}s each, no findings"
+echo "fuzz.sh: ${#targets[@]} target(s), ${seconds}s each, no findings"

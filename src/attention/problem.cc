@@ -59,7 +59,9 @@ int64_t gqa_group_of(const Tensor& q, const Tensor& k, const Tensor& v, const At
     fail<ShapeError>(op, ": with enable_gqa, q heads (", hq, ") must be a multiple of k/v heads (", hk, "), got ",
                      shapes_str(q, k, v));
   }
-  return hq / hk;
+  // No q heads: nothing to group (hq / hk = 0 would divide the k/v batch by zero);
+  // k/v then broadcast to q's empty head dim, or the shapes are refused.
+  return hq == 0 ? 1 : hq / hk;
 }
 
 void check_options(const AttentionOptions& o, const char* op) {
