@@ -54,6 +54,14 @@ class IOError : public Error {
   using Error::Error;
 };
 
+// A tensor larger than QKV_MAX_ALLOC_BYTES, whose byte size overflows, or that the
+// system cannot allocate; the message names the operation, the shapes and the
+// bytes (Python: MemoryError). See qkv/size.h.
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 // "[2, 3, 4]"; "[]" for a scalar.
 std::string shape_str(const std::vector<int64_t>& shape);
 

@@ -4,6 +4,15 @@
 // reshape when strides allow) share storage with their source; contiguous(),
 // clone() and to() copy. Strides and offsets count elements, not bytes.
 // Misuse throws a qkv::Error subclass whose message names the op and shapes.
+// Sizes are checked (qkv/size.h): a tensor too large to allocate is an
+// OutOfMemoryError naming the operation, the shapes and the bytes.
+//
+// Read-only storage (a wrapped buffer the owner does not let us write: a NumPy
+// array with writeable=False, a read-only DLPack tensor, a read-only mmap) stays
+// read-only in every view of it; set_item, fill, copy_from and at<T> (non-const T)
+// on such a tensor are a ValueError. data<T>() and raw_data() are raw access: the
+// caller must not write through them into a read-only tensor (qkv's ops only write
+// into tensors they allocated).
 #pragma once
 
 #include <cstddef>
@@ -13,10 +22,13 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "qkv/dtype.h"
 #include "qkv/error.h"
+#include "qkv/size.h"
 
 namespace qkv {
 
@@ -24,31 +36,35 @@ using Shape = std::vector<int64_t>;
 using Strides = std::vector<int64_t>;
 
 // Bytes shared by tensors. Either owned (64-byte aligned, from allocate) or a
-// wrapped external buffer kept alive by `keep_alive`.
+// wrapped external buffer kept alive by `keep_alive`, possibly read-only.
 class Storage {
  public:
   static constexpr size_t kAlignment = 64;
 
-  // Uninitialized, 64-byte-aligned bytes.
-  static std::shared_ptr<Storage> allocate(size_t nbytes);
+  // Uninitialized, 64-byte-aligned bytes. OutOfMemoryError past max_alloc_bytes()
+  // or when the system refuses; `what` names the bytes in that message.
+  static std::shared_ptr<Storage> allocate(size_t nbytes, std::string_view what = "buffer");
   // Wraps memory owned elsewhere; `keep_alive` (may be null) is held while any
   // tensor uses the storage.
-  static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, std::shared_ptr<void> keep_alive);
+  static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, std::shared_ptr<void> keep_alive,
+                                       bool read_only = false);
 
   std::byte* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
+  bool read_only() const { return read_only_; }
 
  private:
-  Storage(std::byte* data, size_t nbytes, std::shared_ptr<void> owner)
-      : data_(data), nbytes_(nbytes), owner_(std::move(owner)) {}
+  Storage(std::byte* data, size_t nbytes, std::shared_ptr<void> owner, bool read_only)
+      : data_(data), nbytes_(nbytes), owner_(std::move(owner)), read_only_(read_only) {}
   std::byte* data_;
   size_t nbytes_;
   std::shared_ptr<void> owner_;
+  bool read_only_;
 };
 
 // Contiguous (row-major) strides for `shape`.
 Strides contiguous_strides(const Shape& shape);
-// Product of the dims; throws ShapeError on negative dims or overflow past 2^62.
+// Product of the dims; ShapeError on negative dims or more than kMaxElements (qkv/size.h).
 int64_t shape_numel(const Shape& shape);
 // numpy broadcasting of two shapes; ShapeError naming `op` and both shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op = "broadcast");
@@ -71,9 +87,10 @@ class Tensor {
   static Tensor uniform(const Shape& shape, uint64_t seed, double low = 0.0, double high = 1.0,
                         DType dtype = DType::f32);
   // Zero-copy view of an external buffer. `strides` empty = contiguous.
-  // `keep_alive` is held as long as any view of the buffer lives.
+  // `keep_alive` is held as long as any view of the buffer lives; `read_only`
+  // marks a buffer qkv must not write (see the top of this file).
   static Tensor from_blob(void* data, const Shape& shape, DType dtype, const Strides& strides = {},
-                          std::shared_ptr<void> keep_alive = nullptr);
+                          std::shared_ptr<void> keep_alive = nullptr, bool read_only = false);
   // Copies `values` into a new contiguous tensor of `shape` (numel must match).
   template <class T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
@@ -95,17 +112,21 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel_) * itemsize(); }
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
+  // True when the storage must not be written (a read-only buffer, and every view of it).
+  bool is_read_only() const { return storage_->read_only(); }
   // True when both tensors view the same storage.
   bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
 
   // ---- data ---------------------------------------------------------------
-  // Pointer to element [0, ..., 0]; T must match the dtype (DTypeError otherwise).
+  // Pointer to element [0, ..., 0]; T (or const T) must match the dtype (DTypeError
+  // otherwise). Raw access: no read-only check (see the top of this file).
   template <class T>
   T* data() const;
   void* raw_data() const;
 
   // Reference to one element; index length must equal dim(), negative indices count
-  // from the end. IndexError when out of range, DTypeError when T is not the dtype.
+  // from the end. IndexError when out of range, DTypeError when T is not the dtype,
+  // ValueError for a non-const T on a read-only tensor (read those with at<const T>).
   template <class T>
   T& at(std::span<const int64_t> index) const;
   template <class T>
@@ -119,7 +140,7 @@ class Tensor {
   }
   // Value of a one-element tensor as double.
   double item() const;
-  // Stores `value` converted to the dtype.
+  // Stores `value` converted to the dtype (ValueError on a read-only tensor).
   void set_item(std::span<const int64_t> index, double value) const;
   void set_item(std::initializer_list<int64_t> index, double value) const {
     set_item(std::span<const int64_t>(index.begin(), index.size()), value);
@@ -158,9 +179,10 @@ class Tensor {
   Tensor clone() const;
   // Converted copy (this tensor itself when the dtype already matches).
   Tensor to(DType dtype) const;
-  // Writes `src` into this tensor, broadcasting src and converting its dtype.
+  // Writes `src` into this tensor, broadcasting src and converting its dtype
+  // (ValueError when this tensor is read-only).
   void copy_from(const Tensor& src) const;
-  // Sets every element to `value`.
+  // Sets every element to `value` (ValueError when read-only).
   void fill(double value) const;
 
   // numpy-style text: "array([[1., 2.],\n       [3., 4.]], dtype=float32)".
@@ -171,6 +193,7 @@ class Tensor {
   int64_t normalize_dim(int64_t d, const char* op, int64_t ndim) const;
   int64_t element_offset(std::span<const int64_t> index, const char* op) const;
   void check_dtype(DType expected, const char* op) const;
+  void check_writable(const char* op) const;
 
   std::shared_ptr<Storage> storage_;
   DType dtype_ = DType::f32;
@@ -186,13 +209,14 @@ std::ostream& operator<<(std::ostream& out, const Tensor& t);
 
 template <class T>
 T* Tensor::data() const {
-  check_dtype(dtype_v<T>, "data");
+  check_dtype(dtype_v<std::remove_const_t<T>>, "data");
   return reinterpret_cast<T*>(storage_->data()) + offset_;
 }
 
 template <class T>
 T& Tensor::at(std::span<const int64_t> index) const {
-  check_dtype(dtype_v<T>, "at");
+  check_dtype(dtype_v<std::remove_const_t<T>>, "at");
+  if constexpr (!std::is_const_v<T>) check_writable("at");
   return reinterpret_cast<T*>(storage_->data())[element_offset(index, "at")];
 }
 

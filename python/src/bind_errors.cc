@@ -1,7 +1,8 @@
 // qkv errors -> the Python exceptions numpy/einops/torch raise in the same
 // situation, message unchanged:
 //   ShapeError, ValueError, FormatError -> ValueError    DTypeError -> TypeError
-//   IndexError -> IndexError    IOError -> OSError    other qkv::Error -> RuntimeError
+//   IndexError -> IndexError    IOError -> OSError    OutOfMemoryError -> MemoryError
+//   other qkv::Error -> RuntimeError
 // (bind_io raises FileNotFoundError itself when the file is missing.)
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "qkv/error.h"
+#include "qkv/size.h"
 
 namespace nb = nanobind;
 
@@ -30,6 +32,8 @@ void translate(const std::exception_ptr& error, void*) {
     PyErr_SetString(PyExc_IndexError, e.what());
   } catch (const qkv::IOError& e) {
     PyErr_SetString(PyExc_OSError, e.what());
+  } catch (const qkv::OutOfMemoryError& e) {
+    PyErr_SetString(PyExc_MemoryError, e.what());
   } catch (const qkv::Error& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   }
@@ -44,6 +48,7 @@ void throw_error(const std::string& kind, const std::string& message) {
   if (kind == "DTypeError") throw qkv::DTypeError(message);
   if (kind == "IndexError") throw qkv::IndexError(message);
   if (kind == "IOError") throw qkv::IOError(message);
+  if (kind == "OutOfMemoryError") throw qkv::OutOfMemoryError(message);
   if (kind == "Error") throw qkv::Error(message);
   throw std::invalid_argument("_throw: unknown kind " + kind);
 }
@@ -54,4 +59,6 @@ void bind_errors(nb::module_& m) {
   nb::register_exception_translator(translate);
   m.def("_throw", &throw_error, nb::arg("kind"), nb::arg("message"),
         "Test hook: throws the C++ qkv::<kind> error with `message`.");
+  m.def("_max_alloc_bytes", &qkv::max_alloc_bytes,
+        "The largest single allocation (QKV_MAX_ALLOC_BYTES, read once; default: physical memory).");
 }

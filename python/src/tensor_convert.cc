@@ -80,6 +80,36 @@ nb::object normalize_numpy(nb::object array, bool& bf16) {
 
 std::string python_type_name(nb::handle obj) { return nb::cast<std::string>(nb::type_name(obj.type())); }
 
+// The head of DLPack 1.0's DLManagedTensorVersioned, up to its flags (dlpack.h):
+// what a "dltensor_versioned" capsule points at.
+struct DLPackVersionedHead {
+  uint32_t major, minor;
+  void* manager_ctx;
+  void (*deleter)(void*);
+  uint64_t flags;
+};
+constexpr uint64_t kDLPackReadOnly = uint64_t{1} << 0;  // DLPACK_FLAG_BITMASK_READ_ONLY
+
+// True for a versioned DLPack capsule whose producer marked the memory read-only
+// (an unversioned capsule cannot say so).
+bool dlpack_capsule_read_only(nb::handle capsule) {
+  if (!PyCapsule_IsValid(capsule.ptr(), "dltensor_versioned")) return false;
+  const auto* head = static_cast<const DLPackVersionedHead*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor_versioned"));
+  return head != nullptr && (head->flags & kDLPackReadOnly) != 0;
+}
+
+// A non-NumPy DLPack producer (torch, jax, a wrapper): ask it for a versioned
+// capsule, which carries the read-only flag, and let nanobind import that; a
+// producer without max_version (or that refuses) is left to nanobind as before.
+nb::object versioned_capsule_or(nb::object src) {
+  try {
+    nb::object capsule = src.attr("__dlpack__")(nb::arg("max_version") = nb::make_tuple(1, 0));
+    if (PyCapsule_CheckExact(capsule.ptr())) return capsule;
+  } catch (nb::python_error&) {
+  }
+  return src;
+}
+
 }  // namespace
 
 nb::module_ numpy() {
@@ -94,7 +124,9 @@ Tensor to_tensor(nb::handle obj, const char* what) {
   bool bf16 = false;
   if (nb::isinstance(src, np.attr("ndarray"))) {
     src = normalize_numpy(std::move(src), bf16);
-  } else if (!nb::hasattr(src, "__dlpack__") && !PyCapsule_CheckExact(src.ptr())) {
+  } else if (nb::hasattr(src, "__dlpack__")) {
+    src = versioned_capsule_or(std::move(src));
+  } else if (!PyCapsule_CheckExact(src.ptr())) {
     // Lists, scalars, objects with __array__ or the buffer protocol: numpy's rules.
     nb::object converted;
     try {
@@ -104,6 +136,11 @@ Tensor to_tensor(nb::handle obj, const char* what) {
     }
     src = normalize_numpy(std::move(converted), bf16);
   }
+  // Read-only memory (np.load(mmap_mode='r'), writeable=False, np.asarray of bytes,
+  // a read-only DLPack tensor) gives a read-only Tensor: its views stay read-only.
+  const bool read_only = nb::isinstance(src, np.attr("ndarray"))
+                             ? !nb::cast<bool>(src.attr("flags").attr("writeable"))
+                             : dlpack_capsule_read_only(src);
 
   InArray array;
   if (!nb::try_cast(src, array, /*convert=*/false)) {
@@ -123,13 +160,13 @@ Tensor to_tensor(nb::handle obj, const char* what) {
   }
   // DLPack producers (torch) may export negative strides NumPy never gives here.
   for (int64_t s : strides) {
-    if (s < 0) return to_tensor(np.attr("array")(src), what);
+    if (s < 0) return to_tensor(np.attr("array")(PyCapsule_CheckExact(src.ptr()) ? nb::borrow(obj) : src), what);
   }
   void* data = const_cast<void*>(array.data());
   // The Tensor holds a reference to the array (and so to the Python object);
   // nanobind takes the GIL itself when the last reference goes.
   auto keep_alive = std::make_shared<InArray>(std::move(array));
-  return Tensor::from_blob(data, shape, dtype, strides, std::move(keep_alive));
+  return Tensor::from_blob(data, shape, dtype, strides, std::move(keep_alive), read_only);
 }
 
 std::optional<Tensor> to_optional_tensor(nb::handle obj, const char* what) {
@@ -155,6 +192,7 @@ nb::object to_numpy(const Tensor& t) {
     }
     result = result.attr("view")(ml_dtypes.attr("bfloat16"));
   }
+  if (t.is_read_only()) nb::setattr(result.attr("flags"), "writeable", nb::bool_(false));
   return result;
 }
 

@@ -10,6 +10,11 @@
 // C++ -> Python: a NumPy array over the Tensor's storage (same strides, no
 // copy) that keeps the storage alive; bf16 gives an ml_dtypes.bfloat16 array.
 //
+// Read-only stays read-only: a NumPy array with writeable=False (np.load with
+// mmap_mode='r', np.broadcast_to, ...) or a DLPack tensor flagged read-only
+// (versioned capsules, DLPack 1.0) becomes a read-only Tensor, and every view
+// of it comes back as a NumPy array with writeable=False.
+//
 // Every binding converts with these; they hold the GIL (call them outside
 // nb::gil_scoped_release).
 #pragma once
@@ -30,7 +35,7 @@ Tensor to_tensor(nb::handle obj, const char* what);
 // None -> nullopt, otherwise to_tensor.
 std::optional<Tensor> to_optional_tensor(nb::handle obj, const char* what);
 
-// A NumPy array viewing `t` (shares memory, writable).
+// A NumPy array viewing `t` (shares memory; writeable=False when t is read-only).
 nb::object to_numpy(const Tensor& t);
 
 // numpy, imported once (lazily: importing _qkv does not import numpy).

@@ -111,6 +111,7 @@ Tensor stack(const std::vector<Tensor>& xs, std::string_view op) {
     }
   }
   Shape shape = xs[0].shape();
+  const AllocationScope scope(op, {}, std::span<const Shape>(&xs[0].shape(), 1), "list of elements");
   shape.insert(shape.begin(), static_cast<int64_t>(xs.size()));
   Tensor out = kernels::empty_pooled(shape, xs[0].dtype());
   for (size_t i = 0; i < xs.size(); ++i) kernels::permuted_copy(xs[i], out.select(0, static_cast<int64_t>(i)));
@@ -119,8 +120,16 @@ Tensor stack(const std::vector<Tensor>& xs, std::string_view op) {
 
 Tensor transform(const Tensor& x, bool is_list, std::string_view pattern, std::string_view op,
                  const AxisLengths& lengths) {
-  const Plan plan = make_plan(x.shape(), is_list, pattern, op, lengths);
-  return apply_plan(x, plan, op);
+  // Names the call in size errors: "repeat: 'h w -> (h w c)' (input [2, 2]): output ...".
+  const std::string_view name =
+      op.starts_with(einops_detail::kCallablePrefix) ? op.substr(einops_detail::kCallablePrefix.size()) : op;
+  const AllocationScope scope(name, pattern, std::span<const Shape>(&x.shape(), 1), "input");
+  try {
+    const Plan plan = make_plan(x.shape(), is_list, pattern, op, lengths);
+    return apply_plan(x, plan, op);
+  } catch (const std::bad_alloc&) {
+    scope.fail_bad_alloc();
+  }
 }
 
 }  // namespace

@@ -50,9 +50,15 @@ std::string shapes_repr(const std::vector<Shape>& shapes) {
   return out + "]";
 }
 
+// Product of the dims (a negative dim, as unpack may be given, stays negative);
+// ShapeError past 2^62.
 int64_t product(const Shape& s) {
   int64_t p = 1;
-  for (int64_t v : s) p *= v;
+  for (int64_t v : s) {
+    const auto m = checked_mul(p < 0 ? -p : p, v < 0 ? -v : v);
+    if (!m) fail<ShapeError>("shape ", py_tuple_repr(s), " has more than 2^62 elements");
+    p = (p < 0) != (v < 0) ? -*m : *m;
+  }
   return p;
 }
 
@@ -79,7 +85,9 @@ Packed pack(const std::vector<Tensor>& tensors, std::string_view pattern) {
                        " does not match tensor #0 of shape ", py_tuple_repr(first), " outside the packed axes");
     }
     result.packed_shapes.push_back(sub_shape(shape, p.before, nd - p.after));
-    total += product(result.packed_shapes.back());
+    const auto sum = checked_mul(1, total + product(result.packed_shapes.back()));  // both <= 2^62: no overflow
+    if (!sum) fail<ShapeError>("pack(..., \"", pattern, "\"): the packed axis has more than 2^62 elements");
+    total = *sum;
     dtype = promote_types(dtype, tensors[i].dtype());
   }
   Shape out_shape = sub_shape(tensors[0].shape(), 0, p.before);
@@ -115,8 +123,10 @@ bool resolve_shape(Shape* want, int64_t numel) {
       unknown = static_cast<int64_t>(i);
     } else if ((*want)[i] < 0) {
       return false;
+    } else if (const auto m = checked_mul(known, (*want)[i])) {
+      known = *m;
     } else {
-      known *= (*want)[i];
+      return false;
     }
   }
   if (unknown < 0) return known == numel;

@@ -284,6 +284,15 @@ RecipeCacheStats recipe_cache_stats() {
   return c.stats;
 }
 
+namespace {
+// a * b for axis lengths; ShapeError past 2^62 (a repeat axis of 2^60 on a 2 x 2 input).
+int64_t axes_product(int64_t a, int64_t b) {
+  const auto p = checked_mul(a, b);
+  if (!p) fail<ShapeError>("Axis lengths multiply past 2^62: ", a, " * ", b);
+  return *p;
+}
+}  // namespace
+
 Plan reconstruct(const Recipe& recipe, const Shape& shape, const std::vector<int64_t>& given_lengths) {
   std::vector<int64_t> lengths = recipe.elementary_axes_lengths;
   for (size_t i = 0; i < given_lengths.size(); ++i) lengths[recipe.given_axis_positions[i]] = given_lengths[i];
@@ -296,7 +305,7 @@ Plan reconstruct(const Recipe& recipe, const Shape& shape, const std::vector<int
       continue;
     }
     int64_t known_product = 1;
-    for (int k : known) known_product *= lengths[k];
+    for (int k : known) known_product = axes_product(known_product, lengths[k]);
     if (unknown.empty()) {
       if (length != known_product) fail<ShapeError>("Shape mismatch, ", length, " != ", known_product);
     } else {
@@ -311,10 +320,13 @@ Plan reconstruct(const Recipe& recipe, const Shape& shape, const std::vector<int
   plan.init_shape.assign(lengths.begin(), lengths.begin() + static_cast<std::ptrdiff_t>(n_left));
   for (const auto& group : recipe.output_composite_axes) {
     int64_t product = 1;
-    for (int a : group) product *= lengths[a];
+    for (int a : group) product = axes_product(product, lengths[a]);
     plan.final_shape.push_back(product);
     plan.final_group_sizes.push_back(static_cast<int64_t>(group.size()));
     if (group.size() != 1) plan.need_final_reshape = true;
+  }
+  if (!checked_numel(plan.final_shape)) {
+    fail<ShapeError>("Output shape ", shape_str(plan.final_shape), " has more than 2^62 elements");
   }
   for (const auto& [pos, axis] : recipe.added_axes) plan.added_axes.emplace_back(pos, lengths[axis]);
   bool identity = true;

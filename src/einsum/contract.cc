@@ -65,7 +65,7 @@ Operand copy_as(const Operand& o, const std::vector<int>& order) {
     if (std::find(labels.begin(), labels.end(), o.labels[d]) == labels.end())
       perm.push_back(static_cast<int64_t>(d)), labels.push_back(o.labels[d]);
   const Tensor src = o.t.permute(perm);
-  Tensor dst = kernels::empty_pooled(src.shape(), src.dtype());
+  Tensor dst = kernels::empty_pooled(src.shape(), src.dtype(), "operand copy");
   kernels::permuted_copy(src, dst);
   return {dst, labels};
 }

@@ -174,8 +174,13 @@ std::string_view einsum_optimize_name(EinsumOptimize optimize) {
 
 Tensor einsum(std::string_view equation, std::span<const Tensor> operands, const EinsumOptions& options) {
   const std::vector<Shape> shapes = ed::shapes_of(operands);
-  const ed::Spec spec = ed::parse(equation, shapes);
-  return ed::execute(spec, operands, resolve_path(spec, options), nullptr);
+  const AllocationScope scope("einsum", equation, shapes);  // names the call in size errors
+  try {
+    const ed::Spec spec = ed::parse(equation, shapes);
+    return ed::execute(spec, operands, resolve_path(spec, options), nullptr);
+  } catch (const std::bad_alloc&) {
+    scope.fail_bad_alloc();
+  }
 }
 
 Tensor einsum(std::string_view equation, std::initializer_list<Tensor> operands, const EinsumOptions& options) {

@@ -54,6 +54,46 @@ Operand run_step(std::vector<Operand> ops, LabelSet keep, const std::vector<int>
   return acc;
 }
 
+// Every buffer the path will allocate for a result (each step's, the pairwise
+// partial results of a step of three or more operands, the output in the compute
+// and the result dtype), checked against overflow and QKV_MAX_ALLOC_BYTES before
+// any work is done: a too-large einsum fails at once instead of after hours or an
+// OOM kill. Copies of operands to GEMM layouts are checked when they are made.
+void check_sizes(const Spec& spec, const Path& path, DType compute, DType result) {
+  std::vector<LabelSet> sets;
+  for (size_t i = 0; i < spec.inputs.size(); ++i) sets.push_back(spec.input_set(i));
+  auto check = [&](const std::vector<int>& labels, DType dtype, const char* role) {
+    Shape shape;
+    for (int l : labels) shape.push_back(spec.sizes[static_cast<size_t>(l)]);
+    checked_alloc_bytes(shape, dtype, role, "einsum");
+  };
+  for (size_t s = 0; s < path.size(); ++s) {
+    std::vector<int> ids = path[s];
+    std::sort(ids.rbegin(), ids.rend());
+    std::vector<LabelSet> step;  // in the order run_step contracts them
+    for (int id : ids) {
+      step.push_back(sets[static_cast<size_t>(id)]);
+      sets.erase(sets.begin() + id);
+    }
+    LabelSet keep = spec.output_set();
+    for (const LabelSet& x : sets) keep = keep | x;
+    LabelSet acc = step[0];
+    for (size_t t = 1; t + 1 < step.size(); ++t) {  // pairwise partial results
+      LabelSet keep_t = keep;
+      for (size_t u = t + 1; u < step.size(); ++u) keep_t = keep_t | step[u];
+      acc = (acc | step[t]) & keep_t;
+      check(acc.ids(), compute, "intermediate");
+    }
+    if (step.size() > 1) acc = acc | step.back();
+    const LabelSet result_set = acc & keep;
+    sets.push_back(result_set);
+    if (step.size() == 1 && result_set == step[0]) continue;  // a view: nothing allocated
+    const bool last = s + 1 == path.size();
+    check(last ? spec.output : result_set.ids(), compute, last ? "output" : "intermediate");
+    if (last && result != compute) check(spec.output, result, "output");
+  }
+}
+
 }  // namespace
 
 Operand prepare_operand(const Spec& spec, const Tensor& t, size_t i) {
@@ -81,6 +121,7 @@ Operand prepare_operand(const Spec& spec, const Tensor& t, size_t i) {
 Tensor execute(const Spec& spec, std::span<const Tensor> operands, const Path& path, ExecTrace* trace) {
   const DType result = result_dtype(operands);
   const DType compute = compute_dtype(result);
+  check_sizes(spec, path, compute, result);
   std::vector<Operand> ops;
   for (size_t i = 0; i < operands.size(); ++i) ops.push_back(prepare_operand(spec, operands[i], i));
   const LabelSet out_set = spec.output_set();

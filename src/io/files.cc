@@ -45,7 +45,8 @@ uint64_t file_size(const std::filesystem::path& path, const Context& ctx) {
 
 std::shared_ptr<Storage> read_file(const std::filesystem::path& path, const Context& ctx) {
   const uint64_t size = file_size(path, ctx);
-  auto storage = Storage::allocate(static_cast<size_t>(size));
+  const AllocationScope scope(ctx.op, ctx.source);  // names the file if it does not fit in memory
+  auto storage = Storage::allocate(static_cast<size_t>(size), "its contents");
   FilePtr f = open_file(path, "rb", ctx);
   if (size > 0 && std::fread(storage->data(), 1, size, f.get()) != size) {
     fail_at<IOError>(ctx, "read error after fewer than ", size, " bytes");

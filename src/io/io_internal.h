@@ -12,6 +12,7 @@
 
 #include "qkv/error.h"
 #include "qkv/io.h"
+#include "qkv/size.h"  // kMaxElements, checked_numel: the one size helper
 #include "qkv/tensor.h"
 
 namespace qkv::io::detail {
@@ -27,14 +28,6 @@ template <class E = FormatError, class... Args>
 [[noreturn]] void fail_at(const Context& ctx, Args&&... args) {
   fail<E>(ctx.op, ": ", ctx.source, ": ", std::forward<Args>(args)...);
 }
-
-// The largest element count (and extent) a qkv tensor may have; tensor.cc uses the same.
-inline constexpr int64_t kMaxElements = int64_t{1} << 62;
-
-// Number of elements of `shape` (dims already known non-negative), or -1 when the
-// product of the non-zero dims passes kMaxElements. Zero dims are skipped for the
-// overflow check because strides are still products of the other dims.
-int64_t checked_numel(std::span<const int64_t> shape);
 
 // "[2, 3]" from a span.
 std::string dims_str(std::span<const int64_t> shape);

@@ -8,20 +8,6 @@
 
 namespace qkv::io::detail {
 
-int64_t checked_numel(std::span<const int64_t> shape) {
-  int64_t extent = 1;  // product of the non-zero dims
-  bool has_zero = false;
-  for (int64_t d : shape) {
-    if (d == 0) {
-      has_zero = true;
-      continue;
-    }
-    if (d < 0 || extent > kMaxElements / d) return -1;
-    extent *= d;
-  }
-  return has_zero ? 0 : extent;
-}
-
 std::string dims_str(std::span<const int64_t> shape) {
   return shape_str(std::vector<int64_t>(shape.begin(), shape.end()));
 }

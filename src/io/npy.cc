@@ -130,7 +130,7 @@ Layout read_layout(std::span<const std::byte> head, uint64_t file_size, const Co
   layout.data_offset = p.header_offset + p.header_len;
   const Shape& shape = layout.header.shape;
   if (shape.size() > kMaxDims) fail_at(ctx, "shape has ", shape.size(), " dims, more than numpy's ", kMaxDims);
-  const int64_t numel = checked_numel(shape);
+  const int64_t numel = checked_numel(shape).value_or(-1);
   if (numel < 0) fail_at(ctx, "shape ", shape_str(shape), " has too many elements (overflow)");
   if (!layout.descr.supported) return layout;
   const auto itemsize = static_cast<uint64_t>(qkv::itemsize(layout.descr.dtype));

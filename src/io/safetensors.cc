@@ -143,7 +143,7 @@ Entry parse_entry(const std::string& name, const json& info, const Context& ctx)
 
 // Bytes the tensor's shape and dtype need (the reference's checked arithmetic).
 uint64_t needed_bytes(const Entry& e, const Context& ctx) {
-  const int64_t numel = checked_numel(e.shape);
+  const int64_t numel = checked_numel(e.shape).value_or(-1);
   uint64_t bits = 0;
   if (numel < 0 || __builtin_mul_overflow(static_cast<uint64_t>(numel), e.dtype->bits, &bits)) {
     fail_at(ctx, "tensor ", quote_name(e.name), " shape ", shape_str(e.shape), " of ", e.dtype->name,

@@ -78,7 +78,7 @@ Shape parse_shape(std::span<const std::byte> bytes, const Context& ctx, const st
       r.skip(wt);
     }
   }
-  if (checked_numel(shape) < 0) fail_at(ctx, what, ": shape ", dims_str(shape), " has too many elements");
+  if (!checked_numel(shape)) fail_at(ctx, what, ": shape ", dims_str(shape), " has too many elements");
   return shape;
 }
 
@@ -179,7 +179,7 @@ std::span<const std::byte> entry_bytes(const BundleEntry& e, std::span<const std
 // lengths (each as a little-endian uint32, as TF does), then the bytes of every string. The
 // entry's crc32c covers the lengths as uint32s, the length checksum and the strings.
 std::vector<std::string> decode_strings(const BundleEntry& e, std::span<const std::byte> bytes, const Context& ctx) {
-  const int64_t n = checked_numel(e.shape);
+  const int64_t n = checked_numel(e.shape).value_or(-1);
   const std::string what = "string entry " + quote_name(e.key);
   if (n < 0 || static_cast<uint64_t>(n) > bytes.size()) fail_at(ctx, what, ": ", n, " elements in ", bytes.size(), " bytes");
   std::vector<uint64_t> lengths(static_cast<size_t>(n));
@@ -214,7 +214,7 @@ std::vector<std::string> decode_strings(const BundleEntry& e, std::span<const st
 // The tensor of entry `e` over `shard`, byte-swapped when the bundle is big endian.
 Tensor entry_tensor(const BundleEntry& e, DType dtype, const std::shared_ptr<Storage>& shard, bool big_endian,
                     const Context& ctx) {
-  const int64_t numel = checked_numel(e.shape);
+  const int64_t numel = checked_numel(e.shape).value_or(-1);
   const size_t item = itemsize(dtype);
   if (static_cast<uint64_t>(numel) > static_cast<uint64_t>(e.size) / item ||
       static_cast<uint64_t>(numel) * item != static_cast<uint64_t>(e.size)) {

@@ -64,7 +64,7 @@ class Reader {
     if (ndim > kMaxDims) garbled(ndim, " dims");
     Shape shape;
     for (uint64_t i = 0; i < ndim; ++i) shape.push_back(static_cast<int64_t>(u64()));
-    if (checked_numel(shape) < 0) garbled("shape ", dims_str(shape));
+    if (!checked_numel(shape)) garbled("shape ", dims_str(shape));
     return shape;
   }
   // A count of items each at least `min_bytes` long.
@@ -164,7 +164,7 @@ WeightFile decode_weight_file(std::shared_ptr<Storage> reply, const Context& ctx
   if (data_start > reply->nbytes()) r.garbled("data area at ", data_start, " past the end");
   const uint64_t data_size = reply->nbytes() - data_start;
   for (const Pending& p : pending) {
-    const auto numel = static_cast<uint64_t>(checked_numel(p.shape));
+    const auto numel = static_cast<uint64_t>(checked_numel(p.shape).value_or(0));  // checked by shape()
     const size_t item = itemsize(p.dtype);
     if (p.offset % kAlign != 0 || p.offset > data_size || numel > (data_size - p.offset) / item) {
       r.garbled("tensor ", quote_name(p.key), " of ", numel, " elements at data offset ", p.offset);

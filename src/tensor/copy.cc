@@ -64,6 +64,7 @@ void copy_rows(const PairLoop& loop, To* dst, const From* src, int64_t row_begin
 }  // namespace
 
 void Tensor::copy_from(const Tensor& src) const {
+  check_writable("copy_from");
   const Tensor source = src.expand(shape_);  // numpy broadcasting of src onto this shape
   if (numel_ == 0) return;
   const PairLoop loop = coalesce(shape_, strides_, source.strides());
@@ -82,6 +83,7 @@ void Tensor::copy_from(const Tensor& src) const {
 }
 
 void Tensor::fill(double value) const {
+  check_writable("fill");
   Tensor scalar = Tensor::empty({}, dtype_);
   scalar.set_item(std::span<const int64_t>(), value);
   copy_from(scalar);

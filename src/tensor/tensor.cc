@@ -10,8 +10,6 @@
 namespace qkv {
 
 namespace {
-constexpr int64_t kMaxNumel = int64_t{1} << 62;
-
 std::string dims_str(std::span<const int64_t> dims) {
   return shape_str(std::vector<int64_t>(dims.begin(), dims.end()));
 }
@@ -19,17 +17,30 @@ std::string dims_str(std::span<const int64_t> dims) {
 
 // ---- Storage -------------------------------------------------------------------------
 
-std::shared_ptr<Storage> Storage::allocate(size_t nbytes) {
+namespace {
+// `nbytes` (already checked against the limit) of 64-byte-aligned memory, or null.
+std::shared_ptr<Storage> try_allocate(size_t nbytes) {
   // aligned_alloc needs a size that is a multiple of the alignment (and > 0).
-  const size_t rounded = std::max<size_t>(kAlignment, (nbytes + kAlignment - 1) / kAlignment * kAlignment);
-  void* p = std::aligned_alloc(kAlignment, rounded);
-  if (p == nullptr) fail<Error>("Storage::allocate: out of memory allocating ", nbytes, " bytes");
+  size_t padded = 0;
+  if (__builtin_add_overflow(nbytes, Storage::kAlignment - 1, &padded)) return nullptr;
+  const size_t rounded = std::max<size_t>(Storage::kAlignment, padded / Storage::kAlignment * Storage::kAlignment);
+  void* p = std::aligned_alloc(Storage::kAlignment, rounded);
+  if (p == nullptr) return nullptr;
   std::shared_ptr<void> owner(p, [](void* q) { std::free(q); });
-  return std::shared_ptr<Storage>(new Storage(static_cast<std::byte*>(p), nbytes, std::move(owner)));
+  return Storage::wrap(p, nbytes, std::move(owner));
+}
+}  // namespace
+
+std::shared_ptr<Storage> Storage::allocate(size_t nbytes, std::string_view what) {
+  check_alloc_bytes(nbytes, what, "Storage::allocate");
+  auto storage = try_allocate(nbytes);
+  if (!storage) fail_out_of_memory(nbytes, what, "Storage::allocate");
+  return storage;
 }
 
-std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, std::shared_ptr<void> keep_alive) {
-  return std::shared_ptr<Storage>(new Storage(static_cast<std::byte*>(data), nbytes, std::move(keep_alive)));
+std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, std::shared_ptr<void> keep_alive, bool read_only) {
+  return std::shared_ptr<Storage>(
+      new Storage(static_cast<std::byte*>(data), nbytes, std::move(keep_alive), read_only));
 }
 
 // ---- shape helpers -----------------------------------------------------------------------
@@ -45,13 +56,11 @@ Strides contiguous_strides(const Shape& shape) {
 }
 
 int64_t shape_numel(const Shape& shape) {
-  int64_t n = 1;
+  if (const auto n = checked_numel(shape)) return *n;
   for (int64_t d : shape) {
     if (d < 0) fail<ShapeError>("shape ", shape_str(shape), " has a negative dimension");
-    if (d != 0 && n > kMaxNumel / d) fail<ShapeError>("shape ", shape_str(shape), " has too many elements");
-    n *= d;
   }
-  return n;
+  fail<ShapeError>("shape ", shape_str(shape), " has more than 2^62 elements");
 }
 
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
@@ -82,9 +91,10 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Strid
       numel_(shape_numel(shape_)) {}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
-  const int64_t n = shape_numel(shape);
-  return Tensor(Storage::allocate(static_cast<size_t>(n) * qkv::itemsize(dtype)), dtype, shape,
-                contiguous_strides(shape), 0);
+  const size_t nbytes = checked_alloc_bytes(shape, dtype);
+  auto storage = try_allocate(nbytes);
+  if (!storage) fail_out_of_memory(nbytes, allocation_what(shape, dtype, "output"), "Tensor::empty");
+  return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype) { return full(shape, 0.0, dtype); }
@@ -97,7 +107,7 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
 }
 
 Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, const Strides& strides,
-                         std::shared_ptr<void> keep_alive) {
+                         std::shared_ptr<void> keep_alive, bool read_only) {
   const int64_t n = shape_numel(shape);
   Strides s = strides.empty() ? contiguous_strides(shape) : strides;
   if (s.size() != shape.size()) {
@@ -106,11 +116,21 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, const Stri
   if (data == nullptr && n > 0) fail<ValueError>("from_blob: null data for shape ", shape_str(shape));
   // The buffer must hold every element addressed; negative strides are not supported.
   int64_t span = n > 0 ? 1 : 0;
+  bool fits = true;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (s[i] < 0) fail<ShapeError>("from_blob: negative stride ", s[i], " for shape ", shape_str(shape));
-    if (n > 0) span += (shape[i] - 1) * s[i];
+    if (n > 0 && fits) {
+      const auto extent = checked_mul(shape[i] - 1, s[i]);
+      fits = extent && *extent <= kMaxElements - span;
+      if (fits) span += *extent;
+    }
   }
-  auto storage = Storage::wrap(data, static_cast<size_t>(span) * qkv::itemsize(dtype), std::move(keep_alive));
+  const auto nbytes = fits ? checked_nbytes(span, qkv::itemsize(dtype)) : std::nullopt;
+  if (!nbytes) {
+    fail<ShapeError>("from_blob: shape ", shape_str(shape), " strides ", shape_str(s), " address more than 2^62 ",
+                     dtype_name(dtype), " elements");
+  }
+  auto storage = Storage::wrap(data, *nbytes, std::move(keep_alive), read_only);
   return Tensor(std::move(storage), dtype, shape, std::move(s), 0);
 }
 
@@ -122,12 +142,14 @@ Tensor Tensor::view_of(std::shared_ptr<Storage> storage, DType dtype, const Shap
   }
   const int64_t n = shape_numel(shape);
   int64_t lo = offset, hi = offset;
+  bool overflow = false;
   for (size_t i = 0; i < shape.size() && n > 0; ++i) {
-    const int64_t extent = (shape[i] - 1) * strides[i];
-    (extent < 0 ? lo : hi) += extent;
+    int64_t extent = 0;
+    overflow = overflow || __builtin_mul_overflow(shape[i] - 1, strides[i], &extent) ||
+               __builtin_add_overflow(extent < 0 ? lo : hi, extent, extent < 0 ? &lo : &hi);
   }
   const int64_t capacity = static_cast<int64_t>(storage->nbytes() / qkv::itemsize(dtype));
-  if (n > 0 && (lo < 0 || hi >= capacity)) {
+  if (n > 0 && (overflow || lo < 0 || hi >= capacity)) {
     fail<IndexError>("view_of: shape ", shape_str(shape), " strides ", shape_str(strides), " offset ",
                      offset, " reach elements [", lo, ", ", hi, "] outside storage of ", capacity,
                      " elements");
@@ -199,7 +221,15 @@ double Tensor::item() const {
   return item(Shape(shape_.size(), 0));
 }
 
+void Tensor::check_writable(const char* op) const {
+  if (is_read_only()) {
+    fail<ValueError>(op, ": tensor of shape ", shape_str(shape_),
+                     " is read-only (it views a read-only buffer, e.g. a NumPy array with writeable=False)");
+  }
+}
+
 void Tensor::set_item(std::span<const int64_t> index, double value) const {
+  check_writable("set_item");
   const int64_t off = element_offset(index, "set_item");
   dispatch_dtype(dtype_, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -253,7 +283,12 @@ Shape infer_shape(const Shape& requested, int64_t numel, const Shape& source, co
     } else if (shape[i] < 0) {
       fail<ShapeError>(op, ": invalid dimension ", shape[i], " in ", shape_str(requested));
     } else {
-      known *= shape[i];
+      const auto product = checked_mul(known, shape[i]);
+      if (!product) {
+        fail<ShapeError>(op, ": shape ", shape_str(requested), " has more than 2^62 elements (input of shape ",
+                         shape_str(source), ")");
+      }
+      known = *product;
     }
   }
   if (infer_at >= 0) {

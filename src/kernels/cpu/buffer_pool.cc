@@ -66,15 +66,19 @@ Pool& pool() {
 
 }  // namespace
 
-Tensor empty_pooled(const Shape& shape, DType dtype) {
-  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * itemsize(dtype);
-  if (nbytes < kPooledMin) return Tensor::empty(shape, dtype);
-  const size_t rounded = (nbytes + kHugePage - 1) / kHugePage * kHugePage;
+Tensor empty_pooled(const Shape& shape, DType dtype, const char* role) {
+  // Checked against overflow and QKV_MAX_ALLOC_BYTES before anything is taken.
+  const size_t nbytes = checked_alloc_bytes(shape, dtype, role);
+  size_t padded = 0;
+  if (nbytes < kPooledMin || __builtin_add_overflow(nbytes, kHugePage - 1, &padded)) {
+    return Tensor::empty(shape, dtype);
+  }
+  const size_t rounded = padded / kHugePage * kHugePage;
   size_t bytes = rounded;
   void* p = pool().take(rounded, bytes);
   if (p == nullptr) {
     p = std::aligned_alloc(kHugePage, rounded);
-    if (p == nullptr) return Tensor::empty(shape, dtype);
+    if (p == nullptr) fail_out_of_memory(nbytes, allocation_what(shape, dtype, role), "empty_pooled");
     (void)madvise(p, rounded, MADV_HUGEPAGE);  // advice only
   }
   std::shared_ptr<void> owner(p, [bytes](void* q) { pool().give(q, bytes); });

@@ -12,7 +12,8 @@ namespace qkv::kernels {
 
 // An uninitialised contiguous tensor; its storage returns to the pool when the
 // last view of it dies (the pool keeps at most 4 buffers, 1 GiB in all, and hands
-// out a buffer for a request of at least half its size).
-Tensor empty_pooled(const Shape& shape, DType dtype);
+// out a buffer for a request of at least half its size). Sizes are checked first
+// (qkv/size.h: OutOfMemoryError naming the AllocationScope's op and `role`).
+Tensor empty_pooled(const Shape& shape, DType dtype, const char* role = "output");
 
 }  // namespace qkv::kernels

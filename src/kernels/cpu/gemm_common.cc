@@ -4,12 +4,11 @@
 #include <sstream>
 
 #include "qkv/error.h"
+#include "qkv/size.h"  // kMaxElements
 
 namespace qkv::detail {
 
 namespace {
-
-constexpr int64_t kMaxElements = int64_t{1} << 62;  // as shape_numel
 
 std::string list_str(const std::vector<int64_t>& v) {
   std::ostringstream out;
