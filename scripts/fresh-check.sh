@@ -48,6 +48,7 @@ work=""
 mounts_under() { awk -v p="$1/" 'index($2 "/", p) == 1 { print $2 }' /proc/self/mounts | sort -r; }
 cleanup() {
   local rc=$? m
+  trap '' INT TERM  # a second signal (make passes its own on) must not cut the cleanup short
   [ $rc -eq 0 ] || say "failed (exit $rc) after $(( $(date +%s) - start )) s" >&2
   [ -n "$work" ] && [ -d "$work" ] || exit $rc
   for m in $(mounts_under "$work"); do umount "$m" 2>/dev/null || umount -l "$m" || true; done
@@ -156,9 +157,10 @@ if [ "${QKV_FRESH_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
   if [ -n "$ccache_dir" ]; then
     mkdir -p "$ccache_dir"
     mnt "$ccache_dir" /root/.cache/ccache
-    # The clone lives under /work: relative paths from there hit the entries the
-    # host's worktrees (also under /work) made.
-    ccache_env=(CCACHE_DIR=/root/.cache/ccache CCACHE_BASEDIR=/work "CCACHE_MAXSIZE=$(ccache -k max_size)")
+    # The clone is at the checkout's own path (below), so the compile commands are
+    # the host's, absolute paths included (tests get -DQKV_SOURCE_DIR=...): what the
+    # host built before is a cache hit.
+    ccache_env=(CCACHE_DIR=/root/.cache/ccache "CCACHE_BASEDIR=$(ccache -k base_dir)" "CCACHE_MAXSIZE=$(ccache -k max_size)")
   fi
 fi
 
@@ -166,8 +168,9 @@ fi
 commit=$(git -C "$repo" rev-parse HEAD)
 [ -z "$(git -C "$repo" status --porcelain --untracked-files=no)" ] ||
   say "warning: uncommitted changes in $repo are NOT tested, only commit ${commit:0:12}"
-git clone --quiet --no-checkout "$repo" "$root/work/qkv"
-git -C "$root/work/qkv" checkout --quiet --detach "$commit"
+src=$repo  # the clone's path inside the root
+git clone --quiet --no-checkout "$repo" "$root$src"
+git -C "$root$src" checkout --quiet --detach "$commit"
 say "testing commit $(git -C "$repo" log -1 --format='%h %s' "$commit")"
 phase "setting up the root"
 
@@ -176,7 +179,7 @@ in_root() {
   chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     ${CI:+CI=$CI} ${QKV_WERROR:+QKV_WERROR=$QKV_WERROR} "${pass_env[@]}" "${ccache_env[@]}" \
-    bash -c "cd /work/qkv && $*"
+    bash -c "cd '$src' && $*"
 }
 # Each output line gets the seconds since the run began, so the log shows how long
 # apt, pip, the build and each test step took.
