@@ -37,6 +37,23 @@ if [ ${#targets[@]} -eq 0 ]; then
   exit 2
 fi
 
+# clang's ASan runtime and libFuzzer in one shared library to preload into python
+# (what atheris builds as asan_with_fuzzer.so when it is compiled from source; its
+# wheels lack it): the static runtimes linked whole, less asan_preinit (a .preinit_array
+# is not allowed in a shared library). Built once into fuzz/work/.
+asan_with_fuzzer() {
+  local out="$root/fuzz/work/asan_with_fuzzer.so" rt objs
+  if [ ! -f "$out" ]; then
+    rt=$(clang++ -print-runtime-dir)
+    objs=$(mktemp -d)
+    (cd "$objs" && ar x "$rt/libclang_rt.asan-x86_64.a" && rm -f asan_preinit.cpp.o)
+    clang++ -shared -o "$out" "$objs"/*.o -Wl,--whole-archive "$rt/libclang_rt.asan_cxx-x86_64.a" \
+      "$rt/libclang_rt.fuzzer_no_main-x86_64.a" -Wl,--no-whole-archive -lpthread -ldl -lrt -lm -lstdc++
+    rm -rf "$objs"
+  fi
+  echo "$out"
+}
+
 # The qkv package for the Python harness: python/qkv plus BUILD_DIR's extension.
 # Prints the environment assignments (PYTHONPATH-like dir, preload) for `env`.
 python_env() {
@@ -49,11 +66,14 @@ python_env() {
   rm -rf "$pkg" && mkdir -p "$pkg/qkv"
   cp "$root"/python/qkv/*.py "$pkg/qkv/" && cp "${ext[0]}" "$pkg/qkv/"
   echo "QKV_FUZZ_PYTHONPATH=$pkg"
-  if nm -D "${ext[0]}" | grep -q ' U __asan_init'; then
+  local undefined
+  undefined=$(nm -D --undefined-only "${ext[0]}")  # not piped into grep -q: pipefail and SIGPIPE
+  if [[ $undefined == *__asan_init* ]]; then
     # python itself is not instrumented: the ASan runtime (which carries UBSan's
-    # handlers) goes first; Python's own allocations leak by design.
-    echo "LD_PRELOAD=$(clang++ -print-runtime-dir)/libclang_rt.asan-x86_64.so"
-    echo "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0"
+    # handlers) goes first, together with libFuzzer so that atheris uses it (and sees
+    # the extension's coverage) instead of its own; Python's allocations leak by design.
+    echo "LD_PRELOAD=$(asan_with_fuzzer)"
+    echo "ASAN_OPTIONS=detect_leaks=0"
   fi
 }
 

@@ -53,6 +53,9 @@ HUGE = [0, 1, 2, 3, 7, 2**31, 2**32, 2**40, 2**60, 2**62, 2**63 - 1, 2**63, 2**6
 ALLOWED = (ValueError, TypeError, IndexError, MemoryError, OSError)
 # QKV_FUZZ_SKIP_READONLY=1 skips the read-only check (for a qkv that predates issue 12's item 3).
 SKIP_READONLY = os.environ.get("QKV_FUZZ_SKIP_READONLY") == "1"
+# QKV_FUZZ_KNOWN="text1,text2": exceptions whose message holds one of these are known
+# findings, fixed elsewhere but not in the qkv under test; they are let through.
+KNOWN = [k for k in os.environ.get("QKV_FUZZ_KNOWN", "").split(",") if k]
 
 
 def text(fdp, known):
@@ -231,14 +234,16 @@ def TestOneInput(data):
     run = [run_einsum, run_einops, run_pack, run_attention][fdp.ConsumeIntInRange(0, 3)]
     try:
         inputs, result = run(fdp)
-    except (UnicodeError, SystemError):
-        raise
-    except RuntimeError as e:
-        if not isinstance(e, qkv.EinopsError):
+    except Exception as e:  # noqa: BLE001 (sorted out below)
+        if any(k in f"{type(e).__name__}: {e}" for k in KNOWN):
+            return
+        if isinstance(e, (UnicodeError, SystemError)):
             raise
-        return
-    except ALLOWED:
-        return
+        if isinstance(e, RuntimeError) and not isinstance(e, qkv.EinopsError):
+            raise
+        if isinstance(e, ALLOWED):
+            return
+        raise
     check(inputs, result)
     del inputs
     check([], result)  # still readable once the inputs are gone (keep-alive of views)

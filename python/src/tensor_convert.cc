@@ -70,6 +70,9 @@ nb::object normalize_numpy(nb::object array, bool& bf16) {
   } else if (!nb::cast<bool>(dtype.attr("isnative"))) {  // '>f4' on a little-endian machine
     array = array.attr("astype")(dtype.attr("newbyteorder")("="));
   }
+  // Misaligned data (np.frombuffer at an odd offset): qkv's kernels load whole
+  // elements, so they get an aligned copy (UBSan, fuzz/python/api_fuzzer.py).
+  if (!nb::cast<bool>(array.attr("flags").attr("aligned"))) return np.attr("array")(array);
   const auto itemsize = nb::cast<int64_t>(array.attr("itemsize"));
   for (nb::handle s : nb::tuple(array.attr("strides"))) {
     const auto stride = nb::cast<int64_t>(s);
