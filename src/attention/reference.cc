@@ -82,10 +82,12 @@ AttentionResult attention_reference(const Tensor& q_in, const Tensor& k_in, cons
   const double keep_scale = options.dropout_p < 1.0 ? 1.0 / (1.0 - options.dropout_p) : 0.0;
 
   std::vector<double> row(static_cast<size_t>(p.lk));
+  // An empty operand (Lk == 0, Dv == 0) has a null data(): no offset may be added to it.
+  auto at = [](const std::vector<double>& x, int64_t offset) { return x.empty() ? x.data() : x.data() + offset; };
   for (int64_t b = 0; b < p.batch_size; ++b) {
-    const double* qb = q.data() + attention::batch_offset(p.q, p.batch, b, 1);
-    const double* kb = k.data() + attention::batch_offset(p.k, p.batch, b, p.gqa_group);
-    const double* vb = v.data() + attention::batch_offset(p.v, p.batch, b, p.gqa_group);
+    const double* qb = at(q, attention::batch_offset(p.q, p.batch, b, 1));
+    const double* kb = at(k, attention::batch_offset(p.k, p.batch, b, p.gqa_group));
+    const double* vb = at(v, attention::batch_offset(p.v, p.batch, b, p.gqa_group));
     const int64_t mask_base = p.mask ? attention::batch_offset(*p.mask, p.batch, b, 1) : 0;
     for (int64_t i = 0; i < p.lq; ++i) {
       // Causal masking removes keys j > i from the row (their weights stay 0,

@@ -27,5 +27,18 @@ TEST(AttentionFuzzRegression, GqaWithZeroQueryHeads) {
   EXPECT_THROW_WITH(scaled_dot_product_attention(q, k2, v2, o), ShapeError, "scaled_dot_product_attention");
 }
 
+// No keys (Lk == 0) and a batch of 2: the float64 reference added the second batch's
+// offset to the null data() of the empty k and v copies, undefined behaviour that
+// UBSan reports (build/asan; the release build computes the same numbers either way).
+TEST(AttentionFuzzRegression, NoKeysWithABatch) {
+  const Tensor q = Tensor::ones({2, 1, 2, 0}, DType::f64);  // [B, H, Lq, Dk=0]
+  const Tensor k = Tensor::ones({2, 1, 0, 0}, DType::f64);  // [B, H, Lk=0, Dk]
+  const Tensor v = Tensor::ones({2, 1, 0, 1}, DType::f64);  // [B, H, Lk, Dv]
+  const Tensor ref = attention_reference(q, k, v).output;
+  EXPECT_EQ(ref.shape(), (Shape{2, 1, 2, 1}));
+  const Tensor out = scaled_dot_product_attention(q, k, v).output;  // f64: the reference
+  EXPECT_EQ(out.shape(), (Shape{2, 1, 2, 1}));
+}
+
 }  // namespace
 }  // namespace qkv
