@@ -24,18 +24,30 @@ Tensor glorot(const Shape& shape, uint64_t seed) {
   return Tensor::uniform(shape, seed, -a, a);
 }
 
-// The attention axes of a projected tensor of rank `rank` (input rank + 1), Keras' default
-// when empty; negative axes count from the end of the projected tensor.
-std::vector<int64_t> attention_axes(const std::vector<int64_t>& given, int64_t rank) {
+// The attended axes of a query of shape `q` (rank R), Keras' default when `given` is empty.
+// Keras 3 (_build_attention) reads a < 0 as R + a. It then accepts, and computes something
+// else, for axes that are not token axes: 0 attends over the batch, R - 1 (the features) over
+// the heads of the projection (and its fused rank-3 path ignores attention_axes altogether);
+// it raises for duplicates and axes past R - 1. qkv takes the token axes 1..R-2 and raises
+// for every other axis, naming what Keras would do (docs/nn.md).
+std::vector<int64_t> attention_axes(const std::vector<int64_t>& given, const Shape& q) {
+  const int64_t rank = static_cast<int64_t>(q.size());
   std::vector<int64_t> axes;
   if (given.empty()) {
-    for (int64_t a = 1; a < rank - 2; ++a) axes.push_back(a);
+    for (int64_t a = 1; a < rank - 1; ++a) axes.push_back(a);
     return axes;
   }
   for (int64_t a : given) {
-    const int64_t n = a < 0 ? a + rank : a;
-    if (n < 1 || n > rank - 3 || std::count(axes.begin(), axes.end(), n)) {
-      fail<ValueError>(kOp, ": attention axis ", a, " is not a token axis of a rank-", rank - 1, " input");
+    const int64_t n = a < 0 ? rank + a : a;
+    const char* why = n == 0           ? " is the batch axis (Keras 3 would attend over the batch)"
+                      : n == rank - 1  ? " is the feature axis (Keras 3 would attend over the heads of the projection)"
+                      : n < 0 || n >= rank ? " is out of range (Keras 3 reads a < 0 as rank + a)"
+                      : std::count(axes.begin(), axes.end(), n) ? " names an axis twice (Keras 3: \"Output character "
+                                                                  "appeared more than once\")"
+                                                                : nullptr;
+    if (why != nullptr) {
+      fail<ValueError>(kOp, ": attention axis ", a, " of attention_axes ", shape_str(Shape(given)), why,
+                       "; a query ", shape_str(q), " has the token axes 1..", rank - 2, " (or ", 1 - rank, "..-2)");
     }
     axes.push_back(n);
   }
@@ -168,7 +180,7 @@ KerasMhaResult KerasMultiHeadAttention::forward(const Tensor& query, const Tenso
                      shape_str(key.shape()), " must have the same rank, at least 3 ([B, T, dim])");
   }
   detail::KerasAxes axes;
-  axes.attention = attention_axes(config_.attention_axes, rank + 1);
+  axes.attention = attention_axes(config_.attention_axes, query.shape());
   for (int64_t a = 0; a < rank - 1; ++a) {
     if (!std::count(axes.attention.begin(), axes.attention.end(), a)) axes.batch.push_back(a);
   }

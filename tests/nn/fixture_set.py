@@ -6,11 +6,12 @@ import sys
 TOTAL_LIMIT = 1024 * 1024
 
 
-def write_fixture_set(configs, run, first_seed, default_dir, title, save_file):
+def write_fixture_set(configs, run, first_seed, default_dir, title, save_file, out_dir=None):
     """run(config, seed) -> (tensors, metadata); save_file is safetensors' numpy or torch
-    writer. The folder is argv[1] or tests/fixtures/<default_dir>."""
-    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "fixtures",
-                                                                 default_dir)
+    writer. The folder is out_dir, else argv[1], else tests/fixtures/<default_dir>."""
+    if out_dir is None:
+        out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "fixtures",
+                                                                     default_dir)
     os.makedirs(out_dir, exist_ok=True)
     total = 0
     lines = title + ["", "| file | configuration |", "|---|---|"]

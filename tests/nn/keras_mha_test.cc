@@ -5,7 +5,10 @@
 // max |qkv - keras| <= 1e-5 * max |keras| for the output and the scores.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <string>
 
 #include "common/expect.h"
 #include "nn/fixtures.h"
@@ -51,28 +54,80 @@ KerasInputs inputs_of(const Fixture& fx) {
   return r;
 }
 
-TEST(KerasMha, MatchesEveryKerasFixture) {
-  const auto files = fixture_files("mha_keras");
-  ASSERT_GE(files.size(), 30u) << "missing fixtures in " << fixture_dir("mha_keras");
+// The worst relative error of qkv's output and scores against a Keras fixture.
+double keras_fixture_error(const Fixture& fx) {
+  KerasMultiHeadAttention layer(config_of(fx.options));
+  layer.load_weights(fx.with_prefix("mha/"));
+  const KerasInputs in = inputs_of(fx);
+  const auto r = layer.forward(in.query, in.value, in.call);
+  double worst = relative_error(r.output, fx.at("expected.output"));
+  EXPECT_EQ(r.scores.has_value(), fx.has("expected.scores"));
+  if (r.scores && fx.has("expected.scores")) worst = std::max(worst, relative_error(*r.scores, fx.at("expected.scores")));
+  return worst;
+}
+
+void expect_every_fixture(const std::string& dir, size_t at_least) {
+  const auto files = fixture_files(dir);
+  ASSERT_GE(files.size(), at_least) << "missing fixtures in " << fixture_dir(dir);
   double worst = 0;
   for (const auto& path : files) {
     const Fixture fx = load_fixture(path);
     SCOPED_TRACE(fx.name);
-    KerasMultiHeadAttention layer(config_of(fx.options));
-    layer.load_weights(fx.with_prefix("mha/"));
-    const KerasInputs in = inputs_of(fx);
-    const auto r = layer.forward(in.query, in.value, in.call);
-    const double e_out = relative_error(r.output, fx.at("expected.output"));
-    EXPECT_LE(e_out, kTolerance);
-    worst = std::max(worst, e_out);
-    ASSERT_EQ(r.scores.has_value(), fx.has("expected.scores"));
-    if (r.scores) {
-      const double e_s = relative_error(*r.scores, fx.at("expected.scores"));
-      EXPECT_LE(e_s, kTolerance);
-      worst = std::max(worst, e_s);
-    }
+    const double e = keras_fixture_error(fx);
+    EXPECT_LE(e, kTolerance);
+    worst = std::max(worst, e);
   }
-  std::printf("[ mha_keras ] %zu fixtures, max relative error %.3g\n", files.size(), worst);
+  std::printf("[ %s ] %zu fixtures, max relative error %.3g\n", dir.c_str(), files.size(), worst);
+}
+
+TEST(KerasMha, MatchesEveryKerasFixture) { expect_every_fixture("mha_keras", 30); }
+
+// Keras reads a negative attention axis a as rank + a (input rank): every spelling of the
+// token axes of rank-3, -4 and -5 inputs, alone and in pairs, gives Keras' output and scores.
+TEST(KerasMha, AttentionAxesAsKerasReadsThem) { expect_every_fixture("mha_keras_axes", 19); }
+
+// Why qkv refuses `axes` on rank-`rank` inputs.
+std::string axis_fault(int64_t rank, const std::vector<int64_t>& axes) {
+  std::vector<int64_t> seen;
+  for (int64_t a : axes) {
+    const int64_t n = a < 0 ? rank + a : a;
+    if (n == 0) return "is the batch axis";
+    if (n == rank - 1) return "is the feature axis";
+    if (n < 0 || n >= rank) return "is out of range";
+    if (std::count(seen.begin(), seen.end(), n)) return "names an axis twice";
+    seen.push_back(n);
+  }
+  ADD_FAILURE() << "token axes";
+  return "";
+}
+
+// Every axis Keras 3 rejects, or reads as something other than a token axis (the batch, the
+// heads of the projection, an index wrapped twice), is a ValueError saying which.
+TEST(KerasMha, AttentionAxesKerasRejectsOrReadsOtherwiseAreErrors) {
+  std::ifstream f(fixture_dir("mha_keras_axes") / "keras_axes_errors.json");
+  ASSERT_TRUE(f) << "missing keras_axes_errors.json";
+  const nlohmann::json cases = nlohmann::json::parse(f).at("cases");
+  ASSERT_GE(cases.size(), 40u);
+  for (const auto& c : cases) {
+    const int64_t rank = c.at("rank");
+    const auto axes = c.at("attention_axes").get<std::vector<int64_t>>();
+    SCOPED_TRACE(c.dump());
+    if (c.at("keras") == "accepts") {
+      const auto over = c.at("attends_over").get<std::vector<int64_t>>();
+      EXPECT_TRUE(std::any_of(over.begin(), over.end(), [&](int64_t a) { return a <= 0 || a >= rank - 1; }));
+    }
+    KerasMhaConfig cfg;
+    cfg.num_heads = 2;
+    cfg.key_dim = 2;
+    cfg.attention_axes = axes;
+    KerasMultiHeadAttention layer(cfg);
+    qkv::Shape shape(static_cast<size_t>(rank), 3);
+    shape.front() = 2;
+    shape.back() = 4;
+    const Tensor q = Tensor::randn(shape, 1);
+    EXPECT_THROW_WITH(layer.call(q, q), qkv::ValueError, "attention axis " + std::to_string(axes.back()));
+    EXPECT_THROW_WITH(layer.call(q, q), qkv::ValueError, axis_fault(rank, axes));
+  }
 }
 
 TEST(KerasMha, SetWeightsTakesGetWeightsOrder) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the Keras 3 fixtures for qkv::nn::KerasMultiHeadAttention.
 
-Usage: KERAS_BACKEND=jax make_keras_mha_fixtures.py OUTPUT_DIR    (`make fixtures`)
+Usage: KERAS_BACKEND=jax make_keras_mha_fixtures.py OUTPUT_DIR [AXES_DIR]    (`make fixtures`)
 
 Every configuration becomes OUTPUT_DIR/<name>.safetensors holding
   mha/query/kernel, mha/query/bias, ..., mha/attention_output/bias
@@ -21,12 +21,21 @@ it from there and ignores the query_mask argument. Keras 3.15 on JAX fails on it
 dot_product_attention path when key_dim != value_dim; those configurations without
 scores run with dropout=0.1 and training=False, which takes Keras' explicit einsum path
 (dropout is the identity in inference).
+
+AXES_DIR (default OUTPUT_DIR/../mha_keras_axes) gets the attention_axes set: every
+spelling Keras accepts of the token axes of rank-3, -4 and -5 inputs (each positive axis,
+each negative one, and pairs), with scores, the value's attended axes longer than the
+query's; and keras_axes_errors.json: for every other single axis in [-2R-1, R+1] and
+for duplicates, what Keras 3 does with it on its einsum path (the error it raises, or
+"accepts" with the axes it attends over).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -194,7 +203,63 @@ def run(c, seed):
     return tensors, {"options": json.dumps(options, sort_keys=True)}
 
 
+def axes_configs():
+    """The token axes 1..R-2 of a rank-R input named every way in [-R, R): each axis as a
+    positive and as a negative number (Keras reads a < 0 as R + a), and lists mixing both."""
+    out = []
+    for rank in (3, 4, 5):
+        q = (2,) + (2, 3, 2)[:rank - 2] + (4,)
+        token = list(range(1, rank - 1))
+        spellings = [(a,) for a in token] + [(a - rank,) for a in token]
+        spellings += {3: [], 4: [(1, -2), (-3, 2), (-2, -3)], 5: [(1, -2), (-4, 2), (-2, -3), (3, -4, 2)]}[rank]
+        for axes in spellings:
+            real = [a if a >= 0 else rank + a for a in axes]
+            v = list(q)
+            for a in real:
+                v[a] += 1  # the value's attended axes differ from the query's: a wrong axis cannot pass
+            name = f"r{rank}_" + "_".join(("m" if a < 0 else "p") + str(abs(a)) for a in axes)
+            out.append(config(name, f"rank {rank}, attention_axes={axes} (axes {tuple(real)})", q=q,
+                              v=tuple(v), attention_axes=axes, scores=True, key_dim=2))
+    return out
+
+
+def keras_axis_behaviour(rank, axes):
+    """What Keras 3 does with attention_axes=axes on rank-R inputs (einsum path: scores returned)."""
+    q = np.ones((2,) + (3,) * (rank - 2) + (4,))
+    layer = keras.layers.MultiHeadAttention(2, 2, attention_axes=axes, dtype="float64")
+    try:
+        _, scores = layer(q, q, return_attention_scores=True)
+    except Exception as e:  # noqa: BLE001 -- the error Keras raises is what is recorded
+        lines = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines() if ln.strip()]
+        why = lines[1] if len(lines) > 1 and lines[0].startswith("Exception encountered") else lines[0]
+        return {"keras": "error", "error": type(e).__name__, "message": why.strip()[:200]}
+    return {"keras": "accepts", "attends_over": list(layer._attention_axes), "scores_shape": list(scores.shape)}
+
+
+def write_axes_errors(out_dir):
+    cases = []
+    for rank in (3, 4, 5):
+        token = set(range(1, rank - 1))
+        singles = [(a,) for a in range(-2 * rank - 1, rank + 2) if (a if a >= 0 else rank + a) not in token]
+        dups = [(1, 1), (1, 1 - rank)] + ([(rank - 2, -2)] if rank >= 4 else [])
+        for axes in singles + dups:
+            cases.append({"rank": rank, "attention_axes": list(axes), **keras_axis_behaviour(rank, axes)})
+    with open(os.path.join(out_dir, "keras_axes_errors.json"), "w") as f:
+        json.dump({"keras": keras.__version__, "backend": keras.backend.backend(), "cases": cases}, f, indent=1)
+        f.write("\n")
+
+
 def main():
+    main_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "fixtures",
+                                                                  "mha_keras")
+    axes_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(os.path.abspath(main_dir)),
+                                                                  "mha_keras_axes")
+    write_fixture_set(axes_configs(), run, 3000, "mha_keras_axes",
+                      ["# Keras 3 MultiHeadAttention attention_axes fixtures", "",
+                       f"Written by tests/nn/make_keras_mha_fixtures.py with Keras {keras.__version__} on "
+                       f"{keras.backend.backend()} {jax.__version__} (float64). keras_axes_errors.json: what "
+                       "Keras does with the other axes."], save_file, out_dir=axes_dir)
+    write_axes_errors(axes_dir)
     write_fixture_set(CONFIGS, run, 2000, "mha_keras",
                       ["# Keras 3 MultiHeadAttention fixtures", "",
                        f"Written by tests/nn/make_keras_mha_fixtures.py with Keras {keras.__version__} on "

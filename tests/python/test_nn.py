@@ -30,10 +30,11 @@ def rel_err(got, want):
 
 TORCH_FILES = sorted((FIXTURES / "mha_torch").glob("*.safetensors"))
 KERAS_FILES = sorted((FIXTURES / "mha_keras").glob("*.safetensors"))
+AXES_FILES = sorted((FIXTURES / "mha_keras_axes").glob("*.safetensors"))
 
 
 def test_fixture_counts():
-    assert len(TORCH_FILES) >= 30 and len(KERAS_FILES) >= 30
+    assert len(TORCH_FILES) >= 30 and len(KERAS_FILES) >= 30 and len(AXES_FILES) >= 19
 
 
 @pytest.mark.parametrize("path", TORCH_FILES, ids=lambda p: p.stem)
@@ -54,7 +55,7 @@ def test_multihead_attention_matches_pytorch(path):
         assert rel_err(w, t["expected.weights"]) <= TOL
 
 
-@pytest.mark.parametrize("path", KERAS_FILES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", KERAS_FILES + AXES_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_keras_multi_head_attention_matches_keras(path):
     t, o = load(path)
     weights = {k: v for k, v in t.items() if k.startswith("mha/")}
@@ -70,6 +71,38 @@ def test_keras_multi_head_attention_matches_keras(path):
     assert rel_err(out, t["expected.output"]) <= TOL
     if scores is not None:
         assert rel_err(scores, t["expected.scores"]) <= TOL
+
+
+def _axis_fault(rank, axes):
+    """Why qkv refuses attention_axes on rank-`rank` inputs (Keras reads a < 0 as rank + a)."""
+    seen = []
+    for a in axes:
+        n = a + rank if a < 0 else a
+        if n == 0:
+            return "batch axis"
+        if n == rank - 1:
+            return "feature axis"
+        if not 0 < n < rank:
+            return "out of range"
+        if n in seen:
+            return "twice"
+        seen.append(n)
+    raise AssertionError(f"{axes} are token axes of rank {rank}")
+
+
+def test_keras_attention_axes_keras_refuses_or_reads_otherwise():
+    """Every axis Keras 3 rejects, or reads as something other than token axes (the batch, the
+    heads of the projection), is a qkv ValueError that says which (tests/fixtures/mha_keras_axes)."""
+    cases = json.loads((FIXTURES / "mha_keras_axes" / "keras_axes_errors.json").read_text())["cases"]
+    assert len(cases) >= 40
+    for c in cases:
+        rank, axes = c["rank"], c["attention_axes"]
+        if c["keras"] == "accepts":  # Keras attends over a non-token axis: the batch, the heads or a wrapped one
+            assert any(not 0 < a < rank - 1 for a in c["attends_over"]), c
+        q = np.ones((2,) + (3,) * (rank - 2) + (4,), np.float32)
+        layer = qkv.nn.KerasMultiHeadAttention(2, 2, attention_axes=axes)
+        with pytest.raises(ValueError, match=f"attention axis .*{_axis_fault(rank, axes)}"):
+            layer(q, q)
 
 
 def seed(name):

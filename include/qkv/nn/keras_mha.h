@@ -7,6 +7,10 @@
 //   attention_output/kernel [N, value_dim, *output_shape], attention_output/bias [*output_shape].
 // Inputs: query [B, T..., dim_q], value [B, S..., dim_v], key (default value) [B, S..., dim_k].
 // attention_axes: the axes attended over (default: every axis but the batch and the last);
+//   a negative axis a means rank + a of the inputs, as Keras 3 reads it (-2 is the last
+//   token axis). Only token axes (1..rank-2) are taken: the batch axis, the feature axis, an
+//   axis out of range or named twice is a ValueError (Keras raises for the last two and
+//   computes something else for the first two; docs/nn.md);
 //   several axes are flattened into one length (softmax jointly over them is then ordinary
 //   softmax), the other axes are batch axes and must agree between query and value.
 // Masks (bool, True = attend; float > 0.5 counts as True): query_mask [B, T...] -> [.., T, 1],
