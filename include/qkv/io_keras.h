@@ -77,6 +77,11 @@ std::vector<CheckpointEntry> inspect_weights(const std::filesystem::path& path);
 // (layer_with_weights-0/_query_dense/kernel). Optimizer state is skipped.
 using LayerWeights = std::map<std::string, std::map<std::string, Tensor>>;
 LayerWeights keras_layer_weights(const WeightFile& file);
+// The same grouping from keys alone, for the tensors qkv::io::load returns (any weight file's
+// keys: Keras 3 paths, tf.keras .h5 paths "[model_weights/]<l>/<l>/query/kernel:0" (layer
+// <l>), TF checkpoint keys "layer_with_weights-0/_query_dense/kernel/.ATTRIBUTES/..." (layer
+// "layer_with_weights-0"), names "<l>/query/kernel"). Optimizer keys are skipped.
+LayerWeights keras_layer_weights(const std::map<std::string, Tensor>& tensors);
 // One layer's weights; FormatError listing the layers found when `layer` is missing.
 const std::map<std::string, Tensor>& layer_weights(const LayerWeights& layers, const std::string& layer,
                                                    const std::string& source);

@@ -66,12 +66,16 @@ class MultiheadAttention:
         self.vdim = vdim if vdim is not None else embed_dim
         self.batch_first = batch_first
 
-    def _new_from_state_dict(cls, state_dict: Mapping[str, Any], num_heads: int, *, dropout: float = 0.0,
-                             add_zero_attn: bool = False, batch_first: bool = False) -> "MultiheadAttention":
+    def _new_from_state_dict(cls, state_dict: Mapping[str, Any], num_heads: int, *, prefix: str | None = None,
+                             dropout: float = 0.0, add_zero_attn: bool = False,
+                             batch_first: bool = False) -> "MultiheadAttention":
         """MultiheadAttention.from_state_dict(sd, num_heads, ...): a layer with PyTorch's state_dict
         (dict of arrays or tensors); embed_dim, kdim, vdim, bias and add_bias_kv are read from the
-        keys and shapes. layer.from_state_dict(sd): loads into this layer and returns it."""
-        sd = _arrays(state_dict)
+        keys and shapes. sd may be a whole model's, or qkv.load of `qkv convert --to torch`'s file
+        ("multi_head_attention.in_proj_weight", ...): the one MultiheadAttention's keys are taken,
+        or those under `prefix` when there are several. layer.from_state_dict(sd): loads into this
+        layer and returns it."""
+        sd = _nn._mha_state_dict(_arrays(state_dict), prefix or "")
         embed_dim = int(sd["out_proj.weight"].shape[0])
         kdim = vdim = None
         if "in_proj_weight" not in sd:
@@ -81,8 +85,8 @@ class MultiheadAttention:
         layer.load_state_dict(sd)
         return layer
 
-    def _load_from_state_dict(self, state_dict: Mapping[str, Any]) -> "MultiheadAttention":
-        self.load_state_dict(state_dict)
+    def _load_from_state_dict(self, state_dict: Mapping[str, Any], *, prefix: str | None = None) -> "MultiheadAttention":
+        self.load_state_dict(_nn._mha_state_dict(_arrays(state_dict), prefix or ""))
         return self
 
     from_state_dict = _hybridmethod(_new_from_state_dict, _load_from_state_dict)
@@ -132,15 +136,32 @@ class KerasMultiHeadAttention:
         self.value_dim = value_dim if value_dim is not None else key_dim
         self.use_bias, self.output_shape, self.attention_axes = use_bias, output_shape, attention_axes
 
-    def _new_from_weights(cls, weights: Sequence[Any] | Mapping[str, Any], num_heads: int, key_dim: int,
+    def _new_from_weights(cls, weights: Sequence[Any] | Mapping[str, Any], num_heads: int | None = None,
+                          key_dim: int | None = None, *, layer: str | None = None,
                           **kwargs: Any) -> "KerasMultiHeadAttention":
         """KerasMultiHeadAttention.from_weights(weights, num_heads, key_dim, ...): a layer with Keras'
-        weights, the list of layer.get_weights() or a dict keyed by the variables' paths
-        ("mha/query/kernel", ...). layer.from_weights(weights): loads into this layer, returns it."""
+        weights: the list of layer.get_weights(), or a dict: qkv.load of any weight file (Keras 3
+        .weights.h5 / .keras, tf.keras .h5, TF checkpoint, safetensors; the one MultiHeadAttention
+        layer, or the one named `layer`) or variable paths ("mha/query/kernel", ...). With a dict,
+        num_heads, key_dim, value_dim, use_bias and output_shape default to what the kernels say.
+        layer.from_weights(weights): loads into this layer, returns it."""
+        if isinstance(weights, Mapping):
+            found, implied = _nn._keras_mha_weights(_arrays(weights), layer or "")
+            for name in ("value_dim", "use_bias", "output_shape"):
+                kwargs.setdefault(name, implied[name])
+            num_heads = implied["num_heads"] if num_heads is None else num_heads
+            key_dim = implied["key_dim"] if key_dim is None else key_dim
+            return cls(num_heads, key_dim, **kwargs).from_weights(found)
+        if num_heads is None or key_dim is None:
+            raise TypeError("KerasMultiHeadAttention.from_weights: a list of weights needs num_heads and key_dim")
         return cls(num_heads, key_dim, **kwargs).from_weights(weights)
 
-    def _load_weights_into(self, weights: Sequence[Any] | Mapping[str, Any]) -> "KerasMultiHeadAttention":
-        self.set_weights(weights)
+    def _load_weights_into(self, weights: Sequence[Any] | Mapping[str, Any], *,
+                           layer: str | None = None) -> "KerasMultiHeadAttention":
+        if isinstance(weights, Mapping):
+            self.load_weights(weights, layer=layer)
+        else:
+            self.set_weights(weights)
         return self
 
     from_weights = _hybridmethod(_new_from_weights, _load_weights_into)
@@ -151,8 +172,9 @@ class KerasMultiHeadAttention:
         else:
             self._layer.set_weights([_array(w) for w in weights])
 
-    def load_weights(self, weights: Mapping[str, Any]) -> None:
-        self._layer.load_weights(_arrays(weights))
+    def load_weights(self, weights: Mapping[str, Any], layer: str | None = None) -> None:
+        """Weights by name, from any key scheme qkv.load gives (see from_weights)."""
+        self._layer.load_weights(_arrays(weights), layer or "")
 
     def get_weights(self) -> list:
         return self._layer.get_weights()

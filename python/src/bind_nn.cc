@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "qkv/nn/keras_mha.h"
+#include "qkv/nn/keras_weights.h"
 #include "qkv/nn/mha.h"
 #include "qkv/nn/seed_layers.h"
 #include "tensor_convert.h"
@@ -97,6 +98,12 @@ void bind_torch_flavour(nb::module_& nn) {
            nb::arg("is_causal") = false)
       .def_rw("training", &qkv::nn::MultiheadAttention::training)
       .def_rw("dropout_seed", &qkv::nn::MultiheadAttention::dropout_seed);
+  nn.def(
+      "_mha_state_dict",
+      [](nb::handle d, const std::string& prefix) {
+        return to_dict(qkv::nn::mha_state_dict(to_tensor_map(d, "MultiheadAttention.from_state_dict"), prefix));
+      },
+      nb::arg("state_dict"), nb::arg("prefix") = "");
 }
 
 // ---- Keras flavour ----------------------------------------------------------------------------
@@ -148,10 +155,12 @@ void bind_keras_flavour(nb::module_& nn) {
              for (nb::handle w : weights) ws.push_back(to_tensor(w, "KerasMultiHeadAttention.set_weights"));
              m.set_weights(ws);
            })
-      .def("load_weights",
-           [](qkv::nn::KerasMultiHeadAttention& m, nb::handle d) {
-             m.load_weights(to_tensor_map(d, "KerasMultiHeadAttention.load_weights"));
-           })
+      .def(
+          "load_weights",
+          [](qkv::nn::KerasMultiHeadAttention& m, nb::handle d, const std::string& layer) {
+            m.load_weights(to_tensor_map(d, "KerasMultiHeadAttention.load_weights"), layer);
+          },
+          nb::arg("weights"), nb::arg("layer") = "")
       .def("get_weights",
            [](const qkv::nn::KerasMultiHeadAttention& m) {
              nb::list out;
@@ -166,6 +175,21 @@ void bind_keras_flavour(nb::module_& nn) {
            nb::arg("key_mask").none() = nb::none(), nb::arg("attention_mask").none() = nb::none(),
            nb::arg("return_attention_scores") = false, nb::arg("use_causal_mask") = false)
       .def_rw("training", &qkv::nn::KerasMultiHeadAttention::training);
+  // One MHA layer's weights out of qkv.load's dict of any weight file, and the config they imply.
+  nn.def(
+      "_keras_mha_weights",
+      [](nb::handle d, const std::string& layer) {
+        const auto w = qkv::nn::keras_mha_weights(to_tensor_map(d, "KerasMultiHeadAttention.from_weights"), layer);
+        const qkv::nn::KerasMhaConfig c = qkv::nn::keras_mha_config(w);
+        nb::dict config;
+        config["num_heads"] = c.num_heads;
+        config["key_dim"] = c.key_dim;
+        config["value_dim"] = c.value_dim ? nb::cast(*c.value_dim) : nb::none();
+        config["use_bias"] = c.use_bias;
+        config["output_shape"] = c.output_shape.empty() ? nb::none() : nb::cast(c.output_shape);
+        return nb::make_tuple(to_dict(w), config);
+      },
+      nb::arg("weights"), nb::arg("layer") = "");
 }
 
 // ---- seed flavours -------------------------------------------------------------------------------

@@ -135,6 +135,38 @@ LayerWeights keras_layer_weights(const WeightFile& file) {
   return out;
 }
 
+namespace {
+
+// Optimizer state by key: Keras 3 (optimizer/vars/N), tf.keras .h5 (optimizer_weights/...),
+// TF checkpoints (optimizer/..., .../.OPTIMIZER_SLOT/...).
+bool optimizer_key(const std::string& key) {
+  return key.starts_with("optimizer/") || key.starts_with("optimizer_weights/") ||
+         key.find("/.OPTIMIZER_SLOT/") != std::string::npos;
+}
+
+// tf.keras .h5 keys repeat the layer: "model_weights/<l>/<l>/..." (model files), "<l>/<l>/..."
+// (save_weights files): the layer is <l>.
+std::string tf_keras_h5_layer(std::string layer) {
+  if (layer.starts_with("model_weights/")) layer.erase(0, 14);
+  const auto slash = layer.find('/');
+  if (slash != std::string::npos && layer.compare(slash + 1, std::string::npos, layer, 0, slash) == 0) {
+    layer.resize(slash);
+  }
+  return layer;
+}
+
+}  // namespace
+
+LayerWeights keras_layer_weights(const std::map<std::string, Tensor>& tensors) {
+  LayerWeights out;
+  for (const auto& [key, t] : tensors) {
+    if (optimizer_key(key)) continue;
+    const auto [layer, weight] = layer_and_weight(key);
+    if (!weight.empty()) out[tf_keras_h5_layer(layer)][weight] = t;
+  }
+  return out;
+}
+
 const std::map<std::string, Tensor>& layer_weights(const LayerWeights& layers, const std::string& layer,
                                                    const std::string& source) {
   const auto it = layers.find(layer);

@@ -74,7 +74,7 @@ int64_t mha_layer(const std::string& name, const std::map<std::string, Tensor>& 
       v.size(0) != dim) {
     fail<ValueError>("keras_model_config: layer '", name, "': kernels ", shape_str(q.shape()), " ", shape_str(k.shape()),
                      " ", shape_str(v.shape()), " are not those of self-attention over ", dim,
-                     " features; give the model's config.json instead");
+                     " features; give the layers in model order (--layer-order) or the model's config.json");
   }
   const int64_t out = o.size(2);
   ojson c = common_config(name);
@@ -101,7 +101,7 @@ int64_t dense_layer(const std::string& name, const std::map<std::string, Tensor>
   const Tensor& k = need(w, name, "kernel");
   if (k.dim() != 2 || k.size(0) != dim) {
     fail<ValueError>("keras_model_config: layer '", name, "': kernel ", shape_str(k.shape()), " does not take ", dim,
-                     " features; give the model's config.json instead");
+                     " features; give the layers in model order (--layer-order) or the model's config.json");
   }
   ojson c = common_config(name);
   c["units"] = k.size(1);

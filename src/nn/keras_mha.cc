@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "nn/keras_masks.h"
+#include "qkv/nn/keras_weights.h"
 #include "qkv/attention.h"
 
 namespace qkv::nn {
@@ -13,8 +14,7 @@ namespace qkv::nn {
 namespace {
 
 constexpr const char* kOp = "KerasMultiHeadAttention";
-const char* const kNames[] = {"query/kernel", "query/bias", "key/kernel", "key/bias",
-                              "value/kernel", "value/bias", "attention_output/kernel", "attention_output/bias"};
+const auto& kNames = kKerasMhaWeightNames;
 
 Tensor glorot(const Shape& shape, uint64_t seed) {
   const int64_t rfs = shape_numel(Shape(shape.begin(), shape.end() - 2));
@@ -102,20 +102,19 @@ void KerasMultiHeadAttention::set_weights(const std::vector<Tensor>& weights) {
   }
 }
 
-void KerasMultiHeadAttention::load_weights(const std::map<std::string, Tensor>& weights) {
+void KerasMultiHeadAttention::load_weights(const std::map<std::string, Tensor>& weights, const std::string& layer) {
+  const std::map<std::string, Tensor> w = keras_mha_weights(weights, layer);
   std::vector<Tensor> list;
   for (int i = 0; i < 8; ++i) {
     if (i % 2 == 1 && !config_.use_bias) continue;
-    const std::string suffix = kNames[i];
-    const Tensor* found = nullptr;
-    for (const auto& [name, t] : weights) {
-      const bool ends = name.size() >= suffix.size() &&
-                        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-                        (name.size() == suffix.size() || name[name.size() - suffix.size() - 1] == '/');
-      if (ends) found = &t;
+    const auto it = w.find(kNames[i]);
+    if (it == w.end()) {
+      std::string found;
+      for (const auto& [name, t] : w) found += (found.empty() ? "" : ", ") + name + " " + shape_str(t.shape());
+      fail<ValueError>(kOp, ": no weight named \"", kNames[i], "\" (or \".../", kNames[i], "\"); the layer has ", found,
+                       config_.use_bias && i % 2 == 1 ? " (use_bias=False for a layer without biases)" : "");
     }
-    if (!found) fail<ValueError>(kOp, ": no weight named \"", suffix, "\" (or \".../", suffix, "\")");
-    list.push_back(*found);
+    list.push_back(it->second);
   }
   set_weights(list);
 }

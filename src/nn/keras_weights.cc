@@ -32,6 +32,54 @@ KerasMhaConfig keras_mha_config(const std::map<std::string, Tensor>& w) {
   return c;
 }
 
+namespace {
+
+// "a [2, 3], b [4]" for at most 40 tensors, then how many more.
+std::string listing(const std::map<std::string, Tensor>& tensors) {
+  std::string out;
+  size_t n = 0;
+  for (const auto& [name, t] : tensors) {
+    if (n++ == 40) return out + ", ... (" + std::to_string(tensors.size() - 40) + " more)";
+    out += (out.empty() ? "" : ", ") + name + " " + shape_str(t.shape());
+  }
+  return out.empty() ? "no tensors" : out;
+}
+
+}  // namespace
+
+std::map<std::string, Tensor> keras_mha_weights(const std::map<std::string, Tensor>& tensors,
+                                                const std::string& layer) {
+  io::LayerWeights layers = io::keras_layer_weights(tensors);
+  for (const char* n : kKerasMhaWeightNames) {  // one layer's get_weights by name: the layer ""
+    if (tensors.count(n)) layers[""][n] = tensors.at(n);
+  }
+  std::vector<std::string> hits;
+  std::string names;
+  for (const auto& [name, w] : layers) {
+    if (!w.count("query/kernel")) continue;
+    names += (names.empty() ? "'" : ", '") + name + "'";
+    if (layer.empty() || name == layer || name.ends_with("/" + layer)) hits.push_back(name);
+  }
+  if (hits.size() == 1) return layers.at(hits.front());
+  const std::string what = layer.empty() ? "" : " named '" + layer + "'";
+  if (hits.empty()) {
+    fail<ValueError>("KerasMultiHeadAttention weights: no MultiHeadAttention layer", what, " (with a query/kernel)",
+                     names.empty() ? "" : "; its layers: " + names, "; the tensors: ", listing(tensors));
+  }
+  fail<ValueError>("KerasMultiHeadAttention weights: ", hits.size(), " MultiHeadAttention layers (", names,
+                   "); choose one by name (layer=)");
+}
+
+KerasMultiHeadAttention keras_mha_from_weights(const std::map<std::string, Tensor>& tensors, const std::string& layer,
+                                               const std::vector<int64_t>& attention_axes) {
+  const auto w = keras_mha_weights(tensors, layer);
+  KerasMhaConfig config = keras_mha_config(w);
+  config.attention_axes = attention_axes;
+  KerasMultiHeadAttention mha(config);
+  mha.load_weights(w);
+  return mha;
+}
+
 KerasMultiHeadAttention load_keras_mha(const io::LayerWeights& layers, const std::string& name,
                                        const std::string& source) {
   const auto& w = io::layer_weights(layers, name, source);

@@ -77,10 +77,54 @@ bool MultiheadAttention::packed() const {
 }
 
 MultiheadAttention MultiheadAttention::from_state_dict(const MultiheadAttentionConfig& config,
-                                                       const std::map<std::string, Tensor>& state_dict) {
+                                                       const std::map<std::string, Tensor>& state_dict,
+                                                       const std::string& prefix) {
   MultiheadAttention m(config);
-  m.load_state_dict(state_dict);
+  m.load_state_dict(mha_state_dict(state_dict, prefix));
   return m;
+}
+
+namespace {
+
+// The parameter names of torch.nn.MultiheadAttention's state_dict (any configuration).
+constexpr const char* kTorchNames[] = {"in_proj_weight", "in_proj_bias",  "q_proj_weight",   "k_proj_weight",
+                                       "v_proj_weight",  "bias_k",        "bias_v",          "out_proj.weight",
+                                       "out_proj.bias"};
+
+}  // namespace
+
+std::map<std::string, Tensor> mha_state_dict(const std::map<std::string, Tensor>& tensors, const std::string& prefix) {
+  const std::string out_w = "out_proj.weight";
+  std::vector<std::string> hits;
+  std::string layers;
+  for (const auto& [key, t] : tensors) {
+    if (!key.ends_with(out_w)) continue;
+    const std::string p = key.substr(0, key.size() - out_w.size());  // "" or "<layer>."
+    if (!p.empty() && !p.ends_with(".")) continue;
+    layers += (layers.empty() ? "'" : ", '") + p + "'";
+    const std::string bare = p.empty() ? p : p.substr(0, p.size() - 1);
+    if (prefix.empty() || prefix == p || prefix == bare || bare.ends_with("." + prefix) || p.ends_with("." + prefix)) {
+      hits.push_back(p);
+    }
+  }
+  if (hits.size() != 1) {
+    std::string keys;
+    for (const auto& [key, t] : tensors) keys += (keys.empty() ? "" : ", ") + key + " " + shape_str(t.shape());
+    const std::string what = prefix.empty() ? "" : " under the prefix '" + prefix + "'";
+    if (hits.empty()) {
+      fail<ValueError>(kOp, ": no MultiheadAttention state_dict", what, " (no <prefix>out_proj.weight)",
+                       layers.empty() ? "" : "; its layers: " + layers, "; the keys: ",
+                       keys.empty() ? "none" : keys);
+    }
+    fail<ValueError>(kOp, ": ", hits.size(), " MultiheadAttention layers (prefixes ", layers,
+                     "); choose one with prefix=");
+  }
+  std::map<std::string, Tensor> out;
+  for (const char* name : kTorchNames) {
+    const auto it = tensors.find(hits.front() + name);
+    if (it != tensors.end()) out.emplace(name, it->second);
+  }
+  return out;
 }
 
 void MultiheadAttention::load_state_dict(const std::map<std::string, Tensor>& state_dict, bool strict) {

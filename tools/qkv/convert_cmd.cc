@@ -4,6 +4,10 @@
 // chooses: .weights.h5 (Keras 3), other .h5 (tf.keras 2.x save_weights layout),
 // .keras (archive), .safetensors, and a TF checkpoint for PREFIX.index or a path
 // without extension (tf.keras save_weights(prefix) layout); --format overrides.
+// OUT is never the input (same path, or the same file through a link: compared by
+// st_dev/st_ino); another existing OUT needs --force.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <fstream>
 #include <iostream>
@@ -21,6 +25,7 @@ namespace {
 struct ConvertArgs {
   std::string in, out, to, format, config, layer_order;
   int64_t heads = 0;
+  bool force = false;
 };
 
 bool has_torch_keys(const std::map<std::string, Tensor>& tensors) {
@@ -100,16 +105,73 @@ std::map<std::string, Tensor> write_keras(const ConvertArgs& a, const std::strin
   return paths;
 }
 
+// The files a weight path stands for: itself, or a TF checkpoint's PREFIX.index and data shards.
+std::vector<std::filesystem::path> files_of(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path prefix = prefix_of(path);
+  std::vector<fs::path> out{path, prefix.string() + ".index"};
+  std::error_code ec;
+  const fs::path dir = prefix.has_parent_path() ? prefix.parent_path() : fs::path(".");
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename().string().starts_with(prefix.filename().string() + ".data-")) out.push_back(it->path());
+  }
+  return out;
+}
+
+// Refuses to write over the input (even with --force) and, without --force, over any file.
+void check_output(const ConvertArgs& a, const std::string& format) {
+  std::vector<std::string> outs{a.out};
+  if (format == "tf-checkpoint") outs = {prefix_of(a.out) + ".index", prefix_of(a.out) + ".data-00000-of-00001"};
+  for (const std::string& o : outs) {
+    struct stat so {};
+    if (::stat(o.c_str(), &so) != 0) continue;
+    for (const auto& f : files_of(a.in)) {
+      struct stat si {};
+      if (::stat(f.c_str(), &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+        fail<ValueError>("convert: ", o, " is the input ", a.in, " (", f.string(),
+                         "); write the output elsewhere (not even --force overwrites the input)");
+      }
+    }
+    if (!a.force) fail<ValueError>("convert: ", o, " exists; --force overwrites it");
+  }
+}
+
+// --to same: every tensor under its own key, optimizer state and all, and the variable
+// names kept. A model variable that a TF checkpoint keys through the optimizer (Keras 3
+// writes optimizer/_trainable_variables/N for layer weights) is written under its name
+// instead ("multi_head_attention/query/kernel"), so the copy's layers are still found.
+std::map<std::string, Tensor> write_same(const ConvertArgs& a, const std::string& format, const io::WeightFile& in) {
+  std::map<std::string, Tensor> out;
+  std::map<std::string, std::string> names;
+  for (const io::CheckpointEntry& e : in.entries) {
+    const auto t = in.tensors.find(e.key);
+    if (t == in.tensors.end()) continue;
+    const bool aliased = !e.optimizer && e.key.starts_with("optimizer/") && !e.name.empty() && e.name != e.key;
+    const std::string key = aliased ? e.name : e.key;
+    if (!out.emplace(key, t->second).second) fail<ValueError>("convert --to same: ", a.in, ": two variables named ", key);
+    names[key] = e.name;
+  }
+  // A model_weights group makes any .h5 a tf.keras model file to Keras and to qkv's reader.
+  const bool tf_keras_model = std::any_of(out.begin(), out.end(), [](const auto& kv) { return kv.first.starts_with("model_weights/"); });
+  if (format == "keras3-h5" && tf_keras_model) {
+    fail<ValueError>("convert --to same: ", a.in, " is a tf.keras model .h5 (model_weights/...); a .weights.h5 under "
+                     "its keys would read as a tf.keras file without its attributes; write .safetensors or a TF "
+                     "checkpoint, or --to keras");
+  }
+  if (format == "tf-checkpoint") io::save_tf_checkpoint(prefix_of(a.out), out, names);
+  else if (format == "safetensors") io::save_safetensors(a.out, out);
+  else if (format == "keras3-h5") io::save_keras_weights_h5(a.out, out);
+  else fail<ValueError>("convert --to same: ", format, " needs layers; write .safetensors, .weights.h5 or a TF checkpoint");
+  return out;
+}
+
 void run_convert(const ConvertArgs& a) {
-  const io::WeightFile in = io::load_weights(a.in);
   const std::string format = output_format(a);
+  check_output(a, format);
+  const io::WeightFile in = io::load_weights(a.in);
   std::map<std::string, Tensor> out;
   if (a.to == "same") {
-    out = in.tensors;  // every tensor under its own key (optimizer state and all)
-    if (format == "tf-checkpoint") io::save_tf_checkpoint(prefix_of(a.out), out);
-    else if (format == "safetensors") io::save_safetensors(a.out, out);
-    else if (format == "keras3-h5") io::save_keras_weights_h5(a.out, out);
-    else fail<ValueError>("convert --to same: ", format, " needs layers; write .safetensors, .weights.h5 or a TF checkpoint");
+    out = write_same(a, format, in);
   } else if (a.to == "torch") {
     if (format != "safetensors" && format != "keras3-h5") {
       fail<ValueError>("convert: PyTorch's layout is written to .safetensors (or a plain .weights.h5), not ", format);
@@ -148,6 +210,7 @@ void register_convert(CLI::App& app) {
       ->required()
       ->check(CLI::IsMember({"torch", "keras", "same"}));
   cmd->add_option("--heads", args->heads, "number of heads (PyTorch -> Keras)")->check(integer_in(1, 65536));
+  cmd->add_flag("--force", args->force, "overwrite an existing output (never the input)");
   cmd->add_option("--format", args->format, "output format, instead of OUT's extension")
       ->check(CLI::IsMember({"safetensors", "keras3-h5", "tf-keras-h5", "keras", "tf-checkpoint"}));
   cmd->add_option("--layer-order", args->layer_order,

@@ -36,6 +36,11 @@
 
 namespace qkv::nn {
 
+// Keras' weight names in get_weights() order (no biases without use_bias).
+inline constexpr const char* kKerasMhaWeightNames[8] = {
+    "query/kernel", "query/bias", "key/kernel", "key/bias",
+    "value/kernel", "value/bias", "attention_output/kernel", "attention_output/bias"};
+
 struct KerasMhaConfig {
   int64_t num_heads = 1;
   int64_t key_dim = 1;
@@ -65,9 +70,12 @@ class KerasMultiHeadAttention {
   // Keras' get_weights() order (query kernel, bias, key kernel, bias, value kernel, bias,
   // output kernel, bias; no biases without use_bias). Builds the layer.
   void set_weights(const std::vector<Tensor>& weights);
-  // By name: keys ending in "query/kernel", "key/bias", "attention_output/kernel", ... (Keras 3
-  // variable paths such as "multi_head_attention/query/kernel"). ValueError for a missing one.
-  void load_weights(const std::map<std::string, Tensor>& weights);
+  // By name: "query/kernel", "key/bias", "attention_output/kernel", ... under any prefix or
+  // key scheme of a weight file (Keras 3 paths "layers/mha/query_dense/vars/0", variable paths
+  // "mha/query/kernel", tf.keras and TF checkpoint keys): the tensors qkv::io::load returns.
+  // `layer` picks one of several MultiHeadAttention layers (nn::keras_mha_weights in
+  // qkv/nn/keras_weights.h). ValueError for a missing weight, listing those found.
+  void load_weights(const std::map<std::string, Tensor>& weights, const std::string& layer = "");
   std::vector<Tensor> get_weights() const;
   // Glorot-uniform kernels, zero biases (Keras' defaults), for the given input feature sizes.
   void build(int64_t query_dim, int64_t value_dim, int64_t key_dim, uint64_t seed = 0);

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "qkv/io_keras.h"
 #include "qkv/nn/keras_mha.h"
@@ -19,6 +21,21 @@ namespace qkv::nn {
 // the output kernel's trailing axes when they differ from the query's dim, use_bias
 // from the presence of biases. (attention_axes and dropout are not in weight files.)
 KerasMhaConfig keras_mha_config(const std::map<std::string, Tensor>& weights);
+
+// The weights of one MultiHeadAttention layer ("query/kernel", ..., "attention_output/bias")
+// among `tensors`: what qkv::io::load returns for any weight file qkv reads or writes (Keras 3
+// .weights.h5 / .keras paths, tf.keras .h5 paths, TF checkpoint keys, safetensors), a dict of
+// variable paths ("mha/query/kernel") or one layer's bare names ("query/kernel"). `layer`
+// chooses the layer by name or by the end of its path ("multi_head_attention",
+// "layer_with_weights-0"); empty: the only MultiHeadAttention layer there is. ValueError
+// naming the layers and listing the keys found when there is none, or several and no `layer`.
+std::map<std::string, Tensor> keras_mha_weights(const std::map<std::string, Tensor>& tensors,
+                                                const std::string& layer = "");
+// A layer with those weights and the config they imply (keras_mha_config), attending over
+// `attention_axes` (not in weight files).
+KerasMultiHeadAttention keras_mha_from_weights(const std::map<std::string, Tensor>& tensors,
+                                               const std::string& layer = "",
+                                               const std::vector<int64_t>& attention_axes = {});
 
 // The layer `name` of `layers` as a KerasMultiHeadAttention (config from keras_mha_config).
 KerasMultiHeadAttention load_keras_mha(const io::LayerWeights& layers, const std::string& name,

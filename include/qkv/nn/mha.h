@@ -60,9 +60,12 @@ class MultiheadAttention {
   // Parameters initialised as PyTorch's _reset_parameters does (xavier-uniform
   // projections, zero biases), from `seed`. ValueError for embed_dim % num_heads != 0.
   explicit MultiheadAttention(const MultiheadAttentionConfig& config, uint64_t seed = 0);
-  // A layer with the given state_dict (see load_state_dict).
+  // A layer with the given state_dict (see load_state_dict), or with one layer's out of a
+  // larger one (mha_state_dict: "<prefix>.in_proj_weight", ...; the prefix is found when
+  // there is one MultiheadAttention layer).
   static MultiheadAttention from_state_dict(const MultiheadAttentionConfig& config,
-                                            const std::map<std::string, Tensor>& state_dict);
+                                            const std::map<std::string, Tensor>& state_dict,
+                                            const std::string& prefix = "");
 
   // PyTorch's key names (above). strict: every expected key present and no unknown
   // key (ValueError naming them); shapes checked (ShapeError).
@@ -88,5 +91,14 @@ class MultiheadAttention {
   std::map<std::string, Tensor> params_;  // PyTorch names -> f32 tensors
   Linear q_, k_, v_, qkv_, kv_, out_;     // kv_/qkv_: packed rows for self/kv-shared attention
 };
+
+// One MultiheadAttention's state_dict out of a model's (or of what qkv::io::load returns for
+// `qkv convert --to torch`'s file: "multi_head_attention.in_proj_weight", ...): the keys
+// under `prefix` ("multi_head_attention" or "multi_head_attention.", or the end of a dotted
+// path), prefix removed. Empty prefix: the only layer with an out_proj.weight (unprefixed keys
+// included). ValueError naming the layers and listing the keys found when there is none, or
+// several and no prefix.
+std::map<std::string, Tensor> mha_state_dict(const std::map<std::string, Tensor>& tensors,
+                                             const std::string& prefix = "");
 
 }  // namespace qkv::nn
