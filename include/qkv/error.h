@@ -80,4 +80,11 @@ template <class E = Error, class... Args>
   throw E(detail::concat(std::forward<Args>(args)...));
 }
 
+// Work stopped by an interrupt (Ctrl-C; qkv::request_interrupt in qkv/parallel.h).
+// Python: KeyboardInterrupt; the CLI exits 130.
+class Interrupted : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace qkv

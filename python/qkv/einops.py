@@ -2,8 +2,8 @@
 
 rearrange, reduce, repeat, pack, unpack, parse_shape and einsum have einops'
 signatures, grammar and error messages; the work runs in qkv's C++ library
-(include/qkv/einops.h). Results are NumPy arrays (views of the input where einops
-would return views). Errors raise ``EinopsError``, a subclass of ValueError and of
+(include/qkv/einops.h). Results have the array type of the first tensor (NumPy, or torch
+for torch tensors; views of the input where einops would return views). Errors raise ``EinopsError``, a subclass of ValueError and of
 RuntimeError (einops.EinopsError's base). Grammar and examples: docs/einops.md.
 """
 from typing import List, Sequence, Tuple, Union

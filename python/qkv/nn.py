@@ -12,6 +12,7 @@ from __future__ import annotations
 import types
 from typing import Any, Mapping, Sequence
 
+from ._qkv import _array_like
 from ._qkv import nn as _nn
 
 LazyMultiHeadAttention = _nn.LazyMultiHeadAttention
@@ -45,12 +46,9 @@ class _hybridmethod:
 
 
 def _like(result: Any, like: Any) -> Any:
-    """Results as torch tensors when the input was one, else NumPy arrays."""
-    if result is None or type(like).__module__.split(".")[0] != "torch":
-        return result
-    import torch
-
-    return torch.from_dlpack(result)
+    """Results as torch tensors when the input was one, else NumPy arrays (one rule for
+    the package: python/src/array_like.h)."""
+    return _array_like(result, like)
 
 
 class MultiheadAttention:

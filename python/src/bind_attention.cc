@@ -7,10 +7,13 @@
 #include <random>
 
 #include "qkv/attention.h"
+#include "args.h"
+#include "array_like.h"
+#include "interrupt.h"
 #include "tensor_convert.h"
 
 namespace nb = nanobind;
-using qkv::python::to_numpy;
+using qkv::python::to_array_like;
 using qkv::python::to_optional_tensor;
 using qkv::python::to_tensor;
 
@@ -23,51 +26,62 @@ uint64_t seed_or_random(std::optional<uint64_t> seed) {
   return (static_cast<uint64_t>(device()) << 32) ^ device();
 }
 
-qkv::AttentionOptions make_options(nb::handle attn_mask, double dropout_p, bool is_causal,
-                                   std::optional<double> scale, bool enable_gqa, bool return_weights,
-                                   std::optional<uint64_t> seed, const char* op) {
+// The keyword arguments both functions share, as Python gave them.
+struct Args {
+  nb::handle attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, seed, return_logsumexp;
+};
+
+qkv::AttentionOptions make_options(const Args& a, const char* op) {
+  using namespace qkv::python;
   qkv::AttentionOptions o;
-  o.attn_mask = to_optional_tensor(attn_mask, op);
-  o.dropout_p = dropout_p;
-  o.is_causal = is_causal;
-  o.scale = scale;
-  o.enable_gqa = enable_gqa;
-  o.return_weights = return_weights;
-  o.seed = dropout_p > 0 ? seed_or_random(seed) : 0;
+  o.attn_mask = to_optional_tensor(a.attn_mask, arg_name(op, "attn_mask").c_str());
+  o.dropout_p = float_arg(a.dropout_p, arg_name(op, "dropout_p"));
+  o.is_causal = bool_arg(a.is_causal, arg_name(op, "is_causal"));
+  o.scale = optional_float_arg(a.scale, arg_name(op, "scale"));
+  o.enable_gqa = bool_arg(a.enable_gqa, arg_name(op, "enable_gqa"));
+  o.return_weights = bool_arg(a.return_weights, arg_name(op, "return_weights"));
+  o.return_logsumexp = bool_arg(a.return_logsumexp, arg_name(op, "return_logsumexp"));
+  const std::optional<uint64_t> seed = seed_arg(a.seed, arg_name(op, "seed"));
+  o.seed = o.dropout_p > 0 ? seed_or_random(seed) : 0;
   return o;
 }
 
-nb::object attention_reference(nb::handle q, nb::handle k, nb::handle v, nb::handle attn_mask,
-                               double dropout_p, bool is_causal, std::optional<double> scale,
-                               bool enable_gqa, bool return_weights, std::optional<uint64_t> seed) {
-  const qkv::Tensor tq = to_tensor(q, "attention_reference: q");
-  const qkv::Tensor tk = to_tensor(k, "attention_reference: k");
-  const qkv::Tensor tv = to_tensor(v, "attention_reference: v");
-  const qkv::AttentionOptions o = make_options(attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                                               return_weights, seed, "attention_reference: attn_mask");
+// output, or a tuple (output[, weights][, logsumexp]) in the array type of q.
+nb::object run(nb::handle q, nb::handle k, nb::handle v, const Args& args, const char* op, const char* names[3],
+               qkv::AttentionResult (*fn)(const qkv::Tensor&, const qkv::Tensor&, const qkv::Tensor&,
+                                          const qkv::AttentionOptions&)) {
+  using qkv::python::arg_name;
+  const qkv::Tensor tq = to_tensor(q, arg_name(op, names[0]).c_str());
+  const qkv::Tensor tk = to_tensor(k, arg_name(op, names[1]).c_str());
+  const qkv::Tensor tv = to_tensor(v, arg_name(op, names[2]).c_str());
+  const qkv::AttentionOptions o = make_options(args, op);
   qkv::AttentionResult r;
   {
-    nb::gil_scoped_release release;
-    r = qkv::attention_reference(tq, tk, tv, o);
+    qkv::python::InterruptibleRelease release;
+    r = fn(tq, tk, tv, o);
   }
-  if (!return_weights) return to_numpy(r.output);
-  return nb::make_tuple(to_numpy(r.output), to_numpy(*r.weights));
+  if (!o.return_weights && !o.return_logsumexp) return to_array_like(r.output, q);
+  nb::list out;
+  out.append(to_array_like(r.output, q));
+  if (o.return_weights) out.append(to_array_like(*r.weights, q));
+  if (o.return_logsumexp) out.append(to_array_like(*r.logsumexp, q));
+  return nb::tuple(out);
 }
 
-nb::object sdpa(nb::handle query, nb::handle key, nb::handle value, nb::handle attn_mask,
-                double dropout_p, bool is_causal, std::optional<double> scale, bool enable_gqa,
-                std::optional<uint64_t> seed) {
-  const qkv::Tensor tq = to_tensor(query, "scaled_dot_product_attention: query");
-  const qkv::Tensor tk = to_tensor(key, "scaled_dot_product_attention: key");
-  const qkv::Tensor tv = to_tensor(value, "scaled_dot_product_attention: value");
-  const qkv::AttentionOptions o = make_options(attn_mask, dropout_p, is_causal, scale, enable_gqa, false,
-                                               seed, "scaled_dot_product_attention: attn_mask");
-  qkv::AttentionResult r;
-  {
-    nb::gil_scoped_release release;
-    r = qkv::scaled_dot_product_attention(tq, tk, tv, o);
-  }
-  return to_numpy(r.output);
+nb::object attention_reference(nb::handle q, nb::handle k, nb::handle v, nb::handle attn_mask, nb::handle dropout_p,
+                               nb::handle is_causal, nb::handle scale, nb::handle enable_gqa,
+                               nb::handle return_weights, nb::handle seed) {
+  static const char* names[3] = {"q", "k", "v"};
+  const Args args{attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, seed, nb::handle(Py_False)};
+  return run(q, k, v, args, "attention_reference", names, &qkv::attention_reference);
+}
+
+nb::object sdpa(nb::handle query, nb::handle key, nb::handle value, nb::handle attn_mask, nb::handle dropout_p,
+                nb::handle is_causal, nb::handle scale, nb::handle enable_gqa, nb::handle seed,
+                nb::handle return_weights, nb::handle return_logsumexp) {
+  static const char* names[3] = {"query", "key", "value"};
+  const Args args{attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, seed, return_logsumexp};
+  return run(query, key, value, args, "scaled_dot_product_attention", names, &qkv::scaled_dot_product_attention);
 }
 
 constexpr const char* kConventions = R"(
@@ -86,22 +100,27 @@ bfloat16 are computed in a wider type). Conventions are PyTorch's:
 A row whose every key is masked gives weights 0 and output 0 (not NaN).
 
 Inputs: NumPy arrays or any CPU DLPack producer (torch tensors, ...), read in
-place without copying; float32, float64, float16, bfloat16 (ml_dtypes).
-Errors: ValueError for shapes and option values, TypeError for dtypes.
-The GIL is released while it computes.)";
+place without copying; float32, float64, float16, bfloat16 (ml_dtypes). Results
+have the array type of the first argument (torch in, torch out; else NumPy).
+Errors: ValueError for shapes and option values, TypeError for dtypes and
+argument types (each message names the argument). The GIL is released while it
+computes; Ctrl-C raises KeyboardInterrupt within a fraction of a second.)";
 
 }  // namespace
 
 void bind_attention(nb::module_& m) {
-  m.def("attention_reference", &attention_reference, nb::arg("q"), nb::arg("k"), nb::arg("v"),
-        nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p") = 0.0, nb::arg("is_causal") = false,
-        nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa") = false,
-        nb::arg("return_weights") = false, nb::arg("seed").none() = nb::none(),
+  // Every argument is taken as an object (.none(): None too) and converted by args.h,
+  // so a wrong one gets a message naming it instead of nanobind's signature list.
+  m.def("attention_reference", &attention_reference, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
+        nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p").none() = 0.0,
+        nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(),
+        nb::arg("enable_gqa").none() = false, nb::arg("return_weights").none() = false,
+        nb::arg("seed").none() = nb::none(),
         nb::sig("def attention_reference(q: numpy.typing.ArrayLike, k: numpy.typing.ArrayLike, "
                 "v: numpy.typing.ArrayLike, attn_mask: numpy.typing.ArrayLike | None = None, "
                 "dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, "
                 "enable_gqa: bool = False, return_weights: bool = False, seed: int | None = None) "
-                "-> numpy.ndarray | tuple[numpy.ndarray, numpy.ndarray]"),
+                "-> typing.Any"),
         (std::string("Scaled dot-product attention by the float64 reference (the oracle of every\n"
                      "qkv kernel): plain loops, single-threaded. Returns the output, or\n"
                      "(output, weights) with return_weights=True, weights [..., Hq, Lq, Lk] being\n"
@@ -109,19 +128,25 @@ void bind_attention(nb::module_& m) {
          kConventions)
             .c_str());
 
-  m.def("scaled_dot_product_attention", &sdpa, nb::arg("query"), nb::arg("key"), nb::arg("value"),
-        nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p") = 0.0, nb::arg("is_causal") = false,
-        nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa") = false, nb::kw_only(),
-        nb::arg("seed").none() = nb::none(),
+  m.def("scaled_dot_product_attention", &sdpa, nb::arg("query").none(), nb::arg("key").none(), nb::arg("value").none(),
+        nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p").none() = 0.0,
+        nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(),
+        nb::arg("enable_gqa").none() = false, nb::kw_only(), nb::arg("seed").none() = nb::none(),
+        nb::arg("return_weights").none() = false, nb::arg("return_logsumexp").none() = false,
         nb::sig("def scaled_dot_product_attention(query: numpy.typing.ArrayLike, "
                 "key: numpy.typing.ArrayLike, value: numpy.typing.ArrayLike, "
                 "attn_mask: numpy.typing.ArrayLike | None = None, dropout_p: float = 0.0, "
                 "is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *, "
-                "seed: int | None = None) -> numpy.ndarray"),
+                "seed: int | None = None, return_weights: bool = False, return_logsumexp: bool = False) "
+                "-> typing.Any"),
         (std::string("torch.nn.functional.scaled_dot_product_attention, same arguments (plus the\n"
-                     "keyword seed for dropout): qkv::scaled_dot_product_attention, which runs the\n"
-                     "fastest qkv kernel that supports the inputs and options. Returns the output\n"
-                     "[..., Hq, Lq, Dv].\n") +
+                     "keywords seed, return_weights, return_logsumexp): qkv::scaled_dot_product_attention,\n"
+                     "which runs the fastest qkv kernel that supports the inputs and options.\n"
+                     "Returns the output [..., Hq, Lq, Dv]; with return_weights and/or return_logsumexp\n"
+                     "a tuple (output[, weights [..., Hq, Lq, Lk]][, logsumexp [..., Hq, Lq] float32]):\n"
+                     "the weights applied to v (after dropout) from the fused kernel's second pass, and\n"
+                     "log sum_j exp(score_ij) of the scaled, masked scores before dropout (-inf for a\n"
+                     "fully masked row).\n") +
          kConventions)
             .c_str());
 }

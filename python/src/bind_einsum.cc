@@ -7,10 +7,12 @@
 #include <vector>
 
 #include "qkv/einsum.h"
+#include "args.h"
+#include "array_like.h"
+#include "interrupt.h"
 #include "tensor_convert.h"
 
 namespace nb = nanobind;
-using qkv::python::to_numpy;
 using qkv::python::to_tensor;
 
 namespace {
@@ -29,10 +31,7 @@ std::string sublist_term(nb::handle sublist) {
       term += "...";
       continue;
     }
-    const long v = nb::cast<long>(item);
-    if (v < 0 || v >= 52) {
-      throw nb::value_error(("einsum: subscript " + std::to_string(v) + " in a sublist is not in [0, 52)").c_str());
-    }
+    const int64_t v = qkv::python::int_arg(item, "einsum: a subscript in a sublist", 0, 51);
     term += static_cast<char>(v < 26 ? 'A' + v : 'a' + (v - 26));
   }
   return term;
@@ -47,13 +46,15 @@ void parse_optimize(nb::handle optimize, qkv::EinsumOptions& o) {
   } else if (nb::isinstance<nb::tuple>(optimize) && nb::len(optimize) == 2 &&
              nb::isinstance<nb::str>(optimize[0])) {
     o.optimize = qkv::einsum_optimize_from_name(nb::cast<std::string>(optimize[0]));
-    o.memory_limit = static_cast<int64_t>(nb::cast<double>(optimize[1]));
+    o.memory_limit = static_cast<int64_t>(qkv::python::float_arg(optimize[1], "einsum: optimize's memory_limit"));
   } else if (nb::isinstance<nb::list>(optimize) || nb::isinstance<nb::tuple>(optimize)) {
     std::vector<std::vector<int>> path;
     for (nb::handle step : optimize) {
       if (nb::isinstance<nb::str>(step)) continue;  // the leading 'einsum_path'
       std::vector<int> ids;
-      for (nb::handle id : step) ids.push_back(nb::cast<int>(id));
+      for (nb::handle id : step) {
+        ids.push_back(static_cast<int>(qkv::python::int_arg(id, "einsum: optimize path entry", 0, 1 << 20)));
+      }
       path.push_back(std::move(ids));
     }
     o.path = std::move(path);
@@ -87,10 +88,13 @@ nb::object einsum_py(nb::args args, nb::handle optimize) {
   const Call c = parse_call(args, optimize);
   qkv::Tensor out;
   {
-    nb::gil_scoped_release release;
+    qkv::python::InterruptibleRelease release;
     out = qkv::einsum(c.subscripts, c.operands, c.options);
   }
-  return to_numpy(out);
+  // The first operand sets the array type (torch in, torch out).
+  const size_t first = nb::isinstance<nb::str>(args[0]) ? 1 : 0;
+  const nb::handle like = first < args.size() ? nb::handle(PyTuple_GET_ITEM(args.ptr(), first)) : nb::handle(Py_None);
+  return qkv::python::to_array_like(out, like);
 }
 
 nb::object einsum_path_py(nb::args args, nb::handle optimize) {

@@ -34,6 +34,10 @@ void translate(const std::exception_ptr& error, void*) {
     PyErr_SetString(PyExc_OSError, e.what());
   } catch (const qkv::OutOfMemoryError& e) {
     PyErr_SetString(PyExc_MemoryError, e.what());
+  } catch (const qkv::Interrupted& e) {
+    // Ctrl-C stopped the work (python/src/interrupt.h): Python's own handler decides
+    // (KeyboardInterrupt by default); if it returns, the call still did not finish.
+    if (PyErr_CheckSignals() == 0) PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
   } catch (const qkv::Error& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   }

@@ -12,6 +12,8 @@
 #include <string>
 
 #include "qkv/io.h"
+#include "args.h"
+#include "interrupt.h"
 #include "tensor_convert.h"
 
 namespace nb = nanobind;
@@ -26,7 +28,7 @@ namespace {
 template <class Fn>
 auto read_file(const fs::path& path, Fn&& read) {
   try {
-    nb::gil_scoped_release release;
+    qkv::python::InterruptibleRelease release;
     return read();
   } catch (const qkv::IOError& e) {
     std::error_code ec;
@@ -37,14 +39,17 @@ auto read_file(const fs::path& path, Fn&& read) {
   }
 }
 
-nb::dict load(const fs::path& path) {
+nb::dict load(nb::handle path_arg) {
+  const fs::path path = qkv::python::path_arg(path_arg, "load: path");
   const std::map<std::string, qkv::Tensor> tensors = read_file(path, [&] { return qkv::io::load(path); });
   nb::dict out;
   for (const auto& [name, tensor] : tensors) out[nb::str(name.c_str(), name.size())] = to_numpy(tensor);
   return out;
 }
 
-void save(const fs::path& path, nb::handle arrays, std::optional<std::map<std::string, std::string>> metadata) {
+void save(nb::handle path_arg, nb::handle arrays, nb::handle metadata_arg) {
+  const fs::path path = qkv::python::path_arg(path_arg, "save: path");
+  const auto metadata = qkv::python::str_dict_arg(metadata_arg, "save: metadata");
   std::map<std::string, qkv::Tensor> tensors;
   if (nb::isinstance<nb::dict>(arrays)) {
     for (auto [key, value] : nb::borrow<nb::dict>(arrays)) {
@@ -61,7 +66,7 @@ void save(const fs::path& path, nb::handle arrays, std::optional<std::map<std::s
   if (metadata && !safetensors) {
     qkv::fail<qkv::ValueError>("save: metadata needs a .safetensors file, got ", path.string());
   }
-  nb::gil_scoped_release release;
+  qkv::python::InterruptibleRelease release;
   if (metadata) {
     qkv::io::save_safetensors(path, tensors, *metadata);
   } else {
@@ -69,7 +74,8 @@ void save(const fs::path& path, nb::handle arrays, std::optional<std::map<std::s
   }
 }
 
-nb::list inspect(const fs::path& path) {
+nb::list inspect(nb::handle path_arg) {
+  const fs::path path = qkv::python::path_arg(path_arg, "inspect: path");
   const std::vector<qkv::io::TensorInfo> infos = read_file(path, [&] { return qkv::io::inspect(path); });
   nb::list out;
   for (const qkv::io::TensorInfo& info : infos) {
@@ -83,7 +89,7 @@ nb::list inspect(const fs::path& path) {
 }  // namespace
 
 void bind_io(nb::module_& m) {
-  m.def("load", &load, nb::arg("path"),
+  m.def("load", &load, nb::arg("path").none(),
         nb::sig("def load(path: str | os.PathLike[str]) -> dict[str, numpy.ndarray]"),
         "Reads every tensor of a .npy file (one, named after the file stem) or a\n"
         ".safetensors file into a dict of NumPy arrays, in name order.\n\n"
@@ -91,7 +97,7 @@ void bind_io(nb::module_& m) {
         "bfloat16 tensors come back as ml_dtypes.bfloat16 arrays. Errors: FileNotFoundError,\n"
         "OSError, ValueError for a malformed file (the message names the file and the\n"
         "fault), TypeError for a dtype qkv has no type for.");
-  m.def("save", &save, nb::arg("path"), nb::arg("arrays"), nb::arg("metadata").none() = nb::none(),
+  m.def("save", &save, nb::arg("path").none(), nb::arg("arrays").none(), nb::arg("metadata").none() = nb::none(),
         nb::sig("def save(path: str | os.PathLike[str], arrays: dict[str, numpy.typing.ArrayLike] | "
                 "numpy.typing.ArrayLike, metadata: dict[str, str] | None = None) -> None"),
         "Writes arrays to path, by extension: .npy takes exactly one array (a dict with one\n"
@@ -101,7 +107,7 @@ void bind_io(nb::module_& m) {
         "PREFIX.index a TensorFlow checkpoint (PREFIX.index + PREFIX.data-00000-of-00001,\n"
         "names as keys) that tf.train.load_checkpoint reads.\n"
         "Arrays are read in place (NumPy or DLPack, no copy).");
-  m.def("inspect", &inspect, nb::arg("path"),
+  m.def("inspect", &inspect, nb::arg("path").none(),
         nb::sig("def inspect(path: str | os.PathLike[str]) -> list[tuple[str, str, tuple[int, ...]]]"),
         "Lists (name, dtype, shape) of every tensor of a .npy or .safetensors file without\n"
         "reading the data; dtypes are numpy's names where qkv knows them, the file's own\n"

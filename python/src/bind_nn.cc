@@ -14,6 +14,8 @@
 #include "qkv/nn/keras_weights.h"
 #include "qkv/nn/mha.h"
 #include "qkv/nn/seed_layers.h"
+#include "array_like.h"
+#include "interrupt.h"
 #include "tensor_convert.h"
 
 namespace nb = nanobind;
@@ -73,7 +75,7 @@ nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, 
   o.is_causal = is_causal;
   qkv::nn::MhaResult r;
   {
-    nb::gil_scoped_release release;
+    qkv::python::InterruptibleRelease release;
     r = m.forward(q, k, v, o);
   }
   return nb::make_tuple(to_numpy(r.output), optional_numpy(r.weights));
@@ -87,7 +89,7 @@ void bind_torch_flavour(nb::module_& nn) {
       .def("load_state_dict",
            [](qkv::nn::MultiheadAttention& m, nb::handle sd, bool strict) {
              const auto tensors = to_tensor_map(sd, "MultiheadAttention.load_state_dict");
-             nb::gil_scoped_release release;
+             qkv::python::InterruptibleRelease release;
              m.load_state_dict(tensors, strict);
            },
            nb::arg("state_dict"), nb::arg("strict") = true)
@@ -137,7 +139,7 @@ nb::object keras_call(qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb:
   o.use_causal_mask = use_causal_mask;
   qkv::nn::KerasMhaResult r;
   {
-    nb::gil_scoped_release release;
+    qkv::python::InterruptibleRelease release;
     r = m.call(q, v, o);
   }
   if (!return_attention_scores) return to_numpy(r.output);
@@ -209,10 +211,10 @@ auto self_attention_call(std::string layer) {
     const auto mk = to_optional_tensor(mask, (layer + ": mask").c_str());
     Tensor r;
     {
-      nb::gil_scoped_release release;
+      qkv::python::InterruptibleRelease release;
       r = m.forward(t, mk);
     }
-    return to_numpy(r);
+    return qkv::python::to_array_like(r, x);
   };
 }
 
@@ -244,10 +246,10 @@ void bind_seed_flavours(nb::module_& nn) {
              const Tensor tv = to_tensor(v, "SeparateHeadsAttention: v");
              SeparateHeadsResult r;
              {
-               nb::gil_scoped_release release;
+               qkv::python::InterruptibleRelease release;
                r = m.forward(tq, tk, tv);
              }
-             return nb::make_tuple(to_numpy(r.output), to_numpy(r.scores));
+             return nb::make_tuple(qkv::python::to_array_like(r.output, q), qkv::python::to_array_like(r.scores, q));
            },
            nb::arg("q"), nb::arg("k"), nb::arg("v"));
   bind_state(sh);
@@ -261,10 +263,10 @@ void bind_seed_flavours(nb::module_& nn) {
              const Tensor tv = to_tensor(v, "LazyMultiHeadAttention: v");
              Tensor r;
              {
-               nb::gil_scoped_release release;
+               qkv::python::InterruptibleRelease release;
                r = m.forward(tq, tk, tv);
              }
-             return to_numpy(r);
+             return qkv::python::to_array_like(r, q);
            },
            nb::arg("q"), nb::arg("k"), nb::arg("v"))
       .def_prop_ro("materialized", &LazyMultiHeadAttention::materialized);

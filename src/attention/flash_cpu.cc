@@ -271,7 +271,9 @@ void run_all(const Flash& f) {
   const int64_t workers = std::min<int64_t>(get_num_threads(), items);
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     Scratch sc(f.tiles);
-    for (int64_t item = next++; item < items; item = next++) run_rows(f, rows_of(f, item), sc);
+    for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
+      run_rows(f, rows_of(f, item), sc);
+    }
   });
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "attention/problem.h"
+#include "qkv/parallel.h"
 #include "qkv/random.h"
 
 namespace qkv {
@@ -90,6 +91,7 @@ AttentionResult attention_reference(const Tensor& q_in, const Tensor& k_in, cons
     const double* vb = at(v, attention::batch_offset(p.v, p.batch, b, p.gqa_group));
     const int64_t mask_base = p.mask ? attention::batch_offset(*p.mask, p.batch, b, 1) : 0;
     for (int64_t i = 0; i < p.lq; ++i) {
+      check_interrupt(op);  // single-threaded and slow (15.9 s at [1, 8, 1024, 64]): Ctrl-C per row
       // Causal masking removes keys j > i from the row (their weights stay 0,
       // whatever q_i . k_j is); a mask adds to the score (bool False: -inf).
       const int64_t keys = options.is_causal ? std::min(p.lk, i + 1) : p.lk;

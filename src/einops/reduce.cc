@@ -54,7 +54,7 @@ void reduce_loop(const Geometry& g, const T* in, Out* out, Acc init, Step step, 
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(g.n_red, 1));
   parallel_for(0, g.n_out, grain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> index(nr, 0);
-    for (int64_t o = begin; o < end; ++o) {
+    for (int64_t o = begin; o < end && !interrupt_requested(); ++o) {
       int64_t base = 0;
       for (size_t k = g.kept_shape.size(), rest = static_cast<size_t>(o); k-- > 0;) {
         base += static_cast<int64_t>(rest % g.kept_shape[k]) * g.kept_strides[k];

@@ -176,7 +176,8 @@ void compute_at(const Loop& g, const std::array<const T*, kMaxOps>& origin, T* c
   }
   if (g.rows) {
     std::fill(acc.begin(), acc.end(), 0.0);
-    for (int64_t r = 0; r < red_numel; ++r) {
+    // One output row may be all the work ('ij->i': red_numel rows of g.inner): poll per row.
+    for (int64_t r = 0; r < red_numel && !interrupt_requested(); ++r) {
       for (size_t i = 0; i < nops; ++i) p[i] = origin[i] + off[i];
       inner_rows<T>(g, p, acc.data());
       advance(g.red, ridx, off, nops);
@@ -187,6 +188,7 @@ void compute_at(const Loop& g, const std::array<const T*, kMaxOps>& origin, T* c
   }
   double sum = 0;
   for (int64_t r = 0; r < red_numel; ++r) {
+    if ((r & 1023) == 0 && interrupt_requested()) return;  // a huge reduction into one element
     for (size_t i = 0; i < nops; ++i) p[i] = origin[i] + off[i];
     sum += inner_dot<T>(g, p);
     advance(g.red, ridx, off, nops);
@@ -213,7 +215,7 @@ void run_direct(std::span<const Operand> ops, const Operand& out, const std::vec
     std::array<int64_t, kMaxOps + 1> base = offsets_at(g.outer, begin, g.nops);
     int64_t rest = begin;
     for (size_t d = oidx.size(); d-- > 0;) oidx[d] = rest % g.outer.size[d], rest /= g.outer.size[d];
-    for (int64_t e = begin; e < end; ++e) {
+    for (int64_t e = begin; e < end && !interrupt_requested(); ++e) {
       compute_at<T>(g, origin, c, base, acc, ridx);
       advance(g.outer, oidx, base, g.nops);
     }

@@ -3,6 +3,7 @@
 
 #include "kernels/cpu/buffer_pool.h"
 #include "einsum/contract.h"
+#include "qkv/parallel.h"
 
 namespace qkv::einsum_detail {
 
@@ -126,6 +127,7 @@ Tensor execute(const Spec& spec, std::span<const Tensor> operands, const Path& p
   for (size_t i = 0; i < operands.size(); ++i) ops.push_back(prepare_operand(spec, operands[i], i));
   const LabelSet out_set = spec.output_set();
   for (size_t s = 0; s < path.size(); ++s) {
+    check_interrupt("einsum");  // between contraction steps (each step's kernels poll too)
     std::vector<int> ids = path[s];
     std::sort(ids.rbegin(), ids.rend());
     std::vector<Operand> step;

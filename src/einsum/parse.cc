@@ -17,6 +17,14 @@ int letter_id(char c) {
 
 char id_letter(int id) { return id < 26 ? static_cast<char>('A' + id) : static_cast<char>('a' + id - 26); }
 
+// The character starting at t[i], whole: quoting one byte of a UTF-8 sequence would
+// make the message invalid UTF-8 (Python then raises UnicodeDecodeError, not ours).
+std::string_view char_at(std::string_view t, size_t i) {
+  size_t n = 1;
+  while (i + n < t.size() && (static_cast<unsigned char>(t[i + n]) & 0xC0) == 0x80) ++n;
+  return t.substr(i, n);
+}
+
 // One term: letters before and after an optional "...".
 struct Term {
   std::vector<int> before, after;
@@ -46,7 +54,7 @@ struct Parser {
         continue;
       }
       const int id = letter_id(c);
-      if (id < 0) error("invalid character '", c, "' in ", where, " '", t, "' (labels are A-Z, a-z)");
+      if (id < 0) error("invalid character '", char_at(t, i), "' in ", where, " '", t, "' (labels are A-Z, a-z)");
       (out.ellipsis ? out.after : out.before).push_back(id);
     }
     return out;

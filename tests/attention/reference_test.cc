@@ -6,6 +6,7 @@
 
 #include "common/expect.h"
 #include "qkv/attention.h"
+#include "qkv/parallel.h"
 #include "qkv/random.h"
 
 namespace qkv {
@@ -233,6 +234,17 @@ TEST(AttentionReference, EmptyKeysGiveZeros) {
   const auto r = attention_reference(Tensor::randn({3, 4}, 1), Tensor::zeros({0, 4}), Tensor::zeros({0, 2}));
   EXPECT_EQ(r.output.shape(), (Shape{3, 2}));
   for (float x : r.output.to_vector<float>()) EXPECT_EQ(x, 0.0f);
+}
+
+// Ctrl-C (qkv::request_interrupt) stops the single-threaded reference at its next row
+// with Interrupted; once cleared the same call computes again.
+TEST(AttentionReference, StopsWithInterruptedWhenTheFlagIsSet) {
+  const Tensor q = Tensor::ones({1, 2, 8, 4}, DType::f64);
+  request_interrupt();
+  EXPECT_THROW_WITH(attention_reference(q, q, q), Interrupted, "interrupted");
+  EXPECT_THROW(scaled_dot_product_attention(q, q, q), Interrupted);  // f64 runs the reference
+  clear_interrupt();
+  EXPECT_EQ(attention_reference(q, q, q).output.shape(), (Shape{1, 2, 8, 4}));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/expect.h"
 #include "kernels/cpu/parallel_internal.h"
 #include "qkv/error.h"
 #include "qkv/parallel.h"
@@ -130,6 +131,49 @@ TEST(Parallel, ExceptionMessageIsKept) {
   } catch (const std::runtime_error& e) {
     EXPECT_STREQ(e.what(), "boom");
   }
+}
+
+// Clears the interrupt flag however the test ends.
+struct InterruptGuard {
+  ~InterruptGuard() { clear_interrupt(); }
+};
+
+TEST(Parallel, InterruptStopsPollingChunksAndThrowsAfterTheRegion) {
+  ThreadCountGuard guard;
+  InterruptGuard clear;
+  for (int threads : {1, 2, 4}) {
+    set_num_threads(threads);
+    std::atomic<int64_t> done{0};
+    EXPECT_THROW_WITH(parallel_for(0, 1 << 20, 1,
+                                   [&](int64_t lo, int64_t hi) {
+                                     for (int64_t i = lo; i < hi && !interrupt_requested(); ++i) {
+                                       if (i == lo + 10) request_interrupt();  // Ctrl-C mid-chunk
+                                       ++done;
+                                     }
+                                   }),
+                      Interrupted, "interrupted");
+    EXPECT_LT(done.load(), int64_t{1} << 20);  // the chunks stopped at their next poll
+    clear_interrupt();
+    EXPECT_FALSE(run_chunks(0, 100, 1).empty());  // cleared: runs normally again
+  }
+}
+
+TEST(Parallel, PendingInterruptThrowsBeforeAnyWork) {
+  InterruptGuard clear;
+  request_interrupt();
+  int calls = 0;
+  EXPECT_THROW(parallel_for(0, 10, 1, [&](int64_t, int64_t) { ++calls; }), Interrupted);
+  EXPECT_EQ(calls, 0);
+  EXPECT_THROW_WITH(check_interrupt("attention_reference"), Interrupted, "attention_reference: interrupted");
+  clear_interrupt();
+  EXPECT_FALSE(interrupt_requested());
+  EXPECT_NO_THROW(check_interrupt("attention_reference"));
+}
+
+TEST(Parallel, InterruptedIsAQkvError) {
+  InterruptGuard clear;
+  request_interrupt();
+  EXPECT_THROW(check_interrupt("op"), Error);
 }
 
 TEST(Parallel, SetAndGetNumThreadsRoundTrip) {

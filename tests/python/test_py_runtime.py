@@ -89,3 +89,10 @@ def test_type_stubs_cover_the_extension_and_its_nn_submodule():
     assert re.search(r"^def einsum\(", init, re.M) and re.search(r"^def rearrange\(", init, re.M)
     assert re.search(r"^class SelfAttention:", nn, re.M) and re.search(r"^class LazyMultiHeadAttention:", nn, re.M)
     assert (pathlib.Path(qkv.__file__).parent / "py.typed").exists()
+    # Every public function of the extension has its stub, with today's signature.
+    for name in dir(qkv._qkv):
+        if not name.startswith("_") and callable(getattr(qkv._qkv, name)) and not isinstance(
+                getattr(qkv._qkv, name), type):
+            assert re.search(rf"^def {name}\(", init, re.M), f"no stub for qkv.{name}"
+    sdpa = re.search(r"^def scaled_dot_product_attention\(.*?\) ->", init, re.M | re.S).group(0)
+    assert "return_weights: bool = False" in sdpa and "return_logsumexp: bool = False" in sdpa

@@ -1,12 +1,16 @@
 // qkv: command-line front end of the library. Errors go to stderr; exit codes:
 // 0 success, 1 runtime error (bad file, shape, ...), 2 usage error (unknown
 // subcommand, bad option or value), 130 interrupted (SIGINT). README "Exit codes".
+#include <csignal>
 #include <cstdio>
 #include <iostream>
+
+#include <unistd.h>
 
 #include "commands.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
+#include "qkv/parallel.h"
 
 namespace qkv::cli {
 
@@ -57,6 +61,16 @@ void check_subcommand_names(CLI::App& app, int argc, char** argv) {
   }
 }
 
+// Ctrl-C: the first SIGINT asks the running kernels to stop (they poll between work
+// items and throw qkv::Interrupted, main exits 130 as shells expect of 128 + SIGINT);
+// a second one exits at once, for work that does not poll.
+void on_sigint(int) {
+  static volatile std::sig_atomic_t seen = 0;
+  if (seen) _exit(130);
+  seen = 1;
+  qkv::request_interrupt();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -73,6 +87,7 @@ int main(int argc, char** argv) {
   qkv::cli::register_bench(app);
   qkv::cli::register_einsum(app);
   qkv::cli::register_rearrange(app);
+  std::signal(SIGINT, on_sigint);
   try {
     check_subcommand_names(app, argc, argv);
     app.parse(argc, argv);
@@ -81,6 +96,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::cerr << "qkv: usage error: " << e.what() << "\nRun 'qkv --help' (or 'qkv SUBCOMMAND --help') for usage.\n";
     return kUsageError;
+  } catch (const qkv::Interrupted& e) {
+    std::cerr << "qkv: interrupted\n";
+    return 130;
   } catch (const qkv::Error& e) {
     std::cerr << "qkv: error: " << e.what() << "\n";
     return 1;
@@ -88,5 +106,5 @@ int main(int argc, char** argv) {
     std::cerr << "qkv: internal error: " << e.what() << "\n";
     return 1;
   }
-  return 0;
+  return qkv::interrupt_requested() ? 130 : 0;  // Ctrl-C after the last poll
 }

@@ -302,6 +302,7 @@ void execute_one(const Plan& plan, Operands& ops, const float* a, const float* b
 void run_outer_range(const Plan& plan, Operands& ops, const float* a, const float* b, float* c,
                      int64_t first, int64_t last) {
   detail::for_each_gemm_batch(plan.outer, first, last, [&](int64_t oa, int64_t ob, int64_t oc) {
+    if (interrupt_requested()) return;  // skips the rest; parallel_for / gemm throws
     execute_one(plan, ops, a + oa, b + ob, c + oc);
   });
   thread_stream().wait();
@@ -336,6 +337,7 @@ void run_plan(ThreadPlan& tp, const float* a, const float* b, float* c) {
   const int64_t count = detail::gemm_batch_count(plan.outer);
   if (!plan.parallel_outer) {
     run_outer_range(plan, *tp.ops, a, b, c, 0, count);
+    check_interrupt("gemm");
     return;
   }
   parallel_for(0, count, 1, [&](int64_t lo, int64_t hi) {

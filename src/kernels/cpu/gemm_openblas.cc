@@ -72,13 +72,15 @@ void gemm(const GemmShape& s, double alpha, const double* a, const double* b, do
   if (threads > 1 && count > 1 && macs < kParallelBatchMacs) {
     parallel_for(0, count, 1, [&](int64_t lo, int64_t hi) {
       detail::for_each_gemm_batch(dims, lo, hi, [&](int64_t oa, int64_t ob, int64_t oc) {
-        call.run(a + oa, b + ob, c + oc);
+        if (!interrupt_requested()) call.run(a + oa, b + ob, c + oc);  // parallel_for throws
       });
     });
     return;
   }
-  detail::for_each_gemm_batch(dims, 0, count,
-                              [&](int64_t oa, int64_t ob, int64_t oc) { call.run(a + oa, b + ob, c + oc); });
+  detail::for_each_gemm_batch(dims, 0, count, [&](int64_t oa, int64_t ob, int64_t oc) {
+    if (!interrupt_requested()) call.run(a + oa, b + ob, c + oc);  // Ctrl-C between batch entries
+  });
+  check_interrupt("gemm");
 }
 
 }  // namespace qkv

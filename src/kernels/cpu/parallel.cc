@@ -98,15 +98,35 @@ void chunk_bounds(int64_t begin, int64_t n, int64_t chunks, int64_t t, int64_t* 
 
 }  // namespace
 
+namespace {
+
+// Lock-free, so that a signal handler may store to it (static_assert below).
+std::atomic<bool> g_interrupt{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "request_interrupt must be async-signal-safe");
+
+}  // namespace
+
+void request_interrupt() noexcept { g_interrupt.store(true, std::memory_order_relaxed); }
+
+bool interrupt_requested() noexcept { return g_interrupt.load(std::memory_order_relaxed); }
+
+void clear_interrupt() noexcept { g_interrupt.store(false, std::memory_order_relaxed); }
+
+void check_interrupt(const char* op) {
+  if (interrupt_requested()) fail<Interrupted>(op, ": interrupted");
+}
+
 void parallel_for(int64_t begin, int64_t end, int64_t grain,
                   const std::function<void(int64_t, int64_t)>& fn) {
   if (end <= begin) return;
+  check_interrupt("parallel_for");
   const int64_t n = end - begin;
   grain = std::max<int64_t>(grain, 1);
   // n / grain (floor) so every chunk gets at least `grain` items.
   const int64_t chunks = std::min<int64_t>(get_num_threads(), n / grain);
   if (chunks <= 1 || detail::in_parallel_region()) {
     fn(begin, end);
+    check_interrupt("parallel_for");  // fn may have returned early on the flag
     return;
   }
   std::exception_ptr first_error;
@@ -126,6 +146,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain,
     }
   }
   if (first_error) std::rethrow_exception(first_error);
+  check_interrupt("parallel_for");
 }
 
 }  // namespace qkv

@@ -1,0 +1,125 @@
+// Argument conversion with named errors (args.h).
+#include "args.h"
+
+#include <nanobind/stl/string.h>
+
+#include <limits>
+#include <string>
+
+#include "qkv/error.h"
+
+namespace qkv::python {
+
+namespace {
+
+// "str 'abc'": the type and a short repr of what was given.
+std::string given(nb::handle value) {
+  std::string repr = nb::cast<std::string>(nb::repr(value));
+  if (repr.size() > 40) {  // cut at a character start, never inside a UTF-8 sequence
+    size_t cut = 37;
+    while (cut > 0 && (static_cast<unsigned char>(repr[cut]) & 0xC0) == 0x80) --cut;
+    repr = repr.substr(0, cut) + "...";
+  }
+  return nb::cast<std::string>(nb::type_name(value.type())) + " " + repr;
+}
+
+[[noreturn]] void type_fault(const std::string& what, const char* expected, nb::handle value) {
+  throw nb::type_error((what + " must be " + expected + ", got " + given(value)).c_str());
+}
+
+bool is_bool(nb::handle value) {
+  if (PyBool_Check(value.ptr())) return true;
+  const std::string type = nb::cast<std::string>(nb::type_name(value.type()));
+  return type == "numpy.bool" || type == "numpy.bool_";  // NumPy 2 and 1
+}
+
+}  // namespace
+
+std::string arg_name(const char* op, const char* name) { return std::string(op) + ": " + name; }
+
+double float_arg(nb::handle value, const std::string& what) {
+  if (is_bool(value) || PyUnicode_Check(value.ptr()) || PyBytes_Check(value.ptr())) {
+    type_fault(what, "a float", value);
+  }
+  const double v = PyFloat_AsDouble(value.ptr());
+  if (v == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    type_fault(what, "a float", value);
+  }
+  return v;
+}
+
+std::optional<double> optional_float_arg(nb::handle value, const std::string& what) {
+  if (value.is_none()) return std::nullopt;
+  return float_arg(value, what);
+}
+
+bool bool_arg(nb::handle value, const std::string& what) {
+  if (!is_bool(value)) type_fault(what, "a bool", value);
+  return PyObject_IsTrue(value.ptr()) == 1;
+}
+
+namespace {
+
+// value as a Python int (via __index__), or a TypeError naming `what`.
+nb::object as_index(nb::handle value, const std::string& what, const char* expected) {
+  if (is_bool(value)) type_fault(what, expected, value);
+  PyObject* index = PyNumber_Index(value.ptr());
+  if (index == nullptr) {
+    PyErr_Clear();
+    type_fault(what, expected, value);
+  }
+  return nb::steal(index);
+}
+
+}  // namespace
+
+int64_t int_arg(nb::handle value, const std::string& what, int64_t lo, int64_t hi) {
+  const nb::object index = as_index(value, what, "an int");
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0 || v < lo || v > hi) {
+    fail<ValueError>(what, " must be an int in [", lo, ", ", hi, "], got ", nb::cast<std::string>(nb::repr(index)));
+  }
+  return v;
+}
+
+std::optional<uint64_t> seed_arg(nb::handle value, const std::string& what) {
+  if (value.is_none()) return std::nullopt;
+  const nb::object index = as_index(value, what, "None or an int");
+  const unsigned long long v = PyLong_AsUnsignedLongLong(index.ptr());
+  if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {  // negative or >= 2**64
+    PyErr_Clear();
+    fail<ValueError>(what, " must be an int in [0, 2**64), got ", nb::cast<std::string>(nb::repr(index)));
+  }
+  return static_cast<uint64_t>(v);
+}
+
+std::string str_arg(nb::handle value, const std::string& what) {
+  if (!PyUnicode_Check(value.ptr())) type_fault(what, "a str", value);
+  return nb::cast<std::string>(value);
+}
+
+std::string path_arg(nb::handle value, const std::string& what) {
+  PyObject* path = PyOS_FSPath(value.ptr());  // str, bytes, or __fspath__'s result
+  if (path == nullptr) {
+    PyErr_Clear();
+    type_fault(what, "a str or os.PathLike", value);
+  }
+  const nb::object owned = nb::steal(path);
+  if (!PyUnicode_Check(path)) type_fault(what, "a str or os.PathLike (not bytes)", value);
+  return nb::cast<std::string>(owned);
+}
+
+std::optional<std::map<std::string, std::string>> str_dict_arg(nb::handle value, const std::string& what) {
+  if (value.is_none()) return std::nullopt;
+  if (!PyDict_Check(value.ptr())) type_fault(what, "None or a dict of str to str", value);
+  std::map<std::string, std::string> out;
+  for (auto [key, item] : nb::borrow<nb::dict>(value)) {
+    const std::string name = str_arg(key, what + " key");
+    out.emplace(name, str_arg(item, what + "['" + name + "']"));
+  }
+  return out;
+}
+
+}  // namespace qkv::python

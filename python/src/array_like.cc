@@ -1,0 +1,34 @@
+// The array-type rule of array_like.h.
+#include "array_like.h"
+
+#include <nanobind/stl/string.h>
+
+#include <string>
+
+#include "tensor_convert.h"
+
+namespace qkv::python {
+
+bool is_torch(nb::handle obj) {
+  nb::handle type = obj.type();
+  if (!nb::hasattr(type, "__module__")) return false;
+  const std::string module = nb::cast<std::string>(nb::str(type.attr("__module__")));
+  return module == "torch" || module.rfind("torch.", 0) == 0;
+}
+
+nb::object numpy_like(nb::object array, nb::handle like) {
+  if (array.is_none() || !is_torch(like)) return array;
+  nb::module_ np = numpy();
+  nb::module_ torch = nb::module_::import_("torch");
+  // torch tensors are always writable: never hand out one over read-only memory.
+  if (!nb::cast<bool>(array.attr("flags").attr("writeable"))) array = np.attr("array")(array);
+  const nb::object dtype = array.attr("dtype");
+  if (nb::cast<std::string>(nb::str(dtype.attr("name"))) == "bfloat16") {
+    return torch.attr("from_dlpack")(array.attr("view")(np.attr("uint16"))).attr("view")(torch.attr("bfloat16"));
+  }
+  return torch.attr("from_dlpack")(array);
+}
+
+nb::object to_array_like(const Tensor& t, nb::handle like) { return numpy_like(to_numpy(t), like); }
+
+}  // namespace qkv::python
