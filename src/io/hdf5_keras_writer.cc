@@ -51,7 +51,11 @@ void write_dataset(hid_t file, hid_t lcpl, const std::string& name, const Tensor
   H5Id space(dims.empty() ? H5Screate(H5S_SCALAR)
                           : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
   h5_check(space.get(), ctx, "dataspace of " + quote_name(name));
-  H5Id dset(H5Dcreate2(file, name.c_str(), type, space.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  // No modification times in the object headers: the same weights give the same bytes
+  // (tests/python/test_py_writers.py compares them with the files TF/Keras loaded).
+  H5Id dcpl(h5_check(H5Pcreate(H5P_DATASET_CREATE), ctx, "H5Pcreate"));
+  H5Pset_obj_track_times(dcpl.get(), 0);
+  H5Id dset(H5Dcreate2(file, name.c_str(), type, space.get(), lcpl, dcpl.get(), H5P_DEFAULT));
   if (!dset.valid()) fail_at<IOError>(ctx, "cannot create dataset ", quote_name(name), ": ", hdf5_error_text());
   const Tensor c = tensor.contiguous();
   if (c.numel() > 0 && H5Dwrite(dset.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, c.raw_data()) < 0) {

@@ -18,12 +18,17 @@ Run (the Keras 3 part re-runs this script under $KERAS3_PYTHON, default this int
 KERAS_BACKEND=jax; `make fixtures` runs it in .venv-fixtures):
   KERAS3_PYTHON=/work/kerasenv/bin/python /work/tfenv/bin/python tests/io/check_writers_with_tf.py \
       [build/release/bin/qkv] [--update]
---update rewrites tests/fixtures/writers/tf_report.json (asserted by
-tests/python/test_py_writers.py); without it the report is printed and compared.
+--update rewrites tests/fixtures/writers/tf_report.json and copies the very files TF and
+Keras loaded to tests/fixtures/writers/files/ (their sha256 are in the report). Without TF
+in the test venv, tests/python/test_py_writers.py re-proves the claim on every run: the
+CLI must write those files byte for byte again, so any change to a writer fails the test
+until this script has rerun real TF/Keras on the new bytes (`make fixtures`).
 """
+import hashlib
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +42,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
 SEED = FIX / "seed001"
 REPORT = FIX / "writers" / "tf_report.json"
+FILES = FIX / "writers" / "files"
+# What the CLI writes below (see the module docstring), all loaded by TF or Keras.
+WRITTEN = ["dtypes.index", "dtypes.data-00000-of-00001", "seed_ckpt.index", "seed_ckpt.data-00000-of-00001",
+           "seed.h5", "seed.keras", "seed.weights.h5"]
 # The interpreter with Keras 3 + JAX (make fixtures: the same .venv-fixtures).
 KERAS3_PYTHON = os.environ.get("KERAS3_PYTHON", sys.executable)
 
@@ -164,6 +173,11 @@ def main():
         if r.returncode != 0:
             raise RuntimeError("Keras 3 check failed:\n" + r.stderr[-4000:])
         report.update(json.loads(r.stdout.strip().splitlines()[-1]))
+        report["files loaded (sha256)"] = {n: hashlib.sha256((out / n).read_bytes()).hexdigest() for n in WRITTEN}
+        if "--update" in sys.argv:
+            FILES.mkdir(parents=True, exist_ok=True)
+            for n in WRITTEN:
+                shutil.copyfile(out / n, FILES / n)
     for k, v in report.items():
         if isinstance(v, dict) and "probe_outputs_max_abs_diff" in v:
             v["probe_outputs_max_abs_diff"] = float(f"{v['probe_outputs_max_abs_diff']:.1e}")
@@ -171,7 +185,7 @@ def main():
     print(text)
     ok = all(v.get("weights_equal_tf", True) and v.get("probe_outputs_close", True) and
              v.get("outputs_equal_original_model_keras", True) and v.get("restored_variables_equal_tf", True)
-             for v in report.values() if isinstance(v, dict)) and all(
+             for k, v in report.items() if isinstance(v, dict) and k != "files loaded (sha256)") and all(
         e["equal"] and e["dtype"] == e["tf_dtype"] for e in report["tf.train.load_checkpoint(dtypes)"].values())
     print("ALL CHECKS PASSED" if ok else "SOME CHECKS FAILED")
     if "--update" in sys.argv:

@@ -139,9 +139,11 @@ def test_result_dtypes(dtype):
 
 
 def test_spaces():
-    arr = np.array([[1.0]])
+    arr = np.arange(6.0).reshape(2, 3)
     for sp in itertools.product(["", " "], repeat=4):
-        qkv.einsum("{}...a{}->{}...a{}".format(*sp), arr)
+        eq = "{}...a{}->{}...a{}".format(*sp)
+        np.testing.assert_array_equal(qkv.einsum(eq, arr), np.einsum(eq, arr))
+        np.testing.assert_array_equal(qkv.einsum("i{}j{},{}jk".format(*sp[:3]), arr, arr.T), arr @ arr.T)
 
 
 ERRORS = [
@@ -216,8 +218,10 @@ def test_optimal_cost_matches_opt_einsum(seed):
     _, ours = oe.contract_path(eq, *shapes, shapes=True, optimize=[tuple(p) for p in path[1:]])
     assert ours.opt_cost <= info.opt_cost
     assert 4 * ours.opt_cost >= 3 * info.opt_cost
-    got = qkv.einsum(eq, *[np.random.default_rng(seed).standard_normal(s) for s in shapes], optimize="optimal")
-    assert got.shape == np.einsum(eq, *[np.empty(s) for s in shapes]).shape
+    ops = [np.random.default_rng(seed).standard_normal(s) for s in shapes]
+    got = qkv.einsum(eq, *ops, optimize="optimal")
+    np.testing.assert_allclose(got, oe.contract(eq, *ops, optimize="optimal"), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got, np.einsum(eq, *ops), rtol=1e-10, atol=1e-10)
 
 
 def test_cli_matches_numpy(run, tmp_path):

@@ -5,16 +5,21 @@ array with the same code every binding uses (python/src/tensor_convert.cc): the
 result has x's address exactly when neither direction copied.
 """
 import gc
+import pathlib
 import weakref
 
 import ml_dtypes
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 import qkv
+from fake_torch import FakeTensor
+from fake_torch import install as install_fake_torch
 from oracles import data_ptr
 
 roundtrip = qkv._qkv._roundtrip
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def assert_same_memory(x, y):
@@ -146,16 +151,18 @@ def test_results_are_numpy_arrays_over_qkv_storage():
     assert data_ptr(out) == out_ptr and np.isfinite(out).all()
 
 
-def test_torch_tensors_cross_without_copy():
-    torch = pytest.importorskip("torch")  # optional interop: torch is not in .venv
-    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)[:, 1:]
-    y = roundtrip(t)
-    assert data_ptr(y) == t.data_ptr()
-    assert y.strides == tuple(s * 4 for s in t.stride())
-    back = torch.from_dlpack(y)
-    assert back.data_ptr() == t.data_ptr()
-    q = torch.randn(2, 4, 5, 8, dtype=torch.float64)
-    k, v = torch.randn(2, 4, 7, 8, dtype=torch.float64), torch.randn(2, 4, 7, 3, dtype=torch.float64)
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    out = qkv.scaled_dot_product_attention(q, k, v, is_causal=True)
-    np.testing.assert_allclose(out, expected.numpy(), rtol=0, atol=1e-12)
+def test_torch_tensors_cross_without_copy_and_match_torch(monkeypatch):
+    """torch parity from the committed fixture (tests/python/make_torch_interop_fixtures.py,
+    torch's SDPA on its strided [B, H, L, D] views); the inputs cross as torch-typed
+    DLPack producers (fake_torch: torch is not in .venv) and come back as such."""
+    install_fake_torch(monkeypatch)
+    f = load_file(str(FIXTURES / "torch_interop" / "sdpa_strided.safetensors"))
+    q, k, v = (np.swapaxes(f[n], 1, 2) for n in ("q", "k", "v"))  # the strided views torch used
+    t = FakeTensor(q)
+    assert_same_memory(q, roundtrip(t))  # a torch-typed producer crosses without a copy
+    out = qkv.scaled_dot_product_attention(t, FakeTensor(k), FakeTensor(v), is_causal=True)
+    assert isinstance(out, FakeTensor)
+    np.testing.assert_allclose(out.array, f["out_causal"], rtol=0, atol=1e-12)
+    out = qkv.scaled_dot_product_attention(t, k, v, attn_mask=f["mask"])
+    assert isinstance(out, FakeTensor)
+    np.testing.assert_allclose(out.array, f["out_mask"], rtol=0, atol=1e-12)
