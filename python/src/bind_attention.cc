@@ -143,10 +143,10 @@ void bind_attention(nb::module_& m) {
                      "keywords seed, return_weights, return_logsumexp): qkv::scaled_dot_product_attention,\n"
                      "which runs the fastest qkv kernel that supports the inputs and options.\n"
                      "Returns the output [..., Hq, Lq, Dv]; with return_weights and/or return_logsumexp\n"
-                     "a tuple (output[, weights [..., Hq, Lq, Lk]][, logsumexp [..., Hq, Lq] float32]):\n"
+                     "a tuple (output[, weights [..., Hq, Lq, Lk]][, logsumexp [..., Hq, Lq]]):\n"
                      "the weights applied to v (after dropout) from the fused kernel's second pass, and\n"
                      "log sum_j exp(score_ij) of the scaled, masked scores before dropout (-inf for a\n"
-                     "fully masked row).\n") +
+                     "fully masked row), float32 (float64 for float64 inputs).\n") +
          kConventions)
             .c_str());
 }

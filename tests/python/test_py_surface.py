@@ -97,7 +97,7 @@ def test_sdpa_returns_weights_and_logsumexp_like_numpy(dtype, tol, causal):
     want_out, want_w = sdpa_float64(q, k, v, mask=mask, causal=causal)
     out, w, lse = qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, return_weights=True,
                                                    return_logsumexp=True)
-    assert out.dtype == dtype and w.dtype == dtype and lse.dtype == np.float32
+    assert out.dtype == dtype and w.dtype == dtype and lse.dtype == np.result_type(dtype, np.float32)
     assert w.shape == (2, 3, 9, 11) and lse.shape == (2, 3, 9)
     np.testing.assert_allclose(out, want_out, rtol=0, atol=tol * 10)
     np.testing.assert_allclose(w, want_w, rtol=0, atol=tol * 10)
