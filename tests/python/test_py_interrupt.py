@@ -60,8 +60,9 @@ CASES = {
     # float64 sdpa runs the same reference through the public entry point.
     "sdpa_float64": ("[np.random.default_rng(1).standard_normal((1, 8, 1024, 64))]",
                      "qkv.scaled_dot_product_attention(args[0], args[0], args[0])"),
-    # A batched float64 GEMM einsum (OpenBLAS per batch entry): ~17 GFLOP.
-    "einsum_gemm": ("[np.random.default_rng(1).standard_normal((64, 512, 512)) for _ in range(2)]",
+    # A batched float64 GEMM einsum (OpenBLAS per batch entry): ~34 GFLOP (0.6 s for half of
+    # it on an idle 2-core machine, hence SIGINT 0.3 s in).
+    "einsum_gemm": ("[np.random.default_rng(1).standard_normal((128, 512, 512)) for _ in range(2)]",
                     "qkv.einsum('bij,bjk->bik', args[0], args[1])"),
     # A DIRECT einsum (a reduction, no pair to multiply): parallel_for chunks polling per
     # output row. A zero-stride view reads 10**10 elements from 800 kB.
@@ -72,7 +73,7 @@ CASES = {
 }
 
 
-def interrupt_child(script, delay_s=1.0):
+def interrupt_child(script, delay_s=0.3):
     """Runs `script`, sends SIGINT `delay_s` after READY; returns (stdout lines, latency, signal time)."""
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
