@@ -3,16 +3,12 @@
 #include <gtest/gtest.h>
 
 #include "common/expect.h"
+#include "common/limit_guard.h"
 #include "qkv/einops.h"
 #include "qkv/size.h"
 
 namespace qkv {
 namespace {
-
-struct LimitGuard {
-  explicit LimitGuard(size_t limit) { set_max_alloc_bytes(limit); }
-  ~LimitGuard() { set_max_alloc_bytes(std::nullopt); }
-};
 
 TEST(EinopsSize, RepeatWhoseBytesOverflowIsOutOfMemory) {
   // 2 x 2 x 2^60 floats: 2^62 elements fit int64, their 2^64 bytes wrapped to 0 and

@@ -3,17 +3,13 @@
 #include <gtest/gtest.h>
 
 #include "common/expect.h"
+#include "common/limit_guard.h"
 #include "einsum/contract.h"
 #include "qkv/einsum.h"
 #include "qkv/size.h"
 
 namespace qkv {
 namespace {
-
-struct LimitGuard {
-  explicit LimitGuard(size_t limit) { set_max_alloc_bytes(limit); }
-  ~LimitGuard() { set_max_alloc_bytes(std::nullopt); }
-};
 
 TEST(EinsumSize, OutputOverTheLimitNamesEquationShapesAndBytes) {
   const LimitGuard limit(size_t{1} << 30);

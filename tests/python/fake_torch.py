@@ -1,4 +1,5 @@
-"""A stand-in for torch in the tests (torch is not in .venv; imported as `fake_torch`).
+"""A stand-in for torch in the tests (torch is not in .venv; imported as `fake_torch`), and
+DLPackOnly, a DLPack producer that is not a NumPy array (FakeTensor is one typed as torch).
 
 qkv decides "torch in, torch out" by the module of the argument's type and makes torch
 results with torch.from_dlpack; FakeTensor is a DLPack producer whose type lives in
@@ -14,8 +15,8 @@ import ml_dtypes
 import numpy as np
 
 
-class FakeTensor:
-    __module__ = "torch"
+class DLPackOnly:
+    """A DLPack producer that is not a NumPy array and has no buffer protocol."""
 
     def __init__(self, array):
         self.array = array
@@ -25,6 +26,10 @@ class FakeTensor:
 
     def __dlpack_device__(self):
         return self.array.__dlpack_device__()
+
+
+class FakeTensor(DLPackOnly):
+    __module__ = "torch"
 
     def __getitem__(self, index):  # a view, as torch's indexing
         return FakeTensor(self.array[index])

@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import qkv
-from fake_torch import FakeTensor
+from fake_torch import DLPackOnly, FakeTensor
 from fake_torch import install as install_fake_torch
 from oracles import data_ptr
 
@@ -106,19 +106,6 @@ def test_tensor_keeps_the_numpy_source_alive_and_then_releases_it():
     del y
     gc.collect()
     assert source() is None, "the source leaked"
-
-
-class DLPackOnly:
-    """A DLPack producer that is not a NumPy array and has no buffer protocol."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def __dlpack__(self, **kwargs):
-        return self.array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.array.__dlpack_device__()
 
 
 def test_any_dlpack_producer_crosses_without_copy():

@@ -11,25 +11,13 @@ import numpy as np
 import pytest
 
 import qkv
+from fake_torch import DLPackOnly
 
 
 def read_only(a):
     a = np.array(a)
     a.flags.writeable = False
     return a
-
-
-class DLPackOnly:
-    """A DLPack producer that is not a NumPy array (no buffer protocol either)."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def __dlpack__(self, **kwargs):
-        return self.array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.array.__dlpack_device__()
 
 
 VIEWS = {

@@ -10,6 +10,7 @@
 #include <new>
 
 #include "common/expect.h"
+#include "common/limit_guard.h"
 #include "kernels/cpu/buffer_pool.h"
 #include "qkv/tensor.h"
 
@@ -21,12 +22,6 @@ namespace qkv {
 namespace {
 
 constexpr int64_t k2to60 = int64_t{1} << 60;
-
-// Sets the allocation limit for one test and restores the default after it.
-struct LimitGuard {
-  explicit LimitGuard(std::optional<size_t> limit) { set_max_alloc_bytes(limit); }
-  ~LimitGuard() { set_max_alloc_bytes(std::nullopt); }
-};
 
 TEST(Size, CheckedNumelBoundsTheProductOfTheNonZeroDims) {
   EXPECT_EQ(checked_numel(Shape{}), 1);
