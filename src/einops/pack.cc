@@ -85,9 +85,12 @@ Packed pack(const std::vector<Tensor>& tensors, std::string_view pattern) {
                        " does not match tensor #0 of shape ", py_tuple_repr(first), " outside the packed axes");
     }
     result.packed_shapes.push_back(sub_shape(shape, p.before, nd - p.after));
-    const auto sum = checked_mul(1, total + product(result.packed_shapes.back()));  // both <= 2^62: no overflow
-    if (!sum) fail<ShapeError>("pack(..., \"", pattern, "\"): the packed axis has more than 2^62 elements");
-    total = *sum;
+    // total + n past kMaxElements, checked without forming the sum (2^62 + 2^62 overflows int64).
+    const int64_t n = product(result.packed_shapes.back());
+    if (n > kMaxElements - total) {
+      fail<ShapeError>("pack(..., \"", pattern, "\"): the packed axis has more than 2^62 elements");
+    }
+    total += n;
     dtype = promote_types(dtype, tensors[i].dtype());
   }
   Shape out_shape = sub_shape(tensors[0].shape(), 0, p.before);
