@@ -57,21 +57,19 @@ BENCHMARK(BM_Flash)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// The tile sweep: (B, H, L, D) = (1, 8, L, D) with QKV_FLASH_TILES = BR x BC.
+// The tile sweep: (B, H, L, D) = (1, 8, L, D) with AttentionOptions::tuning tiles BR x BC.
 void BM_FlashTiles(benchmark::State& state) {
-  const std::string tiles = std::to_string(state.range(2)) + "x" + std::to_string(state.range(3));
-  setenv("QKV_FLASH_TILES", tiles.c_str(), 1);
   const int64_t l = state.range(0), d = state.range(1);
   const bool causal = state.range(4) != 0;
   const qkv::Tensor q = qkv::Tensor::randn({1, 8, l, d}, 1), k = qkv::Tensor::randn({1, 8, l, d}, 2);
   const qkv::Tensor v = qkv::Tensor::randn({1, 8, l, d}, 3);
   qkv::AttentionOptions o;
   o.is_causal = causal;
+  o.tuning.flash_tiles = {state.range(2), state.range(3)};
   for (auto _ : state) {
     qkv::AttentionResult r = qkv::scaled_dot_product_attention(q, k, v, o);
     benchmark::DoNotOptimize(r.output.raw_data());
   }
-  unsetenv("QKV_FLASH_TILES");
   state.counters["flops"] =
       benchmark::Counter(attention_flops(1, 8, l, d, causal), benchmark::Counter::kIsIterationInvariantRate);
 }

@@ -59,6 +59,25 @@
 
 namespace qkv {
 
+// Tiles of the fused CPU kernel (src/attention/flash_cpu.cc): query rows and
+// key/value rows per tile. They change speed and float rounding (the order of
+// the sums), never the contract. Both 0 (the default) = automatic: chosen from
+// the L2 cache size and the shapes (src/attention/flash_tiles.h), unless the
+// environment variable QKV_FLASH_TILES=BRxBC (e.g. "64x256"; read once, at the
+// first call) overrides that choice for tuning runs. Tiles set here win over
+// both. Either both positive or both 0 (ValueError otherwise); tiles larger than
+// Lq or Lk are cut to them. Other kernels (the reference, float64) ignore them.
+struct FlashTiles {
+  int64_t br = 0;  // query rows per tile
+  int64_t bc = 0;  // key/value rows per tile
+  bool is_auto() const { return br == 0 && bc == 0; }
+};
+
+// Kernel knobs: they choose how the result is computed, not what it is.
+struct AttentionTuning {
+  FlashTiles flash_tiles;  // default: automatic (see above)
+};
+
 struct AttentionOptions {
   std::optional<Tensor> attn_mask;
   double dropout_p = 0.0;
@@ -68,6 +87,7 @@ struct AttentionOptions {
   bool return_weights = false;
   uint64_t seed = 0;  // dropout generator seed
   bool return_logsumexp = false;  // also return the row logsumexp (see above)
+  AttentionTuning tuning;  // kernel knobs (default: automatic)
 };
 
 struct AttentionResult {

@@ -285,13 +285,11 @@ Shape with(const Shape& batch, std::initializer_list<int64_t> tail) {
 
 }  // namespace
 
-AttentionResult flash_attention_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const AttentionOptions& options, const char* op) {
-  // Checks on the inputs as given, so that errors read as the reference's.
-  (void)make_problem(q, k, v, options, op);
-  AttentionOptions o = options;
-  o.attn_mask = as_kernel_mask(options.attn_mask);
-  const Problem p = make_problem(as_kernel_input(q), as_kernel_input(k), as_kernel_input(v), o, op);
+AttentionResult flash_attention_cpu(const Problem& checked, const AttentionOptions& options) {
+  // The same geometry over f32 operands the tile GEMMs can read, converted at
+  // the user's shapes (before broadcasting, so never per head).
+  const Problem p = with_operands(checked, as_kernel_input(checked.q_in), as_kernel_input(checked.k_in),
+                                  as_kernel_input(checked.v_in), as_kernel_mask(checked.mask_in));
 
   Tensor out = Tensor::empty(with(p.batch, {p.lq, p.dv}));  // [batch..., Lq, Dv] f32
   std::optional<Tensor> lse, weights;
@@ -301,7 +299,7 @@ AttentionResult flash_attention_cpu(const Tensor& q, const Tensor& k, const Tens
   Flash f;
   f.p = &p;
   f.causal = options.is_causal;
-  f.tiles = choose_flash_tiles(p.lq, p.lk, p.dk, p.dv, f.causal);
+  f.tiles = choose_flash_tiles(options.tuning.flash_tiles, flash_tiles_from_env(), p.lq, p.lk, p.dk, p.dv, f.causal);
   f.dropout_p = options.dropout_p;
   f.seed = options.seed;
   f.keep_scale = options.dropout_p < 1.0 ? static_cast<float>(1.0 / (1.0 - options.dropout_p)) : 0.0f;
@@ -321,8 +319,8 @@ AttentionResult flash_attention_cpu(const Tensor& q, const Tensor& k, const Tens
   run_all(f);
 
   AttentionResult result;
-  result.output = out.to(q.dtype());
-  if (weights) result.weights = weights->to(q.dtype());
+  result.output = out.to(p.out_dtype);
+  if (weights) result.weights = weights->to(p.out_dtype);
   result.logsumexp = lse;
   return result;
 }

@@ -2,17 +2,16 @@
 // qkv::gemm tiles. Internal: users call qkv::scaled_dot_product_attention.
 #pragma once
 
+#include "attention/problem.h"
 #include "qkv/attention.h"
 
 namespace qkv::attention {
 
-// Same contract as scaled_dot_product_attention (qkv/attention.h) for f32, f16
-// and bf16 inputs with Dk >= 1 (f16/bf16 are converted to f32 once, whole
-// tensors, and the results converted back to q's dtype). Never materialises the
-// [Lq, Lk] scores unless return_weights asks for them (a second fused pass).
-// Errors name `op`.
-AttentionResult flash_attention_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const AttentionOptions& options,
-                                    const char* op = "scaled_dot_product_attention");
+// Same contract as scaled_dot_product_attention (qkv/attention.h) for a checked
+// problem of f32, f16 or bf16 inputs with Dk >= 1 (f16/bf16 are converted to
+// f32 once, whole tensors, and the results converted back to q's dtype). Never
+// materialises the [Lq, Lk] scores unless return_weights asks for them (a
+// second fused pass). Tiles from options.tuning (flash_tiles.h).
+AttentionResult flash_attention_cpu(const Problem& p, const AttentionOptions& options);
 
 }  // namespace qkv::attention

@@ -8,7 +8,10 @@
 // the tile at the first keys is partial and it is Br wide: the tile GEMMs see
 // two shapes (qkv::gemm keeps a per-thread memo of 4 plans), and the masked
 // triangle computed per query tile is Br x Br / 2.
-// QKV_FLASH_TILES=BRxBC (e.g. "64x256") overrides the choice, for tuning runs.
+//
+// Who decides (qkv/attention.h, FlashTiles): AttentionOptions::tuning.flash_tiles
+// when set, else QKV_FLASH_TILES=BRxBC (e.g. "64x256", read once, at the first
+// call; a malformed value is ignored), else the choice above.
 #pragma once
 
 #include <unistd.h>
@@ -17,13 +20,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+
+#include "qkv/attention.h"
 
 namespace qkv::attention {
-
-struct FlashTiles {
-  int64_t br = 128;  // query rows per tile
-  int64_t bc = 512;  // key/value rows per tile
-};
 
 // Bytes of L2 of one core (sysconf, else 1 MiB).
 inline int64_t l2_cache_bytes() {
@@ -36,19 +37,41 @@ inline int64_t flash_working_set(int64_t br, int64_t bc, int64_t dk, int64_t dv)
   return br * dk + bc * dk + bc * dv + br * bc + br * dv;
 }
 
-inline FlashTiles choose_flash_tiles(int64_t lq, int64_t lk, int64_t dk, int64_t dv, bool causal) {
-  constexpr int64_t kBr = 128, kMaxBc = 512, kMinBc = 16, kCausal = 128;
-  FlashTiles t;
-  if (const char* env = std::getenv("QKV_FLASH_TILES")) {
-    long br = 0, bc = 0;
-    if (std::sscanf(env, "%ldx%ld", &br, &bc) == 2 && br > 0 && bc > 0) return {br, bc};
+// "BRxBC" with both positive, else nullopt (also for null).
+inline std::optional<FlashTiles> parse_flash_tiles(const char* text) {
+  long br = 0, bc = 0;
+  char rest = 0;
+  if (text == nullptr || std::sscanf(text, "%ldx%ld%c", &br, &bc, &rest) != 2 || br <= 0 || bc <= 0) {
+    return std::nullopt;
   }
+  return FlashTiles{br, bc};
+}
+
+// QKV_FLASH_TILES, read at the first call only: a call's tiles never depend on
+// another thread's setenv, and the hot path does no getenv.
+inline const std::optional<FlashTiles>& flash_tiles_from_env() {
+  static const std::optional<FlashTiles> tiles = parse_flash_tiles(std::getenv("QKV_FLASH_TILES"));
+  return tiles;
+}
+
+// The cache-sized choice described at the top.
+inline FlashTiles auto_flash_tiles(int64_t dk, int64_t dv, bool causal) {
+  constexpr int64_t kBr = 128, kMaxBc = 512, kMinBc = 16, kCausal = 128;
   const int64_t budget = l2_cache_bytes() / static_cast<int64_t>(sizeof(float));  // [floats]
-  t.bc = kMaxBc;
+  FlashTiles t{0, kMaxBc};
   while (t.bc > kMinBc && flash_working_set(std::min(kBr, t.bc), t.bc, dk, dv) > budget) t.bc /= 2;
   t.br = std::min(causal ? kCausal : kBr, t.bc);
   if (causal) t.bc = std::min(t.bc, 2 * t.br);
-  // Short sequences: one tile covers them (fewer, larger GEMMs; Lq = 1 is decode).
+  return t;
+}
+
+// The tiles of one call: `requested` (the options' tiles, both > 0 or both 0 =
+// automatic; checked by make_problem), else `env`, else auto_flash_tiles, cut to
+// the sequence lengths: one tile covers a short sequence (fewer, larger GEMMs;
+// Lq = 1 is decode), and the [Br, Bc] scratch never exceeds [Lq, Lk].
+inline FlashTiles choose_flash_tiles(const FlashTiles& requested, const std::optional<FlashTiles>& env,
+                                     int64_t lq, int64_t lk, int64_t dk, int64_t dv, bool causal) {
+  FlashTiles t = !requested.is_auto() ? requested : env ? *env : auto_flash_tiles(dk, dv, causal);
   t.br = std::max<int64_t>(1, std::min(t.br, lq));
   t.bc = std::max<int64_t>(1, std::min(t.bc, lk));
   return t;

@@ -1,6 +1,8 @@
 #include "attention/problem.h"
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace qkv::attention {
 
@@ -73,6 +75,48 @@ void check_options(const AttentionOptions& o, const char* op) {
                          "fold the causal mask into attn_mask instead");
   }
   if (o.scale && !std::isfinite(*o.scale)) fail<ValueError>(op, ": scale must be finite, got ", *o.scale);
+  const FlashTiles& t = o.tuning.flash_tiles;
+  if (!t.is_auto() && (t.br <= 0 || t.bc <= 0)) {
+    fail<ValueError>(op, ": tuning.flash_tiles must be both positive or both 0 (automatic), got ", t.br, "x",
+                     t.bc);
+  }
+}
+
+// The batch dims of q, k and v broadcast together; the error names the call.
+Shape broadcast_batch(const Tensor& q, const Tensor& k, const Tensor& v, int64_t group, const char* op) {
+  try {
+    return broadcast_shapes(broadcast_shapes(leading(q), kv_batch_as_q(k, group), ""), kv_batch_as_q(v, group),
+                            "");
+  } catch (const ShapeError& e) {  // e: ": shapes [2] and [3] cannot be broadcast together (...)"
+    fail<ShapeError>(op, " (", shapes_str(q, k, v), ")", e.what());
+  }
+}
+
+void check_mask(const Tensor& m, const Shape& full, const Problem& p) {
+  if (m.dtype() != DType::b8 && !is_floating(m.dtype())) {
+    fail<DTypeError>(p.op, ": attn_mask must be bool or floating point, got ", dtype_name(m.dtype()));
+  }
+  if (!broadcasts_to(m.shape(), full)) {
+    fail<ShapeError>(p.op, ": attn_mask of shape ", shape_str(m.shape()), " does not broadcast to the scores ",
+                     shape_str(full), " (", shapes_str(p.q_in, p.k_in, p.v_in), ")");
+  }
+}
+
+Shape with_rows(Shape s, int64_t rows, int64_t cols) {
+  s.push_back(rows);
+  s.push_back(cols);
+  return s;
+}
+
+// p.q, p.k, p.v and p.mask: the operands expanded to the batch (zero strides).
+void expand_operands(Problem& p) {
+  p.q = p.q_in.expand(with_rows(p.batch, p.lq, p.dk));
+  Shape kv_batch = p.batch;  // k/v keep their own head dim under GQA
+  if (p.gqa_group > 1) kv_batch.back() /= p.gqa_group;
+  p.k = p.k_in.expand(with_rows(kv_batch, p.lk, p.dk));
+  p.v = p.v_in.expand(with_rows(kv_batch, p.lk, p.dv));
+  p.mask.reset();
+  if (p.mask_in) p.mask = p.mask_in->expand(with_rows(p.batch, p.lq, p.lk));
 }
 
 }  // namespace
@@ -82,6 +126,7 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   check_inputs(q, k, v, op);
   check_options(options, op);
   Problem p;
+  p.op = op;
   p.gqa_group = gqa_group_of(q, k, v, options, op);
   p.lq = q.size(-2);
   p.lk = k.size(-2);
@@ -89,47 +134,29 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   p.dv = v.size(-1);
   p.out_dtype = q.dtype();
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(p.dk));
-  const std::string what = detail::concat(op, " (", shapes_str(q, k, v), ")");
-  p.batch = broadcast_shapes(broadcast_shapes(leading(q), kv_batch_as_q(k, p.gqa_group), what.c_str()),
-                             kv_batch_as_q(v, p.gqa_group), what.c_str());
+  p.batch = broadcast_batch(q, k, v, p.gqa_group, op);
   p.batch_size = shape_numel(p.batch);
   p.heads_q = p.batch.empty() ? 1 : p.batch.back();
-
-  auto with = [&](int64_t rows, int64_t cols) {
-    Shape s = p.batch;
-    s.push_back(rows);
-    s.push_back(cols);
-    return s;
-  };
-  p.q = q.expand(with(p.lq, p.dk));
-  if (p.gqa_group == 1) {
-    p.k = k.expand(with(p.lk, p.dk));
-    p.v = v.expand(with(p.lk, p.dv));
-  } else {
-    Shape kv_batch = p.batch;
-    kv_batch.back() /= p.gqa_group;
-    auto kv_with = [&](int64_t cols) {
-      Shape s = kv_batch;
-      s.push_back(p.lk);
-      s.push_back(cols);
-      return s;
-    };
-    p.k = k.expand(kv_with(p.dk));
-    p.v = v.expand(kv_with(p.dv));
-  }
-  if (options.attn_mask) {
-    const Tensor& m = *options.attn_mask;
-    if (m.dtype() != DType::b8 && !is_floating(m.dtype())) {
-      fail<DTypeError>(op, ": attn_mask must be bool or floating point, got ", dtype_name(m.dtype()));
-    }
-    const Shape full = with(p.lq, p.lk);
-    if (!broadcasts_to(m.shape(), full)) {
-      fail<ShapeError>(op, ": attn_mask of shape ", shape_str(m.shape()), " does not broadcast to the scores ",
-                       shape_str(full), " (", shapes_str(q, k, v), ")");
-    }
-    p.mask = m.expand(full);
-  }
+  p.q_in = q;
+  p.k_in = k;
+  p.v_in = v;
+  p.mask_in = options.attn_mask;
+  if (p.mask_in) check_mask(*p.mask_in, with_rows(p.batch, p.lq, p.lk), p);
+  expand_operands(p);
   return p;
+}
+
+Problem with_operands(const Problem& p, Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask) {
+  const bool same = q.shape() == p.q_in.shape() && k.shape() == p.k_in.shape() && v.shape() == p.v_in.shape() &&
+                    mask.has_value() == p.mask_in.has_value() && (!mask || mask->shape() == p.mask_in->shape());
+  if (!same) throw std::logic_error(std::string(p.op) + ": with_operands: operands of other shapes");
+  Problem out = p;
+  out.q_in = std::move(q);
+  out.k_in = std::move(k);
+  out.v_in = std::move(v);
+  out.mask_in = std::move(mask);
+  expand_operands(out);
+  return out;
 }
 
 int64_t batch_offset(const Tensor& t, const Shape& batch, int64_t b, int64_t gqa_group) {

@@ -1,5 +1,10 @@
 // Checked geometry of one attention call, shared by every attention kernel so
 // that they accept exactly the same inputs and report the same errors.
+//
+// The dispatcher (sdpa.cc) checks a call once, with make_problem, and hands the
+// Problem to the kernel it picks; kernels take a Problem, never raw q, k, v, so
+// that an unchecked call cannot reach them (only make_problem and with_operands
+// construct one).
 #pragma once
 
 #include <cstdint>
@@ -9,24 +14,42 @@
 
 namespace qkv::attention {
 
-struct Problem {
+class Problem {
+ public:
+  const char* op = "";  // the operation errors name ("scaled_dot_product_attention")
   Shape batch;         // broadcast leading dims of q, k, v (heads included)
   int64_t batch_size = 1;
   int64_t lq = 0, lk = 0, dk = 0, dv = 0;
   int64_t heads_q = 1;  // size of dim -3 of the output (1 when rank < 3)
   int64_t gqa_group = 1;  // q heads sharing one k/v head
   double scale = 1.0;
-  DType out_dtype = DType::f32;
+  DType out_dtype = DType::f32;  // the dtype of the user's q
+  // The operands as given (their shapes are the user's; with_operands may have
+  // converted their dtype or layout).
+  Tensor q_in, k_in, v_in;
+  std::optional<Tensor> mask_in;
   // q, k, v and the mask expanded to the batch with zero strides (never copied).
-  // With GQA, k/v keep their own head dim; use kv_batch_offset.
+  // With GQA, k/v keep their own head dim (batch_offset with gqa_group).
   Tensor q, k, v;
   std::optional<Tensor> mask;  // [batch..., Lq, Lk], bool or floating
+
+ private:
+  Problem() = default;
+  friend Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                              const char* op);
+  friend Problem with_operands(const Problem& p, Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask);
 };
 
 // Validates the inputs and options (ShapeError, DTypeError, ValueError naming
-// "scaled_dot_product_attention" and the shapes) and returns the geometry.
+// `op` and the shapes) and returns the geometry. Error text is built only when a
+// check fails.
 Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                      const char* op);
+
+// `p` with other operands of the same shapes as p.q_in, p.k_in, p.v_in and
+// p.mask_in (a kernel's converted or compacted copies), expanded the same way;
+// nothing is checked again. std::logic_error when a shape differs (a bug).
+Problem with_operands(const Problem& p, Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask);
 
 // Element offset of batch entry `b` (row-major over problem.batch) in tensor `t`,
 // whose batch dims are problem.batch (or k/v's own heads under GQA: `gqa_group` > 1).

@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "attention/problem.h"
+#include "attention/reference.h"
 #include "qkv/parallel.h"
 #include "qkv/random.h"
 
@@ -65,10 +65,12 @@ double softmax_row(const double* s, double* w, int64_t n) {
 
 }  // namespace
 
-AttentionResult attention_reference(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
-  const char* op = "attention_reference";
-  const attention::Problem p = attention::make_problem(q_in, k_in, v_in, options, op);
+  return attention::reference_attention(attention::make_problem(q, k, v, options, "attention_reference"), options);
+}
+
+AttentionResult attention::reference_attention(const Problem& p, const AttentionOptions& options) {
   // Zero strides of broadcast dims make as_double() read each shared element once.
   const std::vector<double> q = as_double(p.q), k = as_double(p.k), v = as_double(p.v);
   const std::vector<double> mask = p.mask ? as_double(*p.mask) : std::vector<double>{};
@@ -91,7 +93,7 @@ AttentionResult attention_reference(const Tensor& q_in, const Tensor& k_in, cons
     const double* vb = at(v, attention::batch_offset(p.v, p.batch, b, p.gqa_group));
     const int64_t mask_base = p.mask ? attention::batch_offset(*p.mask, p.batch, b, 1) : 0;
     for (int64_t i = 0; i < p.lq; ++i) {
-      check_interrupt(op);  // single-threaded and slow (15.9 s at [1, 8, 1024, 64]): Ctrl-C per row
+      check_interrupt(p.op);  // single-threaded and slow (15.9 s at [1, 8, 1024, 64]): Ctrl-C per row
       // Causal masking removes keys j > i from the row (their weights stay 0,
       // whatever q_i . k_j is); a mask adds to the score (bool False: -inf).
       const int64_t keys = options.is_causal ? std::min(p.lk, i + 1) : p.lk;

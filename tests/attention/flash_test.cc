@@ -174,14 +174,11 @@ AttentionResult naive_f32(const Tensor& q, const Tensor& k, const Tensor& v, con
   return r;
 }
 
-// Restores the thread count and the tile override when a test ends.
+// Restores the thread count when a test ends.
 class FlashAttention : public ::testing::Test {
  protected:
   void SetUp() override { threads_ = get_num_threads(); }
-  void TearDown() override {
-    set_num_threads(threads_);
-    unsetenv("QKV_FLASH_TILES");
-  }
+  void TearDown() override { set_num_threads(threads_); }
   int threads_ = 1;
 };
 
@@ -280,12 +277,12 @@ TEST_F(FlashAttention, MatchesTorchFixturesWithinTwiceNaiveF32Error) {
 TEST_F(FlashAttention, SmallAndOddTilesMatchReference) {
   // Many tile boundaries: lengths straddle tiles of every shape.
   std::mt19937_64 rng(5);
-  for (const char* tiles : {"1x3", "5x7", "16x8", "32x64"}) {
-    setenv("QKV_FLASH_TILES", tiles, 1);
+  for (const FlashTiles tiles : {FlashTiles{1, 3}, FlashTiles{5, 7}, FlashTiles{16, 8}, FlashTiles{32, 64}}) {
     for (int i = 0; i < 12; ++i) {
       Config c = random_config(rng, i);
       c.lq = std::min<int64_t>(c.lq, 70), c.lk = std::min<int64_t>(c.lk, 90);  // tiny tiles: many GEMM calls
-      const Inputs in = make_inputs(c);
+      Inputs in = make_inputs(c);
+      in.options.tuning.flash_tiles = tiles;
       const Tensor fused = scaled_dot_product_attention(in.q, in.k, in.v, in.options).output;
       const Tensor naive = naive_f32(in.q, in.k, in.v, in.options).output;
       const Tensor ref = attention_reference(in.q, in.k, in.v, in.options).output;

@@ -163,7 +163,7 @@ Tensor with_value(const Tensor& t, const std::vector<int64_t>& index, double val
 }
 
 // One problem, f32: q [1, 2, 300, 16], k/v [1, 2, 700, 16/8], with the edits of the
-// test; small tiles (QKV_FLASH_TILES) make every edit land in a different tile.
+// test; small tiles (AttentionOptions::tuning) make every edit land in a different tile.
 struct Big {
   Tensor q = Tensor::randn({1, 2, 300, 16}, 1), k = Tensor::randn({1, 2, 700, 16}, 2);
   Tensor v = Tensor::randn({1, 2, 700, 8}, 3);
@@ -172,16 +172,16 @@ struct Big {
 };
 
 void expect_fused_equals_reference_nan_pattern(const Big& in) {
-  for (const char* tiles : {"", "16x32", "64x128"}) {
-    if (*tiles) setenv("QKV_FLASH_TILES", tiles, 1);
-    const AttentionResult fused = scaled_dot_product_attention(in.q, in.k, in.v, in.o);
-    unsetenv("QKV_FLASH_TILES");
+  for (const FlashTiles tiles : {FlashTiles{}, FlashTiles{16, 32}, FlashTiles{64, 128}}) {
+    AttentionOptions o = in.o;
+    o.tuning.flash_tiles = tiles;
+    const AttentionResult fused = scaled_dot_product_attention(in.q, in.k, in.v, o);
     const AttentionResult ref = attention_reference(in.q, in.k, in.v, in.o);
     ASSERT_TRUE(ref.weights && ref.logsumexp && fused.weights && fused.logsumexp);
-    EXPECT_TRUE(same_nans("weights", *ref.weights, *fused.weights)) << "tiles " << tiles;
+    EXPECT_TRUE(same_nans("weights", *ref.weights, *fused.weights)) << "tiles " << tiles.br << "x" << tiles.bc;
     const auto tol = [](double, double scale) { return 1e-5 * scale; };
-    EXPECT_TRUE(same_nonfinite("out", ref.output, fused.output, tol)) << "tiles " << tiles;
-    EXPECT_TRUE(same_nonfinite("lse", *ref.logsumexp, *fused.logsumexp, tol)) << "tiles " << tiles;
+    EXPECT_TRUE(same_nonfinite("out", ref.output, fused.output, tol)) << "tiles " << tiles.br << "x" << tiles.bc;
+    EXPECT_TRUE(same_nonfinite("lse", *ref.logsumexp, *fused.logsumexp, tol)) << "tiles " << tiles.br << "x" << tiles.bc;
   }
 }
 
@@ -229,17 +229,17 @@ TEST(NonFiniteFused, CausalNaNReachesRowsAtAndAfterItsKey) {
   in.o.is_causal = true;
   in.k = with_value(in.k, {0, 0, 250, 3}, NAN);  // key 250: rows >= 250 are NaN, rows < 250 never see it
   in.v = with_value(in.v, {0, 1, 100, 4}, NAN);  // rows >= 100 NaN in column 4; rows < 100 unspecified
-  for (const char* tiles : {"", "16x32"}) {
-    if (*tiles) setenv("QKV_FLASH_TILES", tiles, 1);
-    const AttentionResult fused = scaled_dot_product_attention(in.q, in.k, in.v, in.o);
-    unsetenv("QKV_FLASH_TILES");
+  for (const FlashTiles tiles : {FlashTiles{}, FlashTiles{16, 32}}) {
+    AttentionOptions o = in.o;
+    o.tuning.flash_tiles = tiles;
+    const AttentionResult fused = scaled_dot_product_attention(in.q, in.k, in.v, o);
     for (int64_t i : {0, 100, 249, 250, 299}) {
-      EXPECT_EQ(std::isnan(fused.output.item({0, 0, i, 0})), i >= 250) << tiles << " row " << i;
-      EXPECT_EQ(std::isnan(fused.logsumexp->item({0, 0, i})), i >= 250) << tiles << " row " << i;
+      EXPECT_EQ(std::isnan(fused.output.item({0, 0, i, 0})), i >= 250) << tiles.br << "x" << tiles.bc << " row " << i;
+      EXPECT_EQ(std::isnan(fused.logsumexp->item({0, 0, i})), i >= 250) << tiles.br << "x" << tiles.bc << " row " << i;
       if (i >= 100) {
-        EXPECT_TRUE(std::isnan(fused.output.item({0, 1, i, 4}))) << tiles << " row " << i;
+        EXPECT_TRUE(std::isnan(fused.output.item({0, 1, i, 4}))) << tiles.br << "x" << tiles.bc << " row " << i;
       }
-      EXPECT_FALSE(std::isnan(fused.output.item({0, 1, i, 3}))) << tiles << " row " << i;
+      EXPECT_FALSE(std::isnan(fused.output.item({0, 1, i, 3}))) << tiles.br << "x" << tiles.bc << " row " << i;
     }
     // A NaN row's keys after the diagonal still weigh 0.
     EXPECT_EQ(fused.weights->item({0, 0, 260, 261}), 0.0);

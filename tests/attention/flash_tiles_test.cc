@@ -1,0 +1,131 @@
+// The fused kernel's tiles as an explicit option (AttentionOptions::tuning), the
+// QKV_FLASH_TILES override, and the one checked Problem each call builds.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "attention/flash_tiles.h"
+#include "attention/problem.h"
+#include "common/expect.h"
+#include "qkv/attention.h"
+
+namespace qkv {
+namespace {
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::fabs(x[i] - y[i]));
+  return m;
+}
+
+TEST(FlashTiles, ParsesBrXBcAndRejectsTheRest) {
+  const auto t = attention::parse_flash_tiles("64x256");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->br, 64);
+  EXPECT_EQ(t->bc, 256);
+  for (const char* bad : {"", "64", "64x", "x256", "0x256", "64x-1", "64x256x", "ax b"}) {
+    EXPECT_FALSE(attention::parse_flash_tiles(bad)) << bad;
+  }
+  EXPECT_FALSE(attention::parse_flash_tiles(nullptr));
+}
+
+// QKV_FLASH_TILES is read at the first call only: a later setenv changes nothing.
+TEST(FlashTiles, TheEnvironmentIsReadOnce) {
+  const std::optional<FlashTiles> first = attention::flash_tiles_from_env();
+  const char* before = std::getenv("QKV_FLASH_TILES");
+  const std::string saved = before ? before : "";
+  ::setenv("QKV_FLASH_TILES", first && first->br == 3 ? "5x7" : "3x9", 1);
+  const std::optional<FlashTiles> second = attention::flash_tiles_from_env();
+  if (before) {
+    ::setenv("QKV_FLASH_TILES", saved.c_str(), 1);
+  } else {
+    ::unsetenv("QKV_FLASH_TILES");
+  }
+  ASSERT_EQ(first.has_value(), second.has_value());
+  if (first) {
+    EXPECT_EQ(first->br, second->br);
+    EXPECT_EQ(first->bc, second->bc);
+  }
+}
+
+// Options win over the environment, the environment over the cache-sized
+// choice; every choice is cut to [Lq, Lk].
+TEST(FlashTiles, OptionsWinOverTheEnvironmentWhichWinsOverTheAutomaticChoice) {
+  const FlashTiles env{64, 256}, asked{5, 7}, automatic = attention::auto_flash_tiles(64, 64, false);
+  auto pick = [](const FlashTiles& requested, const std::optional<FlashTiles>& e, int64_t lq, int64_t lk) {
+    return attention::choose_flash_tiles(requested, e, lq, lk, 64, 64, false);
+  };
+  const FlashTiles a = pick(asked, env, 1000, 1000), b = pick({}, env, 1000, 1000), c = pick({}, {}, 1000, 1000);
+  EXPECT_EQ(a.br, 5); EXPECT_EQ(a.bc, 7);
+  EXPECT_EQ(b.br, 64); EXPECT_EQ(b.bc, 256);
+  EXPECT_EQ(c.br, automatic.br); EXPECT_EQ(c.bc, automatic.bc);
+  const FlashTiles cut = pick({4096, 4096}, {}, 3, 10), empty = pick({4096, 4096}, {}, 0, 0);
+  EXPECT_EQ(cut.br, 3); EXPECT_EQ(cut.bc, 10);
+  EXPECT_EQ(empty.br, 1); EXPECT_EQ(empty.bc, 1);
+  const FlashTiles causal = attention::auto_flash_tiles(64, 64, true);
+  EXPECT_EQ(causal.bc, 2 * causal.br);  // key tiles backwards from the diagonal (flash_tiles.h)
+}
+
+// Tiles passed in the options reach the kernel: every tile shape gives the
+// float64 reference's numbers within FlashAttention's float32 budget, as the
+// automatic choice does, on lengths that straddle many tiles.
+TEST(FlashTiles, TilesInOptionsGiveTheReferenceNumbersAsTheAutomaticChoice) {
+  const Tensor q = Tensor::randn({2, 3, 67, 16}, 1), k = Tensor::randn({2, 3, 91, 16}, 2);
+  const Tensor v = Tensor::randn({2, 3, 91, 8}, 3);
+  for (const bool causal : {false, true}) {
+    AttentionOptions o;
+    o.is_causal = causal;
+    o.return_logsumexp = true;
+    const AttentionResult ref = attention_reference(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), o);
+    const AttentionResult automatic = scaled_dot_product_attention(q, k, v, o);
+    const double e_auto = max_abs_diff(automatic.output, ref.output);
+    for (const FlashTiles tiles : {FlashTiles{1, 1}, FlashTiles{3, 5}, FlashTiles{16, 8}, FlashTiles{64, 128}}) {
+      o.tuning.flash_tiles = tiles;
+      const AttentionResult r = scaled_dot_product_attention(q, k, v, o);
+      EXPECT_LE(max_abs_diff(r.output, ref.output), 2 * e_auto + 1e-6) << tiles.br << "x" << tiles.bc;
+      EXPECT_LE(max_abs_diff(*r.logsumexp, *ref.logsumexp), 1e-5) << tiles.br << "x" << tiles.bc;
+    }
+  }
+}
+
+TEST(FlashTiles, HalfSetOrNegativeTilesAreAValueErrorNamingTheOp) {
+  const Tensor q = Tensor::randn({1, 4, 8}, 1);
+  for (const FlashTiles tiles : {FlashTiles{5, 0}, FlashTiles{0, 7}, FlashTiles{-1, -1}}) {
+    AttentionOptions o;
+    o.tuning.flash_tiles = tiles;
+    EXPECT_THROW_WITH(scaled_dot_product_attention(q, q, q, o), ValueError,
+                      "scaled_dot_product_attention: tuning.flash_tiles must be both positive or both 0");
+  }
+}
+
+// A kernel takes a checked Problem; only make_problem and with_operands make one.
+static_assert(!std::is_default_constructible_v<attention::Problem>);
+
+TEST(AttentionProblem, WithOperandsKeepsTheGeometryAndRefusesOtherShapes) {
+  const Tensor q = Tensor::randn({2, 1, 5, 4}, 1), k = Tensor::randn({3, 6, 4}, 2), v = Tensor::randn({3, 6, 2}, 3);
+  const attention::Problem p = attention::make_problem(q, k, v, {}, "op");
+  EXPECT_EQ(p.batch, (Shape{2, 3}));
+  const attention::Problem f = attention::with_operands(p, q.to(DType::f64), k, v, std::nullopt);
+  EXPECT_EQ(f.q.shape(), (Shape{2, 3, 5, 4}));
+  EXPECT_EQ(f.q.dtype(), DType::f64);
+  EXPECT_EQ(f.out_dtype, DType::f32);  // the user's dtype, for the result
+  EXPECT_EQ(f.q.stride(1), 0);          // broadcast, not copied
+  EXPECT_THROW(attention::with_operands(p, k, k, v, std::nullopt), std::logic_error);
+}
+
+// The batch error text, now built only when the check fails, reads as before.
+TEST(AttentionProblem, BatchThatDoesNotBroadcastNamesTheCallAndTheShapes) {
+  const Tensor q = Tensor::randn({2, 3, 4, 8}, 1), k = Tensor::randn({5, 3, 6, 8}, 2);
+  EXPECT_THROW_WITH(scaled_dot_product_attention(q, k, k), ShapeError,
+                    "scaled_dot_product_attention (q [2, 3, 4, 8], k [5, 3, 6, 8], v [5, 3, 6, 8]): shapes [2, 3] "
+                    "and [5, 3] cannot be broadcast together (dim 0: 2 vs 5)");
+}
+
+}  // namespace
+}  // namespace qkv
