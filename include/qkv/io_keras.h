@@ -16,6 +16,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qkv/io_tf.h"
@@ -53,7 +54,7 @@ KerasArchive load_keras_archive(const std::filesystem::path& path);
 // Writes a .keras zip (members stored, uncompressed, as Keras 3 writes them): metadata.json
 // (`metadata_json`, or {"keras_version": "3.15.1", "date_saved": ...} when empty),
 // config.json and model.weights.h5 holding `weights` at their Keras 3 paths
-// (keras3_paths). ValueError when config_json is not valid JSON.
+// (nn::keras3_paths). ValueError when config_json is not valid JSON.
 void save_keras_archive(const std::filesystem::path& path, const std::map<std::string, Tensor>& weights,
                         const std::string& config_json, const std::string& metadata_json = "");
 KerasArchive parse_keras_archive(std::span<const std::byte> bytes, const std::string& source);
@@ -67,71 +68,19 @@ std::vector<std::byte> zip_member(std::span<const std::byte> zip, const std::str
 WeightFile load_weights(const std::filesystem::path& path);
 std::vector<CheckpointEntry> inspect_weights(const std::filesystem::path& path);
 
-// ---- layers -----------------------------------------------------------------------------
-// The model variables of a weight file grouped by layer: layer name -> weight ->
-// tensor, weights named as tf.keras names them: "kernel", "bias" (Dense,
-// EinsumDense), and for MultiHeadAttention "query/kernel", "query/bias", "key/...",
-// "value/...", "attention_output/kernel", "attention_output/bias". Read from
-// Keras 3 paths (layers/<layer>/query_dense/vars/0: vars 0 = kernel, 1 = bias),
-// tf.keras names (<layer>/query/kernel), TF checkpoints' variable names or keys
-// (layer_with_weights-0/_query_dense/kernel). Optimizer state is skipped.
-using LayerWeights = std::map<std::string, std::map<std::string, Tensor>>;
-LayerWeights keras_layer_weights(const WeightFile& file);
-// The same grouping from keys alone, for the tensors qkv::io::load returns (any weight file's
-// keys: Keras 3 paths, tf.keras .h5 paths "[model_weights/]<l>/<l>/query/kernel:0" (layer
-// <l>), TF checkpoint keys "layer_with_weights-0/_query_dense/kernel/.ATTRIBUTES/..." (layer
-// "layer_with_weights-0"), names "<l>/query/kernel"). Optimizer keys are skipped.
-LayerWeights keras_layer_weights(const std::map<std::string, Tensor>& tensors);
-// One layer's weights; FormatError listing the layers found when `layer` is missing.
-const std::map<std::string, Tensor>& layer_weights(const LayerWeights& layers, const std::string& layer,
-                                                   const std::string& source);
-
-// Keras 3 .weights.h5 paths for `layers` (layers/<layer>/query_dense/vars/0, ...,
-// layers/<layer>/vars/0 for a Dense): what save_keras_weights_h5 takes.
-std::map<std::string, Tensor> keras3_paths(const LayerWeights& layers);
-// ---- writing for Keras -------------------------------------------------------------------
-// tf.keras .h5 files and TF checkpoints match layers by position, so the writers take the
-// model order: the layers named in `order` first, the others after them by name.
-std::vector<std::string> ordered_layers(const LayerWeights& layers, const std::vector<std::string>& order);
-// The order in which a weight file lists its layers (model order for TF checkpoints and
-// tf.keras .h5 files; name order for Keras 3 .weights.h5, whose paths carry no order).
-std::vector<std::string> keras_layer_order(const WeightFile& file);
-// The layer names of a Keras config.json (config.layers[].name) in model order; empty
-// when the JSON has no such list.
-std::vector<std::string> keras_config_layer_order(const std::string& config_json);
-// A layer's weights in Keras' order: query kernel, query bias, key..., value...,
-// attention_output..., kernel, bias, then any others by name.
-std::vector<std::string> keras_weight_order(const std::map<std::string, Tensor>& weights);
-// Writes `layers` as tf.keras 2.x model.save_weights("x.h5") does: root attributes
-// layer_names, backend, keras_version; a group per layer with attribute weight_names
-// ("<layer>/query/kernel:0", fixed-length strings) and datasets at
-// <layer>/<layer>/query/kernel:0; an empty top_level_model_weights group.
-void save_keras_legacy_h5(const std::filesystem::path& path, const LayerWeights& layers,
-                          const std::vector<std::string>& order = {});
-// The keys and variable names tf.keras model.save_weights(prefix) writes for `layers`:
-// layer_with_weights-<i>/_query_dense/kernel/.ATTRIBUTES/VARIABLE_VALUE (MHA),
-// layer_with_weights-<i>/kernel/... (Dense), i counting layers in model order; full
-// names "<layer>/query/kernel". What save_tf_checkpoint takes.
-struct TfKerasCheckpoint {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, std::string> full_names;
+// ---- tf.keras 2.x .h5 -----------------------------------------------------------------
+// One layer of a tf.keras .h5 file: its name and its weights ("query/kernel", "kernel", ...)
+// in the order the file lists them. Which weights a layer has and in which order is the
+// layer's business (qkv/nn/keras_layers.h: nn::save_keras_legacy_h5 orders them as Keras).
+struct LegacyH5Layer {
+  std::string name;
+  std::vector<std::pair<std::string, Tensor>> weights;
 };
-TfKerasCheckpoint tf_keras_checkpoint_keys(const LayerWeights& layers, const std::vector<std::string>& order = {});
-// A Keras 3 config.json for a Functional model chaining `layers` in order on one
-// input [batch, seq, features]: InputLayer, then each MultiHeadAttention as
-// self-attention (query = value = the previous output) and each Dense on the last
-// axis. Head counts and sizes come from the kernels. ValueError for other layers.
-std::string keras_model_config(const LayerWeights& layers, const std::vector<std::string>& order = {});
-
-// Keras MultiHeadAttention weights -> torch.nn.MultiheadAttention's state dict
-// ("<layer>.in_proj_weight" [3E, E] rows q|k|v, "in_proj_bias", "out_proj.weight",
-// "out_proj.bias"); Dense kernels [in, out] -> "<layer>.weight" [out, in], "<layer>.bias".
-// ValueError when an MHA layer has no PyTorch equivalent (heads * key_dim != E,
-// value_dim != key_dim, key/value input sizes != E, or a missing bias).
-std::map<std::string, Tensor> keras_to_torch(const LayerWeights& layers);
-// The inverse: "<prefix>in_proj_weight" etc. become MHA layer "<prefix>" (without
-// its trailing '.'; "multi_head_attention" when empty) with `num_heads` heads;
-// "<p>.weight" [out, in] + "<p>.bias" become Dense layer "<p>".
-LayerWeights torch_to_keras(const std::map<std::string, Tensor>& state_dict, int64_t num_heads);
+// Writes `layers` in this order as tf.keras 2.x model.save_weights("x.h5") does: root
+// attributes layer_names, backend, keras_version; a group per layer with attribute
+// weight_names ("<layer>/query/kernel:0", fixed-length strings) and datasets at
+// <layer>/<layer>/query/kernel:0; an empty top_level_model_weights group. ValueError for a
+// layer name that is empty, has a '/' or is top_level_model_weights.
+void save_keras_legacy_h5(const std::filesystem::path& path, const std::vector<LegacyH5Layer>& layers);
 
 }  // namespace qkv::io

@@ -137,27 +137,26 @@ H5Id create_group(hid_t parent, const std::string& name, const Context& ctx) {
 
 // tf_keras' save_weights_to_hdf5_group: root attributes, then one group per layer
 // holding weight_names and the datasets, then an empty top_level_model_weights.
-void write_legacy(hid_t file, const LayerWeights& layers, const std::vector<std::string>& order, const Context& ctx) {
-  for (const auto& [layer, weights] : layers) {
-    if (layer.empty() || layer.find('/') != std::string::npos || layer == "top_level_model_weights") {
-      fail_at<ValueError>(ctx, "invalid layer name ", quote_name(layer));
+void write_legacy(hid_t file, const std::vector<LegacyH5Layer>& layers, const Context& ctx) {
+  std::vector<std::string> names;
+  for (const LegacyH5Layer& layer : layers) {
+    if (layer.name.empty() || layer.name.find('/') != std::string::npos || layer.name == "top_level_model_weights") {
+      fail_at<ValueError>(ctx, "invalid layer name ", quote_name(layer.name));
     }
-    (void)weights;
+    names.push_back(layer.name);
   }
-  const std::vector<std::string> names = ordered_layers(layers, order);
   H5Id root(h5_check(H5Gopen2(file, "/", H5P_DEFAULT), ctx, "root group"));
   write_string_attr(root.get(), "layer_names", names, true, ctx);
   write_string_attr(root.get(), "backend", {"tensorflow"}, false, ctx);
   write_string_attr(root.get(), "keras_version", {kLegacyKerasVersion}, false, ctx);
   H5Id lcpl(h5_check(H5Pcreate(H5P_LINK_CREATE), ctx, "H5Pcreate"));
   H5Pset_create_intermediate_group(lcpl.get(), 1);
-  for (const std::string& layer : names) {
-    const auto& weights = layers.at(layer);
-    H5Id g = create_group(file, layer, ctx);
+  for (const LegacyH5Layer& layer : layers) {
+    H5Id g = create_group(file, layer.name, ctx);
     std::vector<std::string> weight_names;
-    for (const std::string& w : keras_weight_order(weights)) {
-      weight_names.push_back(layer + "/" + w + ":0");
-      write_dataset(g.get(), lcpl.get(), weight_names.back(), weights.at(w), ctx);
+    for (const auto& [w, t] : layer.weights) {
+      weight_names.push_back(layer.name + "/" + w + ":0");
+      write_dataset(g.get(), lcpl.get(), weight_names.back(), t, ctx);
     }
     write_string_attr(g.get(), "weight_names", weight_names, true, ctx);
   }
@@ -186,12 +185,11 @@ std::vector<std::byte> serialize_keras_weights_h5(const std::map<std::string, Te
   return detail::file_image(file.get(), ctx);
 }
 
-void save_keras_legacy_h5(const std::filesystem::path& path, const LayerWeights& layers,
-                          const std::vector<std::string>& order) {
+void save_keras_legacy_h5(const std::filesystem::path& path, const std::vector<LegacyH5Layer>& layers) {
   const detail::Context ctx{"save_keras_legacy_h5", path.string()};
   auto lock = detail::hdf5_lock();
   detail::H5Id file = detail::create_file(path, ctx);
-  detail::write_legacy(file.get(), layers, order, ctx);
+  detail::write_legacy(file.get(), layers, ctx);
   detail::flush(file.get(), ctx);
 }
 

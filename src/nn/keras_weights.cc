@@ -49,7 +49,7 @@ std::string listing(const std::map<std::string, Tensor>& tensors) {
 
 std::map<std::string, Tensor> keras_mha_weights(const std::map<std::string, Tensor>& tensors,
                                                 const std::string& layer) {
-  io::LayerWeights layers = io::keras_layer_weights(tensors);
+  LayerWeights layers = keras_layer_weights(tensors);
   for (const char* n : kKerasMhaWeightNames) {  // one layer's get_weights by name: the layer ""
     if (tensors.count(n)) layers[""][n] = tensors.at(n);
   }
@@ -80,16 +80,16 @@ KerasMultiHeadAttention keras_mha_from_weights(const std::map<std::string, Tenso
   return mha;
 }
 
-KerasMultiHeadAttention load_keras_mha(const io::LayerWeights& layers, const std::string& name,
+KerasMultiHeadAttention load_keras_mha(const LayerWeights& layers, const std::string& name,
                                        const std::string& source) {
-  const auto& w = io::layer_weights(layers, name, source);
+  const auto& w = layer_weights(layers, name, source);
   KerasMultiHeadAttention layer(keras_mha_config(w));
   layer.load_weights(w);
   return layer;
 }
 
-Linear load_keras_dense(const io::LayerWeights& layers, const std::string& name, const std::string& source) {
-  const auto& w = io::layer_weights(layers, name, source);
+Linear load_keras_dense(const LayerWeights& layers, const std::string& name, const std::string& source) {
+  const auto& w = layer_weights(layers, name, source);
   const Tensor* kernel = find(w, "kernel");
   if (kernel == nullptr || kernel->dim() != 2) {
     fail<FormatError>("load_keras_dense: ", source, ": layer '", name, "' has no 2-D kernel");
@@ -104,7 +104,7 @@ Tensor KerasMhaDense::forward(const Tensor& x) const {
 
 KerasMhaDense load_keras_mha_dense(const std::filesystem::path& file, const std::string& mha_name,
                                    const std::string& dense_name) {
-  const io::LayerWeights layers = io::keras_layer_weights(io::load_weights(file));
+  const LayerWeights layers = keras_layer_weights(io::load_weights(file));
   return KerasMhaDense{load_keras_mha(layers, mha_name, file.string()), load_keras_dense(layers, dense_name, file.string())};
 }
 

@@ -8,9 +8,18 @@
 #include "common/expect.h"
 #include "io/io_test_util.h"
 #include "qkv/io_keras.h"
+#include "qkv/nn/keras_layers.h"
 
 namespace qkv::io {
 namespace {
+
+// The layer view of weight files lives in qkv::nn (qkv/nn/keras_layers.h).
+using nn::keras_layer_weights;
+using nn::keras_to_torch;
+using nn::torch_to_keras;
+using nn::keras3_paths;
+using nn::layer_weights;
+using nn::LayerWeights;
 
 std::filesystem::path fx(const std::string& dir, const std::string& name) {
   return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / dir / name;

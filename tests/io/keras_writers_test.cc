@@ -9,9 +9,18 @@
 
 #include "io/io_test_util.h"
 #include "qkv/io_keras.h"
+#include "qkv/nn/keras_layers.h"
 
 namespace qkv::io {
 namespace {
+
+// The layer view of weight files lives in qkv::nn (qkv/nn/keras_layers.h).
+using nn::keras_layer_weights;
+using nn::keras3_paths;
+using nn::LayerWeights;
+using nn::keras_config_layer_order;
+using nn::keras_model_config;
+using nn::save_keras_legacy_h5;
 
 using testing::expect_same_values;
 using testing::fixture;

@@ -12,10 +12,18 @@
 #include "io/io_test_util.h"
 #include "io/tf_internal.h"
 #include "qkv/io_keras.h"
+#include "qkv/nn/keras_layers.h"
 #include "qkv/io_tf.h"
 
 namespace qkv::io {
 namespace {
+
+// The layer view of weight files lives in qkv::nn (qkv/nn/keras_layers.h).
+using nn::keras_layer_weights;
+using nn::LayerWeights;
+using nn::keras_layer_order;
+using nn::tf_keras_checkpoint_keys;
+using nn::TfKerasCheckpoint;
 
 using testing::expect_same_values;
 using testing::fixture;

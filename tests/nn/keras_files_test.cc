@@ -10,6 +10,7 @@
 #include "nn/fixtures.h"
 #include "qkv/io.h"
 #include "qkv/io_keras.h"
+#include "qkv/nn/keras_layers.h"
 #include "qkv/io_tf.h"
 #include "qkv/nn/keras_weights.h"
 #include "qkv/nn/mha.h"
@@ -19,6 +20,7 @@ namespace {
 using qkv::Tensor;
 using namespace qkv::nn::testing;
 namespace io = qkv::io;
+namespace nn = qkv::nn;
 
 constexpr double kTolerance = 1e-5;
 
@@ -26,7 +28,7 @@ fs::path seed_file(const std::string& name) { return fixture_dir("seed001") / na
 
 // The Dense layer of a seed-001 file's tensors (the one layer with a 2-D kernel).
 qkv::nn::Linear dense_of(const std::map<std::string, Tensor>& tensors) {
-  for (const auto& [name, w] : io::keras_layer_weights(tensors)) {
+  for (const auto& [name, w] : nn::keras_layer_weights(tensors)) {
     if (w.count("kernel") && w.at("kernel").dim() == 2) return qkv::nn::Linear::keras(w.at("kernel"), w.at("bias"), 1);
   }
   ADD_FAILURE() << "no Dense layer";
@@ -51,16 +53,16 @@ TEST(LayerFiles, KerasFilesLoadIntoTheLayerInOneCall) {
 
 // Each Keras format qkv writes (what `qkv convert --to keras` writes) loads back into the layers.
 TEST(LayerFiles, EveryKerasFormatQkvWritesLoadsIntoTheLayer) {
-  const io::LayerWeights layers = io::keras_layer_weights(io::load_weights(seed_file("ckpt")));
+  const nn::LayerWeights layers = nn::keras_layer_weights(io::load_weights(seed_file("ckpt")));
   const std::vector<std::string> order = {"multi_head_attention", "dense"};
   const auto dir = qkv::io::testing::temp_path("formats");
   fs::create_directories(dir);
-  io::save_keras_weights_h5(dir / "m.weights.h5", io::keras3_paths(layers));
-  io::save_keras_legacy_h5(dir / "m.h5", layers, order);
-  io::save_keras_archive(dir / "m.keras", io::keras3_paths(layers), io::keras_model_config(layers, order));
-  const io::TfKerasCheckpoint ck = io::tf_keras_checkpoint_keys(layers, order);
+  io::save_keras_weights_h5(dir / "m.weights.h5", nn::keras3_paths(layers));
+  nn::save_keras_legacy_h5(dir / "m.h5", layers, order);
+  io::save_keras_archive(dir / "m.keras", nn::keras3_paths(layers), nn::keras_model_config(layers, order));
+  const nn::TfKerasCheckpoint ck = nn::tf_keras_checkpoint_keys(layers, order);
   io::save_tf_checkpoint(dir / "ck", ck.tensors, ck.full_names);
-  io::save_safetensors(dir / "m.safetensors", io::keras3_paths(layers));
+  io::save_safetensors(dir / "m.safetensors", nn::keras3_paths(layers));
   for (const char* name : {"m.weights.h5", "m.h5", "m.keras", "ck", "ck.index", "m.safetensors"}) {
     SCOPED_TRACE(name);
     EXPECT_LE(seed_model_error(dir / name), kTolerance);
@@ -70,7 +72,7 @@ TEST(LayerFiles, EveryKerasFormatQkvWritesLoadsIntoTheLayer) {
 // `qkv convert --to torch`'s keys ("<layer>.in_proj_weight") go into from_state_dict as they are.
 TEST(LayerFiles, TorchLayoutFilesLoadIntoMultiheadAttention) {
   const Fixture fx = load_fixture(fixture_dir("mha_keras") / "self.safetensors");
-  const auto sd = io::keras_to_torch(io::keras_layer_weights(io::load_weights(fixture_dir("mha_keras") / "self.safetensors")));
+  const auto sd = nn::keras_to_torch(nn::keras_layer_weights(io::load_weights(fixture_dir("mha_keras") / "self.safetensors")));
   ASSERT_EQ(sd.count("mha.in_proj_weight"), 1u);
   qkv::nn::MultiheadAttentionConfig c;
   c.embed_dim = 8;

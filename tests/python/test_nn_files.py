@@ -104,6 +104,17 @@ def test_converted_files_load_into_layers(sources, run, tmp_path, source, to, fm
     check_against_keras(source, qkv.load(out))
 
 
+def test_convert_adds_the_flag_that_fixes_a_library_error(sources, run, tmp_path):
+    # The library's errors name weights and shapes (nn/convert.cc, nn/keras_layout.cc); the CLI
+    # appends the option that fixes them.
+    r = run("convert", sources["torch_self"], tmp_path / "a.weights.h5", "--to", "keras", "--heads", "3")
+    assert r.returncode == 1 and "embed dim 8 is not divisible by num_heads 3 (--heads)" in r.stderr, r.stderr
+    r = run("convert", SEED / "model.weights.h5", tmp_path / "b.keras", "--to", "keras",
+            "--layer-order", "dense,multi_head_attention")
+    assert r.returncode == 1, r.stderr
+    assert "the layers are not in model order" in r.stderr and "give --layer-order or --config" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("source", ["seed_weights_h5", "seed_h5", "seed_keras", "keras_self", "torch_self"])
 def test_files_load_into_layers_without_converting(sources, source):
     check_against_keras(source, qkv.load(sources[source]))

@@ -17,6 +17,7 @@
 #include "qkv/io.h"
 #include "qkv/io_keras.h"
 #include "qkv/io_tf.h"
+#include "qkv/nn/keras_layers.h"
 
 namespace qkv::cli {
 
@@ -75,11 +76,22 @@ std::string prefix_of(const std::string& out) {
   return out.ends_with(".index") ? out.substr(0, out.size() - 6) : out;
 }
 
+// The library's error for layers that do not chain, with the flags that fix it.
+std::string keras_config(const nn::LayerWeights& layers, const std::vector<std::string>& order) {
+  try {
+    return nn::keras_model_config(layers, order);
+  } catch (const ValueError& e) {
+    const std::string what = e.what();
+    if (what.find("not in model order") == std::string::npos) throw;
+    fail<ValueError>(what, "; give --layer-order or --config");
+  }
+}
+
 // Writes `layers` in Keras' layout; returns the tensors written, by their key in OUT.
-std::map<std::string, Tensor> write_keras(const ConvertArgs& a, const std::string& format, const io::LayerWeights& layers,
+std::map<std::string, Tensor> write_keras(const ConvertArgs& a, const std::string& format, const nn::LayerWeights& layers,
                                           const std::vector<std::string>& order, const std::string& in_config) {
   if (format == "tf-keras-h5") {
-    io::save_keras_legacy_h5(a.out, layers, order);
+    nn::save_keras_legacy_h5(a.out, layers, order);
     std::map<std::string, Tensor> listing;
     for (const auto& [layer, w] : layers) {
       for (const auto& [name, t] : w) listing[layer + "/" + layer + "/" + name + ":0"] = t;
@@ -87,15 +99,15 @@ std::map<std::string, Tensor> write_keras(const ConvertArgs& a, const std::strin
     return listing;
   }
   if (format == "tf-checkpoint") {
-    const io::TfKerasCheckpoint ck = io::tf_keras_checkpoint_keys(layers, order);
+    const nn::TfKerasCheckpoint ck = nn::tf_keras_checkpoint_keys(layers, order);
     io::save_tf_checkpoint(prefix_of(a.out), ck.tensors, ck.full_names);
     return ck.tensors;
   }
-  const std::map<std::string, Tensor> paths = io::keras3_paths(layers);
+  const std::map<std::string, Tensor> paths = nn::keras3_paths(layers);
   if (format == "keras") {
     const std::string config = !a.config.empty() ? read_text(a.config)
                              : !in_config.empty() ? in_config
-                                                  : io::keras_model_config(layers, order);
+                                                  : keras_config(layers, order);
     io::save_keras_archive(a.out, paths, config);
   } else if (format == "keras3-h5") {
     io::save_keras_weights_h5(a.out, paths);
@@ -176,20 +188,26 @@ void run_convert(const ConvertArgs& a) {
     if (format != "safetensors" && format != "keras3-h5") {
       fail<ValueError>("convert: PyTorch's layout is written to .safetensors (or a plain .weights.h5), not ", format);
     }
-    out = io::keras_to_torch(io::keras_layer_weights(in));
+    out = nn::keras_to_torch(nn::keras_layer_weights(in));
     if (out.empty()) fail<ValueError>("convert: ", a.in, ": no layer weights found to convert");
     io::save(a.out, out);
   } else {
-    io::LayerWeights layers = io::keras_layer_weights(in);
+    nn::LayerWeights layers = nn::keras_layer_weights(in);
     if (has_torch_keys(in.tensors)) {
       if (a.heads < 1) fail<ValueError>("convert: ", a.in, " holds PyTorch weights; give --heads N for Keras' [E, N, H] kernels");
-      layers = io::torch_to_keras(in.tensors, a.heads);
+      try {
+        layers = nn::torch_to_keras(in.tensors, a.heads);
+      } catch (const ValueError& e) {
+        const std::string what = e.what();
+        if (what.find("num_heads") == std::string::npos) throw;
+        fail<ValueError>(what, " (--heads)");
+      }
     }
     if (layers.empty()) fail<ValueError>("convert: ", a.in, ": no layer weights found to convert");
     const std::string in_config = lower(a.in).ends_with(".keras") ? io::load_keras_archive(a.in).config_json : "";
     std::vector<std::string> order = split_commas(a.layer_order);
-    if (order.empty()) order = !in_config.empty() ? io::keras_config_layer_order(in_config) : io::keras_layer_order(in);
-    out = write_keras(a, format, layers, io::ordered_layers(layers, order), in_config);
+    if (order.empty()) order = !in_config.empty() ? nn::keras_config_layer_order(in_config) : nn::keras_layer_order(in);
+    out = write_keras(a, format, layers, nn::ordered_layers(layers, order), in_config);
   }
   std::cout << a.in << " -> " << a.out << " (" << a.to << " layout, " << format << "): " << out.size() << " tensors\n";
   for (const auto& [k, t] : out) std::cout << "  " << k << "  " << dtype_name(t.dtype()) << "  " << shape_str(t.shape()) << "\n";

@@ -97,11 +97,13 @@ class KerasMultiHeadAttention {
 };
 
 // The PyTorch state_dict of the same layer (in_proj_weight = each kernel reshaped to
-// [dim, N*key_dim] and transposed, ...). ValueError unless the layouts coincide: equal
-// input sizes, N * key_dim == dim == N * value_dim, default output_shape, one attention axis
-// over [B, T, E] inputs, biases on.
+// [dim, N*key_dim] and transposed, ...; no biases without use_bias), through
+// nn::keras_mha_to_torch (qkv/nn/keras_layers.h). ValueError unless the layouts coincide: a
+// built layer, equal input sizes, N * key_dim == dim == N * value_dim, default output_shape,
+// one attention axis over [B, T, E] inputs.
 std::map<std::string, Tensor> keras_to_torch_state_dict(const KerasMultiHeadAttention& layer);
-// The Keras weights (get_weights() order) of a PyTorch layer without bias_kv/zero_attn.
+// The Keras weights (get_weights() order) of a PyTorch layer without bias_kv/zero_attn
+// (nn::torch_mha_to_keras).
 std::vector<Tensor> torch_to_keras_weights(const MultiheadAttention& layer);
 
 }  // namespace qkv::nn

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "qkv/io_keras.h"
+#include "qkv/nn/keras_layers.h"
 #include "qkv/nn/keras_mha.h"
 #include "qkv/nn/linear.h"
 #include "qkv/tensor.h"
@@ -38,10 +38,10 @@ KerasMultiHeadAttention keras_mha_from_weights(const std::map<std::string, Tenso
                                                const std::vector<int64_t>& attention_axes = {});
 
 // The layer `name` of `layers` as a KerasMultiHeadAttention (config from keras_mha_config).
-KerasMultiHeadAttention load_keras_mha(const io::LayerWeights& layers, const std::string& name,
+KerasMultiHeadAttention load_keras_mha(const LayerWeights& layers, const std::string& name,
                                        const std::string& source);
 // The Dense layer `name`: kernel [in, out] (+ bias [out]).
-Linear load_keras_dense(const io::LayerWeights& layers, const std::string& name, const std::string& source);
+Linear load_keras_dense(const LayerWeights& layers, const std::string& name, const std::string& source);
 
 // Seed 001's model shape: MultiHeadAttention self-attention followed by a Dense layer.
 struct KerasMhaDense {

@@ -8,10 +8,10 @@
 #include <string_view>
 #include <nlohmann/json.hpp>
 
-#include "io/io_internal.h"
-#include "qkv/io_keras.h"
+#include "qkv/error.h"
+#include "qkv/nn/keras_layers.h"
 
-namespace qkv::io {
+namespace qkv::nn {
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -74,7 +74,7 @@ int64_t mha_layer(const std::string& name, const std::map<std::string, Tensor>& 
       v.size(0) != dim) {
     fail<ValueError>("keras_model_config: layer '", name, "': kernels ", shape_str(q.shape()), " ", shape_str(k.shape()),
                      " ", shape_str(v.shape()), " are not those of self-attention over ", dim,
-                     " features; give the layers in model order (--layer-order) or the model's config.json");
+                     " features; the layers are not in model order (pass the model order, or the model's config.json)");
   }
   const int64_t out = o.size(2);
   ojson c = common_config(name);
@@ -101,7 +101,7 @@ int64_t dense_layer(const std::string& name, const std::map<std::string, Tensor>
   const Tensor& k = need(w, name, "kernel");
   if (k.dim() != 2 || k.size(0) != dim) {
     fail<ValueError>("keras_model_config: layer '", name, "': kernel ", shape_str(k.shape()), " does not take ", dim,
-                     " features; give the layers in model order (--layer-order) or the model's config.json");
+                     " features; the layers are not in model order (pass the model order, or the model's config.json)");
   }
   ojson c = common_config(name);
   c["units"] = k.size(1);
@@ -163,11 +163,11 @@ int64_t layer_with_weights_index(const std::string& key) {
 
 }  // namespace
 
-std::vector<std::string> keras_layer_order(const WeightFile& file) {
+std::vector<std::string> keras_layer_order(const io::WeightFile& file) {
   const LayerWeights layers = keras_layer_weights(file);
   // A checkpoint's keys sort layer_with_weights-10 before -2: order by the number.
-  std::vector<CheckpointEntry> entries = file.entries;
-  std::stable_sort(entries.begin(), entries.end(), [](const CheckpointEntry& a, const CheckpointEntry& b) {
+  std::vector<io::CheckpointEntry> entries = file.entries;
+  std::stable_sort(entries.begin(), entries.end(), [](const io::CheckpointEntry& a, const io::CheckpointEntry& b) {
     const auto rank = [](const std::string& key) {
       const int64_t i = layer_with_weights_index(key);
       return i < 0 ? std::numeric_limits<int64_t>::max() : i;
@@ -175,7 +175,7 @@ std::vector<std::string> keras_layer_order(const WeightFile& file) {
     return rank(a.key) < rank(b.key);
   });
   std::vector<std::string> out;
-  for (const CheckpointEntry& e : entries) {
+  for (const io::CheckpointEntry& e : entries) {
     for (const auto& [layer, w] : layers) {
       (void)w;
       const bool match = e.name == layer || e.name.starts_with(layer + "/") || e.key.starts_with("layers/" + layer + "/");
@@ -183,6 +183,18 @@ std::vector<std::string> keras_layer_order(const WeightFile& file) {
     }
   }
   return ordered_layers(layers, out);
+}
+
+void save_keras_legacy_h5(const std::filesystem::path& path, const LayerWeights& layers,
+                          const std::vector<std::string>& order) {
+  std::vector<io::LegacyH5Layer> ordered;  // every layer: ordered_layers appends those not in `order`
+  for (const std::string& name : ordered_layers(layers, order)) {
+    io::LegacyH5Layer layer{name, {}};
+    const auto& weights = layers.at(name);
+    for (const std::string& w : keras_weight_order(weights)) layer.weights.emplace_back(w, weights.at(w));
+    ordered.push_back(std::move(layer));
+  }
+  io::save_keras_legacy_h5(path, ordered);
 }
 
 TfKerasCheckpoint tf_keras_checkpoint_keys(const LayerWeights& layers, const std::vector<std::string>& order) {
@@ -240,4 +252,4 @@ std::string keras_model_config(const LayerWeights& layers, const std::vector<std
   return config.dump();
 }
 
-}  // namespace qkv::io
+}  // namespace qkv::nn
