@@ -2,12 +2,32 @@
 #pragma once
 
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <string>
 
 #include "qkv/parallel.h"
+#include "qkv/tensor.h"
 
 namespace qkv::bench {
+
+// Tensor::uniform values in a 2 MB-aligned buffer advised as transparent huge pages
+// before it is touched: the sources of memcpy and of the copies measured against it,
+// as numpy's rng.random arrays in the peer scripts get huge pages (numpy advises
+// every array of 4 MB and more).
+inline Tensor huge_page_uniform(const Shape& shape) {
+  const Tensor values = Tensor::uniform(shape, 1);
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t bytes = (values.nbytes() + kHuge - 1) / kHuge * kHuge;
+  void* buffer = std::aligned_alloc(kHuge, bytes);
+  if (buffer == nullptr) std::abort();
+  (void)madvise(buffer, bytes, MADV_HUGEPAGE);
+  std::memcpy(buffer, values.raw_data(), values.nbytes());
+  return Tensor::from_blob(buffer, shape, values.dtype(), {}, std::shared_ptr<void>(buffer, std::free));
+}
 
 // Applies QKV_NUM_THREADS to this thread's OpenMP runtime (so raw oneDNN and
 // peers in the same program use qkv's thread count), records it in the

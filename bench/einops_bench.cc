@@ -19,6 +19,7 @@
 
 #include "qkv/einops.h"
 #include "qkv/parallel.h"
+#include "bench_main.h"
 
 namespace {
 
@@ -46,21 +47,6 @@ const std::vector<Case>& cases() {
   return c;
 }
 
-// Tensor::uniform values in a 2 MB-aligned buffer advised as transparent huge pages
-// before it is touched: the sources of both memcpy and rearrange, as numpy's
-// rng.random arrays in the peer script get huge pages (numpy advises every array of
-// 4 MB and more).
-qkv::Tensor huge_page_uniform(const qkv::Shape& shape) {
-  const qkv::Tensor values = qkv::Tensor::uniform(shape, 1);
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t bytes = (values.nbytes() + kHuge - 1) / kHuge * kHuge;
-  void* buffer = std::aligned_alloc(kHuge, bytes);
-  if (buffer == nullptr) std::abort();
-  (void)madvise(buffer, bytes, MADV_HUGEPAGE);
-  std::memcpy(buffer, values.raw_data(), values.nbytes());
-  return qkv::Tensor::from_blob(buffer, shape, values.dtype(), {}, std::shared_ptr<void>(buffer, std::free));
-}
-
 void set_rate(benchmark::State& state, int64_t bytes_per_iteration) {
   state.counters["bytes"] = benchmark::Counter(static_cast<double>(bytes_per_iteration) *
                                                    static_cast<double>(state.iterations()),
@@ -70,7 +56,7 @@ void set_rate(benchmark::State& state, int64_t bytes_per_iteration) {
 void BM_Rearrange(benchmark::State& state, const Case& c) {
   const int before = qkv::get_num_threads();
   qkv::set_num_threads(static_cast<int>(state.range(0)));
-  const qkv::Tensor x = huge_page_uniform(c.shape);
+  const qkv::Tensor x = qkv::bench::huge_page_uniform(c.shape);
   for (auto _ : state) {
     qkv::Tensor y = qkv::einops::materialize(qkv::einops::rearrange(x, c.pattern, c.lengths));
     benchmark::DoNotOptimize(y.raw_data());
@@ -88,7 +74,7 @@ void BM_Memcpy(benchmark::State& state) {
   const int before = qkv::get_num_threads();
   const int threads = static_cast<int>(state.range(0));
   qkv::set_num_threads(threads);
-  const qkv::Tensor x = huge_page_uniform({int64_t{1} << 24});
+  const qkv::Tensor x = qkv::bench::huge_page_uniform({int64_t{1} << 24});
   const auto n = static_cast<int64_t>(x.nbytes());
   void* buffer = std::aligned_alloc(size_t{2} << 20, static_cast<size_t>(n));
   (void)madvise(buffer, static_cast<size_t>(n), MADV_HUGEPAGE);
@@ -127,4 +113,4 @@ const bool registered = [] {
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) { return qkv::bench::run_benchmarks(argc, argv); }

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/strided_walk.h"
+
 namespace qkv::attention {
 
 namespace {
@@ -160,14 +162,13 @@ Problem with_operands(const Problem& p, Tensor q, Tensor k, Tensor v, std::optio
 }
 
 int64_t batch_offset(const Tensor& t, const Shape& batch, int64_t b, int64_t gqa_group) {
-  int64_t off = 0;
-  for (size_t d = batch.size(); d-- > 0;) {
-    int64_t i = b % batch[d];
-    b /= batch[d];
-    if (gqa_group > 1 && d + 1 == batch.size()) i /= gqa_group;
-    off += i * t.strides()[d];
+  kernels::WalkDims<1> dims;
+  for (size_t d = 0; d < batch.size(); ++d) dims.push_back({batch[d], {t.strides()[d]}});
+  if (gqa_group > 1) {  // q heads [Hk * group] as [Hk, group]: the group's q heads share a k/v head
+    dims.back().size /= gqa_group;
+    dims.push_back({gqa_group, {0}});
   }
-  return off;
+  return kernels::walk_offsets_at<1>(dims, b)[0];
 }
 
 }  // namespace qkv::attention

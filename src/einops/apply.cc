@@ -7,7 +7,6 @@
 #include "einops/recipe.h"
 #include "einops/reduce.h"
 #include "kernels/cpu/buffer_pool.h"
-#include "kernels/cpu/transpose.h"
 #include "qkv/einops.h"
 
 namespace qkv::einops {
@@ -114,7 +113,7 @@ Tensor stack(const std::vector<Tensor>& xs, std::string_view op) {
   const AllocationScope scope(op, {}, std::span<const Shape>(&xs[0].shape(), 1), "list of elements");
   shape.insert(shape.begin(), static_cast<int64_t>(xs.size()));
   Tensor out = kernels::empty_pooled(shape, xs[0].dtype());
-  for (size_t i = 0; i < xs.size(); ++i) kernels::permuted_copy(xs[i], out.select(0, static_cast<int64_t>(i)));
+  for (size_t i = 0; i < xs.size(); ++i) out.select(0, static_cast<int64_t>(i)).copy_from(xs[i]);
   return out;
 }
 
@@ -179,7 +178,7 @@ ReductionPlan reduction_plan(const Shape& shape, std::string_view pattern, std::
 Tensor materialize(const Tensor& x) {
   if (x.is_contiguous()) return x;
   Tensor out = kernels::empty_pooled(x.shape(), x.dtype());
-  kernels::permuted_copy(x, out);
+  out.copy_from(x);
   return out;
 }
 

@@ -10,7 +10,6 @@
 
 #include "kernels/cpu/buffer_pool.h"
 #include "einsum/contract.h"
-#include "kernels/cpu/transpose.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
 
@@ -66,7 +65,7 @@ Operand copy_as(const Operand& o, const std::vector<int>& order) {
       perm.push_back(static_cast<int64_t>(d)), labels.push_back(o.labels[d]);
   const Tensor src = o.t.permute(perm);
   Tensor dst = kernels::empty_pooled(src.shape(), src.dtype(), "operand copy");
-  kernels::permuted_copy(src, dst);
+  dst.copy_from(src);
   return {dst, labels};
 }
 
@@ -166,7 +165,7 @@ void gemm_with_copies(Operand a, Operand b, const Operand& c, Groups g, const st
         for (int l : c.labels)
           for (size_t d = 0; d < out.labels.size(); ++d)
             if (out.labels[d] == l) perm.push_back(static_cast<int64_t>(d));
-        kernels::permuted_copy(out.t.permute(perm), c.t);
+        c.t.copy_from(out.t.permute(perm));
       }
       if (trace) trace->kernels.push_back(copied ? "GEMM+COPY" : "GEMM");
       return;

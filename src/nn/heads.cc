@@ -51,7 +51,7 @@ Tensor additive_mask(const Tensor& m, bool true_masks, const char* what) {
 
 Tensor add_broadcast(const Tensor& a, const Tensor& b) {
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), "mask");
-  Tensor out = a.expand(shape).contiguous().clone();
+  Tensor out = a.expand(shape).clone();  // [shape], a fresh copy to add into
   const Tensor bb = b.expand(shape).contiguous();
   float* o = out.data<float>();
   const float* p = bb.data<float>();

@@ -1,10 +1,7 @@
 // qkv::nn::Linear: y = x @ W + b through one qkv::gemm call (bias pre-filled, beta = 1).
 #include "qkv/nn/linear.h"
 
-#include <cstring>
-
 #include "qkv/gemm.h"
-#include "qkv/parallel.h"
 
 namespace qkv::nn {
 
@@ -79,12 +76,7 @@ Tensor Linear::forward(const Tensor& x) const {
   const Tensor a = as_gemm_matrix(x.reshape({rows, in_}));  // [rows, in]
   float* c = y.data<float>();
   const int64_t m = a.size(0);
-  if (bias_) {
-    const float* b = bias_->data<float>();
-    parallel_for(0, m, 64, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) std::memcpy(c + r * out_, b, sizeof(float) * out_);
-    });
-  }
+  if (bias_) y.copy_from(*bias_);  // every row starts as the bias (broadcast rows, beta = 1 below)
   GemmShape g;
   g.trans_b = transposed_;
   g.m = m;

@@ -90,22 +90,20 @@ std::vector<GemmDim> gemm_batch_dims(const GemmBatch& batch) {
 }
 
 std::vector<GemmDim> simplify_gemm_batch(std::vector<GemmDim> dims) {
-  std::erase_if(dims, [](const GemmDim& d) { return d.size == 1; });
   // Outermost first; the order of independent batch matrices does not matter.
   std::stable_sort(dims.begin(), dims.end(),
                    [](const GemmDim& x, const GemmDim& y) { return x.sc > y.sc; });
   std::vector<GemmDim> merged;
-  for (const GemmDim& d : dims) {
-    if (!merged.empty()) {
-      GemmDim& o = merged.back();
-      if (o.sa == d.sa * d.size && o.sb == d.sb * d.size && o.sc == d.sc * d.size) {
-        o = {o.size * d.size, d.sa, d.sb, d.sc};
-        continue;
-      }
-    }
-    merged.push_back(d);
+  for (const kernels::WalkDim<3>& d : kernels::coalesce_walk<3>(gemm_walk_dims(dims))) {
+    if (d.size != 1) merged.push_back({d.size, d.stride[0], d.stride[1], d.stride[2]});  // not the lone placeholder
   }
   return merged;
+}
+
+kernels::WalkDims<3> gemm_walk_dims(const std::vector<GemmDim>& dims) {
+  kernels::WalkDims<3> walk;
+  for (const GemmDim& d : dims) walk.push_back({d.size, {d.sa, d.sb, d.sc}});
+  return walk;
 }
 
 int64_t gemm_batch_count(const std::vector<GemmDim>& dims) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/strided_walk.h"
 #include "qkv/gemm.h"
 
 namespace qkv::detail {
@@ -37,6 +38,9 @@ std::vector<GemmDim> gemm_batch_dims(const GemmBatch& batch);
 // dims mean fewer distinct oneDNN primitives and simpler descriptors.
 std::vector<GemmDim> simplify_gemm_batch(std::vector<GemmDim> dims);
 
+// The batch as the dims of a strided walk (operands a, b, c).
+kernels::WalkDims<3> gemm_walk_dims(const std::vector<GemmDim>& dims);
+
 // Product of the dim sizes.
 int64_t gemm_batch_count(const std::vector<GemmDim>& dims);
 
@@ -44,30 +48,8 @@ int64_t gemm_batch_count(const std::vector<GemmDim>& dims);
 // row-major order of `dims` (last dim fastest).
 template <class Fn>
 void for_each_gemm_batch(const std::vector<GemmDim>& dims, int64_t first, int64_t last, Fn&& fn) {
-  const size_t nd = dims.size();
-  std::vector<int64_t> index(nd, 0);
-  int64_t oa = 0, ob = 0, oc = 0;
-  int64_t rest = first;
-  for (size_t d = nd; d-- > 0;) {  // decompose `first` into a multi-index
-    index[d] = rest % dims[d].size;
-    rest /= dims[d].size;
-    oa += index[d] * dims[d].sa;
-    ob += index[d] * dims[d].sb;
-    oc += index[d] * dims[d].sc;
-  }
-  for (int64_t i = first; i < last; ++i) {
-    fn(oa, ob, oc);
-    for (size_t d = nd; d-- > 0;) {  // odometer step, updating offsets incrementally
-      oa += dims[d].sa;
-      ob += dims[d].sb;
-      oc += dims[d].sc;
-      if (++index[d] < dims[d].size) break;
-      oa -= dims[d].sa * dims[d].size;
-      ob -= dims[d].sb * dims[d].size;
-      oc -= dims[d].sc * dims[d].size;
-      index[d] = 0;
-    }
-  }
+  kernels::for_each_walk_offset<3>(gemm_walk_dims(dims), first, last,
+                                   [&](const kernels::WalkOffsets<3>& o) { fn(o[0], o[1], o[2]); });
 }
 
 // C = beta * C for one [m, n] matrix; beta == 0 stores zeros without reading C.

@@ -1,5 +1,5 @@
 // detail::transpose_tile and detail::stream_copy, the Highway pieces of
-// permuted_copy, on every SIMD target this CPU supports against plain loops: each
+// the copy engine, on every SIMD target this CPU supports against plain loops: each
 // element width, sizes around the block sizes, padded strides, unaligned dst, with
 // and without non-temporal stores. Bytes around the written ones must stay untouched.
 #include <gtest/gtest.h>
