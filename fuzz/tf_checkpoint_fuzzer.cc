@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto index = rest.first(n < rest.size() ? n : rest.size());
   const std::span<const std::byte> shards[] = {rest.subspan(index.size())};
   try {
-    const qkv::io::TfCheckpoint ck = qkv::io::parse_tf_checkpoint(index, shards, "fuzz");
+    const qkv::io::WeightFile ck = qkv::io::parse_tf_checkpoint(index, shards, "fuzz");
     // Reading every element lets ASan check each view's geometry against its storage.
     volatile double sink = 0;
     for (const auto& [name, t] : ck.tensors) {

@@ -53,19 +53,30 @@ std::vector<std::byte> serialize_safetensors(const std::map<std::string, Tensor>
                                              const std::map<std::string, std::string>& metadata = {});
 
 // ---- any format, by extension ---------------------------------------------------------
-// One entry of a file's listing: the file's own dtype string (e.g. "F32", "<f4")
-// is mapped to numpy's name where qkv knows it, kept as is otherwise.
+// One tensor of a file's listing, the same for every format (io::inspect, inspect_weights,
+// inspect_tf_checkpoint, inspect_keras_h5, WeightFile::entries). The file's own dtype string
+// (e.g. "F32", "<f4") is mapped to numpy's name where qkv knows it, kept as is otherwise.
 struct TensorInfo {
-  std::string name;
+  std::string key;    // what load() returns the tensor under: safetensors name, .npy stem,
+                      // TF checkpoint key, HDF5 dataset path
+  std::string name;   // the variable's own name where the file records one (TF object graph,
+                      // tf.keras weight_names: "multi_head_attention/query/kernel"), else the key
   std::string dtype;
   Shape shape;
   bool optimizer = false;  // optimizer state (TF checkpoints and Keras files; see qkv/io_keras.h)
+};
+// A weight file read whole: the listing and the tensors (TF checkpoints, Keras .h5 and
+// .keras files, and .safetensors / .npy through io::load_weights; qkv/io_tf.h,
+// qkv/io_keras.h say what key and name are for each).
+struct WeightFile {
+  std::vector<TensorInfo> entries;        // every variable, those of dtypes qkv cannot hold included
+  std::map<std::string, Tensor> tensors;  // by key: every entry of a qkv dtype (strings are not tensors)
 };
 // Lists a file's tensors without reading their data (.npy: one entry named after
 // the file stem), validating the header against the file size. Dtypes qkv cannot
 // hold are listed too. safetensors entries come in data_offsets order.
 // Also reads Keras .h5 / .weights.h5, .keras archives and TensorFlow checkpoints
-// (PREFIX, PREFIX.index; qkv/io_tf.h, qkv/io_keras.h): names are their keys.
+// (PREFIX, PREFIX.index; qkv/io_tf.h, qkv/io_keras.h): keys and names as inspect_weights.
 std::vector<TensorInfo> inspect(const std::filesystem::path& path);
 // All tensors of a .npy (one, named after the file stem) or .safetensors file.
 std::map<std::string, Tensor> load(const std::filesystem::path& path);

@@ -24,18 +24,16 @@
 
 namespace qkv::io {
 
-// The variables of a weight file, in the form the TF checkpoint reader returns:
-// entries[i].key is the HDF5 dataset path ("layers/dense/vars/0",
-// "model_weights/dense/dense/kernel:0"); .name is the Keras weight name where
-// the file records one ("dense/kernel"), else the path; .optimizer marks
-// optimizer state (optimizer/..., optimizer_weights/...). tensors[key] for every
-// dataset of a qkv dtype.
-using WeightFile = TfCheckpoint;
+// A Keras file loads as an io::WeightFile (qkv/io.h): entries[i].key is the HDF5 dataset path
+// ("layers/dense/vars/0", "model_weights/dense/dense/kernel:0"); .name is the Keras weight
+// name where the file records one ("dense/kernel"), else the path; .optimizer marks
+// optimizer state (optimizer/..., optimizer_weights/...). tensors[key] for every dataset of a
+// qkv dtype.
 
 // Keras 3 .weights.h5 or tf.keras .h5 (told apart by their content).
 WeightFile load_keras_h5(const std::filesystem::path& path);
 WeightFile parse_keras_h5(std::span<const std::byte> bytes, const std::string& source);
-std::vector<CheckpointEntry> inspect_keras_h5(const std::filesystem::path& path);
+std::vector<TensorInfo> inspect_keras_h5(const std::filesystem::path& path);
 
 // Writes a Keras 3 style .weights.h5: one little-endian dataset per tensor at its
 // key's path (groups created as needed), dtypes as h5py writes them (bool as
@@ -66,7 +64,7 @@ std::vector<std::byte> zip_member(std::span<const std::byte> zip, const std::str
 // By extension as io::load: .index / PREFIX (TF checkpoint), .h5, .keras, and also
 // .safetensors / .npy (entries named by their keys, nothing marked optimizer).
 WeightFile load_weights(const std::filesystem::path& path);
-std::vector<CheckpointEntry> inspect_weights(const std::filesystem::path& path);
+std::vector<TensorInfo> inspect_weights(const std::filesystem::path& path);
 
 // ---- tf.keras 2.x .h5 -----------------------------------------------------------------
 // One layer of a tf.keras .h5 file: its name and its weights ("query/kernel", "kernel", ...)

@@ -17,33 +17,26 @@
 #include <string>
 #include <vector>
 
+#include "qkv/io.h"
 #include "qkv/tensor.h"
 
 namespace qkv::io {
 
-// One entry of a checkpoint.
-struct CheckpointEntry {
-  std::string key;    // the checkpoint key, e.g. "layer_with_weights-0/_query_dense/kernel/.ATTRIBUTES/VARIABLE_VALUE"
-  std::string name;   // the variable's own name from the object graph (e.g. "multi_head_attention/query/kernel"),
-                      // else the key without "/.ATTRIBUTES/VARIABLE_VALUE"
-  std::string dtype;  // numpy's name for qkv dtypes ("float32"), TF's otherwise ("string", "uint8")
-  Shape shape;
-  bool optimizer = false;  // optimizer state: slots (Adam's m/v), iteration count, learning rate
-};
-
-struct TfCheckpoint {
-  std::vector<CheckpointEntry> entries;   // in key order, _CHECKPOINTABLE_OBJECT_GRAPH included
-  std::map<std::string, Tensor> tensors;  // by key: every entry of a qkv dtype (strings are not tensors)
-};
+// A checkpoint loads as an io::WeightFile (qkv/io.h): entries[i].key is the checkpoint key
+// ("layer_with_weights-0/_query_dense/kernel/.ATTRIBUTES/VARIABLE_VALUE"), .name the
+// variable's own name from the object graph ("multi_head_attention/query/kernel"), else the
+// key without "/.ATTRIBUTES/VARIABLE_VALUE"; .dtype numpy's name for qkv dtypes, TF's
+// otherwise ("string", "uint8"); .optimizer marks slots (Adam's m/v), the iteration count and
+// the learning rate; entries in key order, _CHECKPOINTABLE_OBJECT_GRAPH included.
 
 // `path` is the prefix ("ckpt") or the index file ("ckpt.index"). Reads every shard.
 // Entries of dtypes qkv cannot hold (strings, uint8, ...) are listed but not loaded.
-TfCheckpoint load_tf_checkpoint(const std::filesystem::path& path);
+WeightFile load_tf_checkpoint(const std::filesystem::path& path);
 // The listing alone, from the .index file (shard data is not read).
-std::vector<CheckpointEntry> inspect_tf_checkpoint(const std::filesystem::path& path);
+std::vector<TensorInfo> inspect_tf_checkpoint(const std::filesystem::path& path);
 // In memory: the .index bytes and the shards' bytes (shards[i] = data-i-of-N).
 // `source` names the checkpoint in messages. The bytes are copied.
-TfCheckpoint parse_tf_checkpoint(std::span<const std::byte> index,
+WeightFile parse_tf_checkpoint(std::span<const std::byte> index,
                                  std::span<const std::span<const std::byte>> shards, const std::string& source);
 
 // Writes PREFIX.index and PREFIX.data-00000-of-00001 as TensorFlow's BundleWriter

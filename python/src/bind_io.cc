@@ -81,7 +81,7 @@ nb::list inspect(nb::handle path_arg) {
   for (const qkv::io::TensorInfo& info : infos) {
     nb::list shape;
     for (int64_t d : info.shape) shape.append(d);
-    out.append(nb::make_tuple(info.name, info.dtype, nb::tuple(shape)));
+    out.append(nb::make_tuple(info.key, info.dtype, nb::tuple(shape)));
   }
   return out;
 }

@@ -102,13 +102,6 @@ Format format_of(const std::filesystem::path& path, const char* op) {
                   kKnownFormats);
 }
 
-// A listing of the weight formats as TensorInfo (name = the key that load() uses).
-std::vector<TensorInfo> to_infos(const std::vector<CheckpointEntry>& entries) {
-  std::vector<TensorInfo> out;
-  for (const CheckpointEntry& e : entries) out.push_back({e.key, e.dtype, e.shape, e.optimizer});
-  return out;
-}
-
 }  // namespace
 
 std::vector<TensorInfo> inspect(const std::filesystem::path& path) {
@@ -116,7 +109,7 @@ std::vector<TensorInfo> inspect(const std::filesystem::path& path) {
   switch (format_of(path, ctx.op)) {
     case Format::npy: return detail::inspect_npy(path, ctx);
     case Format::safetensors: return detail::inspect_safetensors(path, ctx);
-    default: return to_infos(inspect_weights(path));
+    default: return inspect_weights(path);
   }
 }
 
@@ -166,17 +159,14 @@ WeightFile load_weights(const std::filesystem::path& path) {
   return w;
 }
 
-std::vector<CheckpointEntry> inspect_weights(const std::filesystem::path& path) {
+std::vector<TensorInfo> inspect_weights(const std::filesystem::path& path) {
   const detail::Context ctx{"inspect_weights", path.string()};
   switch (format_of(path, ctx.op)) {
     case Format::tf_checkpoint: return inspect_tf_checkpoint(path);
     case Format::keras_h5: return inspect_keras_h5(path);
     case Format::keras_archive: return load_keras_archive(path).weights.entries;
-    default: break;
+    default: return inspect(path);  // .npy / .safetensors: name = key
   }
-  std::vector<CheckpointEntry> out;
-  for (const TensorInfo& t : inspect(path)) out.push_back({t.name, t.name, t.dtype, t.shape, false});
-  return out;
 }
 
 }  // namespace qkv::io

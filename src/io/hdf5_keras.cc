@@ -107,7 +107,7 @@ WeightFile load_keras_h5(const std::filesystem::path& path) {
   return detail::read_keras_h5_isolated({file->data(), file->nbytes()}, true, ctx);
 }
 
-std::vector<CheckpointEntry> inspect_keras_h5(const std::filesystem::path& path) {
+std::vector<TensorInfo> inspect_keras_h5(const std::filesystem::path& path) {
   const detail::Context ctx{"inspect_keras_h5", path.string()};
   const auto file = detail::read_file(path, ctx);
   return detail::read_keras_h5_isolated({file->data(), file->nbytes()}, false, ctx).entries;

@@ -231,7 +231,7 @@ std::vector<TensorInfo> inspect_npy(const std::filesystem::path& path, const Con
   const Preamble p = read_preamble(head, size, ctx);
   head = read_range(path, 0, static_cast<size_t>(p.header_offset + p.header_len), ctx);
   const Layout layout = read_layout(head, size, ctx);
-  return {TensorInfo{path.stem().string(), std::string(listed_dtype(layout)), layout.header.shape}};
+  return {TensorInfo{path.stem().string(), path.stem().string(), std::string(listed_dtype(layout)), layout.header.shape}};
 }
 
 }  // namespace detail

@@ -289,7 +289,7 @@ std::vector<TensorInfo> inspect_safetensors(const std::filesystem::path& path, c
   std::vector<TensorInfo> infos;
   for (const Entry& e : h.entries) {
     const std::string dtype = e.dtype->qkv ? std::string(dtype_name(*e.dtype->qkv)) : std::string(e.dtype->name);
-    infos.push_back(TensorInfo{e.name, dtype, e.shape});
+    infos.push_back(TensorInfo{e.name, e.name, dtype, e.shape});
   }
   return infos;
 }

@@ -227,9 +227,9 @@ Tensor entry_tensor(const BundleEntry& e, DType dtype, const std::shared_ptr<Sto
   return view_or_copy(shard, static_cast<size_t>(e.offset), dtype, e.shape, contiguous_strides(e.shape));
 }
 
-std::vector<CheckpointEntry> listing(const Bundle& b, const std::vector<std::string>* object_graph,
+std::vector<TensorInfo> listing(const Bundle& b, const std::vector<std::string>* object_graph,
                                      const Context& ctx) {
-  std::vector<CheckpointEntry> out;
+  std::vector<TensorInfo> out;
   for (const BundleEntry& e : b.entries) {
     const auto dt = qkv_dtype(e.dtype);
     out.push_back({e.key, e.key, dt ? std::string(dtype_name(*dt)) : tf_dtype_name(e.dtype), e.shape, false});
@@ -247,8 +247,8 @@ const BundleEntry* find_entry(const Bundle& b, const std::string& key) {
 }
 
 // Loads every entry from the shards (storage i = shard i; null for unread shards).
-TfCheckpoint assemble(const Bundle& b, const std::vector<std::shared_ptr<Storage>>& shards, const Context& ctx) {
-  TfCheckpoint ck;
+WeightFile assemble(const Bundle& b, const std::vector<std::shared_ptr<Storage>>& shards, const Context& ctx) {
+  WeightFile ck;
   std::vector<std::string> graph;
   for (const BundleEntry& e : b.entries) {
     if (e.sliced) fail_at(ctx, "entry ", quote_name(e.key), " is a partitioned variable (slices), which qkv does not read");
@@ -282,7 +282,7 @@ std::filesystem::path tf_checkpoint_prefix(const std::filesystem::path& path) {
   return {};
 }
 
-TfCheckpoint parse_tf_checkpoint(std::span<const std::byte> index, std::span<const std::span<const std::byte>> shards,
+WeightFile parse_tf_checkpoint(std::span<const std::byte> index, std::span<const std::span<const std::byte>> shards,
                                  const std::string& source) {
   const detail::Context ctx{"parse_tf_checkpoint", source};
   const detail::Bundle b = detail::parse_index(index, ctx);
@@ -294,7 +294,7 @@ TfCheckpoint parse_tf_checkpoint(std::span<const std::byte> index, std::span<con
   return detail::assemble(b, storages, ctx);
 }
 
-TfCheckpoint load_tf_checkpoint(const std::filesystem::path& path) {
+WeightFile load_tf_checkpoint(const std::filesystem::path& path) {
   const std::filesystem::path prefix = tf_checkpoint_prefix(path);
   const std::string index_path = (prefix.empty() ? path.string() : prefix.string()) + (prefix.empty() ? "" : ".index");
   const detail::Context ctx{"load_tf_checkpoint", index_path};
@@ -310,7 +310,7 @@ TfCheckpoint load_tf_checkpoint(const std::filesystem::path& path) {
   return detail::assemble(b, shards, ctx);
 }
 
-std::vector<CheckpointEntry> inspect_tf_checkpoint(const std::filesystem::path& path) {
+std::vector<TensorInfo> inspect_tf_checkpoint(const std::filesystem::path& path) {
   const std::filesystem::path prefix = tf_checkpoint_prefix(path);
   const std::string index_path = prefix.empty() ? path.string() : prefix.string() + ".index";
   const detail::Context ctx{"inspect_tf_checkpoint", index_path};

@@ -112,10 +112,10 @@ namespace qkv::io::detail {
 // marked optimizer state when it is a slot variable or is reachable from the root
 // only through an edge named "optimizer". Entries the graph does not mention
 // are named from their keys.
-void name_from_object_graph(std::string_view graph, std::vector<CheckpointEntry>& entries, const Context& ctx);
+void name_from_object_graph(std::string_view graph, std::vector<TensorInfo>& entries, const Context& ctx);
 // Without an object graph: names are keys without "/.ATTRIBUTES/VARIABLE_VALUE";
 // keys under "optimizer/" or holding "/.OPTIMIZER_SLOT/" are optimizer state.
-void name_from_keys(std::vector<CheckpointEntry>& entries);
+void name_from_keys(std::vector<TensorInfo>& entries);
 // The serialized TrackableObjectGraph for checkpoint keys naming object attributes
 // ("a/_b/kernel/.ATTRIBUTES/VARIABLE_VALUE"): a node per escaped path component
 // (".S" is '/', ".." is '.', as TF escapes local names), each attribute carrying its

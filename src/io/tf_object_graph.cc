@@ -73,14 +73,14 @@ Node parse_node(std::span<const std::byte> bytes, const Context& ctx) {
 
 }  // namespace
 
-void name_from_keys(std::vector<CheckpointEntry>& entries) {
-  for (CheckpointEntry& e : entries) {
+void name_from_keys(std::vector<TensorInfo>& entries) {
+  for (TensorInfo& e : entries) {
     e.name = key_name(e.key);
     e.optimizer = e.key.starts_with("optimizer/") || e.key.find("/.OPTIMIZER_SLOT/") != std::string::npos;
   }
 }
 
-void name_from_object_graph(std::string_view graph, std::vector<CheckpointEntry>& entries, const Context& ctx) {
+void name_from_object_graph(std::string_view graph, std::vector<TensorInfo>& entries, const Context& ctx) {
   name_from_keys(entries);
   std::vector<Node> nodes;
   ProtoReader r(std::as_bytes(std::span(graph.data(), graph.size())), ctx, "_CHECKPOINTABLE_OBJECT_GRAPH");
@@ -122,7 +122,7 @@ void name_from_object_graph(std::string_view graph, std::vector<CheckpointEntry>
     for (const auto& [full_name, key] : nodes[id].attributes) {
       const auto it = by_key.find(key);
       if (it == by_key.end()) continue;
-      CheckpointEntry& e = entries[it->second];
+      TensorInfo& e = entries[it->second];
       if (!full_name.empty()) e.name = full_name;
       e.optimizer = slot[id] != 0 || model[id] == 0;
     }

@@ -100,7 +100,7 @@ IsolatedReply encode_weight_file(WeightFile file) {
   enc->file = std::move(file);
   Writer w;
   w.u64(enc->file.entries.size());
-  for (const CheckpointEntry& e : enc->file.entries) {
+  for (const TensorInfo& e : enc->file.entries) {
     w.str(e.key);
     w.str(e.name);
     w.str(e.dtype);
@@ -134,7 +134,7 @@ WeightFile decode_weight_file(std::shared_ptr<Storage> reply, const Context& ctx
   WeightFile out;
   const uint64_t entries = r.count(4 * 8 + 1);
   for (uint64_t i = 0; i < entries; ++i) {
-    CheckpointEntry e;
+    TensorInfo e;
     e.key = r.str();
     e.name = r.str();
     e.dtype = r.str();

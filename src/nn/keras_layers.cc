@@ -71,7 +71,7 @@ std::pair<std::string, std::string> layer_and_weight(std::string s) {
 
 LayerWeights keras_layer_weights(const io::WeightFile& file) {
   LayerWeights out;
-  for (const io::CheckpointEntry& e : file.entries) {
+  for (const io::TensorInfo& e : file.entries) {
     const auto t = file.tensors.find(e.key);
     if (e.optimizer || t == file.tensors.end()) continue;
     const auto [layer, weight] = layer_and_weight(e.name);

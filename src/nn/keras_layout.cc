@@ -166,8 +166,8 @@ int64_t layer_with_weights_index(const std::string& key) {
 std::vector<std::string> keras_layer_order(const io::WeightFile& file) {
   const LayerWeights layers = keras_layer_weights(file);
   // A checkpoint's keys sort layer_with_weights-10 before -2: order by the number.
-  std::vector<io::CheckpointEntry> entries = file.entries;
-  std::stable_sort(entries.begin(), entries.end(), [](const io::CheckpointEntry& a, const io::CheckpointEntry& b) {
+  std::vector<io::TensorInfo> entries = file.entries;
+  std::stable_sort(entries.begin(), entries.end(), [](const io::TensorInfo& a, const io::TensorInfo& b) {
     const auto rank = [](const std::string& key) {
       const int64_t i = layer_with_weights_index(key);
       return i < 0 ? std::numeric_limits<int64_t>::max() : i;
@@ -175,7 +175,7 @@ std::vector<std::string> keras_layer_order(const io::WeightFile& file) {
     return rank(a.key) < rank(b.key);
   });
   std::vector<std::string> out;
-  for (const io::CheckpointEntry& e : entries) {
+  for (const io::TensorInfo& e : entries) {
     for (const auto& [layer, w] : layers) {
       (void)w;
       const bool match = e.name == layer || e.name.starts_with(layer + "/") || e.key.starts_with("layers/" + layer + "/");

@@ -37,7 +37,7 @@ std::string bytes_of(const Tensor& t) {
 void expect_same_file(const WeightFile& got, const WeightFile& want, const std::string& what) {
   ASSERT_EQ(got.entries.size(), want.entries.size()) << what;
   for (size_t i = 0; i < got.entries.size(); ++i) {
-    const CheckpointEntry &g = got.entries[i], &w = want.entries[i];
+    const TensorInfo &g = got.entries[i], &w = want.entries[i];
     EXPECT_EQ(g.key, w.key) << what;
     EXPECT_EQ(g.name, w.name) << what << " " << w.key;
     EXPECT_EQ(g.dtype, w.dtype) << what << " " << w.key;

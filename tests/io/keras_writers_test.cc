@@ -33,7 +33,7 @@ TEST(KerasLegacyH5Writer, WritesTheDatasetsNamesAndValuesTfKerasWrote) {
   save_keras_legacy_h5(path, layers, {"multi_head_attention", "dense"});
   const WeightFile ours = load_keras_h5(path);
   ASSERT_EQ(ours.entries.size(), tf.entries.size());
-  for (const CheckpointEntry& want : tf.entries) {
+  for (const TensorInfo& want : tf.entries) {
     const auto it = std::find_if(ours.entries.begin(), ours.entries.end(), [&](const auto& e) { return e.key == want.key; });
     ASSERT_NE(it, ours.entries.end()) << want.key;
     EXPECT_EQ(it->name, want.name);

@@ -28,12 +28,12 @@ void expect_same_values(const Tensor& got, const Tensor& want, const std::string
   for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], w[i]) << what << " element " << i;
 }
 
-const CheckpointEntry& entry(const std::vector<CheckpointEntry>& entries, const std::string& key) {
+const TensorInfo& entry(const std::vector<TensorInfo>& entries, const std::string& key) {
   for (const auto& e : entries) {
     if (e.key == key) return e;
   }
   ADD_FAILURE() << "no entry " << key;
-  static const CheckpointEntry none;
+  static const TensorInfo none;
   return none;
 }
 
@@ -60,7 +60,7 @@ TEST(Crc32c, MatchesTheStandardCheckValue) {
 }
 
 TEST(TfCheckpoint, ReadsEveryQkvDtypeTensorFlowWrote) {
-  const TfCheckpoint ck = load_tf_checkpoint(keras_tf("dtypes"));
+  const WeightFile ck = load_tf_checkpoint(keras_tf("dtypes"));
   const SafetensorsFile want = load_safetensors(keras_tf("dtypes_expected.safetensors"));
   const std::map<std::string, DType> dtypes = {{"f32", DType::f32}, {"f64", DType::f64}, {"f16", DType::f16},
                                                {"bf16", DType::bf16}, {"i8", DType::i8},  {"i32", DType::i32},
@@ -77,7 +77,7 @@ TEST(TfCheckpoint, ReadsEveryQkvDtypeTensorFlowWrote) {
 }
 
 TEST(TfCheckpoint, ListsStringAndUint8EntriesWithoutLoadingThem) {
-  const TfCheckpoint ck = load_tf_checkpoint(keras_tf("dtypes.index"));
+  const WeightFile ck = load_tf_checkpoint(keras_tf("dtypes.index"));
   EXPECT_EQ(entry(ck.entries, "u8/.ATTRIBUTES/VARIABLE_VALUE").dtype, "uint8");
   EXPECT_EQ(entry(ck.entries, "s/.ATTRIBUTES/VARIABLE_VALUE").dtype, "string");
   EXPECT_EQ(entry(ck.entries, "s/.ATTRIBUTES/VARIABLE_VALUE").shape, (Shape{3}));
@@ -91,21 +91,21 @@ TEST(TfCheckpoint, ReadsAnIndexOfManyBlocksAndRestartPoints) {
   const auto index = read_bytes(keras_tf("many.index"));
   const detail::Context ctx{"test", "many.index"};
   EXPECT_EQ(detail::read_leveldb_table(index, ctx).size(), 302u);  // header, object graph, 300 variables
-  const TfCheckpoint ck = load_tf_checkpoint(keras_tf("many"));
+  const WeightFile ck = load_tf_checkpoint(keras_tf("many"));
   const SafetensorsFile want = load_safetensors(keras_tf("many_expected.safetensors"));
   ASSERT_EQ(want.tensors.size(), 300u);
   for (const auto& [key, t] : want.tensors) expect_same_values(ck.tensors.at(key), t, key);
 }
 
 TEST(TfCheckpoint, ReadsEveryShardOfAShardedCheckpoint) {
-  const TfCheckpoint ck = load_tf_checkpoint(keras_tf("sharded"));
+  const WeightFile ck = load_tf_checkpoint(keras_tf("sharded"));
   const SafetensorsFile want = load_safetensors(keras_tf("sharded_expected.safetensors"));
   ASSERT_EQ(want.tensors.size(), 4u);
   for (const auto& [key, t] : want.tensors) expect_same_values(ck.tensors.at(key), t, key);
 }
 
 TEST(TfCheckpoint, NamesKeras3VariablesFromTheObjectGraphAndMarksOptimizerState) {
-  const TfCheckpoint ck = load_tf_checkpoint(seed001("ckpt"));
+  const WeightFile ck = load_tf_checkpoint(seed001("ckpt"));
   const SafetensorsFile want = load_safetensors(seed001("variables.safetensors"));
   std::map<std::string, Shape> model;
   for (const auto& e : ck.entries) {
@@ -127,7 +127,7 @@ TEST(TfCheckpoint, NamesKeras3VariablesFromTheObjectGraphAndMarksOptimizerState)
 }
 
 TEST(TfCheckpoint, ReadsTfKeras2KeysWithTheirVariableNames) {
-  const TfCheckpoint ck = load_tf_checkpoint(keras_tf("tfkeras2_ckpt"));
+  const WeightFile ck = load_tf_checkpoint(keras_tf("tfkeras2_ckpt"));
   const SafetensorsFile want = load_safetensors(keras_tf("tfkeras2_expected.safetensors"));
   const auto& q = entry(ck.entries, "layer_with_weights-0/_query_dense/kernel/.ATTRIBUTES/VARIABLE_VALUE");
   EXPECT_EQ(q.name, "multi_head_attention/query/kernel");

@@ -81,7 +81,7 @@ TEST(TfCheckpointWriter, SmallBlocksSplitTheTableAndTheReaderFollowsTheIndex) {
 
 TEST(TfCheckpointWriter, EntriesMatchTensorFlowsForTheSameTensors) {
   const auto tf_index = read_bytes(fixture("keras_tf", "dtypes.index"));
-  const TfCheckpoint ck = load_tf_checkpoint(fixture("keras_tf", "dtypes"));
+  const WeightFile ck = load_tf_checkpoint(fixture("keras_tf", "dtypes"));
   const TfCheckpointFiles ours = serialize_tf_checkpoint(ck.tensors);
   std::map<std::string, EntryFields> want, got;
   for (const auto& e : detail::read_leveldb_table(tf_index, detail::Context{"test", "tf"})) want[e.key] = entry_fields(e.value);
@@ -111,7 +111,7 @@ TEST(TfCheckpointWriter, RoundTripsEveryDtypeScalarsAndEmptyTensors) {
   tensors["empty"] = Tensor::from_vector<double>({}, {0, 4}).to(DType::f32);
   const auto prefix = temp_path("ckpt");
   save_tf_checkpoint(prefix, tensors);
-  const TfCheckpoint back = load_tf_checkpoint(prefix);
+  const WeightFile back = load_tf_checkpoint(prefix);
   ASSERT_EQ(back.entries.size(), tensors.size());  // no object graph: no key names an attribute
   for (const auto& [key, t] : tensors) expect_same_values(back.tensors.at(key), t, key);
   const auto by_extension = temp_path("saved.index");  // io::save: PREFIX.index is a TF checkpoint
@@ -137,14 +137,14 @@ TEST(TfCheckpointWriter, LayerOrderOfTwelveLayersFollowsTheNumbersNotTheKeyOrder
 }
 
 TEST(TfCheckpointWriter, TfKerasLayoutHasTheKeysNamesAndValuesTfKerasWrote) {
-  const TfCheckpoint tf = load_tf_checkpoint(fixture("keras_tf", "tfkeras2_ckpt"));
+  const WeightFile tf = load_tf_checkpoint(fixture("keras_tf", "tfkeras2_ckpt"));
   const LayerWeights layers = keras_layer_weights(tf);
   const TfKerasCheckpoint keys = tf_keras_checkpoint_keys(layers, keras_layer_order(tf));
   const auto prefix = temp_path("tfkeras");
   save_tf_checkpoint(prefix, keys.tensors, keys.full_names);
-  const TfCheckpoint ours = load_tf_checkpoint(prefix);
+  const WeightFile ours = load_tf_checkpoint(prefix);
   size_t model_vars = 0;
-  for (const CheckpointEntry& want : tf.entries) {
+  for (const TensorInfo& want : tf.entries) {
     if (want.optimizer || want.key == "_CHECKPOINTABLE_OBJECT_GRAPH") continue;
     ++model_vars;
     const auto it = std::find_if(ours.entries.begin(), ours.entries.end(), [&](const auto& e) { return e.key == want.key; });

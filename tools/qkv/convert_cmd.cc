@@ -155,7 +155,7 @@ void check_output(const ConvertArgs& a, const std::string& format) {
 std::map<std::string, Tensor> write_same(const ConvertArgs& a, const std::string& format, const io::WeightFile& in) {
   std::map<std::string, Tensor> out;
   std::map<std::string, std::string> names;
-  for (const io::CheckpointEntry& e : in.entries) {
+  for (const io::TensorInfo& e : in.entries) {
     const auto t = in.tensors.find(e.key);
     if (t == in.tensors.end()) continue;
     const bool aliased = !e.optimizer && e.key.starts_with("optimizer/") && !e.name.empty() && e.name != e.key;
