@@ -33,10 +33,10 @@ void BM_MultiheadAttention(benchmark::State& state) {
   c.batch_first = true;
   const qkv::nn::MultiheadAttention mha(c, 1);
   const qkv::Tensor x = qkv::Tensor::randn({b, l, e}, 2);  // [B, L, E]
-  qkv::nn::MhaForwardOptions o;
+  qkv::nn::MultiheadAttentionOptions o;
   o.need_weights = false;
   for (auto _ : state) {
-    qkv::nn::MhaResult r = mha.forward(x, x, x, o);
+    qkv::nn::MultiheadAttentionResult r = mha.forward(x, x, x, o);
     benchmark::DoNotOptimize(r.output.raw_data());
   }
   state.counters["flops"] = benchmark::Counter(mha_flops(b, l, e), benchmark::Counter::kIsIterationInvariantRate);

@@ -189,7 +189,7 @@ class KerasMultiHeadAttention:
             self._layer.training = bool(training)
         q = _array(query)
         v = q if value is query else _array(value)
-        r = self._layer.call(q, v, _array(key), _array(query_mask), _array(value_mask), _array(key_mask),
+        r = self._layer.forward(q, v, _array(key), _array(query_mask), _array(value_mask), _array(key_mask),
                              _array(attention_mask), return_attention_scores, use_causal_mask)
         if return_attention_scores:
             return _like(r[0], query), _like(r[1], query)

@@ -67,13 +67,13 @@ nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, 
   const Tensor q = to_tensor(query, "MultiheadAttention: query");
   const Tensor k = key.is(query) ? q : to_tensor(key, "MultiheadAttention: key");
   const Tensor v = value.is(key) ? k : (value.is(query) ? q : to_tensor(value, "MultiheadAttention: value"));
-  qkv::nn::MhaForwardOptions o;
+  qkv::nn::MultiheadAttentionOptions o;
   o.key_padding_mask = to_optional_tensor(key_padding_mask, "MultiheadAttention: key_padding_mask");
   o.attn_mask = to_optional_tensor(attn_mask, "MultiheadAttention: attn_mask");
   o.need_weights = need_weights;
   o.average_attn_weights = average_attn_weights;
   o.is_causal = is_causal;
-  qkv::nn::MhaResult r;
+  qkv::nn::MultiheadAttentionResult r;
   {
     qkv::python::InterruptibleRelease release;
     r = m.forward(q, k, v, o);
@@ -113,7 +113,7 @@ void bind_torch_flavour(nb::module_& nn) {
 qkv::nn::KerasMultiHeadAttention make_keras(int64_t num_heads, int64_t key_dim, std::optional<int64_t> value_dim,
                                             bool use_bias, std::vector<int64_t> output_shape,
                                             std::vector<int64_t> attention_axes, double dropout) {
-  qkv::nn::KerasMhaConfig c;
+  qkv::nn::KerasMultiHeadAttentionConfig c;
   c.num_heads = num_heads;
   c.key_dim = key_dim;
   c.value_dim = value_dim;
@@ -129,7 +129,7 @@ nb::object keras_call(qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb:
                       bool return_attention_scores, bool use_causal_mask) {
   const Tensor q = to_tensor(query, "KerasMultiHeadAttention: query");
   const Tensor v = value.is(query) ? q : to_tensor(value, "KerasMultiHeadAttention: value");
-  qkv::nn::KerasMhaCallOptions o;
+  qkv::nn::KerasMultiHeadAttentionOptions o;
   o.key = to_optional_tensor(key, "KerasMultiHeadAttention: key");
   o.query_mask = to_optional_tensor(query_mask, "KerasMultiHeadAttention: query_mask");
   o.value_mask = to_optional_tensor(value_mask, "KerasMultiHeadAttention: value_mask");
@@ -137,10 +137,10 @@ nb::object keras_call(qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb:
   o.attention_mask = to_optional_tensor(attention_mask, "KerasMultiHeadAttention: attention_mask");
   o.return_attention_scores = return_attention_scores;
   o.use_causal_mask = use_causal_mask;
-  qkv::nn::KerasMhaResult r;
+  qkv::nn::KerasMultiHeadAttentionResult r;
   {
     qkv::python::InterruptibleRelease release;
-    r = m.call(q, v, o);
+    r = m.forward(q, v, o);
   }
   if (!return_attention_scores) return to_numpy(r.output);
   return nb::make_tuple(to_numpy(r.output), to_numpy(*r.scores));
@@ -172,7 +172,7 @@ void bind_keras_flavour(nb::module_& nn) {
       .def("build", &qkv::nn::KerasMultiHeadAttention::build, nb::arg("query_dim"), nb::arg("value_dim"),
            nb::arg("key_dim"), nb::arg("seed") = 0)
       .def_prop_ro("built", &qkv::nn::KerasMultiHeadAttention::built)
-      .def("call", &keras_call, nb::arg("query"), nb::arg("value"), nb::arg("key").none() = nb::none(),
+      .def("forward", &keras_call, nb::arg("query"), nb::arg("value"), nb::arg("key").none() = nb::none(),
            nb::arg("query_mask").none() = nb::none(), nb::arg("value_mask").none() = nb::none(),
            nb::arg("key_mask").none() = nb::none(), nb::arg("attention_mask").none() = nb::none(),
            nb::arg("return_attention_scores") = false, nb::arg("use_causal_mask") = false)
@@ -182,7 +182,7 @@ void bind_keras_flavour(nb::module_& nn) {
       "_keras_mha_weights",
       [](nb::handle d, const std::string& layer) {
         const auto w = qkv::nn::keras_mha_weights(to_tensor_map(d, "KerasMultiHeadAttention.from_weights"), layer);
-        const qkv::nn::KerasMhaConfig c = qkv::nn::keras_mha_config(w);
+        const qkv::nn::KerasMultiHeadAttentionConfig c = qkv::nn::keras_mha_config(w);
         nb::dict config;
         config["num_heads"] = c.num_heads;
         config["key_dim"] = c.key_dim;
@@ -244,7 +244,7 @@ void bind_seed_flavours(nb::module_& nn) {
              const Tensor tq = to_tensor(q, "SeparateHeadsAttention: q");
              const Tensor tk = to_tensor(k, "SeparateHeadsAttention: k");
              const Tensor tv = to_tensor(v, "SeparateHeadsAttention: v");
-             SeparateHeadsResult r;
+             SeparateHeadsAttentionResult r;
              {
                qkv::python::InterruptibleRelease release;
                r = m.forward(tq, tk, tv);

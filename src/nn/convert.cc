@@ -213,7 +213,7 @@ LayerWeights torch_to_keras(const std::map<std::string, Tensor>& sd, int64_t num
 }
 
 std::map<std::string, Tensor> keras_to_torch_state_dict(const KerasMultiHeadAttention& layer) {
-  const KerasMhaConfig& c = layer.config();
+  const KerasMultiHeadAttentionConfig& c = layer.config();
   if (!layer.built()) fail<ValueError>("keras_to_torch_state_dict: needs a built layer");
   if (c.attention_axes.size() > 1) {
     fail<ValueError>("keras_to_torch_state_dict: PyTorch's layout attends over one axis; got ", c.attention_axes.size(),

@@ -42,7 +42,7 @@ Tensor causal_mask(int64_t t, int64_t s) {
 
 }  // namespace
 
-std::optional<Tensor> keras_attention_mask(const Tensor& query, const Tensor& value, const KerasMhaCallOptions& o,
+std::optional<Tensor> keras_attention_mask(const Tensor& query, const Tensor& value, const KerasMultiHeadAttentionOptions& o,
                                            const KerasAxes& axes) {
   std::optional<Tensor> m;
   auto add = [&](const Tensor& t) { m = m ? and_broadcast(*m, t) : t; };

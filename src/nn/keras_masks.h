@@ -20,7 +20,7 @@ struct KerasAxes {
 // [mask batch..., 1 (heads), T, S] with the mask batch dims aligned to the left of
 // [batch axes..., N] as Keras' expand_dims at the heads axis does. nullopt when no mask.
 std::optional<Tensor> keras_attention_mask(const Tensor& query, const Tensor& value,
-                                           const KerasMhaCallOptions& options, const KerasAxes& axes);
+                                           const KerasMultiHeadAttentionOptions& options, const KerasAxes& axes);
 
 // Rows of `mask` (broadcast to [batch..., N, T, S]) with no key left get Keras' uniform
 // softmax: out[.., t, :] = mean over keys of v, scores[.., t, :] = 1/S.

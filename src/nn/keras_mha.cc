@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "nn/keras_masks.h"
 #include "qkv/nn/keras_weights.h"
@@ -56,7 +57,7 @@ std::vector<int64_t> attention_axes(const std::vector<int64_t>& given, const Sha
 
 }  // namespace
 
-KerasMultiHeadAttention::KerasMultiHeadAttention(const KerasMhaConfig& config) : config_(config) {
+KerasMultiHeadAttention::KerasMultiHeadAttention(const KerasMultiHeadAttentionConfig& config) : config_(config) {
   if (config.num_heads <= 0 || config.key_dim <= 0 || config.value_dim.value_or(1) <= 0) {
     fail<ValueError>(kOp, ": num_heads, key_dim and value_dim must be positive, got ", config.num_heads, ", ",
                      config.key_dim, ", ", config.value_dim.value_or(config.key_dim));
@@ -134,13 +135,13 @@ void KerasMultiHeadAttention::build(int64_t query_dim, int64_t value_dim, int64_
   set_weights(w);
 }
 
-KerasMhaResult KerasMultiHeadAttention::call(const Tensor& query, const Tensor& value,
-                                             const KerasMhaCallOptions& options) {
+KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& query, const Tensor& value,
+                                                                const KerasMultiHeadAttentionOptions& options) {
   if (!built()) {
     const Tensor& key = options.key ? *options.key : value;
     build(query.size(-1), value.size(-1), key.size(-1));
   }
-  return forward(query, value, options);
+  return std::as_const(*this).forward(query, value, options);
 }
 
 namespace {
@@ -169,8 +170,8 @@ Tensor to_attention_layout(const Tensor& x, int64_t heads, const detail::KerasAx
 
 }  // namespace
 
-KerasMhaResult KerasMultiHeadAttention::forward(const Tensor& query, const Tensor& value,
-                                                const KerasMhaCallOptions& o) const {
+KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& query, const Tensor& value,
+                                                                const KerasMultiHeadAttentionOptions& o) const {
   if (!built()) fail<ValueError>(kOp, ": the layer has no weights (set_weights, load_weights or build first)");
   const Tensor& key = o.key ? *o.key : value;
   const int64_t rank = query.dim();
@@ -224,7 +225,7 @@ KerasMhaResult KerasMultiHeadAttention::forward(const Tensor& query, const Tenso
   const Tensor heads = out.view(unflat).permute(inverse).reshape(merged);  // [B, A.., N*vd]
   Shape out_shape(query.shape().begin(), query.shape().end() - 1);
   out_shape.insert(out_shape.end(), config_.output_shape.begin(), config_.output_shape.end());
-  KerasMhaResult result;
+  KerasMultiHeadAttentionResult result;
   result.output = output_.forward(heads).view(out_shape);
   if (scores) {
     Shape sshape(out.shape().begin(), out.shape().end() - 2);  // [batch.., N]

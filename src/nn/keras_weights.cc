@@ -12,7 +12,7 @@ const Tensor* find(const std::map<std::string, Tensor>& w, const std::string& na
 }
 }  // namespace
 
-KerasMhaConfig keras_mha_config(const std::map<std::string, Tensor>& w) {
+KerasMultiHeadAttentionConfig keras_mha_config(const std::map<std::string, Tensor>& w) {
   const Tensor* q = find(w, "query/kernel");
   const Tensor* v = find(w, "value/kernel");
   const Tensor* o = find(w, "attention_output/kernel");
@@ -22,7 +22,7 @@ KerasMhaConfig keras_mha_config(const std::map<std::string, Tensor>& w) {
     fail<FormatError>("keras_mha_config: not MultiHeadAttention weights (need query/kernel [dim, N, key_dim], "
                       "value/kernel, attention_output/kernel); got: ", names);
   }
-  KerasMhaConfig c;
+  KerasMultiHeadAttentionConfig c;
   c.num_heads = q->size(1);
   c.key_dim = q->size(2);
   if (v->size(2) != c.key_dim) c.value_dim = v->size(2);
@@ -73,7 +73,7 @@ std::map<std::string, Tensor> keras_mha_weights(const std::map<std::string, Tens
 KerasMultiHeadAttention keras_mha_from_weights(const std::map<std::string, Tensor>& tensors, const std::string& layer,
                                                const std::vector<int64_t>& attention_axes) {
   const auto w = keras_mha_weights(tensors, layer);
-  KerasMhaConfig config = keras_mha_config(w);
+  KerasMultiHeadAttentionConfig config = keras_mha_config(w);
   config.attention_axes = attention_axes;
   KerasMultiHeadAttention mha(config);
   mha.load_weights(w);

@@ -204,7 +204,7 @@ void check_input(const Tensor& t, int64_t dims, int64_t features, const char* wh
 
 // The call's masks as one additive f32 mask [1|N, 1|H, L, S + extra] (PyTorch's merge of
 // key_padding_mask and attn_mask; the `extra` bias_kv / zero_attn keys always take part).
-std::optional<Tensor> combined_mask(const MhaForwardOptions& o, bool batched, int64_t n, int64_t h, int64_t l,
+std::optional<Tensor> combined_mask(const MultiheadAttentionOptions& o, bool batched, int64_t n, int64_t h, int64_t l,
                                     int64_t s, int64_t extra) {
   std::optional<Tensor> mask;
   if (o.attn_mask) mask = attn_mask_4d(*o.attn_mask, n, h, l, s);
@@ -244,8 +244,8 @@ void MultiheadAttention::project(const Tensor& q, const Tensor& k, const Tensor&
   }
 }
 
-MhaResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                                      const MhaForwardOptions& o) const {
+MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                      const MultiheadAttentionOptions& o) const {
   const int64_t e = config_.embed_dim, h = config_.num_heads, d = head_dim();
   if (query.dim() != 3 && query.dim() != 2) {
     fail<ShapeError>(kOp, ": query should be unbatched 2D or batched 3D, got ", shape_str(query.shape()));
@@ -300,7 +300,7 @@ MhaResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, co
     ao.seed = dropout_seed;
   }
   const AttentionResult r = scaled_dot_product_attention(qh, kh, vh, ao);  // output [N, H, L, D]
-  MhaResult result;
+  MultiheadAttentionResult result;
   result.output = out_.forward(detail::merge_heads(r.output, bf));  // [L, N, E] or [N, L, E]
   if (!batched) result.output = result.output.squeeze(1);
   if (o.need_weights) {

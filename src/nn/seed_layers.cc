@@ -148,7 +148,7 @@ void SeparateHeadsAttention::rebuild() {
 
 std::map<std::string, Tensor> SeparateHeadsAttention::state_dict() const { return params_; }
 
-SeparateHeadsResult SeparateHeadsAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v) const {
+SeparateHeadsAttentionResult SeparateHeadsAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v) const {
   const char* layer = "SeparateHeadsAttention";
   check_3d(q, e_, layer, "q");
   check_3d(k, e_, layer, "k");

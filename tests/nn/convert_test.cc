@@ -41,7 +41,7 @@ TEST(KerasTorchConvert, SeparateProjectionsBecomeKerasKernels) {
   EXPECT_EQ(w.at("value/kernel").shape(), (qkv::Shape{6, 4, 4}));
   nn::KerasMultiHeadAttention keras(nn::keras_mha_config(w));
   keras.load_weights(w);
-  nn::KerasMhaCallOptions o;
+  nn::KerasMultiHeadAttentionOptions o;
   o.key = fx.at("input.key").transpose(0, 1);  // seq-first [S, B, kdim] -> [B, S, kdim]
   const Tensor q = fx.at("input.query").transpose(0, 1), v = fx.at("input.value").transpose(0, 1);
   const Tensor out = keras.forward(q, v, o).output;  // [B, L, E]
@@ -61,7 +61,7 @@ TEST(KerasTorchConvert, BiasFreeLayersConvertBothWays) {
   c.bias = false;
   c.batch_first = true;
   const auto torch = nn::MultiheadAttention::from_state_dict(c, sd);
-  nn::MhaForwardOptions o;
+  nn::MultiheadAttentionOptions o;
   o.need_weights = false;
   const Tensor q = fx.at("input.query"), v = fx.at("input.value");
   EXPECT_LE(relative_error(torch.forward(q, v, v, o).output, fx.at("expected.output")), kTolerance);

@@ -78,7 +78,7 @@ TEST(LayerFiles, TorchLayoutFilesLoadIntoMultiheadAttention) {
   c.embed_dim = 8;
   c.num_heads = 2;
   c.batch_first = true;
-  qkv::nn::MhaForwardOptions o;
+  qkv::nn::MultiheadAttentionOptions o;
   o.need_weights = false;
   const Tensor x = fx.at("input.query");  // [2, 5, 8]
   for (const char* name : {"t.safetensors", "t.weights.h5"}) {

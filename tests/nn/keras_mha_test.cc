@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "common/expect.h"
 #include "nn/fixtures.h"
@@ -17,15 +18,15 @@
 namespace {
 
 using qkv::Tensor;
-using qkv::nn::KerasMhaCallOptions;
-using qkv::nn::KerasMhaConfig;
+using qkv::nn::KerasMultiHeadAttentionOptions;
+using qkv::nn::KerasMultiHeadAttentionConfig;
 using qkv::nn::KerasMultiHeadAttention;
 using namespace qkv::nn::testing;
 
 constexpr double kTolerance = 1e-5;
 
-KerasMhaConfig config_of(const nlohmann::json& o) {
-  KerasMhaConfig c;
+KerasMultiHeadAttentionConfig config_of(const nlohmann::json& o) {
+  KerasMultiHeadAttentionConfig c;
   c.num_heads = o.at("num_heads");
   c.key_dim = o.at("key_dim");
   if (!o.at("value_dim").is_null()) c.value_dim = o.at("value_dim").get<int64_t>();
@@ -37,7 +38,7 @@ KerasMhaConfig config_of(const nlohmann::json& o) {
 
 struct KerasInputs {
   Tensor query, value;
-  KerasMhaCallOptions call;
+  KerasMultiHeadAttentionOptions call;
 };
 
 KerasInputs inputs_of(const Fixture& fx) {
@@ -116,7 +117,7 @@ TEST(KerasMha, AttentionAxesKerasRejectsOrReadsOtherwiseAreErrors) {
       const auto over = c.at("attends_over").get<std::vector<int64_t>>();
       EXPECT_TRUE(std::any_of(over.begin(), over.end(), [&](int64_t a) { return a <= 0 || a >= rank - 1; }));
     }
-    KerasMhaConfig cfg;
+    KerasMultiHeadAttentionConfig cfg;
     cfg.num_heads = 2;
     cfg.key_dim = 2;
     cfg.attention_axes = axes;
@@ -125,8 +126,8 @@ TEST(KerasMha, AttentionAxesKerasRejectsOrReadsOtherwiseAreErrors) {
     shape.front() = 2;
     shape.back() = 4;
     const Tensor q = Tensor::randn(shape, 1);
-    EXPECT_THROW_WITH(layer.call(q, q), qkv::ValueError, "attention axis " + std::to_string(axes.back()));
-    EXPECT_THROW_WITH(layer.call(q, q), qkv::ValueError, axis_fault(rank, axes));
+    EXPECT_THROW_WITH(layer.forward(q, q), qkv::ValueError, "attention axis " + std::to_string(axes.back()));
+    EXPECT_THROW_WITH(layer.forward(q, q), qkv::ValueError, axis_fault(rank, axes));
   }
 }
 
@@ -151,7 +152,7 @@ TEST(KerasMha, ConvertsToPyTorchLayoutWhereTheyCoincide) {
   c.num_heads = 2;
   c.batch_first = true;
   const auto torch = qkv::nn::MultiheadAttention::from_state_dict(c, qkv::nn::keras_to_torch_state_dict(keras));
-  qkv::nn::MhaForwardOptions o;
+  qkv::nn::MultiheadAttentionOptions o;
   o.need_weights = false;
   const Tensor x = fx.at("input.query");
   EXPECT_LE(relative_error(torch.forward(x, x, x, o).output, fx.at("expected.output")), kTolerance);
@@ -159,7 +160,7 @@ TEST(KerasMha, ConvertsToPyTorchLayoutWhereTheyCoincide) {
   KerasMultiHeadAttention back(config_of(fx.options));
   back.set_weights(qkv::nn::torch_to_keras_weights(torch));
   EXPECT_LE(relative_error(back.forward(x, x).output, fx.at("expected.output")), kTolerance);
-  KerasMhaConfig wide;
+  KerasMultiHeadAttentionConfig wide;
   wide.num_heads = 2;
   wide.key_dim = 3;
   KerasMultiHeadAttention other(wide);
@@ -168,15 +169,15 @@ TEST(KerasMha, ConvertsToPyTorchLayoutWhereTheyCoincide) {
 }
 
 TEST(KerasMha, BuildsAtFirstCallAndReportsBadInputs) {
-  KerasMhaConfig c;
+  KerasMultiHeadAttentionConfig c;
   c.num_heads = 2;
   c.key_dim = 3;
   c.value_dim = 5;
   c.output_shape = {4, 2};
   KerasMultiHeadAttention layer(c);
-  EXPECT_THROW_WITH(layer.forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 7}, 2)), qkv::ValueError,
+  EXPECT_THROW_WITH(std::as_const(layer).forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 7}, 2)), qkv::ValueError,
                     "has no weights");
-  const auto r = layer.call(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 7}, 2));
+  const auto r = layer.forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 7}, 2));
   EXPECT_EQ(r.output.shape(), (qkv::Shape{1, 3, 4, 2}));
   EXPECT_EQ(layer.get_weights().at(6).shape(), (qkv::Shape{2, 5, 4, 2}));
   EXPECT_THROW_WITH(layer.forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4}, 2)), qkv::ShapeError,
@@ -184,7 +185,7 @@ TEST(KerasMha, BuildsAtFirstCallAndReportsBadInputs) {
   EXPECT_THROW_WITH(layer.load_weights({}), qkv::ValueError, "no MultiHeadAttention layer (with a query/kernel)");
   c.attention_axes = {3};
   KerasMultiHeadAttention bad(c);
-  EXPECT_THROW_WITH(bad.call(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 6}, 2)), qkv::ValueError,
+  EXPECT_THROW_WITH(bad.forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 6}, 2)), qkv::ValueError,
                     "attention axis 3");
 }
 

@@ -14,7 +14,7 @@
 namespace {
 
 using qkv::Tensor;
-using qkv::nn::MhaForwardOptions;
+using qkv::nn::MultiheadAttentionOptions;
 using qkv::nn::MultiheadAttention;
 using qkv::nn::MultiheadAttentionConfig;
 using namespace qkv::nn::testing;
@@ -50,7 +50,7 @@ TEST(MhaTorch, MatchesEveryPyTorchFixture) {
     const Tensor q = fx.at("input.query");
     const Tensor k = o.at("self_attention") ? q : fx.at("input.key");
     const Tensor v = o.at("self_attention") ? q : (o.at("kv_shared") ? k : fx.at("input.value"));
-    MhaForwardOptions call;
+    MultiheadAttentionOptions call;
     call.key_padding_mask = fx.maybe("input.key_padding_mask");
     call.attn_mask = fx.maybe("input.attn_mask");
     call.need_weights = o.at("need_weights");
@@ -101,7 +101,7 @@ TEST(MhaTorch, ErrorsNameTheProblem) {
   sd["in_proj_weight"] = Tensor::zeros({18, 5});
   EXPECT_THROW_WITH(m.load_state_dict(sd), qkv::ShapeError, "in_proj_weight: expected shape [18, 6]");
   const Tensor x = Tensor::randn({3, 2, 6}, 1);
-  MhaForwardOptions o;
+  MultiheadAttentionOptions o;
   o.is_causal = true;
   EXPECT_THROW_WITH(m.forward(x, x, x, o), qkv::ValueError, "Need attn_mask");
   o.is_causal = false;

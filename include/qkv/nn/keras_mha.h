@@ -41,7 +41,7 @@ inline constexpr const char* kKerasMhaWeightNames[8] = {
     "query/kernel", "query/bias", "key/kernel", "key/bias",
     "value/kernel", "value/bias", "attention_output/kernel", "attention_output/bias"};
 
-struct KerasMhaConfig {
+struct KerasMultiHeadAttentionConfig {
   int64_t num_heads = 1;
   int64_t key_dim = 1;
   std::optional<int64_t> value_dim;     // default key_dim
@@ -51,21 +51,21 @@ struct KerasMhaConfig {
   double dropout = 0.0;
 };
 
-struct KerasMhaCallOptions {
+struct KerasMultiHeadAttentionOptions {
   std::optional<Tensor> key;  // default: value
   std::optional<Tensor> query_mask, value_mask, key_mask, attention_mask;
   bool return_attention_scores = false;
   bool use_causal_mask = false;
 };
 
-struct KerasMhaResult {
+struct KerasMultiHeadAttentionResult {
   Tensor output;                 // [B, T..., *output_shape]
   std::optional<Tensor> scores;  // [batch axes..., N, T..., S...]
 };
 
 class KerasMultiHeadAttention {
  public:
-  explicit KerasMultiHeadAttention(const KerasMhaConfig& config);
+  explicit KerasMultiHeadAttention(const KerasMultiHeadAttentionConfig& config);
 
   // Keras' get_weights() order (query kernel, bias, key kernel, bias, value kernel, bias,
   // output kernel, bias; no biases without use_bias). Builds the layer.
@@ -81,17 +81,20 @@ class KerasMultiHeadAttention {
   void build(int64_t query_dim, int64_t value_dim, int64_t key_dim, uint64_t seed = 0);
   bool built() const { return query_.defined(); }
 
-  // Builds with seed 0 on the first call when no weights were loaded (as Keras does).
-  KerasMhaResult call(const Tensor& query, const Tensor& value, const KerasMhaCallOptions& options = {});
-  // Same, on a built layer (ValueError otherwise).
-  KerasMhaResult forward(const Tensor& query, const Tensor& value, const KerasMhaCallOptions& options = {}) const;
+  // One name for a call, as MultiheadAttention::forward (Python: layer(query, value, ...)).
+  // On a layer that is not const, the first call builds it with seed 0 when no weights were
+  // loaded (as Keras does); on a const layer it must be built (ValueError otherwise).
+  KerasMultiHeadAttentionResult forward(const Tensor& query, const Tensor& value,
+                                        const KerasMultiHeadAttentionOptions& options = {});
+  KerasMultiHeadAttentionResult forward(const Tensor& query, const Tensor& value,
+                                        const KerasMultiHeadAttentionOptions& options = {}) const;
 
-  const KerasMhaConfig& config() const { return config_; }
+  const KerasMultiHeadAttentionConfig& config() const { return config_; }
   bool training = false;
   uint64_t dropout_seed = 0;
 
  private:
-  KerasMhaConfig config_;
+  KerasMultiHeadAttentionConfig config_;
   std::vector<Tensor> weights_;  // get_weights() order, f32
   Linear query_, key_, value_, output_;
 };

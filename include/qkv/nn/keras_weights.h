@@ -20,7 +20,7 @@ namespace qkv::nn {
 // query kernel [dim, N, key_dim], value_dim from the value kernel, output_shape from
 // the output kernel's trailing axes when they differ from the query's dim, use_bias
 // from the presence of biases. (attention_axes and dropout are not in weight files.)
-KerasMhaConfig keras_mha_config(const std::map<std::string, Tensor>& weights);
+KerasMultiHeadAttentionConfig keras_mha_config(const std::map<std::string, Tensor>& weights);
 
 // The weights of one MultiHeadAttention layer ("query/kernel", ..., "attention_output/bias")
 // among `tensors`: what qkv::io::load returns for any weight file qkv reads or writes (Keras 3
@@ -45,7 +45,7 @@ Linear load_keras_dense(const LayerWeights& layers, const std::string& name, con
 
 // Seed 001's model shape: MultiHeadAttention self-attention followed by a Dense layer.
 struct KerasMhaDense {
-  KerasMultiHeadAttention attention{KerasMhaConfig{}};
+  KerasMultiHeadAttention attention{KerasMultiHeadAttentionConfig{}};
   Linear dense;
   // x [B, T, dim] -> dense(attention(x, x)) [B, T, units].
   Tensor forward(const Tensor& x) const;

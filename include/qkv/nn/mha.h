@@ -42,7 +42,7 @@ struct MultiheadAttentionConfig {
   bool batch_first = false;
 };
 
-struct MhaForwardOptions {
+struct MultiheadAttentionOptions {
   std::optional<Tensor> key_padding_mask;  // [N, S] (True = ignore) or float
   bool need_weights = true;
   std::optional<Tensor> attn_mask;  // [L, S] or [N*H, L, S]; bool True = not allowed, or float
@@ -50,7 +50,7 @@ struct MhaForwardOptions {
   bool is_causal = false;
 };
 
-struct MhaResult {
+struct MultiheadAttentionResult {
   Tensor output;                  // [L, N, E] / [N, L, E] / [L, E]
   std::optional<Tensor> weights;  // [N, L, S] or [N, H, L, S] (no N when unbatched)
 };
@@ -72,8 +72,8 @@ class MultiheadAttention {
   void load_state_dict(const std::map<std::string, Tensor>& state_dict, bool strict = true);
   std::map<std::string, Tensor> state_dict() const;
 
-  MhaResult forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                    const MhaForwardOptions& options = {}) const;
+  MultiheadAttentionResult forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                    const MultiheadAttentionOptions& options = {}) const;
 
   const MultiheadAttentionConfig& config() const { return config_; }
   int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }

@@ -55,7 +55,7 @@ class MultiHeadSelfAttention {
 // embed_dim < n_heads (head size 0) is a ValueError. Explicit sizes allow E < H, as in the
 // article's example (B=15, U=50, E=4, H=8, Dkq=64, Dv=32).
 // state_dict: "W_q.weight" [H*Dkq, E], "W_k.weight", "W_v.weight" [H*Dv, E], "W_o.weight" [E, H*Dv].
-struct SeparateHeadsResult {
+struct SeparateHeadsAttentionResult {
   Tensor output;  // [B, Lq, E]
   Tensor scores;  // [B, H, Lq, Lk], the softmax weights
 };
@@ -67,7 +67,7 @@ class SeparateHeadsAttention {
   void load_state_dict(const std::map<std::string, Tensor>& state_dict);
   std::map<std::string, Tensor> state_dict() const;
   // q [B, Lq, E], k [B, Lk, E], v [B, Lk, E].
-  SeparateHeadsResult forward(const Tensor& q, const Tensor& k, const Tensor& v) const;
+  SeparateHeadsAttentionResult forward(const Tensor& q, const Tensor& k, const Tensor& v) const;
 
  private:
   void rebuild();
