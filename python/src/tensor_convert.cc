@@ -113,6 +113,19 @@ nb::object versioned_capsule_or(nb::object src) {
   return src;
 }
 
+// NumPy refuses an array whose itemsize times its non-zero dims passes 2^63 - 1
+// ("array is too big"), even when another dim is 0, and nanobind's buffer export
+// multiplies those dims unchecked first (signed overflow under UBSan: the api_python
+// fuzzer's unpack to [2^62, 0]). Such a result gets a qkv error instead.
+void check_numpy_size(const Tensor& t) {
+  int64_t bytes = static_cast<int64_t>(t.itemsize());
+  for (const int64_t d : t.shape()) {
+    if (d != 0 && __builtin_mul_overflow(bytes, d, &bytes))
+      fail<ShapeError>("to_numpy: a ", dtype_name(t.dtype()), " result of shape ", shape_str(t.shape()),
+                       " is too big for NumPy (itemsize times the non-zero dims passes 2^63 - 1)");
+  }
+}
+
 }  // namespace
 
 nb::module_ numpy() {
@@ -178,6 +191,7 @@ std::optional<Tensor> to_optional_tensor(nb::handle obj, const char* what) {
 }
 
 nb::object to_numpy(const Tensor& t) {
+  check_numpy_size(t);
   // The capsule owns a reference to the storage; NumPy keeps the capsule.
   auto* holder = new std::shared_ptr<Storage>(t.storage());
   nb::capsule owner(holder, [](void* p) noexcept { delete static_cast<std::shared_ptr<Storage>*>(p); });

@@ -1,5 +1,6 @@
 // pack / unpack (einops/packing.py) and parse_shape (einops.parse_shape).
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -51,10 +52,12 @@ std::string shapes_repr(const std::vector<Shape>& shapes) {
 }
 
 // Product of the dims (a negative dim, as unpack may be given, stays negative);
-// ShapeError past 2^62.
+// ShapeError past 2^62 (and for -2^63, whose magnitude int64 cannot hold: a UBSan
+// negation overflow found by the einops fuzzer).
 int64_t product(const Shape& s) {
   int64_t p = 1;
   for (int64_t v : s) {
+    if (v == std::numeric_limits<int64_t>::min()) fail<ShapeError>("shape ", py_tuple_repr(s), " has a dim of -2^63");
     const auto m = checked_mul(p < 0 ? -p : p, v < 0 ? -v : v);
     if (!m) fail<ShapeError>("shape ", py_tuple_repr(s), " has more than 2^62 elements");
     p = (p < 0) != (v < 0) ? -*m : *m;
@@ -117,6 +120,16 @@ std::pair<int64_t, int64_t> python_slice(int64_t a, int64_t b, int64_t n) {
   return {clamp(a), std::max(clamp(a), clamp(b))};
 }
 
+// a + b saturated at +-(2^62 + 1): the split points of unpack, sums of lengths of up to
+// 2^62 each, which overflowed int64 (api_python fuzz finding). Past an axis (at most 2^62
+// long) every index slices the same way, so saturating keeps Python's semantics.
+int64_t split_add(int64_t a, int64_t b) {
+  constexpr int64_t kPast = kMaxElements + 1;
+  int64_t s = 0;
+  if (__builtin_add_overflow(a, b, &s)) s = b > 0 ? kPast : -kPast;
+  return std::clamp(s, -kPast, kPast);
+}
+
 // Resolves one -1 in `want` for `numel` elements; false when impossible (as numpy's reshape).
 bool resolve_shape(Shape* want, int64_t numel) {
   int64_t known = 1, unknown = -1;
@@ -164,10 +177,10 @@ std::vector<Tensor> unpack(const Tensor& x, const std::vector<Shape>& packed_sha
   std::vector<int64_t> split(n + 1, 0);
   split[n] = shape[p.before];
   if (n_unknown == 0) {
-    for (int64_t i = 0; i + 1 < n; ++i) split[i + 1] = split[i] + lengths[i];
+    for (int64_t i = 0; i + 1 < n; ++i) split[i + 1] = split_add(split[i], lengths[i]);
   } else {
-    for (int64_t i = 0; i < unknown_at; ++i) split[i + 1] = split[i] + lengths[i];
-    for (int64_t j = n - 1; j > unknown_at; --j) split[j] = split[j + 1] - lengths[j];
+    for (int64_t i = 0; i < unknown_at; ++i) split[i + 1] = split_add(split[i], lengths[i]);
+    for (int64_t j = n - 1; j > unknown_at; --j) split[j] = split_add(split[j + 1], -lengths[j]);
   }
   std::vector<Tensor> out;
   for (int64_t i = 0; i < n; ++i) {

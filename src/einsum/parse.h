@@ -38,11 +38,16 @@ struct LabelSet {
   LabelSet operator-(LabelSet o) const { return {lo & ~o.lo, hi & ~o.hi}; }
   bool operator==(const LabelSet&) const = default;
   auto operator<=>(const LabelSet&) const = default;
+  // f(id) for each id in ascending order, one step per set bit.
+  template <class F>
+  void for_each(F&& f) const {
+    for (uint64_t w = lo; w; w &= w - 1) f(std::countr_zero(w));
+    for (uint64_t w = hi; w; w &= w - 1) f(64 + std::countr_zero(w));
+  }
   // Ids in ascending order.
   std::vector<int> ids() const {
     std::vector<int> out;
-    for (int l = 0; l < kMaxLabels; ++l)
-      if (has(l)) out.push_back(l);
+    for_each([&](int l) { out.push_back(l); });
     return out;
   }
 };

@@ -1,6 +1,8 @@
 // pack / unpack and parse_shape, with the cases of einops' test_packing.py and test_other.py.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "common/expect.h"
 #include "qkv/einops.h"
 
@@ -67,6 +69,22 @@ TEST(Unpack, MinusOneAndErrorsOfEinopsTests) {
   EXPECT_THROW_WITH(unpack(x, {{-1}, {-1}}, pattern), ShapeError, "received more than one -1 in [[-1], [-1]]");
   EXPECT_THROW_WITH(unpack(x, {{5}}, "* four"), ShapeError,
                     "unpack(..., * four) received input of wrong dim with shape (3, 5, 4)");
+}
+
+// Split points summing lengths of 2^62 each overflowed int64 (UBSan, api_python fuzz finding;
+// seen by `make asan`): saturated, they slice as Python's unbounded ints do, and the request
+// fails as einops' does.
+TEST(Unpack, SplitPointsOfHugeLengthsSaturate) {
+  const Tensor x = iota({3});
+  const int64_t big = int64_t{1} << 62;
+  for (const std::vector<Shape>& bad : std::vector<std::vector<Shape>>{
+           {{big}, {big}, {-1}}, {{-1}, {big}, {big}, {big}}, {{big}, {big}, {big}}}) {
+    EXPECT_THROW_WITH(unpack(x, bad, "*"), ShapeError,
+                      "Error during unpack(..., \"*\"): could not split axis of size 3 into requested");
+  }
+  // -2^63 has no int64 magnitude (UBSan: negation overflow, einops fuzz finding).
+  const int64_t min = std::numeric_limits<int64_t>::min();
+  EXPECT_THROW_WITH(unpack(x, {{2, min}, {-1}}, "*"), ShapeError, "shape (2, -9223372036854775808) has a dim of -2^63");
 }
 
 TEST(ParseShape, NamesUnderscoresEllipsisAndAnonymousAxes) {

@@ -1,6 +1,7 @@
 """Inputs the atheris harness (fuzz/python/api_fuzzer.py) found to misbehave, one test
 per finding; docs/testing.md lists the fuzz runs."""
 import numpy as np
+import pytest
 
 import qkv
 
@@ -25,3 +26,16 @@ def test_misaligned_inputs_are_read_from_an_aligned_copy():
         np.testing.assert_array_equal(r, x.T)
         assert r.flags.aligned and not np.shares_memory(r, x)
         np.testing.assert_array_equal(qkv.einsum("ij,jk->ik", x, x.T), x.astype(np.float64) @ x.T)
+
+
+def test_results_numpy_cannot_hold_get_a_qkv_error():
+    # UBSan: "signed integer overflow: 4 * 4611686018427387904" in nanobind's buffer export of
+    # unpack's [2^62, 0] piece (fuzz input AE1Bko6WJpJAkjN93g==). NumPy refuses such an array
+    # ("array is too big": itemsize times the non-zero dims passes 2^63 - 1, a 0 dim aside),
+    # so qkv says so before nanobind multiplies.
+    with pytest.raises(ValueError, match=r"to_numpy: a float32 result of shape \[4611686018427387904, 0\] is too big"):
+        qkv.einops.unpack(np.ones(1, np.float32), [[1], [2**62, -1]], "*")
+    with pytest.raises(ValueError, match=r"\[2, 0, 2305843009213693952\] is too big for NumPy"):
+        qkv.repeat(np.ones((2, 0), np.float32), "h w -> h w c", c=2**61)  # 2^62 elements: within qkv's limit
+    # Within NumPy's limit an empty result still comes back (4 * 2 * 2^59 = 2^62 bytes' worth of dims).
+    assert qkv.repeat(np.ones((2, 0), np.float32), "h w -> h w c", c=2**59).shape == (2, 0, 2**59)
