@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -35,11 +36,23 @@ Tensor rearrange(const Tensor& x, std::string_view pattern, const AxisLengths& a
 // Same on a list of tensors of equal shape and dtype, stacked on a new first axis.
 Tensor rearrange(const std::vector<Tensor>& xs, std::string_view pattern, const AxisLengths& axes_lengths = {});
 
-// rearrange plus reduction over the axes missing on the right: `reduction` is one of
-// sum, mean, max, min, prod, any, all (numpy's result dtypes: int sums -> int64, any/all -> bool).
+// The reductions einops names (a closed set, as EinsumOptimize for einsum).
+enum class Reduction { min, max, sum, mean, prod, any, all };
+// "min", "max", "sum", "mean", "prod", "any", "all" -> the Reduction; nullopt for another name.
+std::optional<Reduction> reduction_from_name(std::string_view name);
+// The name einops gives a reduction ("sum", ...).
+std::string_view reduction_name(Reduction reduction);
+
+// rearrange plus reduction over the axes missing on the right (numpy's result dtypes: int
+// sums -> int64, any/all -> bool).
+Tensor reduce(const Tensor& x, std::string_view pattern, Reduction reduction, const AxisLengths& axes_lengths = {});
+// Same on a list of tensors stacked on a new first axis.
+Tensor reduce(const std::vector<Tensor>& xs, std::string_view pattern, Reduction reduction,
+              const AxisLengths& axes_lengths = {});
+// By einops' name (Python's and the CLI's strings); another name is einops' FormatError
+// ("Unknown reduction median. Expect one of (...)", with the pattern and shape).
 Tensor reduce(const Tensor& x, std::string_view pattern, std::string_view reduction,
               const AxisLengths& axes_lengths = {});
-// Same on a list of tensors stacked on a new first axis.
 Tensor reduce(const std::vector<Tensor>& xs, std::string_view pattern, std::string_view reduction,
               const AxisLengths& axes_lengths = {});
 

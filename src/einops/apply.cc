@@ -27,10 +27,10 @@ std::string dict_repr(const AxisLengths& lengths) {
 //   Error while processing <op>-reduction pattern "<p>".
 //    Input tensor shape: (2, 3). Additional info: {'h': 2}.
 //    <inner>
-std::string context(std::string_view op, std::string_view pattern, const Shape& shape, bool is_list,
+std::string context(const einops_detail::Operation& op, std::string_view pattern, const Shape& shape, bool is_list,
                     const AxisLengths& lengths, const char* inner) {
   std::string m = "Error while processing ";
-  m += op.starts_with(einops_detail::kCallablePrefix) ? op.substr(einops_detail::kCallablePrefix.size()) : op;
+  m += op.name;
   m += "-reduction pattern \"";
   m += pattern;
   m += "\".\n ";
@@ -40,7 +40,7 @@ std::string context(std::string_view op, std::string_view pattern, const Shape& 
   return m;
 }
 
-Plan make_plan(const Shape& shape, bool is_list, std::string_view pattern, std::string_view op,
+Plan make_plan(const Shape& shape, bool is_list, std::string_view pattern, const einops_detail::Operation& op,
                const AxisLengths& lengths) {
   try {
     std::vector<std::string> names;
@@ -85,11 +85,11 @@ Tensor merge_groups(const Tensor& t, const std::vector<int64_t>& group_sizes, co
   return materialize(t).view(final_shape);
 }
 
-Tensor apply_plan(const Tensor& x, const Plan& plan, std::string_view op) {
+Tensor apply_plan(const Tensor& x, const Plan& plan, const einops_detail::Operation& op) {
   Tensor t = x;
   if (plan.need_init_reshape) t = t.reshape(plan.init_shape);  // only splits dims: a view
   if (!plan.permutation.empty()) t = t.permute(plan.permutation);
-  if (plan.has_reduction) t = einops_detail::reduce_trailing(t, plan.n_kept, op);
+  if (plan.has_reduction) t = einops_detail::reduce_trailing(t, plan.n_kept, op.reduction);  // never a callable
   if (!plan.added_axes.empty()) {
     for (const auto& [pos, length] : plan.added_axes) t = t.unsqueeze(pos);
     Shape target = t.shape();
@@ -117,12 +117,10 @@ Tensor stack(const std::vector<Tensor>& xs, std::string_view op) {
   return out;
 }
 
-Tensor transform(const Tensor& x, bool is_list, std::string_view pattern, std::string_view op,
+Tensor transform(const Tensor& x, bool is_list, std::string_view pattern, const einops_detail::Operation& op,
                  const AxisLengths& lengths) {
   // Names the call in size errors: "repeat: 'h w -> (h w c)' (input [2, 2]): output ...".
-  const std::string_view name =
-      op.starts_with(einops_detail::kCallablePrefix) ? op.substr(einops_detail::kCallablePrefix.size()) : op;
-  const AllocationScope scope(name, pattern, std::span<const Shape>(&x.shape(), 1), "input");
+  const AllocationScope scope(op.name, pattern, std::span<const Shape>(&x.shape(), 1), "input");
   try {
     const Plan plan = make_plan(x.shape(), is_list, pattern, op, lengths);
     return apply_plan(x, plan, op);
@@ -134,36 +132,63 @@ Tensor transform(const Tensor& x, bool is_list, std::string_view pattern, std::s
 }  // namespace
 
 Tensor rearrange(const Tensor& x, std::string_view pattern, const AxisLengths& axes_lengths) {
-  return transform(x, false, pattern, "rearrange", axes_lengths);
+  return transform(x, false, pattern, einops_detail::Operation::rearrange(), axes_lengths);
 }
 
 Tensor rearrange(const std::vector<Tensor>& xs, std::string_view pattern, const AxisLengths& axes_lengths) {
-  return transform(stack(xs, "rearrange"), true, pattern, "rearrange", axes_lengths);
+  return transform(stack(xs, "rearrange"), true, pattern, einops_detail::Operation::rearrange(), axes_lengths);
+}
+
+namespace {
+constexpr std::pair<Reduction, std::string_view> kReductionNames[] = {
+    {Reduction::min, "min"},   {Reduction::max, "max"}, {Reduction::sum, "sum"}, {Reduction::mean, "mean"},
+    {Reduction::prod, "prod"}, {Reduction::any, "any"}, {Reduction::all, "all"}};
+}  // namespace
+
+std::optional<Reduction> reduction_from_name(std::string_view name) {
+  for (const auto& [r, n] : kReductionNames) {
+    if (n == name) return r;
+  }
+  return std::nullopt;
+}
+
+std::string_view reduction_name(Reduction reduction) {
+  for (const auto& [r, n] : kReductionNames) {
+    if (r == reduction) return n;
+  }
+  return "?";
+}
+
+Tensor reduce(const Tensor& x, std::string_view pattern, Reduction reduction, const AxisLengths& axes_lengths) {
+  return transform(x, false, pattern, einops_detail::Operation::of(reduction), axes_lengths);
+}
+
+Tensor reduce(const std::vector<Tensor>& xs, std::string_view pattern, Reduction reduction,
+              const AxisLengths& axes_lengths) {
+  return transform(stack(xs, "reduce"), true, pattern, einops_detail::Operation::of(reduction), axes_lengths);
 }
 
 Tensor reduce(const Tensor& x, std::string_view pattern, std::string_view reduction,
               const AxisLengths& axes_lengths) {
-  return transform(x, false, pattern, reduction, axes_lengths);
+  return transform(x, false, pattern, einops_detail::Operation::of_name(reduction), axes_lengths);
 }
 
 Tensor reduce(const std::vector<Tensor>& xs, std::string_view pattern, std::string_view reduction,
               const AxisLengths& axes_lengths) {
-  return transform(stack(xs, "reduce"), true, pattern, reduction, axes_lengths);
+  return transform(stack(xs, "reduce"), true, pattern, einops_detail::Operation::of_name(reduction), axes_lengths);
 }
 
 Tensor repeat(const Tensor& x, std::string_view pattern, const AxisLengths& axes_lengths) {
-  return transform(x, false, pattern, "repeat", axes_lengths);
+  return transform(x, false, pattern, einops_detail::Operation::repeat(), axes_lengths);
 }
 
 Tensor repeat(const std::vector<Tensor>& xs, std::string_view pattern, const AxisLengths& axes_lengths) {
-  return transform(stack(xs, "repeat"), true, pattern, "repeat", axes_lengths);
+  return transform(stack(xs, "repeat"), true, pattern, einops_detail::Operation::repeat(), axes_lengths);
 }
 
 ReductionPlan reduction_plan(const Shape& shape, std::string_view pattern, std::string_view name,
                              const AxisLengths& axes_lengths, bool is_list) {
-  std::string op(einops_detail::kCallablePrefix);
-  op += name;
-  const Plan plan = make_plan(shape, is_list, pattern, op, axes_lengths);
+  const Plan plan = make_plan(shape, is_list, pattern, einops_detail::Operation::callable(name), axes_lengths);
   ReductionPlan r;
   r.init_shape = plan.init_shape;
   r.permutation = plan.permutation;

@@ -15,17 +15,6 @@ namespace qkv::einops_detail {
 
 namespace {
 
-constexpr std::string_view kReductions[] = {"min", "max", "sum", "mean", "prod", "any", "all"};
-
-bool is_reduction(std::string_view op) {
-  return std::find(std::begin(kReductions), std::end(kReductions), op) != std::end(kReductions) ||
-         op.starts_with(kCallablePrefix);
-}
-
-std::string_view display_op(std::string_view op) {
-  return op.starts_with(kCallablePrefix) ? op.substr(kCallablePrefix.size()) : op;
-}
-
 // Axes of both sides by key, to print anonymous axes as einops does ("2-axis").
 class AxisNames {
  public:
@@ -56,7 +45,7 @@ std::vector<std::string> set_difference(const std::set<std::string>& a, const st
   return out;
 }
 
-void check_sides(const Expression& left, const Expression& rght, std::string_view pattern, std::string_view op,
+void check_sides(const Expression& left, const Expression& rght, std::string_view pattern, const Operation& op,
                  const std::vector<std::string>& axes_names, const AxisNames& names) {
   if (!left.has_ellipsis && rght.has_ellipsis) {
     fail<FormatError>("Ellipsis found in right side, but not left side of a pattern ", pattern);
@@ -64,7 +53,7 @@ void check_sides(const Expression& left, const Expression& rght, std::string_vie
   if (left.has_ellipsis && left.has_ellipsis_parenthesized.value_or(false)) {
     fail<FormatError>("Ellipsis inside parenthesis in the left side is not allowed: ", pattern);
   }
-  if (op == "rearrange") {
+  if (op.kind == Operation::Kind::rearrange) {
     if (left.has_non_unitary_anonymous_axes || rght.has_non_unitary_anonymous_axes) {
       fail<FormatError>("Non-unitary anonymous axes are not supported in rearrange (exception is length 1)");
     }
@@ -74,7 +63,7 @@ void check_sides(const Expression& left, const Expression& rght, std::string_vie
     if (!diff.empty()) {
       fail<FormatError>("Identifiers only on one side of expression (should be on both): ", names.set_repr(diff));
     }
-  } else if (op == "repeat") {
+  } else if (op.kind == Operation::Kind::repeat) {
     const auto diff = set_difference(left.identifiers, rght.identifiers);
     if (!diff.empty()) fail<FormatError>("Unexpected identifiers on the left side of repeat: ", names.set_repr(diff));
     std::set<std::string> known(left.identifiers);
@@ -88,14 +77,14 @@ void check_sides(const Expression& left, const Expression& rght, std::string_vie
     if (!without_size.empty()) {
       fail<FormatError>("Specify sizes for new axes in repeat: ", names.set_repr(without_size));
     }
-  } else if (is_reduction(op)) {
+  } else if (op.reduces()) {
     const auto diff = set_difference(rght.identifiers, left.identifiers);
     if (!diff.empty()) {
-      fail<FormatError>("Unexpected identifiers on the right side of reduce ", display_op(op), ": ",
+      fail<FormatError>("Unexpected identifiers on the right side of reduce ", op.name, ": ",
                         names.set_repr(diff));
     }
   } else {
-    fail<FormatError>("Unknown reduction ", op, ". Expect one of ('min', 'max', 'sum', 'mean', 'prod', 'any', 'all').");
+    fail<FormatError>("Unknown reduction ", op.name, ". Expect one of ('min', 'max', 'sum', 'mean', 'prod', 'any', 'all').");
   }
 }
 
@@ -164,7 +153,7 @@ std::vector<int> positions(const ElementaryAxes& el, const std::vector<Axis>& ax
   return out;
 }
 
-Recipe build_recipe(std::string_view pattern, std::string_view op, const std::vector<std::string>& axes_names,
+Recipe build_recipe(std::string_view pattern, const Operation& op, const std::vector<std::string>& axes_names,
                     int64_t ndim) {
   const size_t arrow = pattern.find("->");
   if (arrow == std::string_view::npos || pattern.find("->", arrow + 2) != std::string_view::npos) {
@@ -249,11 +238,12 @@ constexpr size_t kMaxCachedRecipes = 1024;
 
 }  // namespace
 
-std::shared_ptr<const Recipe> prepare_recipe(std::string_view pattern, std::string_view operation,
+std::shared_ptr<const Recipe> prepare_recipe(std::string_view pattern, const Operation& operation,
                                              const std::vector<std::string>& axes_names, int64_t ndim) {
   std::string key(pattern);
   key += '\0';
-  key += operation;
+  key += static_cast<char>('0' + static_cast<int>(operation.kind));
+  key += operation.name;
   for (const std::string& n : axes_names) {
     key += '\0';
     key += n;

@@ -29,17 +29,34 @@ struct Recipe {
   std::vector<std::vector<int>> output_composite_axes;  // per output dim: its elementary axes
 };
 
-// An operation "\x02<name>" is a reduction done elsewhere (a Python callable, as
-// einops accepts): checked as a reduction, <name> in messages.
-inline constexpr std::string_view kCallablePrefix = "\x02";
+// What a recipe is compiled for (einops' `operation`). A reduction computed elsewhere (a
+// Python callable, as einops accepts: einops::reduction_plan) is checked as a reduction;
+// a name that is no reduction (Kind::unknown) fails when the recipe is built, with einops'
+// message. `name` is what messages call it: "rearrange", "sum", the callable's name.
+struct Operation {
+  enum class Kind { rearrange, repeat, reduction, callable, unknown };
+  Kind kind = Kind::rearrange;
+  einops::Reduction reduction = einops::Reduction::sum;  // Kind::reduction only
+  std::string name;
+
+  static Operation rearrange() { return {Kind::rearrange, einops::Reduction::sum, "rearrange"}; }
+  static Operation repeat() { return {Kind::repeat, einops::Reduction::sum, "repeat"}; }
+  static Operation of(einops::Reduction r) { return {Kind::reduction, r, std::string(einops::reduction_name(r))}; }
+  // A reduction by einops' name, or Kind::unknown.
+  static Operation of_name(std::string_view name) {
+    const auto r = einops::reduction_from_name(name);
+    return r ? of(*r) : Operation{Kind::unknown, einops::Reduction::sum, std::string(name)};
+  }
+  static Operation callable(std::string_view name) { return {Kind::callable, einops::Reduction::sum, std::string(name)}; }
+  bool reduces() const { return kind == Kind::reduction || kind == Kind::callable; }
+};
 
 inline constexpr int64_t kUnknown = -999999;
 inline constexpr int64_t kExpected = -99999;
 
-// The cached recipe for (pattern, operation, axis names, ndim); operation is
-// "rearrange", "repeat" or a reduction name. Thread-safe. Throws FormatError /
+// The cached recipe for (pattern, operation, axis names, ndim). Thread-safe. Throws FormatError /
 // ShapeError with einops' inner message (no prefix).
-std::shared_ptr<const Recipe> prepare_recipe(std::string_view pattern, std::string_view operation,
+std::shared_ptr<const Recipe> prepare_recipe(std::string_view pattern, const Operation& operation,
                                              const std::vector<std::string>& axes_names, int64_t ndim);
 
 // Recipes compiled so far (cache misses) and cached recipes returned (hits).

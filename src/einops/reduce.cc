@@ -83,15 +83,16 @@ void reduce_loop(const Geometry& g, const T* in, Out* out, Acc init, Step step, 
 }
 
 template <class T>
-Tensor reduce_typed(const Tensor& x, const Geometry& g, std::string_view op, const Shape& out_shape) {
+Tensor reduce_typed(const Tensor& x, const Geometry& g, einops::Reduction op, const Shape& out_shape) {
+  using R = einops::Reduction;
   constexpr bool floating = !std::is_integral_v<T>;  // float, double, float16, bfloat16
   using Acc = std::conditional_t<floating, double, int64_t>;
   using Sum = std::conditional_t<floating, T, int64_t>;  // numpy: int and bool sums are int64
   const T* in = x.data<T>();
   auto value = [](T v) { return convert_element<Acc>(v); };
-  if (op == "sum" || op == "prod") {
+  if (op == R::sum || op == R::prod) {
     Tensor out = Tensor::empty(out_shape, dtype_v<Sum>);
-    const bool sum = op == "sum";
+    const bool sum = op == R::sum;
     reduce_loop(g, in, out.data<Sum>(), Acc(sum ? 0 : 1),
                 [&](Acc a, T v) {
                   if constexpr (floating) {
@@ -104,7 +105,7 @@ Tensor reduce_typed(const Tensor& x, const Geometry& g, std::string_view op, con
                 [](Acc a) { return convert_element<Sum>(a); });
     return out;
   }
-  if (op == "mean") {
+  if (op == R::mean) {
     if constexpr (!floating) {
       fail<DTypeError>("reduce_mean is not available for non-floating tensors");
     } else {
@@ -115,13 +116,13 @@ Tensor reduce_typed(const Tensor& x, const Geometry& g, std::string_view op, con
       return out;
     }
   }
-  if (op == "max" || op == "min") {
+  if (op == R::max || op == R::min) {
     if (g.n_red == 0 && g.n_out > 0) {
-      fail<ShapeError>("zero-size array to reduction operation ", op == "max" ? "maximum" : "minimum",
+      fail<ShapeError>("zero-size array to reduction operation ", op == R::max ? "maximum" : "minimum",
                        " which has no identity");
     }
     Tensor out = Tensor::empty(out_shape, x.dtype());
-    const bool max = op == "max";
+    const bool max = op == R::max;
     Acc init = max ? std::numeric_limits<Acc>::lowest() : std::numeric_limits<Acc>::max();
     if constexpr (floating) init = max ? -std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::infinity();
     reduce_loop(g, in, out.data<T>(), init,
@@ -135,11 +136,8 @@ Tensor reduce_typed(const Tensor& x, const Geometry& g, std::string_view op, con
                 [](Acc a) { return convert_element<T>(a); });
     return out;
   }
-  if (op != "any" && op != "all") {
-    fail<ValueError>("reduce: '", op, "' is not a reduction qkv computes (sum, mean, max, min, prod, any, all)");
-  }
   Tensor out = Tensor::empty(out_shape, DType::b8);
-  const bool any = op == "any";
+  const bool any = op == R::any;  // else all
   reduce_loop(g, in, out.data<bool>(), !any,
               [&](bool a, T v) { return any ? (a || convert_element<bool>(v)) : (a && convert_element<bool>(v)); },
               [](bool a) { return a; });
@@ -148,7 +146,7 @@ Tensor reduce_typed(const Tensor& x, const Geometry& g, std::string_view op, con
 
 }  // namespace
 
-Tensor reduce_trailing(const Tensor& x, int64_t n_kept, std::string_view op) {
+Tensor reduce_trailing(const Tensor& x, int64_t n_kept, einops::Reduction op) {
   const Geometry g = split(x, n_kept);
   return dispatch_dtype(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;

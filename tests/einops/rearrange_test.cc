@@ -172,14 +172,14 @@ TEST(EinopsErrors, QuotePatternShapeAndLengths) {
 
 TEST(RecipeCache, CompilesOncePerPatternOpNamesAndNdim) {
   const Tensor x = iota({4, 6});
-  const auto r1 = einops_detail::prepare_recipe("a (b c) -> c a b", "rearrange", {"b"}, 2);
+  const auto r1 = einops_detail::prepare_recipe("a (b c) -> c a b", einops_detail::Operation::rearrange(), {"b"}, 2);
   const auto before = einops_detail::recipe_cache_stats();
-  const auto r2 = einops_detail::prepare_recipe("a (b c) -> c a b", "rearrange", {"b"}, 2);
+  const auto r2 = einops_detail::prepare_recipe("a (b c) -> c a b", einops_detail::Operation::rearrange(), {"b"}, 2);
   EXPECT_EQ(r1.get(), r2.get());
   EXPECT_EQ(einops_detail::recipe_cache_stats().hits, before.hits + 1);
-  EXPECT_NE(einops_detail::prepare_recipe("a (b c) -> c a b", "rearrange", {"c"}, 2).get(), r1.get());
-  EXPECT_NE(einops_detail::prepare_recipe("a ... -> ... a", "rearrange", {}, 2).get(),
-            einops_detail::prepare_recipe("a ... -> ... a", "rearrange", {}, 3).get());
+  EXPECT_NE(einops_detail::prepare_recipe("a (b c) -> c a b", einops_detail::Operation::rearrange(), {"c"}, 2).get(), r1.get());
+  EXPECT_NE(einops_detail::prepare_recipe("a ... -> ... a", einops_detail::Operation::rearrange(), {}, 2).get(),
+            einops_detail::prepare_recipe("a ... -> ... a", einops_detail::Operation::rearrange(), {}, 3).get());
   // The cached recipe serves other lengths of the same names.
   EXPECT_EQ(rearrange(x, "a (b c) -> c a b", {{"b", 2}}).shape(), (Shape{3, 4, 2}));
   EXPECT_EQ(rearrange(x, "a (b c) -> c a b", {{"b", 3}}).shape(), (Shape{2, 4, 3}));
