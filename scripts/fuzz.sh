@@ -9,7 +9,8 @@
 # Each target NAME works on fuzz/work/NAME (gitignored), seeded from the committed
 # fuzz/corpus/NAME, and uses fuzz/corpus/NAME.dict when present.
 # Crashing inputs go to fuzz/artifacts/ (gitignored); logs to fuzz/work/NAME.log.
-# Exits non-zero when any target reports a finding.
+# Exits non-zero when any target reports a finding. FUZZ_TIMEOUT (default 10) is the
+# per-input limit in seconds of wall time.
 #
 # The Python harness imports the _qkv that BUILD_DIR built (with ASan + UBSan in the
 # fuzz preset; the sanitizer runtime is then preloaded into python) or, when
@@ -87,7 +88,8 @@ for name in "${targets[@]}"; do
   if [ -d "$root/fuzz/corpus/$name" ]; then
     cp -n "$root/fuzz/corpus/$name"/* "$work"/ 2>/dev/null || true
   fi
-  args=("$work" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+  # FUZZ_TIMEOUT: seconds of wall time per input (a loaded 2-core machine needs more than 10).
+  args=("$work" -max_total_time="$seconds" -timeout="${FUZZ_TIMEOUT:-10}" -rss_limit_mb=2048 -print_final_stats=1
         -artifact_prefix="$root/fuzz/artifacts/$name-")
   if [ -f "$root/fuzz/corpus/$name.dict" ]; then
     args+=(-dict="$root/fuzz/corpus/$name.dict")
