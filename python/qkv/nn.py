@@ -21,7 +21,7 @@ SelfAttention = _nn.SelfAttention
 SeparateHeadsAttention = _nn.SeparateHeadsAttention
 
 __all__ = ["MultiheadAttention", "KerasMultiHeadAttention", "SelfAttention", "MultiHeadSelfAttention",
-           "SeparateHeadsAttention", "LazyMultiHeadAttention"]
+           "SeparateHeadsAttention", "LazyMultiHeadAttention", "keras_to_torch", "torch_to_keras"]
 
 
 def _array(x: Any) -> Any:
@@ -194,3 +194,20 @@ class KerasMultiHeadAttention:
         if return_attention_scores:
             return _like(r[0], query), _like(r[1], query)
         return _like(r, query)
+
+
+def keras_to_torch(weights: Mapping[str, Any]) -> dict:
+    """Keras MultiHeadAttention / Dense weights in PyTorch's layout, as `qkv convert --to torch`
+    writes them: "<layer>.in_proj_weight" [3E, E], "<layer>.in_proj_bias", "<layer>.out_proj.*",
+    Dense "<layer>.weight" [out, in], "<layer>.bias". `weights` is any weight file's dict
+    (qkv.load) or variable paths ("mha/query/kernel"). ValueError where PyTorch has no such
+    layout (num_heads * key_dim != E, value_dim != key_dim, ...)."""
+    return _nn._keras_to_torch(_arrays(weights))
+
+
+def torch_to_keras(state_dict: Mapping[str, Any], num_heads: int) -> dict:
+    """The inverse, as `qkv convert --to keras --heads N` runs it: each MultiheadAttention
+    ("<p>.in_proj_weight" or separate q/k/v_proj_weight, with or without biases) becomes
+    "<p>/query/kernel" [E_in, N, E/N], ..., "<p>/attention_output/bias"; "<p>.weight" +
+    "<p>.bias" become "<p>/kernel", "<p>/bias". KerasMultiHeadAttention.from_weights takes it."""
+    return _nn._torch_to_keras(_arrays(state_dict), int(num_heads))

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/nn/keras_layers.h"
 #include "qkv/nn/keras_mha.h"
 #include "qkv/nn/keras_weights.h"
 #include "qkv/nn/mha.h"
@@ -192,6 +193,23 @@ void bind_keras_flavour(nb::module_& nn) {
         return nb::make_tuple(to_dict(w), config);
       },
       nb::arg("weights"), nb::arg("layer") = "");
+  // The one Keras <-> PyTorch conversion (qkv/nn/keras_layers.h), as `qkv convert` runs it.
+  nn.def(
+      "_keras_to_torch",
+      [](nb::handle d) {
+        return to_dict(qkv::nn::keras_to_torch(qkv::nn::keras_layer_weights(to_tensor_map(d, "keras_to_torch"))));
+      },
+      nb::arg("weights"));
+  nn.def(
+      "_torch_to_keras",
+      [](nb::handle d, int64_t num_heads) {
+        std::map<std::string, Tensor> paths;  // "<layer>/query/kernel": what from_weights takes
+        for (const auto& [layer, w] : qkv::nn::torch_to_keras(to_tensor_map(d, "torch_to_keras"), num_heads)) {
+          for (const auto& [name, t] : w) paths[layer + "/" + name] = t;
+        }
+        return to_dict(paths);
+      },
+      nb::arg("state_dict"), nb::arg("num_heads"));
 }
 
 // ---- seed flavours -------------------------------------------------------------------------------

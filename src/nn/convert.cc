@@ -43,9 +43,9 @@ constexpr const char* kQkv[] = {"query", "key", "value"};
 // The biases are all there or none is (use_bias = false).
 bool keras_has_biases(const std::map<std::string, Tensor>& w, const std::string& layer) {
   int found = 0;
-  for (const char* part : {"query", "key", "value", "attention_output"}) found += w.count(std::string(part) + "/bias") ? 1 : 0;
+  for (const char* part : kKerasMhaParts) found += w.count(std::string(part) + "/bias") ? 1 : 0;
   if (found == 0) return false;
-  for (const char* part : {"query", "key", "value", "attention_output"}) need(w, layer, std::string(part) + "/bias");
+  for (const char* part : kKerasMhaParts) need(w, layer, std::string(part) + "/bias");
   return true;
 }
 

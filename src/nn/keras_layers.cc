@@ -10,7 +10,6 @@ namespace qkv::nn {
 namespace {
 
 constexpr std::string_view kValueSuffix = "/.ATTRIBUTES/VARIABLE_VALUE";
-constexpr const char* kMhaParts[] = {"query", "key", "value", "attention_output"};
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out(1);
@@ -32,7 +31,7 @@ std::string mha_part(std::string s) {
   if (s.starts_with("_")) s.erase(0, 1);
   if (s == "output_dense") return "attention_output";
   if (s.ends_with("_dense")) s.resize(s.size() - 6);
-  for (const char* p : kMhaParts) {
+  for (const char* p : kKerasMhaParts) {
     if (s == p) return s;
   }
   return "";

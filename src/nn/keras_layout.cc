@@ -16,8 +16,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-constexpr const char* kMhaParts[] = {"query", "key", "value", "attention_output"};
-
 bool is_mha(const std::map<std::string, Tensor>& weights) { return weights.count("query/kernel") != 0; }
 
 // tf.keras' attribute name of an MHA part: _query_dense, ..., _output_dense.
@@ -138,7 +136,7 @@ std::vector<std::string> keras_weight_order(const std::map<std::string, Tensor>&
   auto take = [&](const std::string& n) {
     if (weights.count(n) && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
   };
-  for (const char* part : kMhaParts) {
+  for (const char* part : kKerasMhaParts) {
     take(std::string(part) + "/kernel");
     take(std::string(part) + "/bias");
   }
@@ -207,7 +205,7 @@ TfKerasCheckpoint tf_keras_checkpoint_keys(const LayerWeights& layers, const std
     for (const auto& [w, t] : weights) {
       const auto slash = w.rfind('/');
       const std::string part = slash == std::string::npos ? "" : w.substr(0, slash);
-      const bool sub = std::find(std::begin(kMhaParts), std::end(kMhaParts), part) != std::end(kMhaParts);
+      const bool sub = std::find(std::begin(kKerasMhaParts), std::end(kKerasMhaParts), part) != std::end(kKerasMhaParts);
       const std::string path = sub ? tf_keras_sublayer(part) + "/" + w.substr(slash + 1) : w;
       const std::string key = base + path + "/.ATTRIBUTES/VARIABLE_VALUE";
       out.tensors[key] = t;

@@ -104,6 +104,28 @@ def test_converted_files_load_into_layers(sources, run, tmp_path, source, to, fm
     check_against_keras(source, qkv.load(out))
 
 
+def test_python_converts_as_the_cli_does(sources):
+    # Keras -> PyTorch: the same tensors `qkv convert --to torch` wrote, giving Keras' output.
+    t = qkv.load(SELF)
+    sd = qkv.nn.keras_to_torch(t)
+    cli = qkv.load(sources["torch_self"])
+    assert sorted(sd) == sorted(cli)
+    for k in cli:
+        np.testing.assert_array_equal(sd[k], cli[k])
+    q = t["input.query"]
+    m = qkv.nn.MultiheadAttention.from_state_dict(sd, 2, batch_first=True)
+    assert rel_err(m(q, q, q)[0], t["expected.output"]) <= TOL
+    # And back: Keras variable paths that from_weights takes, giving the same output.
+    keras = qkv.nn.torch_to_keras(sd, 2)
+    assert sorted(keras) == sorted("mha/" + w for w in ("query/kernel", "query/bias", "key/kernel", "key/bias",
+                                                        "value/kernel", "value/bias", "attention_output/kernel",
+                                                        "attention_output/bias"))
+    np.testing.assert_array_equal(keras["mha/query/kernel"], t["mha/query/kernel"])
+    assert rel_err(qkv.nn.KerasMultiHeadAttention.from_weights(keras)(q, q), t["expected.output"]) <= TOL
+    with pytest.raises(ValueError, match="embed dim 8 is not divisible by num_heads 3$"):
+        qkv.nn.torch_to_keras(sd, 3)
+
+
 def test_convert_adds_the_flag_that_fixes_a_library_error(sources, run, tmp_path):
     # The library's errors name weights and shapes (nn/convert.cc, nn/keras_layout.cc); the CLI
     # appends the option that fixes them.

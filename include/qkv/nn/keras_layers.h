@@ -18,6 +18,10 @@
 namespace qkv::nn {
 
 // ---- layers -----------------------------------------------------------------------------
+// The sublayers of a Keras MultiHeadAttention layer, in Keras' weight order; its weights are
+// "<part>/kernel" and "<part>/bias".
+inline constexpr const char* kKerasMhaParts[] = {"query", "key", "value", "attention_output"};
+
 // The model variables of a weight file grouped by layer: layer name -> weight ->
 // tensor, weights named as tf.keras names them: "kernel", "bias" (Dense,
 // EinsumDense), and for MultiHeadAttention "query/kernel", "query/bias", "key/...",
