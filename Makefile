@@ -78,6 +78,7 @@ fixtures: build
 	.venv-fixtures/bin/python tests/seed001/train_seed001.py
 	.venv-fixtures/bin/python tests/nn/make_torch_mha_fixtures.py tests/fixtures/mha_torch
 	.venv-fixtures/bin/python tests/python/make_torch_interop_fixtures.py tests/fixtures/torch_interop
+	.venv-fixtures/bin/python tests/python/make_torch_nn_fixtures.py tests/fixtures/torch_interop
 	.venv-fixtures/bin/python tests/nn/make_seed_fixtures.py tests/fixtures/mha_torch/seeds
 	KERAS_BACKEND=jax .venv-fixtures/bin/python tests/nn/make_keras_mha_fixtures.py tests/fixtures/mha_keras
 	.venv-fixtures/bin/python tests/io/check_writers_with_tf.py $(BUILD)/bin/qkv --update

@@ -1,12 +1,15 @@
 """qkv.nn against the frameworks' fixtures (tests/fixtures/mha_torch, mha_keras), a NumPy
-oracle of torch.nn.MultiheadAttention's formula, and live torch when it is installed."""
+oracle of torch.nn.MultiheadAttention's formula, and torch's own numbers from committed fixtures."""
 
 import json
 import pathlib
 
 import numpy as np
 import pytest
+from fake_torch import FakeTensor
+from fake_torch import install as install_fake_torch
 from safetensors import safe_open
+from safetensors.numpy import load_file
 
 import qkv
 import qkv.nn
@@ -188,16 +191,16 @@ def test_errors_are_python_exceptions():
     assert np.array_equal(again(np.ones((1, 5, 6), np.float32), np.ones((1, 4, 7), np.float32)), out)
 
 
-def test_torch_tensors_in_torch_tensors_out_and_live_parity():
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    ref = torch.nn.MultiheadAttention(16, 4, batch_first=True, kdim=10, vdim=6).eval()
-    q, k, v = torch.randn(2, 5, 16), torch.randn(2, 7, 10), torch.randn(2, 7, 6)
-    kpm = torch.zeros(2, 7, dtype=torch.bool)
-    kpm[1, 4:] = True
-    mha = qkv.nn.MultiheadAttention.from_state_dict(ref.state_dict(), 4, batch_first=True)
+def test_torch_tensors_in_torch_tensors_out_with_torch_parity(monkeypatch):
+    """torch's numbers from the committed fixture (tests/python/make_torch_nn_fixtures.py, run by
+    `make fixtures`), fed in as torch tensors (fake_torch: .venv has no torch) and back out as them."""
+    f = load_file(str(FIXTURES / "torch_interop" / "mha_kdim_vdim.safetensors"))
+    torch = install_fake_torch(monkeypatch)
+    sd = {name[3:]: FakeTensor(t) for name, t in f.items() if name.startswith("sd.")}
+    mha = qkv.nn.MultiheadAttention.from_state_dict(sd, 4, batch_first=True)
+    assert (mha.embed_dim, mha.kdim, mha.vdim) == (16, 10, 6)
+    q, k, v, kpm = (FakeTensor(f[n]) for n in ("q", "k", "v", "kpm"))
     out, w = mha(q, k, v, key_padding_mask=kpm, average_attn_weights=False)
     assert isinstance(out, torch.Tensor) and isinstance(w, torch.Tensor)
-    with torch.inference_mode():
-        want, want_w = ref(q, k, v, key_padding_mask=kpm, average_attn_weights=False)
-    assert rel_err(out.numpy(), want.numpy()) <= TOL and rel_err(w.numpy(), want_w.numpy()) <= TOL
+    assert rel_err(out.array, f["out"]) <= TOL and rel_err(w.array, f["w"]) <= TOL
+    assert np.all(w.array[1, :, :, 4:] == 0)  # the padded keys take no weight
