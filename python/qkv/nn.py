@@ -126,10 +126,9 @@ class KerasMultiHeadAttention:
     def __init__(self, num_heads: int, key_dim: int, value_dim: int | None = None, use_bias: bool = True,
                  output_shape: int | Sequence[int] | None = None,
                  attention_axes: int | Sequence[int] | None = None, dropout: float = 0.0) -> None:
-        shape = [] if output_shape is None else ([output_shape] if isinstance(output_shape, int) else list(output_shape))
-        axes = [] if attention_axes is None else (
-            [attention_axes] if isinstance(attention_axes, int) else list(attention_axes))
-        self._layer = _nn._KerasMultiHeadAttention(num_heads, key_dim, value_dim, use_bias, shape, axes, dropout)
+        # None, an int or a sequence of ints: the binding checks them (errors name the argument)
+        self._layer = _nn._KerasMultiHeadAttention(num_heads, key_dim, value_dim, use_bias, output_shape,
+                                                   attention_axes, dropout)
         self.num_heads, self.key_dim = num_heads, key_dim
         self.value_dim = value_dim if value_dim is not None else key_dim
         self.use_bias, self.output_shape, self.attention_axes = use_bias, output_shape, attention_axes

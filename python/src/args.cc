@@ -29,8 +29,12 @@ std::string given(nb::handle value) {
 
 bool is_bool(nb::handle value) {
   if (PyBool_Check(value.ptr())) return true;
-  const std::string type = nb::cast<std::string>(nb::type_name(value.type()));
-  return type == "numpy.bool" || type == "numpy.bool_";  // NumPy 2 and 1
+  // numpy.bool (NumPy 2) / numpy.bool_ (NumPy 1); nb::type_name gives the bare name "bool"
+  const nb::handle type = value.type();
+  if (!nb::hasattr(type, "__module__") || !nb::hasattr(type, "__name__")) return false;
+  const std::string module = nb::cast<std::string>(nb::str(type.attr("__module__")));
+  const std::string name = nb::cast<std::string>(nb::str(type.attr("__name__")));
+  return module == "numpy" && (name == "bool" || name == "bool_");
 }
 
 }  // namespace
@@ -84,15 +88,42 @@ int64_t int_arg(nb::handle value, const std::string& what, int64_t lo, int64_t h
   return v;
 }
 
-std::optional<uint64_t> seed_arg(nb::handle value, const std::string& what) {
-  if (value.is_none()) return std::nullopt;
-  const nb::object index = as_index(value, what, "None or an int");
+namespace {
+
+uint64_t to_uint64(nb::handle value, const std::string& what, const char* expected) {
+  const nb::object index = as_index(value, what, expected);
   const unsigned long long v = PyLong_AsUnsignedLongLong(index.ptr());
   if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {  // negative or >= 2**64
     PyErr_Clear();
     fail<ValueError>(what, " must be an int in [0, 2**64), got ", nb::cast<std::string>(nb::repr(index)));
   }
   return static_cast<uint64_t>(v);
+}
+
+}  // namespace
+
+uint64_t uint64_arg(nb::handle value, const std::string& what) { return to_uint64(value, what, "an int"); }
+
+std::optional<uint64_t> seed_arg(nb::handle value, const std::string& what) {
+  if (value.is_none()) return std::nullopt;
+  return to_uint64(value, what, "None or an int");
+}
+
+std::optional<int64_t> optional_int_arg(nb::handle value, const std::string& what, int64_t lo, int64_t hi) {
+  if (value.is_none()) return std::nullopt;
+  return int_arg(value, what, lo, hi);
+}
+
+std::vector<int64_t> int_list_arg(nb::handle value, const std::string& what, int64_t lo, int64_t hi) {
+  if (value.is_none()) return {};
+  const bool sequence = PySequence_Check(value.ptr()) != 0;
+  if (PyLong_Check(value.ptr()) || (PyIndex_Check(value.ptr()) && !sequence)) return {int_arg(value, what, lo, hi)};
+  if (PyUnicode_Check(value.ptr()) || PyBytes_Check(value.ptr()) || !sequence) {
+    type_fault(what, "None, an int or a sequence of ints", value);
+  }
+  std::vector<int64_t> out;
+  for (nb::handle item : value) out.push_back(int_arg(item, what + " entry", lo, hi));
+  return out;
 }
 
 std::string str_arg(nb::handle value, const std::string& what) {

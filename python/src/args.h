@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace qkv::python {
 
@@ -29,8 +30,14 @@ std::optional<double> optional_float_arg(nb::handle value, const std::string& wh
 bool bool_arg(nb::handle value, const std::string& what);
 // An int (or NumPy integer) in [lo, hi].
 int64_t int_arg(nb::handle value, const std::string& what, int64_t lo, int64_t hi);
+// An int in [0, 2**64) (a layer's seed).
+uint64_t uint64_arg(nb::handle value, const std::string& what);
 // A random seed: None -> nullopt, else an int in [0, 2**64).
 std::optional<uint64_t> seed_arg(nb::handle value, const std::string& what);
+// None -> nullopt, else an int in [lo, hi].
+std::optional<int64_t> optional_int_arg(nb::handle value, const std::string& what, int64_t lo, int64_t hi);
+// None -> {}, an int -> {it}, else a sequence of ints (not a str) -> them, each in [lo, hi].
+std::vector<int64_t> int_list_arg(nb::handle value, const std::string& what, int64_t lo, int64_t hi);
 // A str.
 std::string str_arg(nb::handle value, const std::string& what);
 // A str or os.PathLike (os.fspath) naming a file.

@@ -15,6 +15,7 @@
 #include "qkv/nn/keras_weights.h"
 #include "qkv/nn/mha.h"
 #include "qkv/nn/seed_layers.h"
+#include "args.h"
 #include "array_like.h"
 #include "interrupt.h"
 #include "tensor_convert.h"
@@ -26,6 +27,28 @@ using qkv::python::to_optional_tensor;
 using qkv::python::to_tensor;
 
 namespace {
+
+// Constructor arguments as Python gave them, converted with messages naming the layer and
+// the argument (args.h) instead of nanobind's "incompatible function arguments". Sizes
+// take any int64; the layers' own checks (qkv::nn) say which values they refuse.
+struct CtorArgs {
+  const char* layer;
+  int64_t size(nb::handle v, const char* name) const {
+    return qkv::python::int_arg(v, qkv::python::arg_name(layer, name), INT64_MIN, INT64_MAX);
+  }
+  std::optional<int64_t> optional_size(nb::handle v, const char* name) const {
+    return qkv::python::optional_int_arg(v, qkv::python::arg_name(layer, name), INT64_MIN, INT64_MAX);
+  }
+  std::vector<int64_t> sizes(nb::handle v, const char* name) const {
+    return qkv::python::int_list_arg(v, qkv::python::arg_name(layer, name), INT64_MIN, INT64_MAX);
+  }
+  bool flag(nb::handle v, const char* name) const { return qkv::python::bool_arg(v, qkv::python::arg_name(layer, name)); }
+  double real(nb::handle v, const char* name) const { return qkv::python::float_arg(v, qkv::python::arg_name(layer, name)); }
+  std::optional<double> optional_real(nb::handle v, const char* name) const {
+    return qkv::python::optional_float_arg(v, qkv::python::arg_name(layer, name));
+  }
+  uint64_t seed(nb::handle v) const { return qkv::python::uint64_arg(v, qkv::python::arg_name(layer, "seed")); }
+};
 
 std::map<std::string, Tensor> to_tensor_map(nb::handle d, const std::string& op) {
   std::map<std::string, Tensor> out;
@@ -46,19 +69,20 @@ nb::object optional_numpy(const std::optional<Tensor>& t) { return t ? to_numpy(
 
 // ---- PyTorch flavour ------------------------------------------------------------------------
 
-qkv::nn::MultiheadAttention make_torch(int64_t embed_dim, int64_t num_heads, double dropout, bool bias,
-                                       bool add_bias_kv, bool add_zero_attn, std::optional<int64_t> kdim,
-                                       std::optional<int64_t> vdim, bool batch_first) {
+qkv::nn::MultiheadAttention make_torch(nb::handle embed_dim, nb::handle num_heads, nb::handle dropout, nb::handle bias,
+                                       nb::handle add_bias_kv, nb::handle add_zero_attn, nb::handle kdim,
+                                       nb::handle vdim, nb::handle batch_first) {
+  const CtorArgs a{"MultiheadAttention"};
   qkv::nn::MultiheadAttentionConfig c;
-  c.embed_dim = embed_dim;
-  c.num_heads = num_heads;
-  c.dropout = dropout;
-  c.bias = bias;
-  c.add_bias_kv = add_bias_kv;
-  c.add_zero_attn = add_zero_attn;
-  c.kdim = kdim;
-  c.vdim = vdim;
-  c.batch_first = batch_first;
+  c.embed_dim = a.size(embed_dim, "embed_dim");
+  c.num_heads = a.size(num_heads, "num_heads");
+  c.dropout = a.real(dropout, "dropout");
+  c.bias = a.flag(bias, "bias");
+  c.add_bias_kv = a.flag(add_bias_kv, "add_bias_kv");
+  c.add_zero_attn = a.flag(add_zero_attn, "add_zero_attn");
+  c.kdim = a.optional_size(kdim, "kdim");
+  c.vdim = a.optional_size(vdim, "vdim");
+  c.batch_first = a.flag(batch_first, "batch_first");
   return qkv::nn::MultiheadAttention(c);
 }
 
@@ -84,9 +108,10 @@ nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, 
 
 void bind_torch_flavour(nb::module_& nn) {
   nb::class_<qkv::nn::MultiheadAttention>(nn, "_MultiheadAttention")
-      .def(nb::new_(&make_torch), nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("dropout") = 0.0,
-           nb::arg("bias") = true, nb::arg("add_bias_kv") = false, nb::arg("add_zero_attn") = false,
-           nb::arg("kdim").none() = nb::none(), nb::arg("vdim").none() = nb::none(), nb::arg("batch_first") = false)
+      .def(nb::new_(&make_torch), nb::arg("embed_dim").none(), nb::arg("num_heads").none(),
+           nb::arg("dropout").none() = 0.0, nb::arg("bias").none() = true, nb::arg("add_bias_kv").none() = false,
+           nb::arg("add_zero_attn").none() = false, nb::arg("kdim").none() = nb::none(),
+           nb::arg("vdim").none() = nb::none(), nb::arg("batch_first").none() = false)
       .def("load_state_dict",
            [](qkv::nn::MultiheadAttention& m, nb::handle sd, bool strict) {
              const auto tensors = to_tensor_map(sd, "MultiheadAttention.load_state_dict");
@@ -111,17 +136,18 @@ void bind_torch_flavour(nb::module_& nn) {
 
 // ---- Keras flavour ----------------------------------------------------------------------------
 
-qkv::nn::KerasMultiHeadAttention make_keras(int64_t num_heads, int64_t key_dim, std::optional<int64_t> value_dim,
-                                            bool use_bias, std::vector<int64_t> output_shape,
-                                            std::vector<int64_t> attention_axes, double dropout) {
+qkv::nn::KerasMultiHeadAttention make_keras(nb::handle num_heads, nb::handle key_dim, nb::handle value_dim,
+                                            nb::handle use_bias, nb::handle output_shape, nb::handle attention_axes,
+                                            nb::handle dropout) {
+  const CtorArgs a{"KerasMultiHeadAttention"};
   qkv::nn::KerasMultiHeadAttentionConfig c;
-  c.num_heads = num_heads;
-  c.key_dim = key_dim;
-  c.value_dim = value_dim;
-  c.use_bias = use_bias;
-  c.output_shape = std::move(output_shape);
-  c.attention_axes = std::move(attention_axes);
-  c.dropout = dropout;
+  c.num_heads = a.size(num_heads, "num_heads");
+  c.key_dim = a.size(key_dim, "key_dim");
+  c.value_dim = a.optional_size(value_dim, "value_dim");
+  c.use_bias = a.flag(use_bias, "use_bias");
+  c.output_shape = a.sizes(output_shape, "output_shape");
+  c.attention_axes = a.sizes(attention_axes, "attention_axes");
+  c.dropout = a.real(dropout, "dropout");
   return qkv::nn::KerasMultiHeadAttention(c);
 }
 
@@ -149,9 +175,10 @@ nb::object keras_call(qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb:
 
 void bind_keras_flavour(nb::module_& nn) {
   nb::class_<qkv::nn::KerasMultiHeadAttention>(nn, "_KerasMultiHeadAttention")
-      .def(nb::new_(&make_keras), nb::arg("num_heads"), nb::arg("key_dim"), nb::arg("value_dim").none() = nb::none(),
-           nb::arg("use_bias") = true, nb::arg("output_shape") = std::vector<int64_t>{},
-           nb::arg("attention_axes") = std::vector<int64_t>{}, nb::arg("dropout") = 0.0)
+      .def(nb::new_(&make_keras), nb::arg("num_heads").none(), nb::arg("key_dim").none(),
+           nb::arg("value_dim").none() = nb::none(), nb::arg("use_bias").none() = true,
+           nb::arg("output_shape").none() = nb::none(), nb::arg("attention_axes").none() = nb::none(),
+           nb::arg("dropout").none() = 0.0)
       .def("set_weights",
            [](qkv::nn::KerasMultiHeadAttention& m, nb::handle weights) {
              std::vector<Tensor> ws;
@@ -239,24 +266,47 @@ auto self_attention_call(std::string layer) {
 void bind_seed_flavours(nb::module_& nn) {
   using namespace qkv::nn;
   nb::class_<SelfAttention> sa(nn, "SelfAttention", "Seed 000's single-head self-attention (to_qvk, no bias).");
-  sa.def(nb::init<int64_t, uint64_t>(), nb::arg("dim"), nb::arg("seed") = 0)
+  sa.def(
+        "__init__",
+        [](SelfAttention* self, nb::handle dim, nb::handle seed) {
+          const CtorArgs a{"SelfAttention"};
+          new (self) SelfAttention(a.size(dim, "dim"), a.seed(seed));
+        },
+        nb::arg("dim").none(), nb::arg("seed").none() = 0, nb::sig("def __init__(self, dim: int, seed: int = 0) -> None"))
       .def("__call__", self_attention_call<SelfAttention>("SelfAttention"), nb::arg("x"),
            nb::arg("mask").none() = nb::none());
   bind_state(sa);
   nb::class_<MultiHeadSelfAttention> mh(nn, "MultiHeadSelfAttention",
                                         "Seed 000's MHSA: to_qvk 'b t (d k h) -> k b h t d', W_0.");
-  mh.def(nb::init<int64_t, int64_t, std::optional<int64_t>, uint64_t>(), nb::arg("dim"), nb::arg("heads") = 8,
-         nb::arg("dim_head").none() = nb::none(), nb::arg("seed") = 0)
+  mh.def(
+        "__init__",
+        [](MultiHeadSelfAttention* self, nb::handle dim, nb::handle heads, nb::handle dim_head, nb::handle seed) {
+          const CtorArgs a{"MultiHeadSelfAttention"};
+          new (self) MultiHeadSelfAttention(a.size(dim, "dim"), a.size(heads, "heads"),
+                                            a.optional_size(dim_head, "dim_head"), a.seed(seed));
+        },
+        nb::arg("dim").none(), nb::arg("heads").none() = 8, nb::arg("dim_head").none() = nb::none(),
+        nb::arg("seed").none() = 0,
+        nb::sig("def __init__(self, dim: int, heads: int = 8, dim_head: int | None = None, seed: int = 0) -> None"))
       .def("__call__", self_attention_call<MultiHeadSelfAttention>("MultiHeadSelfAttention"), nb::arg("x"),
            nb::arg("mask").none() = nb::none());
   bind_state(mh);
   nb::class_<SeparateHeadsAttention> sh(nn, "SeparateHeadsAttention",
                                         "Seed 003's layer: Dkq != Dv, scale, causal; returns (output, scores).");
-  sh.def(nb::init<int64_t, int64_t, std::optional<int64_t>, std::optional<int64_t>, std::optional<double>, bool,
-                  uint64_t>(),
-         nb::arg("embed_dim"), nb::arg("n_heads"), nb::arg("d_kq").none() = nb::none(),
-         nb::arg("d_v").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("causal") = false,
-         nb::arg("seed") = 0)
+  sh.def(
+        "__init__",
+        [](SeparateHeadsAttention* self, nb::handle embed_dim, nb::handle n_heads, nb::handle d_kq, nb::handle d_v,
+           nb::handle scale, nb::handle causal, nb::handle seed) {
+          const CtorArgs a{"SeparateHeadsAttention"};
+          new (self) SeparateHeadsAttention(a.size(embed_dim, "embed_dim"), a.size(n_heads, "n_heads"),
+                                            a.optional_size(d_kq, "d_kq"), a.optional_size(d_v, "d_v"),
+                                            a.optional_real(scale, "scale"), a.flag(causal, "causal"), a.seed(seed));
+        },
+        nb::arg("embed_dim").none(), nb::arg("n_heads").none(), nb::arg("d_kq").none() = nb::none(),
+        nb::arg("d_v").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("causal").none() = false,
+        nb::arg("seed").none() = 0,
+        nb::sig("def __init__(self, embed_dim: int, n_heads: int, d_kq: int | None = None, d_v: int | None = None, "
+                "scale: float | None = None, causal: bool = False, seed: int = 0) -> None"))
       .def("__call__",
            [](const SeparateHeadsAttention& m, nb::handle q, nb::handle k, nb::handle v) {
              const Tensor tq = to_tensor(q, "SeparateHeadsAttention: q");
@@ -273,7 +323,14 @@ void bind_seed_flavours(nb::module_& nn) {
   bind_state(sh);
   nb::class_<LazyMultiHeadAttention> lz(nn, "LazyMultiHeadAttention",
                                         "Seed 004's layer: LazyLinear q/k/v projections fixed at the first call.");
-  lz.def(nb::init<int64_t, int64_t, uint64_t>(), nb::arg("hidden"), nb::arg("heads"), nb::arg("seed") = 0)
+  lz.def(
+        "__init__",
+        [](LazyMultiHeadAttention* self, nb::handle hidden, nb::handle heads, nb::handle seed) {
+          const CtorArgs a{"LazyMultiHeadAttention"};
+          new (self) LazyMultiHeadAttention(a.size(hidden, "hidden"), a.size(heads, "heads"), a.seed(seed));
+        },
+        nb::arg("hidden").none(), nb::arg("heads").none(), nb::arg("seed").none() = 0,
+        nb::sig("def __init__(self, hidden: int, heads: int, seed: int = 0) -> None"))
       .def("__call__",
            [](LazyMultiHeadAttention& m, nb::handle q, nb::handle k, nb::handle v) {
              const Tensor tq = to_tensor(q, "LazyMultiHeadAttention: q");

@@ -62,6 +62,9 @@ KerasMultiHeadAttention::KerasMultiHeadAttention(const KerasMultiHeadAttentionCo
     fail<ValueError>(kOp, ": num_heads, key_dim and value_dim must be positive, got ", config.num_heads, ", ",
                      config.key_dim, ", ", config.value_dim.value_or(config.key_dim));
   }
+  if (!(config.dropout >= 0 && config.dropout <= 1)) {  // NaN too; Keras' Dropout refuses the same
+    fail<ValueError>(kOp, ": dropout must be in [0, 1], got ", config.dropout);
+  }
 }
 
 void KerasMultiHeadAttention::set_weights(const std::vector<Tensor>& weights) {

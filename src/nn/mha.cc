@@ -49,7 +49,9 @@ MultiheadAttention::MultiheadAttention(const MultiheadAttentionConfig& config, u
   const int64_t e = config.embed_dim, h = config.num_heads;
   if (e <= 0 || h <= 0) fail<ValueError>(kOp, ": embed_dim and num_heads must be positive, got ", e, " and ", h);
   if (e % h != 0) fail<ValueError>(kOp, ": embed_dim must be divisible by num_heads (", e, " and ", h, ")");
-  if (config.dropout < 0 || config.dropout > 1) fail<ValueError>(kOp, ": dropout must be in [0, 1]");
+  if (!(config.dropout >= 0 && config.dropout <= 1)) {  // NaN too
+    fail<ValueError>(kOp, ": dropout must be in [0, 1], got ", config.dropout);
+  }
   const int64_t kd = config.kdim.value_or(e), vd = config.vdim.value_or(e);
   if (packed()) {
     params_["in_proj_weight"] = xavier({3 * e, e}, e, 3 * e, seed);

@@ -229,6 +229,43 @@ BAD_ARGUMENTS = [
     (lambda: qkv.einsum("ij,jk", X[0, 0], X[0, 0].T, optimize=("greedy", "lots")), TypeError, "memory_limit"),
 ]
 
+# Every constructor argument of the qkv.nn layers, each with a wrong type or an out-of-range
+# value: (layer, good keyword arguments, argument, bad value, error).
+MHA, KERAS = qkv.nn.MultiheadAttention, qkv.nn.KerasMultiHeadAttention
+LAYER_ARGUMENTS = [
+    (MHA, dict(embed_dim=8, num_heads=2), [
+        ("embed_dim", 8.0, TypeError), ("embed_dim", 2**70, ValueError), ("embed_dim", None, TypeError),
+        ("num_heads", 2.5, TypeError), ("num_heads", "2", TypeError), ("num_heads", -2, ValueError),
+        ("dropout", "x", TypeError), ("dropout", float("nan"), ValueError), ("dropout", 1.5, ValueError),
+        ("bias", 1, TypeError), ("add_bias_kv", "yes", TypeError), ("add_zero_attn", None, TypeError),
+        ("kdim", 4.0, TypeError), ("kdim", 2**64, ValueError), ("vdim", "6", TypeError),
+        ("batch_first", 0, TypeError)]),
+    (KERAS, dict(num_heads=2, key_dim=4), [
+        ("num_heads", 2.5, TypeError), ("num_heads", 0, ValueError), ("key_dim", "4", TypeError),
+        ("key_dim", -1, ValueError), ("value_dim", 3.0, TypeError), ("value_dim", 2**70, ValueError),
+        ("use_bias", 1, TypeError), ("output_shape", "x", TypeError), ("output_shape", [2, 1.5], TypeError),
+        ("output_shape", 2.5, TypeError), ("attention_axes", 2.5, TypeError), ("attention_axes", ["1"], TypeError),
+        ("attention_axes", [2**70], ValueError), ("dropout", "x", TypeError), ("dropout", 2.0, ValueError),
+        ("dropout", float("nan"), ValueError)]),
+    (qkv.nn.SelfAttention, dict(dim=8), [
+        ("dim", 8.0, TypeError), ("dim", 0, ValueError), ("seed", -1, ValueError), ("seed", 2**70, ValueError),
+        ("seed", "7", TypeError), ("seed", None, TypeError)]),
+    (qkv.nn.MultiHeadSelfAttention, dict(dim=8, heads=2), [
+        ("dim", "8", TypeError), ("dim", 2**70, ValueError), ("heads", 2.5, TypeError), ("heads", 0, ValueError),
+        ("dim_head", 4.0, TypeError), ("dim_head", -4, ValueError), ("seed", -1, ValueError),
+        ("seed", 2**64, ValueError), ("seed", 1.0, TypeError)]),
+    (qkv.nn.SeparateHeadsAttention, dict(embed_dim=8, n_heads=2), [
+        ("embed_dim", 8.5, TypeError), ("embed_dim", -8, ValueError), ("n_heads", "2", TypeError),
+        ("n_heads", 0, ValueError), ("d_kq", 4.0, TypeError), ("d_kq", 0, ValueError), ("d_v", "4", TypeError),
+        ("d_v", -1, ValueError), ("scale", "0.5", TypeError), ("causal", 1, TypeError), ("seed", -1, ValueError),
+        ("seed", 2**70, ValueError)]),
+    (qkv.nn.LazyMultiHeadAttention, dict(hidden=8, heads=2), [
+        ("hidden", 8.0, TypeError), ("hidden", 7, ValueError), ("heads", "2", TypeError), ("heads", 0, ValueError),
+        ("seed", -1, ValueError), ("seed", 2**70, ValueError), ("seed", [1], TypeError)]),
+]
+LAYER_CASES = [(layer, good, name, bad, error) for layer, good, cases in LAYER_ARGUMENTS
+               for name, bad, error in cases]
+
 
 @pytest.mark.parametrize("index", range(len(BAD_ARGUMENTS)))
 def test_argument_errors_are_qkv_messages_naming_the_argument(index):
@@ -238,6 +275,28 @@ def test_argument_errors_are_qkv_messages_naming_the_argument(index):
     message = str(info.value)
     assert "incompatible function arguments" not in message
     assert name in message, message
+
+
+@pytest.mark.parametrize("layer, good, name, bad, error", LAYER_CASES,
+                         ids=[f"{c[0].__name__}-{c[2]}={c[3]!r}" for c in LAYER_CASES])
+def test_layer_constructor_errors_are_qkv_messages_naming_the_argument(layer, good, name, bad, error):
+    layer(**good)  # the good arguments build a layer
+    with pytest.raises(error) as info:
+        layer(**{**good, name: bad})
+    message = str(info.value)
+    assert "incompatible function arguments" not in message
+    assert message.startswith(layer.__name__ + ": "), message
+    assert name in message, message
+
+
+def test_layer_constructors_take_ints_and_sequences_as_before():
+    assert KERAS(2, 4, output_shape=3, attention_axes=1).output_shape == 3
+    assert KERAS(2, 4, output_shape=(3, 2), attention_axes=[1], value_dim=np.int64(5)).value_dim == 5
+    layer = KERAS(2, 4, output_shape=np.array([3]))
+    assert layer(np.ones((1, 5, 6), np.float32), np.ones((1, 4, 7), np.float32)).shape == (1, 5, 3)
+    assert qkv.nn.SelfAttention(np.int32(8), seed=np.uint64(2**64 - 1)).state_dict()["to_qvk.weight"].shape == (24, 8)
+    assert MHA(8, 2, dropout=np.float32(0.5), bias=np.bool_(False)).state_dict().keys() == {
+        "in_proj_weight", "out_proj.weight"}
 
 
 def test_seed_accepts_the_whole_uint64_range():
