@@ -3,6 +3,7 @@
 //   ShapeError, ValueError, FormatError -> ValueError    DTypeError -> TypeError
 //   IndexError -> IndexError    IOError -> OSError    OutOfMemoryError -> MemoryError
 //   other qkv::Error -> RuntimeError
+//   std::bad_alloc -> MemoryError naming the operation (qkv/out_of_memory.h)
 // (bind_io raises FileNotFoundError itself when the file is missing.)
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "qkv/error.h"
+#include "qkv/out_of_memory.h"
 #include "qkv/size.h"
 
 namespace nb = nanobind;
@@ -18,6 +20,10 @@ namespace nb = nanobind;
 namespace {
 
 void translate(const std::exception_ptr& error, void*) {
+  // Whatever it was, the scope text an exception left is not for a later call's bad_alloc.
+  struct Forget {
+    ~Forget() { qkv::forget_unwound_scope(); }
+  } forget;
   try {
     std::rethrow_exception(error);
   } catch (const qkv::ShapeError& e) {
@@ -40,6 +46,8 @@ void translate(const std::exception_ptr& error, void*) {
     if (PyErr_CheckSignals() == 0) PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
   } catch (const qkv::Error& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (const std::bad_alloc&) {  // a container's growth in an attention, nn or io call
+    PyErr_SetString(PyExc_MemoryError, qkv::bad_alloc_message("qkv").c_str());
   }
   // Anything else propagates to nanobind's own translators (std::exception, ...).
 }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "qkv/attention.h"
 
@@ -45,6 +46,24 @@ class Problem {
 // check fails.
 Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                      const char* op);
+
+// Names a public attention call in out-of-memory errors (qkv/out_of_memory.h):
+// "scaled_dot_product_attention (q [...], k [...], v [...], attn_mask [...])". Copies
+// the shapes (a few dozen bytes); builds no string unless an error needs it.
+class CallScope {
+ public:
+  CallScope(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options)
+      : shapes_(shapes_of(q, k, v, options)), scope_(op, {}, shapes_, options.attn_mask ? "q, k, v, attn_mask" : "q, k, v") {}
+
+ private:
+  static std::vector<Shape> shapes_of(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+    std::vector<Shape> s{q.shape(), k.shape(), v.shape()};
+    if (o.attn_mask) s.push_back(o.attn_mask->shape());
+    return s;
+  }
+  std::vector<Shape> shapes_;  // q, k, v(, attn_mask)
+  AllocationScope scope_;
+};
 
 // `p` with other operands of the same shapes as p.q_in, p.k_in, p.v_in and
 // p.mask_in (a kernel's converted or compacted copies), expanded the same way;

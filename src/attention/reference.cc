@@ -67,6 +67,7 @@ double softmax_row(const double* s, double* w, int64_t n) {
 
 AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
+  const attention::CallScope scope("attention_reference", q, k, v, options);  // names it in out-of-memory errors
   return attention::reference_attention(attention::make_problem(q, k, v, options, "attention_reference"), options);
 }
 

@@ -15,6 +15,7 @@ constexpr const char* kOp = "scaled_dot_product_attention";
 
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& options) {
+  const attention::CallScope scope(kOp, q, k, v, options);  // names the call in out-of-memory errors
   // The one check of the call: every kernel reports errors under this name.
   const attention::Problem p = attention::make_problem(q, k, v, options, kOp);
   // f64 inputs keep float64 arithmetic (the reference, which also gives their

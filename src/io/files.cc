@@ -106,6 +106,7 @@ Format format_of(const std::filesystem::path& path, const char* op) {
 
 std::vector<TensorInfo> inspect(const std::filesystem::path& path) {
   const detail::Context ctx{"inspect", path.string()};
+  const AllocationScope scope(ctx.op, ctx.source);  // names the file in out-of-memory errors
   switch (format_of(path, ctx.op)) {
     case Format::npy: return detail::inspect_npy(path, ctx);
     case Format::safetensors: return detail::inspect_safetensors(path, ctx);
@@ -115,6 +116,7 @@ std::vector<TensorInfo> inspect(const std::filesystem::path& path) {
 
 std::map<std::string, Tensor> load(const std::filesystem::path& path) {
   const detail::Context ctx{"load", path.string()};
+  const AllocationScope scope(ctx.op, ctx.source);  // names the file in out-of-memory errors
   switch (format_of(path, ctx.op)) {
     case Format::npy:
       return {{path.stem().string(), detail::npy_from_storage(detail::read_file(path, ctx), ctx)}};
@@ -124,6 +126,8 @@ std::map<std::string, Tensor> load(const std::filesystem::path& path) {
 }
 
 void save(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors) {
+  const std::string source = path.string();
+  const AllocationScope scope("save", source);  // names the file in out-of-memory errors
   switch (format_of(path, "save")) {
     case Format::safetensors: save_safetensors(path, tensors); return;
     case Format::keras_h5: save_keras_weights_h5(path, tensors); return;
@@ -147,6 +151,7 @@ void save(const std::filesystem::path& path, const std::map<std::string, Tensor>
 
 WeightFile load_weights(const std::filesystem::path& path) {
   const detail::Context ctx{"load_weights", path.string()};
+  const AllocationScope scope(ctx.op, ctx.source);  // names the file in out-of-memory errors
   switch (format_of(path, ctx.op)) {
     case Format::tf_checkpoint: return load_tf_checkpoint(path);
     case Format::keras_h5: return load_keras_h5(path);
@@ -161,6 +166,7 @@ WeightFile load_weights(const std::filesystem::path& path) {
 
 std::vector<TensorInfo> inspect_weights(const std::filesystem::path& path) {
   const detail::Context ctx{"inspect_weights", path.string()};
+  const AllocationScope scope(ctx.op, ctx.source);  // names the file in out-of-memory errors
   switch (format_of(path, ctx.op)) {
     case Format::tf_checkpoint: return inspect_tf_checkpoint(path);
     case Format::keras_h5: return inspect_keras_h5(path);

@@ -126,6 +126,7 @@ void KerasMultiHeadAttention::load_weights(const std::map<std::string, Tensor>& 
 std::vector<Tensor> KerasMultiHeadAttention::get_weights() const { return weights_; }
 
 void KerasMultiHeadAttention::build(int64_t query_dim, int64_t value_dim, int64_t key_dim, uint64_t seed) {
+  const AllocationScope scope("KerasMultiHeadAttention.build");  // names it in out-of-memory errors
   const int64_t n = config_.num_heads, kd = config_.key_dim, vd = config_.value_dim.value_or(kd);
   Shape out_shape = config_.output_shape.empty() ? Shape{query_dim} : config_.output_shape;
   Shape ok_shape{n, vd};
@@ -175,6 +176,8 @@ Tensor to_attention_layout(const Tensor& x, int64_t heads, const detail::KerasAx
 
 KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& query, const Tensor& value,
                                                                 const KerasMultiHeadAttentionOptions& o) const {
+  const std::vector<Shape> inputs{query.shape(), value.shape(), (o.key ? *o.key : value).shape()};
+  const AllocationScope scope("KerasMultiHeadAttention.forward", {}, inputs, "query, value, key");  // names it in errors
   if (!built()) fail<ValueError>(kOp, ": the layer has no weights (set_weights, load_weights or build first)");
   const Tensor& key = o.key ? *o.key : value;
   const int64_t rank = query.dim();

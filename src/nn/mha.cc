@@ -46,6 +46,7 @@ Tensor attn_mask_4d(const Tensor& m, int64_t n, int64_t h, int64_t l, int64_t s)
 }  // namespace
 
 MultiheadAttention::MultiheadAttention(const MultiheadAttentionConfig& config, uint64_t seed) : config_(config) {
+  const AllocationScope scope(kOp);  // names the layer in out-of-memory errors (qkv/size.h)
   const int64_t e = config.embed_dim, h = config.num_heads;
   if (e <= 0 || h <= 0) fail<ValueError>(kOp, ": embed_dim and num_heads must be positive, got ", e, " and ", h);
   if (e % h != 0) fail<ValueError>(kOp, ": embed_dim must be divisible by num_heads (", e, " and ", h, ")");
@@ -248,6 +249,8 @@ void MultiheadAttention::project(const Tensor& q, const Tensor& k, const Tensor&
 
 MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                       const MultiheadAttentionOptions& o) const {
+  const std::vector<Shape> inputs{query.shape(), key.shape(), value.shape()};  // named in out-of-memory errors
+  const AllocationScope scope("MultiheadAttention.forward", {}, inputs, "query, key, value");
   const int64_t e = config_.embed_dim, h = config_.num_heads, d = head_dim();
   if (query.dim() != 3 && query.dim() != 2) {
     fail<ShapeError>(kOp, ": query should be unbatched 2D or batched 3D, got ", shape_str(query.shape()));

@@ -49,6 +49,7 @@ Tensor rows_dk_to_kd(const Tensor& w, int64_t d, int64_t k) {
 // ---- seed 000: SelfAttention -----------------------------------------------------------
 
 SelfAttention::SelfAttention(int64_t dim, uint64_t seed) : dim_(dim) {
+  const AllocationScope scope("SelfAttention");  // names the layer in out-of-memory errors (qkv/size.h)
   if (dim <= 0) fail<ValueError>("SelfAttention: dim must be positive, got ", dim);
   load_state_dict({{"to_qvk.weight", torch_init({3 * dim, dim}, seed)}});
 }
@@ -61,6 +62,7 @@ void SelfAttention::load_state_dict(const std::map<std::string, Tensor>& sd) {
 std::map<std::string, Tensor> SelfAttention::state_dict() const { return {{"to_qvk.weight", to_qvk_}}; }
 
 Tensor SelfAttention::forward(const Tensor& x, const std::optional<Tensor>& mask) const {
+  const AllocationScope scope("SelfAttention.forward", {}, std::span<const Shape>(&x.shape(), 1), "x");  // names it in errors
   check_3d(x, dim_, "SelfAttention", "x");
   const Tensor qkv = proj_.forward(x).view({x.size(0), x.size(1), 3, dim_});  // [B, T, 3, dim]
   AttentionOptions o;
@@ -74,6 +76,7 @@ Tensor SelfAttention::forward(const Tensor& x, const std::optional<Tensor>& mask
 MultiHeadSelfAttention::MultiHeadSelfAttention(int64_t dim, int64_t heads, std::optional<int64_t> dim_head,
                                                uint64_t seed)
     : dim_(dim), heads_(heads), dim_head_(dim_head.value_or(heads > 0 ? dim / heads : 0)) {
+  const AllocationScope scope("MultiHeadSelfAttention");  // names the layer in out-of-memory errors
   if (dim <= 0 || heads <= 0 || dim_head_ <= 0) {
     fail<ValueError>("MultiHeadSelfAttention: dim, heads and dim_head must be positive, got ", dim, ", ", heads,
                      ", ", dim_head_);
@@ -98,6 +101,7 @@ std::map<std::string, Tensor> MultiHeadSelfAttention::state_dict() const {
 }
 
 Tensor MultiHeadSelfAttention::forward(const Tensor& x, const std::optional<Tensor>& mask) const {
+  const AllocationScope scope("MultiHeadSelfAttention.forward", {}, std::span<const Shape>(&x.shape(), 1), "x");  // names it in errors
   check_3d(x, dim_, "MultiHeadSelfAttention", "x");
   const int64_t b = x.size(0), t = x.size(1);
   const Tensor qkv = proj_.forward(x).view({b, t, 3, heads_, dim_head_});  // [B, T, 3, H, dh]
@@ -115,6 +119,7 @@ SeparateHeadsAttention::SeparateHeadsAttention(int64_t embed_dim, int64_t n_head
                                                std::optional<int64_t> d_v, std::optional<double> scale, bool causal,
                                                uint64_t seed)
     : e_(embed_dim), h_(n_heads), scale_(scale), causal_(causal) {
+  const AllocationScope scope("SeparateHeadsAttention");  // names the layer in out-of-memory errors
   if (n_heads <= 0 || embed_dim <= 0) fail<ValueError>("SeparateHeadsAttention: embed_dim and n_heads must be positive");
   if ((!d_kq || !d_v) && embed_dim < n_heads) {
     fail<ValueError>("SeparateHeadsAttention: embed_dim (", embed_dim, ") must be at least n_heads (", n_heads,
@@ -149,6 +154,8 @@ void SeparateHeadsAttention::rebuild() {
 std::map<std::string, Tensor> SeparateHeadsAttention::state_dict() const { return params_; }
 
 SeparateHeadsAttentionResult SeparateHeadsAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v) const {
+  const std::vector<Shape> inputs{q.shape(), k.shape(), v.shape()};  // named in out-of-memory errors
+  const AllocationScope scope("SeparateHeadsAttention.forward", {}, inputs, "q, k, v");
   const char* layer = "SeparateHeadsAttention";
   check_3d(q, e_, layer, "q");
   check_3d(k, e_, layer, "k");
@@ -177,6 +184,7 @@ const char* const kLazyNames[] = {"W_q", "W_k", "W_v"};
 
 LazyMultiHeadAttention::LazyMultiHeadAttention(int64_t hidden, int64_t heads, uint64_t seed)
     : hidden_(hidden), heads_(heads), seed_(seed) {
+  const AllocationScope scope(kLazy);  // names the layer in out-of-memory errors
   if (hidden <= 0 || heads <= 0 || hidden % heads != 0) {
     fail<ValueError>(kLazy, ": hidden size ", hidden, " must be a positive multiple of heads ", heads);
   }
@@ -218,6 +226,8 @@ void LazyMultiHeadAttention::rebuild() {
 }
 
 Tensor LazyMultiHeadAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const std::vector<Shape> shapes{q.shape(), k.shape(), v.shape()};  // named in out-of-memory errors
+  const AllocationScope scope("LazyMultiHeadAttention.forward", {}, shapes, "q, k, v");
   const Tensor* inputs[] = {&q, &k, &v};
   for (int i = 0; i < 3; ++i) {
     const Tensor& x = *inputs[i];

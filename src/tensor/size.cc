@@ -1,6 +1,8 @@
 // Checked element and byte counts, the allocation limit and its messages (qkv/size.h).
 #include "qkv/size.h"
 
+#include "qkv/out_of_memory.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -9,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 namespace qkv {
@@ -16,6 +19,9 @@ namespace qkv {
 namespace {
 
 thread_local const AllocationScope* innermost_scope = nullptr;
+// The text of the innermost scope the last exception unwound on this thread (empty:
+// none), for bad_alloc_message; a new scope forgets it, so it never names later work.
+thread_local std::string unwound_text;
 
 enum class LimitSource { physical, env, api };
 
@@ -126,6 +132,22 @@ std::string shapes_str(std::span<const std::vector<int64_t>> shapes) {
   return s;
 }
 
+// "operands [2, 3], [3, 4]"; names listed one per input ("q, k, v") pair up with them:
+// "q [2, 3], k [3, 4], v [3, 5]".
+std::string inputs_str(std::string_view names, std::span<const std::vector<int64_t>> shapes) {
+  std::vector<std::string_view> each;
+  for (size_t at = 0;;) {
+    const size_t comma = names.find(", ", at);
+    each.push_back(names.substr(at, comma == std::string_view::npos ? comma : comma - at));
+    if (comma == std::string_view::npos) break;
+    at = comma + 2;
+  }
+  if (each.size() != shapes.size() || shapes.size() < 2) return std::string(names) + " " + shapes_str(shapes);
+  std::string s;
+  for (size_t i = 0; i < shapes.size(); ++i) s += (i ? ", " : "") + std::string(each[i]) + " " + shape_str(shapes[i]);
+  return s;
+}
+
 }  // namespace
 
 // ---- counts ----------------------------------------------------------------------------
@@ -178,14 +200,27 @@ AllocationScope::AllocationScope(std::string_view op, std::string_view subject,
                                  std::span<const std::vector<int64_t>> inputs, const char* inputs_name)
     : op_(op), subject_(subject), inputs_(inputs), inputs_name_(inputs_name), outer_(innermost_scope) {
   innermost_scope = this;
+  unwound_text.clear();  // an earlier exception was handled: its scope names nothing here
 }
 
-AllocationScope::~AllocationScope() { innermost_scope = outer_; }
+AllocationScope::~AllocationScope() {
+  innermost_scope = outer_;
+  // Unwound by an exception: the first (innermost) scope it leaves keeps its text for a
+  // catch outside every scope (qkv/out_of_memory.h). No throw from here: a text that
+  // cannot be built is lost.
+  if (std::uncaught_exceptions() > 0 && unwound_text.empty()) {
+    try {
+      unwound_text = text();
+    } catch (...) {
+      unwound_text.clear();
+    }
+  }
+}
 
 std::string AllocationScope::text() const {
   std::string s(op_);
   if (!subject_.empty()) s += ": '" + std::string(subject_) + "'";
-  if (!inputs_.empty()) s += " (" + std::string(inputs_name_) + " " + shapes_str(inputs_) + ")";
+  if (!inputs_.empty()) s += " (" + inputs_str(inputs_name_, inputs_) + ")";
   return s;
 }
 
@@ -196,6 +231,14 @@ std::string AllocationScope::describe(std::string_view fallback) {
 void AllocationScope::fail_bad_alloc() const {
   fail<OutOfMemoryError>(text(), ": out of memory (std::bad_alloc)");
 }
+
+std::string bad_alloc_message(std::string_view fallback) {
+  std::string where = unwound_text.empty() ? AllocationScope::describe(fallback) : std::move(unwound_text);
+  unwound_text.clear();
+  return where + ": out of memory (std::bad_alloc)";
+}
+
+void forget_unwound_scope() { unwound_text.clear(); }
 
 std::string allocation_what(std::span<const int64_t> shape, DType dtype, const char* role) {
   return std::string(role) + " " + shape_str(std::vector<int64_t>(shape.begin(), shape.end())) + " " +

@@ -155,3 +155,78 @@ def test_safetensors_header_claiming_a_huge_shape_is_a_format_error(tmp_path, sh
     path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 16)
     with pytest.raises(ValueError, match="huge.safetensors"):
         qkv.load(path)
+
+
+# ---- out of memory names the call everywhere (qkv/out_of_memory.h) ------------------------
+
+BIG = np.ones((1, 1, 1 << 20, 1))  # float64: [2^20, 2^20] scores are an 8 TiB std::vector in the reference
+BIG_SHAPES = "q [1, 1, 1048576, 1], k [1, 1, 1048576, 1], v [1, 1, 1048576, 1]"
+
+
+@pytest.mark.parametrize("fn", [qkv.scaled_dot_product_attention, qkv.attention_reference],
+                         ids=lambda f: f.__name__)
+def test_attention_bad_alloc_names_the_call_and_shapes(fn):
+    # Before: "MemoryError: std::bad_alloc" (a std::vector the system refuses, not a qkv allocation).
+    with pytest.raises(MemoryError) as e:
+        fn(BIG, BIG, BIG)
+    assert str(e.value) == f"{fn.__name__} ({BIG_SHAPES}): out of memory (std::bad_alloc)"
+
+
+def test_cli_attention_bad_alloc_names_the_call(run, tmp_path):
+    q = tmp_path / "q.npy"
+    np.save(q, BIG)
+    r = run("attention", "--q", q, "--k", q, "--v", q, "-o", tmp_path / "out.npy")
+    assert r.returncode == 1, (r.returncode, r.stderr)  # was "qkv: internal error: std::bad_alloc"
+    assert r.stderr.strip() == f"qkv: error: scaled_dot_product_attention ({BIG_SHAPES}): out of memory (std::bad_alloc)"
+
+
+def test_layer_forward_over_the_limit_names_the_layer_and_its_inputs():
+    # Before: "Tensor::empty: output [1, 4096, 24] float32 needs ...", no layer, no inputs.
+    r = run_python("""
+        import numpy as np, qkv
+        layer = qkv.nn.MultiheadAttention(8, 2, batch_first=True)
+        x = np.ones((1, 4096, 8), np.float32)
+        try:
+            layer(x, x, x)
+        except MemoryError as e:
+            print("MemoryError:", e)
+        """, {"QKV_MAX_ALLOC_BYTES": "64K"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        "MemoryError: MultiheadAttention.forward (query [1, 4096, 8], key [1, 4096, 8], value [1, 4096, 8]): "
+        "output [1, 4096, 24] float32 needs 393216 bytes, more than QKV_MAX_ALLOC_BYTES=65536")
+
+
+def zip_bytes(members):
+    """A zip archive of (name, method, data, claimed uncompressed size, crc32) members."""
+    import struct
+    body, central = b"", b""
+    for name, method, data, size, crc in members:
+        n = name.encode()
+        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, method, 0, 0, crc, len(data), size,
+                               len(n), 0, 0, 0, 0, 0, len(body)) + n
+        body += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, method, 0, 0, crc, len(data), size, len(n), 0) + n + data
+    return body + central + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(members), len(members), len(central),
+                                        len(body), 0)
+
+
+def test_io_load_bad_alloc_names_the_call_and_file(tmp_path):
+    # A .keras archive whose model.weights.h5 member claims 1 GiB (1 MiB of deflate data
+    # follows, so the claim passes the 1032:1 check); with 512 MiB of address space left,
+    # the std::vector it is inflated into is refused. Before: "MemoryError: std::bad_alloc".
+    import zlib
+    deflated = zlib.compress(np.random.default_rng(0).bytes(1 << 20), 1)[2:-4]  # raw deflate
+    path = tmp_path / "claims_1gib.keras"
+    path.write_bytes(zip_bytes([("config.json", 0, b"{}", 2, zlib.crc32(b"{}")),
+                                ("model.weights.h5", 8, deflated, 1 << 30, 0)]))
+    r = run_python(f"""
+        import resource, qkv
+        vm = int([l for l in open("/proc/self/status") if l.startswith("VmSize")][0].split()[1]) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), resource.RLIM_INFINITY))
+        try:
+            qkv.load({str(path)!r})
+        except MemoryError as e:
+            print("MemoryError:", e)
+        """, {"QKV_MAX_ALLOC_BYTES": "1T"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"MemoryError: load_weights: '{path}': out of memory (std::bad_alloc)"

@@ -12,6 +12,7 @@
 #include "common/expect.h"
 #include "common/limit_guard.h"
 #include "kernels/cpu/buffer_pool.h"
+#include "qkv/out_of_memory.h"
 #include "qkv/tensor.h"
 
 // An allocation the system refuses must come back as null (and so as an
@@ -117,6 +118,48 @@ TEST(Size, BadAllocInAScopeBecomesOutOfMemoryWithItsContext) {
     EXPECT_THROW_WITH(scope.fail_bad_alloc(), OutOfMemoryError,
                       "repeat: 'h w -> (h w c)' (input [2, 2]): out of memory (std::bad_alloc)");
   }
+}
+
+TEST(Size, BadAllocLeavingItsScopesIsNamedByTheInnermostOne) {
+  const std::vector<Shape> inputs = {{2, 3}, {3, 4}};
+  std::string message;
+  try {
+    const AllocationScope outer("outer_op");
+    const AllocationScope inner("inner_op", "pattern", inputs, "a, b");
+    std::vector<double> huge;
+    huge.reserve(size_t{1} << 50);  // 8 PiB: refused by the system, a bare std::bad_alloc
+  } catch (const std::bad_alloc&) {
+    message = bad_alloc_message("fallback");  // outside every scope, as the Python translator and the CLI
+  }
+  EXPECT_EQ(message, "inner_op: 'pattern' (a [2, 3], b [3, 4]): out of memory (std::bad_alloc)");
+  EXPECT_EQ(bad_alloc_message("fallback"), "fallback: out of memory (std::bad_alloc)");  // taken once
+}
+
+TEST(Size, AnUnwoundScopeNamesNoLaterBadAlloc) {
+  try {
+    const AllocationScope failed("failed_op");
+    fail<ShapeError>("failed_op: bad shape");
+  } catch (const ShapeError&) {
+  }
+  {
+    const AllocationScope next("next_op");  // a new call: the old scope is forgotten
+    EXPECT_EQ(bad_alloc_message("fallback"), "next_op: out of memory (std::bad_alloc)");
+  }
+  try {
+    const AllocationScope failed("failed_op");
+    throw std::bad_alloc();
+  } catch (const std::bad_alloc&) {
+    forget_unwound_scope();  // what the Python translator does for any exception it handled
+  }
+  EXPECT_EQ(bad_alloc_message("fallback"), "fallback: out of memory (std::bad_alloc)");
+}
+
+TEST(Size, NamedInputsPairWithTheirShapes) {
+  const std::vector<Shape> three = {{1}, {2}, {3}}, two = {{1}, {2}};
+  const AllocationScope scope("op", {}, three, "q, k, v");
+  EXPECT_EQ(AllocationScope::describe(""), "op (q [1], k [2], v [3])");
+  const AllocationScope unnamed("op2", {}, two, "operands");  // one word for all: listed after it
+  EXPECT_EQ(AllocationScope::describe(""), "op2 (operands [1], [2])");
 }
 
 TEST(Size, AllocationTheSystemRefusesIsOutOfMemory) {

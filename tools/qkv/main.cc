@@ -11,6 +11,7 @@
 #include "qkv/error.h"
 #include "qkv/io.h"
 #include "qkv/parallel.h"
+#include "qkv/out_of_memory.h"
 
 namespace qkv::cli {
 
@@ -101,6 +102,9 @@ int main(int argc, char** argv) {
     return 130;
   } catch (const qkv::Error& e) {
     std::cerr << "qkv: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {  // a container's growth: named by the scope it left (qkv/size.h)
+    std::cerr << "qkv: error: " << qkv::bad_alloc_message("qkv") << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "qkv: internal error: " << e.what() << "\n";

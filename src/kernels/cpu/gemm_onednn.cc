@@ -36,6 +36,7 @@
 #include "qkv/error.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
+#include "qkv/size.h"
 
 namespace qkv {
 
@@ -264,7 +265,7 @@ void* thread_scratchpad(size_t bytes) {
   if (bytes > capacity) {
     const size_t rounded = (bytes + 63) / 64 * 64;
     buffer.reset(std::aligned_alloc(64, rounded));
-    if (!buffer) throw std::bad_alloc();
+    if (!buffer) fail_out_of_memory(rounded, "the oneDNN scratchpad", "gemm");  // names the caller's scope
     capacity = rounded;
   }
   return buffer.get();
