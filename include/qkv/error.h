@@ -62,6 +62,13 @@ class OutOfMemoryError : public Error {
   using Error::Error;
 };
 
+// Tensors on a device the operation has no kernel or allocator for, or on
+// different devices (Python: RuntimeError, as torch). See qkv/device.h.
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
 // "[2, 3, 4]"; "[]" for a scalar.
 std::string shape_str(const std::vector<int64_t>& shape);
 

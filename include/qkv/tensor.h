@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "qkv/device.h"
 #include "qkv/dtype.h"
 #include "qkv/error.h"
 #include "qkv/size.h"
@@ -35,31 +36,36 @@ namespace qkv {
 using Shape = std::vector<int64_t>;
 using Strides = std::vector<int64_t>;
 
-// Bytes shared by tensors. Either owned (64-byte aligned, from allocate) or a
-// wrapped external buffer kept alive by `keep_alive`, possibly read-only.
+// Bytes shared by tensors, on one device (qkv/device.h). Either owned (64-byte
+// aligned, from the device's allocator, qkv/allocator.h) or a wrapped external
+// buffer kept alive by `keep_alive`, possibly read-only.
 class Storage {
  public:
   static constexpr size_t kAlignment = 64;
 
-  // Uninitialized, 64-byte-aligned bytes. OutOfMemoryError past max_alloc_bytes()
-  // or when the system refuses; `what` names the bytes in that message.
-  static std::shared_ptr<Storage> allocate(size_t nbytes, std::string_view what = "buffer");
-  // Wraps memory owned elsewhere; `keep_alive` (may be null) is held while any
-  // tensor uses the storage.
+  // Uninitialized, 64-byte-aligned bytes on `device`. OutOfMemoryError past
+  // max_alloc_bytes() or when the device refuses; `what` names the bytes in that
+  // message. DeviceError when no allocator serves `device`.
+  static std::shared_ptr<Storage> allocate(size_t nbytes, std::string_view what = "buffer",
+                                           Device device = Device::cpu());
+  // Wraps memory owned elsewhere (on `device`); `keep_alive` (may be null) is
+  // held while any tensor uses the storage.
   static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, std::shared_ptr<void> keep_alive,
-                                       bool read_only = false);
+                                       bool read_only = false, Device device = Device::cpu());
 
   std::byte* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   bool read_only() const { return read_only_; }
+  Device device() const { return device_; }
 
  private:
-  Storage(std::byte* data, size_t nbytes, std::shared_ptr<void> owner, bool read_only)
-      : data_(data), nbytes_(nbytes), owner_(std::move(owner)), read_only_(read_only) {}
+  Storage(std::byte* data, size_t nbytes, std::shared_ptr<void> owner, bool read_only, Device device)
+      : data_(data), nbytes_(nbytes), owner_(std::move(owner)), read_only_(read_only), device_(device) {}
   std::byte* data_;
   size_t nbytes_;
   std::shared_ptr<void> owner_;
   bool read_only_;
+  Device device_;
 };
 
 // Contiguous (row-major) strides for `shape`.
@@ -75,7 +81,9 @@ class Tensor {
   Tensor();
 
   // ---- construction -------------------------------------------------------
-  static Tensor empty(const Shape& shape, DType dtype = DType::f32);
+  // Uninitialized; on `device` (its allocator, qkv/allocator.h). The other
+  // constructors make CPU tensors.
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32);
   static Tensor ones(const Shape& shape, DType dtype = DType::f32);
   static Tensor full(const Shape& shape, double value, DType dtype = DType::f32);
@@ -112,6 +120,10 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel_) * itemsize(); }
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
+  // Where the elements live. Views, data<T>() and raw_data() work on any device;
+  // element access, copies, to(), fill and to_string run on the CPU and are a
+  // DeviceError for a tensor elsewhere.
+  Device device() const { return storage_->device(); }
   // True when the storage must not be written (a read-only buffer, and every view of it).
   bool is_read_only() const { return storage_->read_only(); }
   // True when both tensors view the same storage.
@@ -233,6 +245,7 @@ Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
+  require_cpu("to_vector", {this});
   Tensor converted = to(dtype_v<T>).contiguous();
   const T* p = converted.data<T>();
   return std::vector<T>(p, p + numel_);

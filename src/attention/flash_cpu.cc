@@ -286,6 +286,7 @@ Shape with(const Shape& batch, std::initializer_list<int64_t> tail) {
 }  // namespace
 
 AttentionResult flash_attention_cpu(const Problem& checked, const AttentionOptions& options) {
+  if (!checked.device.is_cpu()) fail_no_kernel(checked.op, checked.device);  // reads host memory
   // The same geometry over f32 operands the tile GEMMs can read, converted at
   // the user's shapes (before broadcasting, so never per head).
   const Problem p = with_operands(checked, as_kernel_input(checked.q_in), as_kernel_input(checked.k_in),

@@ -129,6 +129,7 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   check_options(options, op);
   Problem p;
   p.op = op;
+  p.device = common_device(op, {&q, &k, &v, options.attn_mask ? &*options.attn_mask : nullptr});
   p.gqa_group = gqa_group_of(q, k, v, options, op);
   p.lq = q.size(-2);
   p.lk = k.size(-2);

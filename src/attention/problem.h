@@ -18,6 +18,7 @@ namespace qkv::attention {
 class Problem {
  public:
   const char* op = "";  // the operation errors name ("scaled_dot_product_attention")
+  Device device;        // of q, k, v and the mask (one device, checked)
   Shape batch;         // broadcast leading dims of q, k, v (heads included)
   int64_t batch_size = 1;
   int64_t lq = 0, lk = 0, dk = 0, dv = 0;

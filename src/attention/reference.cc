@@ -72,6 +72,7 @@ AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tens
 }
 
 AttentionResult attention::reference_attention(const Problem& p, const AttentionOptions& options) {
+  if (!p.device.is_cpu()) fail_no_kernel(p.op, p.device);  // reads host memory
   // Zero strides of broadcast dims make as_double() read each shared element once.
   const std::vector<double> q = as_double(p.q), k = as_double(p.k), v = as_double(p.v);
   const std::vector<double> mask = p.mask ? as_double(*p.mask) : std::vector<double>{};

@@ -1,5 +1,5 @@
-// scaled_dot_product_attention: checks the call once, then picks the kernel for
-// the inputs and options and hands it the checked problem.
+// scaled_dot_product_attention: checks the call once, then picks the kernel by
+// the inputs' device and dtype and hands it the checked problem.
 #include "attention/flash_cpu.h"
 #include "attention/problem.h"
 #include "attention/reference.h"
@@ -18,11 +18,17 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   const attention::CallScope scope(kOp, q, k, v, options);  // names the call in out-of-memory errors
   // The one check of the call: every kernel reports errors under this name.
   const attention::Problem p = attention::make_problem(q, k, v, options, kOp);
-  // f64 inputs keep float64 arithmetic (the reference, which also gives their
-  // logsumexp in float64). Dk == 0: every score is the empty sum 0 (whatever the
-  // scale, 1/sqrt(0) by default), which the reference spells out.
-  if (p.out_dtype == DType::f64 || p.dk == 0) return attention::reference_attention(p, options);
-  return attention::flash_attention_cpu(p, options);
+  // The kernel by device, then dtype (docs/architecture.md, "Devices and backends").
+  switch (p.device.kind) {
+    case DeviceKind::cpu:
+      // f64 inputs keep float64 arithmetic (the reference, which also gives their
+      // logsumexp in float64). Dk == 0: every score is the empty sum 0 (whatever the
+      // scale, 1/sqrt(0) by default), which the reference spells out.
+      if (p.out_dtype == DType::f64 || p.dk == 0) return attention::reference_attention(p, options);
+      return attention::flash_attention_cpu(p, options);
+    case DeviceKind::cuda: break;  // no CUDA kernel yet: a CUDA backend returns its kernel here
+  }
+  fail_no_kernel(kOp, p.device);
 }
 
 }  // namespace qkv

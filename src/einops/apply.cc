@@ -102,6 +102,7 @@ Tensor apply_plan(const Tensor& x, const Plan& plan, const einops_detail::Operat
 
 Tensor stack(const std::vector<Tensor>& xs, std::string_view op) {
   if (xs.empty()) fail<ValueError>("Rearrange/Reduce/Repeat can't be applied to an empty list");
+  require_cpu(op, xs);
   for (size_t i = 1; i < xs.size(); ++i) {
     if (xs[i].shape() != xs[0].shape() || xs[i].dtype() != xs[0].dtype()) {
       fail<ShapeError>(op, ": list elements must have one shape and dtype; element 0 is ", shape_str(xs[0].shape()),
@@ -121,6 +122,9 @@ Tensor transform(const Tensor& x, bool is_list, std::string_view pattern, const 
                  const AxisLengths& lengths) {
   // Names the call in size errors: "repeat: 'h w -> (h w c)' (input [2, 2]): output ...".
   const AllocationScope scope(op.name, pattern, std::span<const Shape>(&x.shape(), 1), "input");
+  // CPU kernels only (qkv/device.h); a reduction's op.name is its own ("mean").
+  using Kind = einops_detail::Operation::Kind;
+  require_cpu(op.kind == Kind::rearrange || op.kind == Kind::repeat ? std::string_view(op.name) : "reduce", {&x});
   try {
     const Plan plan = make_plan(x.shape(), is_list, pattern, op, lengths);
     return apply_plan(x, plan, op);

@@ -70,6 +70,7 @@ int64_t product(const Shape& s) {
 Packed pack(const std::vector<Tensor>& tensors, std::string_view pattern) {
   const PackPattern p = analyze_pattern(pattern, "pack");
   if (tensors.empty()) fail<ValueError>("pack(..., \"", pattern, "\"): no tensors to pack");
+  require_cpu("pack", tensors);
   Packed result;
   DType dtype = tensors[0].dtype();
   int64_t total = 0;
@@ -155,6 +156,7 @@ bool resolve_shape(Shape* want, int64_t numel) {
 
 std::vector<Tensor> unpack(const Tensor& x, const std::vector<Shape>& packed_shapes, std::string_view pattern) {
   const PackPattern p = analyze_pattern(pattern, "unpack");
+  require_cpu("unpack", {&x});
   const Shape& shape = x.shape();
   if (x.dim() != p.before + 1 + p.after) {
     fail<ShapeError>("unpack(..., ", pattern, ") received input of wrong dim with shape ", py_tuple_repr(shape));

@@ -173,6 +173,7 @@ std::string_view einsum_optimize_name(EinsumOptimize optimize) {
 }
 
 Tensor einsum(std::string_view equation, std::span<const Tensor> operands, const EinsumOptions& options) {
+  require_cpu("einsum", operands);  // the CPU kernels below; another device's would be picked here
   const std::vector<Shape> shapes = ed::shapes_of(operands);
   const AllocationScope scope("einsum", equation, shapes);  // names the call in size errors
   try {

@@ -180,6 +180,7 @@ KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& que
   const AllocationScope scope("KerasMultiHeadAttention.forward", {}, inputs, "query, value, key");  // names it in errors
   if (!built()) fail<ValueError>(kOp, ": the layer has no weights (set_weights, load_weights or build first)");
   const Tensor& key = o.key ? *o.key : value;
+  require_cpu(kOp, {&query, &value, &key});
   const int64_t rank = query.dim();
   if (rank < 3 || value.dim() != rank || key.dim() != rank) {
     fail<ShapeError>(kOp, ": query ", shape_str(query.shape()), ", value ", shape_str(value.shape()), " and key ",

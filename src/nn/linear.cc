@@ -65,6 +65,7 @@ Linear Linear::keras(const Tensor& kernel, const std::optional<Tensor>& bias, in
 }
 
 Tensor Linear::forward(const Tensor& x) const {
+  require_cpu("Linear", {&x, &weight_});
   if (x.dim() < 1 || x.size(-1) != in_) {
     fail<ShapeError>("Linear: input ", shape_str(x.shape()), " does not end in in_features ", in_);
   }

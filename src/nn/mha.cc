@@ -249,6 +249,7 @@ void MultiheadAttention::project(const Tensor& q, const Tensor& k, const Tensor&
 
 MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                       const MultiheadAttentionOptions& o) const {
+  require_cpu(kOp, {&query, &key, &value});
   const std::vector<Shape> inputs{query.shape(), key.shape(), value.shape()};  // named in out-of-memory errors
   const AllocationScope scope("MultiheadAttention.forward", {}, inputs, "query, key, value");
   const int64_t e = config_.embed_dim, h = config_.num_heads, d = head_dim();

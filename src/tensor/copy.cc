@@ -7,6 +7,7 @@
 namespace qkv {
 
 void Tensor::copy_from(const Tensor& src) const {
+  require_cpu("copy_from", {this, &src});
   check_writable("copy_from");
   const Tensor source = src.expand(shape_);  // numpy broadcasting of src onto this shape
   kernels::strided_copy(shape_, {source.raw_data(), source.dtype(), source.strides()},
@@ -14,6 +15,7 @@ void Tensor::copy_from(const Tensor& src) const {
 }
 
 void Tensor::fill(double value) const {
+  require_cpu("fill", {this});
   check_writable("fill");
   Tensor scalar = Tensor::empty({}, dtype_);
   scalar.set_item(std::span<const int64_t>(), value);
@@ -23,6 +25,7 @@ void Tensor::fill(double value) const {
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
+  require_cpu("clone", {this});
   Tensor out = empty(shape_, dtype_);
   out.copy_from(*this);
   return out;
@@ -30,6 +33,7 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return *this;
+  require_cpu("to", {this});
   Tensor out = empty(shape_, dtype);
   out.copy_from(*this);
   return out;

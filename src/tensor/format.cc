@@ -200,6 +200,7 @@ class Printer {
 }  // namespace
 
 std::string Tensor::to_string() const {
+  require_cpu("to_string", {this});
   const bool default_dtype = dtype_ == DType::f64 || dtype_ == DType::i64 || dtype_ == DType::b8;
   std::string out = "array(";
   out += Printer(*this, numel_ > kSummarizeAbove).print(out.size());

@@ -7,6 +7,8 @@
 #include <optional>
 #include <ostream>
 
+#include "qkv/allocator.h"
+
 namespace qkv {
 
 namespace {
@@ -18,29 +20,28 @@ std::string dims_str(std::span<const int64_t> dims) {
 // ---- Storage -------------------------------------------------------------------------
 
 namespace {
-// `nbytes` (already checked against the limit) of 64-byte-aligned memory, or null.
-std::shared_ptr<Storage> try_allocate(size_t nbytes) {
-  // aligned_alloc needs a size that is a multiple of the alignment (and > 0).
-  size_t padded = 0;
-  if (__builtin_add_overflow(nbytes, Storage::kAlignment - 1, &padded)) return nullptr;
-  const size_t rounded = std::max<size_t>(Storage::kAlignment, padded / Storage::kAlignment * Storage::kAlignment);
-  void* p = std::aligned_alloc(Storage::kAlignment, rounded);
+// `nbytes` (already checked against the limit) from `device`'s allocator, or
+// null when it refuses. The storage gives the bytes back to the same allocator.
+std::shared_ptr<Storage> try_allocate(size_t nbytes, Device device, std::string_view op) {
+  Allocator& allocator = allocator_for(device, op);
+  void* p = allocator.allocate(nbytes);
   if (p == nullptr) return nullptr;
-  std::shared_ptr<void> owner(p, [](void* q) { std::free(q); });
-  return Storage::wrap(p, nbytes, std::move(owner));
+  std::shared_ptr<void> owner(p, [&allocator, nbytes](void* q) { allocator.deallocate(q, nbytes); });
+  return Storage::wrap(p, nbytes, std::move(owner), false, device);
 }
 }  // namespace
 
-std::shared_ptr<Storage> Storage::allocate(size_t nbytes, std::string_view what) {
+std::shared_ptr<Storage> Storage::allocate(size_t nbytes, std::string_view what, Device device) {
   check_alloc_bytes(nbytes, what, "Storage::allocate");
-  auto storage = try_allocate(nbytes);
+  auto storage = try_allocate(nbytes, device, "Storage::allocate");
   if (!storage) fail_out_of_memory(nbytes, what, "Storage::allocate");
   return storage;
 }
 
-std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, std::shared_ptr<void> keep_alive, bool read_only) {
+std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, std::shared_ptr<void> keep_alive, bool read_only,
+                                       Device device) {
   return std::shared_ptr<Storage>(
-      new Storage(static_cast<std::byte*>(data), nbytes, std::move(keep_alive), read_only));
+      new Storage(static_cast<std::byte*>(data), nbytes, std::move(keep_alive), read_only, device));
 }
 
 // ---- shape helpers -----------------------------------------------------------------------
@@ -90,9 +91,9 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Strid
       offset_(offset),
       numel_(shape_numel(shape_)) {}
 
-Tensor Tensor::empty(const Shape& shape, DType dtype) {
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   const size_t nbytes = checked_alloc_bytes(shape, dtype);
-  auto storage = try_allocate(nbytes);
+  auto storage = try_allocate(nbytes, device, "Tensor::empty");
   if (!storage) fail_out_of_memory(nbytes, allocation_what(shape, dtype, "output"), "Tensor::empty");
   return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0);
 }
@@ -192,6 +193,7 @@ void Tensor::check_dtype(DType expected, const char* op) const {
 }
 
 int64_t Tensor::element_offset(std::span<const int64_t> index, const char* op) const {
+  require_cpu(op, {this});  // at, item, set_item read host memory
   if (static_cast<int64_t>(index.size()) != dim()) {
     fail<IndexError>(op, ": index ", dims_str(index), " has ", index.size(), " entries for tensor of shape ",
                      shape_str(shape_));

@@ -32,6 +32,7 @@ void softmax_rows_of(T* data, int64_t rows, int64_t cols) {
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
+  require_cpu("softmax", {&x});
   if (x.dtype() != DType::f32 && x.dtype() != DType::f64) {
     fail<DTypeError>("softmax: expected a float32 or float64 tensor, got ", dtype_name(x.dtype()),
                      " of shape ", shape_str(x.shape()));
