@@ -16,17 +16,14 @@
 #include <vector>
 
 #include "qkv/attention.h"
+#include "qkv/attention_flops.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
 #include "bench_main.h"
 
 namespace {
 
-double attention_flops(int64_t b, int64_t h, int64_t l, int64_t d, bool causal) {
-  const double pairs = causal ? static_cast<double>(l) * static_cast<double>(l + 1) / 2.0
-                              : static_cast<double>(l) * static_cast<double>(l);
-  return 4.0 * static_cast<double>(b * h * d) * pairs;
-}
+using qkv::attention_flops;
 
 // state.range: B, H, L, D, causal.
 void BM_Flash(benchmark::State& state) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "qkv/einsum.h"
+#include "bench_main.h"
 #include "qkv/gemm.h"
 
 namespace {
@@ -159,4 +160,4 @@ const bool registered = [] {
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) { return qkv::bench::run_benchmarks(argc, argv); }

@@ -59,8 +59,8 @@ def einsum_seeds():
 
 
 def einops_seeds():
-    files = list((ROOT / "tests/einops").glob("*.cc")) + [ROOT / "tests/python/test_einops.py",
-                                                          ROOT / "tests/python/test_einops_py.py",
+    files = list((ROOT / "tests/einops").glob("*.cc")) + [ROOT / "tests/python/test_einops_cli.py",
+                                                          ROOT / "tests/python/test_einops.py",
                                                           ROOT / "docs/einops.md"]
     texts = {s for s in quoted_strings(files) if 0 < len(s) < 120 and "\\" not in s}
     seeds = []

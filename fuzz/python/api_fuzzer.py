@@ -50,7 +50,7 @@ OPTIMIZE = [False, True, "greedy", "optimal", "dp", "branch-all", "branch-2", "b
 DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int8, np.int32, np.int64, np.bool_,
           np.uint8, np.complex64, np.dtype(">f4"), np.int16]
 HUGE = [0, 1, 2, 3, 7, 2**31, 2**32, 2**40, 2**60, 2**62, 2**63 - 1, 2**63, 2**64, -1, -(2**63)]
-# NotImplementedError: mean of integers, as einops raises it (tests/python/test_einops_py.py).
+# NotImplementedError: mean of integers, as einops raises it (tests/python/test_einops.py).
 ALLOWED = (ValueError, TypeError, IndexError, MemoryError, OSError, NotImplementedError)
 # QKV_FUZZ_KNOWN="text1,text2": exceptions whose message holds one of these are known
 # findings, fixed elsewhere but not in the qkv under test; they are let through.

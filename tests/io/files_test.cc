@@ -50,7 +50,7 @@ TEST(IoFiles, InspectValidatesAgainstFileSize) {
     std::ofstream out(path, std::ios::binary);
     out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   }
-  EXPECT_THROW_MSG(inspect(path), FormatError, "inspect: " + path.string() + ": the tensors' data_offsets end at");
+  EXPECT_THROW_WITH(inspect(path), FormatError, "inspect: " + path.string() + ": the tensors' data_offsets end at");
   const auto npy = testing::temp_path("cut.npy");
   auto npy_bytes = testing::read_bytes(fixture("f64.npy"));
   npy_bytes.resize(npy_bytes.size() - 8);
@@ -58,7 +58,7 @@ TEST(IoFiles, InspectValidatesAgainstFileSize) {
     std::ofstream out(npy, std::ios::binary);
     out.write(reinterpret_cast<const char*>(npy_bytes.data()), static_cast<std::streamsize>(npy_bytes.size()));
   }
-  EXPECT_THROW_MSG(inspect(npy), FormatError, "needs 48 data bytes, but 40 follow the header");
+  EXPECT_THROW_WITH(inspect(npy), FormatError, "needs 48 data bytes, but 40 follow the header");
 }
 
 TEST(IoFiles, LoadAndSaveDispatchByExtension) {
@@ -77,24 +77,24 @@ TEST(IoFiles, LoadAndSaveDispatchByExtension) {
 }
 
 TEST(IoFiles, UnknownExtensionIsFormatError) {
-  EXPECT_THROW_MSG(load("model.pt"), FormatError,
+  EXPECT_THROW_WITH(load("model.pt"), FormatError,
                    "load: model.pt: unknown file extension '.pt' (qkv reads and writes .npy and .safetensors");
-  EXPECT_THROW_MSG(inspect("noext"), FormatError, "inspect: noext: unknown file extension ''");
-  EXPECT_THROW_MSG(save("x.pt", {}), FormatError, "save: x.pt: unknown file extension '.pt'");
-  EXPECT_THROW_MSG(save("x.keras", {}), FormatError, "save: x.keras: save writes .npy, .safetensors, .h5 and TF checkpoints");
+  EXPECT_THROW_WITH(inspect("noext"), FormatError, "inspect: noext: unknown file extension ''");
+  EXPECT_THROW_WITH(save("x.pt", {}), FormatError, "save: x.pt: unknown file extension '.pt'");
+  EXPECT_THROW_WITH(save("x.keras", {}), FormatError, "save: x.keras: save writes .npy, .safetensors, .h5 and TF checkpoints");
 }
 
 TEST(IoFiles, SaveNpyNeedsExactlyOneTensor) {
-  EXPECT_THROW_MSG(save("two.npy", {{"a", Tensor::zeros({1})}, {"b", Tensor::zeros({1})}}), ValueError,
+  EXPECT_THROW_WITH(save("two.npy", {{"a", Tensor::zeros({1})}, {"b", Tensor::zeros({1})}}), ValueError,
                    "save: two.npy: an .npy file holds exactly one tensor, got 2");
 }
 
 TEST(IoFiles, MissingFileIsIOError) {
-  EXPECT_THROW_MSG(load("/nonexistent/x.npy"), IOError, "load: /nonexistent/x.npy: cannot open");
-  EXPECT_THROW_MSG(inspect("/nonexistent/x.safetensors"), IOError, "inspect: /nonexistent/x.safetensors: cannot open");
+  EXPECT_THROW_WITH(load("/nonexistent/x.npy"), IOError, "load: /nonexistent/x.npy: cannot open");
+  EXPECT_THROW_WITH(inspect("/nonexistent/x.safetensors"), IOError, "inspect: /nonexistent/x.safetensors: cannot open");
   const auto dir = testing::temp_path("dir.npy");
   std::filesystem::create_directories(dir);
-  EXPECT_THROW_MSG(load(dir), IOError, "load: " + dir.string() + ": not a regular file");
+  EXPECT_THROW_WITH(load(dir), IOError, "load: " + dir.string() + ": not a regular file");
 }
 
 }  // namespace

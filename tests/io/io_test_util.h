@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect.h"
 #include "qkv/io.h"
 #include "qkv/tensor.h"
 
@@ -110,17 +111,3 @@ inline const std::vector<std::pair<std::string, DType>>& fixture_dtypes() {
 }
 
 }  // namespace qkv::io::testing
-
-// Asserts that `stmt` throws `type` whose message contains `substring`.
-#define EXPECT_THROW_MSG(stmt, type, substring)                                              \
-  do {                                                                                     \
-    try {                                                                                  \
-      stmt;                                                                                \
-      ADD_FAILURE() << #stmt " did not throw " #type;                                      \
-    } catch (const type& e) {                                                              \
-      EXPECT_NE(std::string(e.what()).find(substring), std::string::npos)                  \
-          << "message: " << e.what() << "\nexpected to contain: " << (substring);           \
-    } catch (const std::exception& e) {                                                    \
-      ADD_FAILURE() << #stmt " threw another exception than " #type ": " << e.what();     \
-    }                                                                                      \
-  } while (0)

@@ -102,7 +102,7 @@ TEST(KerasConvert, TorchToKerasUndoesKerasToTorch) {
 
 TEST(KerasConvert, SeedModelHasNoTorchLayoutAndSaysWhy) {
   const LayerWeights layers = keras_layer_weights(load_weights(fx("seed001", "ckpt")));
-  EXPECT_THROW_MSG(keras_to_torch(layers), ValueError, "num_heads * key_dim = 2 * 4 != embed dim 3");
+  EXPECT_THROW_WITH(keras_to_torch(layers), ValueError, "num_heads * key_dim = 2 * 4 != embed dim 3");
 }
 
 TEST(KerasLayers, EveryFormatGivesTheSameLayersAsTensorFlowRead) {
@@ -128,7 +128,7 @@ TEST(KerasLayers, EveryFormatGivesTheSameLayersAsTensorFlowRead) {
 
 TEST(KerasLayers, MissingLayerListsWhatTheFileHas) {
   const LayerWeights layers = keras_layer_weights(load_weights(fx("seed001", "model.weights.h5")));
-  EXPECT_THROW_MSG(layer_weights(layers, "attention", "model.weights.h5"), FormatError,
+  EXPECT_THROW_WITH(layer_weights(layers, "attention", "model.weights.h5"), FormatError,
                    "no layer named 'attention'; the file has: dense (bias[1] kernel[3, 1]), multi_head_attention (");
 }
 

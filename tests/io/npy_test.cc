@@ -154,68 +154,68 @@ TEST(Npy, HeaderSyntaxVariantsAreAccepted) {
     expect_formula(parse_npy(npy_with_header(header, f32_data(6)), "v.npy"), DType::f32, {2, 3});
   }
   // 'L' is Python 2 only: not in version 3.0 files.
-  EXPECT_THROW_MSG(parse_npy(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3L), }",
+  EXPECT_THROW_WITH(parse_npy(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3L), }",
                                              f32_data(6), 3),
                              "v3.npy"),
                    FormatError, "expected ',' or ')'");
 }
 
 TEST(Npy, UnsupportedDtypeIsDTypeError) {
-  EXPECT_THROW_MSG(load_npy(fixture("u16.npy")), DTypeError, "u16.npy: dtype '<u2' is not one qkv holds");
+  EXPECT_THROW_WITH(load_npy(fixture("u16.npy")), DTypeError, "u16.npy: dtype '<u2' is not one qkv holds");
   const auto structured = npy_with_header("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }",
                                           f32_data(1));
-  EXPECT_THROW_MSG(parse_npy(structured, "s.npy"), DTypeError, "parse_npy: s.npy: structured dtypes");
+  EXPECT_THROW_WITH(parse_npy(structured, "s.npy"), DTypeError, "parse_npy: s.npy: structured dtypes");
 }
 
 TEST(Npy, RejectsBadMagic) {
   auto bytes = read_bytes(fixture("f32.npy"));
   bytes[1] = std::byte{'X'};
-  EXPECT_THROW_MSG(parse_npy(bytes, "m.npy"), FormatError, "parse_npy: m.npy: not an .npy file: bad magic string");
-  EXPECT_THROW_MSG(parse_npy(to_bytes("PK\3\4"), "zip.npy"), FormatError, "zip.npy: not an .npy file: 4 bytes");
-  EXPECT_THROW_MSG(parse_npy({}, "empty.npy"), FormatError, "empty.npy: not an .npy file: 0 bytes");
+  EXPECT_THROW_WITH(parse_npy(bytes, "m.npy"), FormatError, "parse_npy: m.npy: not an .npy file: bad magic string");
+  EXPECT_THROW_WITH(parse_npy(to_bytes("PK\3\4"), "zip.npy"), FormatError, "zip.npy: not an .npy file: 4 bytes");
+  EXPECT_THROW_WITH(parse_npy({}, "empty.npy"), FormatError, "empty.npy: not an .npy file: 0 bytes");
 }
 
 TEST(Npy, RejectsUnsupportedVersion) {
   auto bytes = read_bytes(fixture("f32.npy"));
   bytes[6] = std::byte{4};
-  EXPECT_THROW_MSG(parse_npy(bytes, "v.npy"), FormatError, "unsupported .npy format version 4.0");
+  EXPECT_THROW_WITH(parse_npy(bytes, "v.npy"), FormatError, "unsupported .npy format version 4.0");
 }
 
 TEST(Npy, RejectsTruncatedHeader) {
   const auto bytes = read_bytes(fixture("f32.npy"));
-  EXPECT_THROW_MSG(parse_npy(std::span(bytes).first(9), "t.npy"), FormatError,
+  EXPECT_THROW_WITH(parse_npy(std::span(bytes).first(9), "t.npy"), FormatError,
                    "t.npy: truncated .npy header: the file ends (9 bytes) inside the header length");
-  EXPECT_THROW_MSG(parse_npy(std::span(bytes).first(60), "t.npy"), FormatError,
+  EXPECT_THROW_WITH(parse_npy(std::span(bytes).first(60), "t.npy"), FormatError,
                    "truncated .npy header: 118 header bytes announced but only 50 follow");
 }
 
 TEST(Npy, RejectsHugeHeaderLength) {
   std::string raw = "\x93NUMPY\x02";
   raw += std::string("\0\xff\xff\xff\x7f", 5);
-  EXPECT_THROW_MSG(parse_npy(to_bytes(raw), "h.npy"), FormatError, "header length 2147483647 exceeds");
+  EXPECT_THROW_WITH(parse_npy(to_bytes(raw), "h.npy"), FormatError, "header length 2147483647 exceeds");
 }
 
 TEST(Npy, RejectsWrongDataSize) {
   const auto bytes = read_bytes(fixture("f32.npy"));
-  EXPECT_THROW_MSG(parse_npy(std::span(bytes).first(bytes.size() - 1), "short.npy"), FormatError,
+  EXPECT_THROW_WITH(parse_npy(std::span(bytes).first(bytes.size() - 1), "short.npy"), FormatError,
                    "short.npy: shape [2, 3] of float32 needs 24 data bytes, but 23 follow the header");
   auto longer = bytes;
   longer.push_back(std::byte{0});
-  EXPECT_THROW_MSG(parse_npy(longer, "long.npy"), FormatError, "needs 24 data bytes, but 25 follow");
+  EXPECT_THROW_WITH(parse_npy(longer, "long.npy"), FormatError, "needs 24 data bytes, but 25 follow");
 }
 
 TEST(Npy, RejectsShapeOverflow) {
   const std::string header = "{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }";
-  EXPECT_THROW_MSG(parse_npy(npy_with_header(header, ""), "o.npy"), FormatError,
+  EXPECT_THROW_WITH(parse_npy(npy_with_header(header, ""), "o.npy"), FormatError,
                    "o.npy: shape [4294967296, 4294967296] has too many elements (overflow)");
   // Bytes overflow though the element count fits.
   const std::string bytes_header = "{'descr': '<f8', 'fortran_order': False, 'shape': (4611686018427387904,), }";
-  EXPECT_THROW_MSG(parse_npy(npy_with_header(bytes_header, ""), "b.npy"), FormatError, "too many bytes (overflow)");
+  EXPECT_THROW_WITH(parse_npy(npy_with_header(bytes_header, ""), "b.npy"), FormatError, "too many bytes (overflow)");
   const std::string big = "{'descr': '<f8', 'fortran_order': False, 'shape': (99999999999999999999,), }";
-  EXPECT_THROW_MSG(parse_npy(npy_with_header(big, ""), "i.npy"), FormatError, "integer does not fit in 64 bits");
+  EXPECT_THROW_WITH(parse_npy(npy_with_header(big, ""), "i.npy"), FormatError, "integer does not fit in 64 bits");
   // Zero-size arrays still may not have overflowing extents (their strides would overflow).
   const std::string zero = "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4294967296, 4294967296), }";
-  EXPECT_THROW_MSG(parse_npy(npy_with_header(zero, ""), "z.npy"), FormatError, "too many elements");
+  EXPECT_THROW_WITH(parse_npy(npy_with_header(zero, ""), "z.npy"), FormatError, "too many elements");
 }
 
 TEST(Npy, RejectsMalformedDicts) {
@@ -248,15 +248,15 @@ TEST(Npy, RejectsMalformedDicts) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.header);
-    EXPECT_THROW_MSG(parse_npy(npy_with_header(c.header, f32_data(6)), "bad.npy"), FormatError,
+    EXPECT_THROW_WITH(parse_npy(npy_with_header(c.header, f32_data(6)), "bad.npy"), FormatError,
                      "parse_npy: bad.npy: bad .npy header: ");
-    EXPECT_THROW_MSG(parse_npy(npy_with_header(c.header, f32_data(6)), "bad.npy"), FormatError, c.message);
+    EXPECT_THROW_WITH(parse_npy(npy_with_header(c.header, f32_data(6)), "bad.npy"), FormatError, c.message);
   }
 }
 
 TEST(Npy, MissingFileIsIOError) {
-  EXPECT_THROW_MSG(load_npy("/nonexistent/dir/w.npy"), IOError, "load_npy: /nonexistent/dir/w.npy: cannot open");
-  EXPECT_THROW_MSG(save_npy("/nonexistent/dir/w.npy", Tensor::zeros({2})), IOError,
+  EXPECT_THROW_WITH(load_npy("/nonexistent/dir/w.npy"), IOError, "load_npy: /nonexistent/dir/w.npy: cannot open");
+  EXPECT_THROW_WITH(save_npy("/nonexistent/dir/w.npy", Tensor::zeros({2})), IOError,
                    "save_npy: /nonexistent/dir/w.npy: cannot open for writing");
 }
 

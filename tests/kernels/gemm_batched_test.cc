@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/thread_guard.h"
 #include "kernels/cpu/gemm_common.h"
 #include "kernels/gemm_test_util.h"
 #include "qkv/error.h"
@@ -20,15 +21,7 @@ using test::Case;
 using test::expect_matches_reference;
 using test::plain;
 
-// Restores the thread count a test changes.
-class ThreadCountGuard {
- public:
-  ThreadCountGuard() : saved_(get_num_threads()) {}
-  ~ThreadCountGuard() { set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
+using test::ThreadCountGuard;
 
 std::string plan_of(const Case& c) { return detail::gemm_plan_str(c.s, c.alpha, c.beta, c.batch); }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/expect.h"
+#include "common/thread_guard.h"
 #include "kernels/cpu/parallel_internal.h"
 #include "qkv/error.h"
 #include "qkv/parallel.h"
@@ -20,14 +21,7 @@
 namespace qkv {
 namespace {
 
-class ThreadCountGuard {
- public:
-  ThreadCountGuard() : saved_(get_num_threads()) {}
-  ~ThreadCountGuard() { set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
+using test::ThreadCountGuard;
 
 // Runs parallel_for and returns the chunks it made, checking that every index
 // was visited exactly once.

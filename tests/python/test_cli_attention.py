@@ -6,21 +6,7 @@ by qkv are read back by numpy, so this also checks the .npy reader and writer.
 import numpy as np
 import pytest
 
-
-def sdpa_float64(q, k, v, mask=None, causal=False, scale=None):
-    """PyTorch SDPA semantics in float64 numpy (fully masked rows give 0)."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-    s = q @ np.swapaxes(k, -1, -2) * scale
-    if causal:
-        s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
-    if mask is not None:
-        s = s + (np.where(mask, 0.0, -np.inf) if mask.dtype == bool else mask.astype(np.float64))
-    m = s.max(axis=-1, keepdims=True)
-    dead = np.isneginf(m)
-    e = np.exp(s - np.where(dead, 0.0, m))
-    w = np.where(dead, 0.0, e / np.where(dead, 1.0, e.sum(axis=-1, keepdims=True)))
-    return w @ v, w
+from oracles import sdpa_float64
 
 
 def save(tmp_path, name, array):

@@ -10,8 +10,6 @@
 // stdout is a pipe or file (which then holds only the results).
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -19,8 +17,10 @@
 
 #include "commands.h"
 #include "qkv/attention.h"
+#include "qkv/attention_flops.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
+#include "timing.h"
 
 namespace qkv::cli {
 
@@ -33,23 +33,6 @@ struct BenchArgs {
   double min_time = 1.0;
   int64_t gemm_n = 0;
 };
-
-// Fastest seconds per call of fn over at least `min_time` seconds (one warm-up
-// call first, except with min_time 0: a single call, e.g. to measure memory).
-template <class Fn>
-double best_seconds(double min_time, Fn&& fn) {
-  using clock = std::chrono::steady_clock;
-  if (min_time > 0) fn();
-  double best = 1e300, total = 0.0;
-  do {
-    const auto t0 = clock::now();
-    fn();
-    const double s = std::chrono::duration<double>(clock::now() - t0).count();
-    best = std::min(best, s);
-    total += s;
-  } while (total < min_time);
-  return best;
-}
 
 // "B,H,L,D" -> {B, H, L, D}, each a positive integer (a usage error otherwise).
 std::vector<int64_t> parse_shape(const std::string& text) {
@@ -78,7 +61,7 @@ double bench_gemm(int64_t n, double min_time) {
   std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a), c(a);  // [n, n] each
   GemmShape s;
   s.m = s.n = s.k = s.lda = s.ldb = s.ldc = n;
-  const double sec = best_seconds(min_time, [&] { gemm(s, 1.0f, a.data(), b.data(), 0.0f, c.data()); });
+  const double sec = best_seconds(min_time, 1, [&] { gemm(s, 1.0f, a.data(), b.data(), 0.0f, c.data()); });
   return 2.0 * static_cast<double>(n * n * n) / sec * 1e-9;
 }
 
@@ -88,10 +71,8 @@ void bench_one(const BenchArgs& a, const std::string& shape_text, double gemm_gf
   const Tensor q = Tensor::randn(shape, 1), k = Tensor::randn(shape, 2), v = Tensor::randn(shape, 3);
   AttentionOptions o;
   o.is_causal = a.causal;
-  const double sec = best_seconds(a.min_time, [&] { (void)scaled_dot_product_attention(q, k, v, o); });
-  const double l = static_cast<double>(d[2]);
-  const double pairs = a.causal ? l * (l + 1.0) / 2.0 : l * l;
-  const double gflops = 4.0 * static_cast<double>(d[0] * d[1] * d[3]) * pairs / sec * 1e-9;
+  const double sec = best_seconds(a.min_time, 1, [&] { (void)scaled_dot_product_attention(q, k, v, o); });
+  const double gflops = attention_flops(d[0], d[1], d[2], d[3], a.causal) / sec * 1e-9;
   if (a.json) {
     std::printf("{\"op\": \"attention\", \"shape\": [%ld, %ld, %ld, %ld], \"causal\": %s, \"threads\": %d, "
                 "\"ms\": %.4f, \"gflops\": %.2f}\n",

@@ -18,7 +18,7 @@ void demo_seed001();  // qkv demo: the trained seed-001 model from its TF checkp
 void register_demo(CLI::App& app);
 void register_bench(CLI::App& app);  // bench attention
 void register_einsum(CLI::App& app);
-void register_rearrange(CLI::App& app);  // rearrange, reduce, repeat, pack, unpack, parse-shape
+void register_einops(CLI::App& app);  // rearrange, reduce, repeat, pack, unpack, parse-shape
 
 // Numeric values (options.cc): every numeric option checks its value with one of these,
 // e.g. ->check(integer_in(1, 4096)); a bad value is a usage error (exit 2) saying

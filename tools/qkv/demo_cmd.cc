@@ -1,14 +1,14 @@
 // qkv demo: seed 001's toy batch through a two-head attention layer, printed step by step.
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <vector>
 
 #include "commands.h"
 #include "qkv/attention.h"
+#include "qkv/attention_flops.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
+#include "timing.h"
 
 namespace qkv::cli {
 
@@ -31,31 +31,18 @@ Tensor dense(const Tensor& x, const Tensor& w, const Tensor& bias) {
   return y;
 }
 
-// Fastest of `reps` timed calls of fn (after one warm-up call), in seconds.
-template <class Fn>
-double best_of(int reps, Fn&& fn) {
-  fn();
-  double best = 1e300;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
 // One line: fused attention GFLOP/s at (B, H, L, D) = (1, 8, 1024, 64) and its
 // share of a 1024^3 qkv::gemm's, both measured now (well under a second).
 void speed_line() {
   constexpr int64_t kB = 1, kH = 8, kL = 1024, kD = 64;
   const Tensor q = Tensor::randn({kB, kH, kL, kD}, 1), k = Tensor::randn({kB, kH, kL, kD}, 2);  // [B, H, L, D]
   const Tensor v = Tensor::randn({kB, kH, kL, kD}, 3);
-  const double attn_s = best_of(5, [&] { (void)scaled_dot_product_attention(q, k, v); });
-  const double attn = 4.0 * kB * kH * kL * kL * kD / attn_s * 1e-9;
+  const double attn_s = best_seconds(0.0, 5, [&] { (void)scaled_dot_product_attention(q, k, v); });
+  const double attn = attention_flops(kB, kH, kL, kD, false) / attn_s * 1e-9;
   std::vector<float> a(kL * kL, 0.5f), b(a), c(a);  // [1024, 1024] each
   GemmShape s;
   s.m = s.n = s.k = s.lda = s.ldb = s.ldc = kL;
-  const double gemm_s = best_of(5, [&] { gemm(s, 1.0f, a.data(), b.data(), 0.0f, c.data()); });
+  const double gemm_s = best_seconds(0.0, 5, [&] { gemm(s, 1.0f, a.data(), b.data(), 0.0f, c.data()); });
   const double peak = 2.0 * kL * kL * kL / gemm_s * 1e-9;
   std::printf("\nspeed: fused attention f32 (B,H,L,D)=(1,8,1024,64), %d thread(s): %.1f GFLOP/s = %.0f%% of qkv::gemm's "
               "%.1f GFLOP/s (qkv bench attention for more)\n",

@@ -154,7 +154,7 @@ void register_pack(CLI::App& app) {
 
 }  // namespace
 
-void register_rearrange(CLI::App& app) {
+void register_einops(CLI::App& app) {
   add_transform(app, "rearrange", "einops.rearrange: reorder, compose and decompose axes",
                 std::make_shared<EinopsArgs>());
   add_transform(app, "reduce", "einops.reduce: rearrange and reduce the axes missing on the right",
