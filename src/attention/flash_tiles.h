@@ -71,7 +71,10 @@ inline FlashTiles auto_flash_tiles(int64_t dk, int64_t dv, bool causal) {
 // Lq = 1 is decode), and the [Br, Bc] scratch never exceeds [Lq, Lk].
 inline FlashTiles choose_flash_tiles(const FlashTiles& requested, const std::optional<FlashTiles>& env,
                                      int64_t lq, int64_t lk, int64_t dk, int64_t dv, bool causal) {
-  FlashTiles t = !requested.is_auto() ? requested : env ? *env : auto_flash_tiles(dk, dv, causal);
+  // value_or, not `env ? *env : ...`: GCC 12 at -O2 with ASan flagged the latter's payload read
+  // as maybe-uninitialized (a false positive that broke `make asan` under -Werror).
+  FlashTiles t = requested;
+  if (t.is_auto()) t = env.value_or(auto_flash_tiles(dk, dv, causal));
   t.br = std::max<int64_t>(1, std::min(t.br, lq));
   t.bc = std::max<int64_t>(1, std::min(t.bc, lk));
   return t;
