@@ -24,7 +24,7 @@
 
 namespace qkv::io {
 
-// A Keras file loads as an io::WeightFile (qkv/io.h): entries[i].key is the HDF5 dataset path
+// A Keras file loads as an io::WeightFile (qkv/io_tensor_files.h): entries[i].key is the HDF5 dataset path
 // ("layers/dense/vars/0", "model_weights/dense/dense/kernel:0"); .name is the Keras weight
 // name where the file records one ("dense/kernel"), else the path; .optimizer marks
 // optimizer state (optimizer/..., optimizer_weights/...). tensors[key] for every dataset of a

@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "qkv/io.h"
+#include "qkv/io_tensor_files.h"  // TensorInfo, WeightFile
 #include "qkv/tensor.h"
 
 namespace qkv::io {
 
-// A checkpoint loads as an io::WeightFile (qkv/io.h): entries[i].key is the checkpoint key
+// A checkpoint loads as an io::WeightFile (qkv/io_tensor_files.h): entries[i].key is the checkpoint key
 // ("layer_with_weights-0/_query_dense/kernel/.ATTRIBUTES/VARIABLE_VALUE"), .name the
 // variable's own name from the object graph ("multi_head_attention/query/kernel"), else the
 // key without "/.ATTRIBUTES/VARIABLE_VALUE"; .dtype numpy's name for qkv dtypes, TF's

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "qkv/error.h"
-#include "qkv/io.h"
+#include "qkv/io_tensor_files.h"
 #include "qkv/size.h"  // kMaxElements, checked_numel: the one size helper
 #include "qkv/tensor.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <cstdlib>
 
-#include "io/isolated.h"
+#include "io/keras_tf/isolated.h"
 
 namespace qkv::io::detail {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "io/io_test_util.h"
-#include "io/weight_file_wire.h"
+#include "io/keras_tf/weight_file_wire.h"
 #include "qkv/io_keras.h"
 
 namespace qkv::io {

@@ -5,7 +5,7 @@
 
 #include <fstream>
 
-#include "io/tf_internal.h"
+#include "io/keras_tf/tf_internal.h"
 #include "io/io_test_util.h"
 #include "qkv/io_tf.h"
 

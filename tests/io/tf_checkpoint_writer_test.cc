@@ -10,7 +10,7 @@
 #include <algorithm>
 
 #include "io/io_test_util.h"
-#include "io/tf_internal.h"
+#include "io/keras_tf/tf_internal.h"
 #include "qkv/io_keras.h"
 #include "qkv/nn/keras_layers.h"
 #include "qkv/io_tf.h"

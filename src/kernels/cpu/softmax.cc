@@ -7,14 +7,7 @@
 #include <string>
 #include <vector>
 
-// Targets: AVX-512, AVX2 and the portable fallback. CMakeLists.txt also passes
-// HWY_EMU128 here, which Highway 1.0.3 rejects ("At least one baseline target
-// must be defined and enabled") whenever EMU128 is the fallback: with clang
-// (the fuzz preset) and GCC >= 12.3. GCC 12.2 falls back to HWY_SCALAR, where
-// the flag was a no-op. So each Highway dispatch file (this one and
-// transpose_simd.cc) sets the list itself.
-#undef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+#include "kernels/cpu/hwy_targets.h"  // the target list, before any hwy/ header
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/softmax-inl.h"

@@ -3,9 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
-// The same target list as softmax.cc (see there why this file sets it itself).
-#undef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+#include "kernels/cpu/hwy_targets.h"  // the target list, before any hwy/ header
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/transpose-inl.h"

@@ -5,7 +5,7 @@
 // Checkpoint / Keras objects by walking these edges from node 0.
 #include <array>
 
-#include "io/tf_internal.h"
+#include "io/keras_tf/tf_internal.h"
 
 namespace qkv::io::detail {
 namespace {

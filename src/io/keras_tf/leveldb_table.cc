@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "io/tf_internal.h"
+#include "io/keras_tf/tf_internal.h"
 
 namespace qkv::io::detail {
 namespace {

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "io/hdf5_internal.h"
+#include "io/keras_tf/hdf5_internal.h"
 #include "qkv/io_keras.h"
 
 namespace qkv::io {

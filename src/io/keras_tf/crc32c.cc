@@ -1,7 +1,7 @@
 // crc32c (Castagnoli polynomial, reflected 0x82F63B78), byte-table implementation.
 #include <array>
 
-#include "io/tf_internal.h"
+#include "io/keras_tf/tf_internal.h"
 
 namespace qkv::io::detail {
 namespace {

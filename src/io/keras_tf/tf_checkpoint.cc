@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <optional>
 
-#include "io/tf_internal.h"
+#include "io/keras_tf/tf_internal.h"
 #include "qkv/io_tf.h"
 
 namespace qkv::io {

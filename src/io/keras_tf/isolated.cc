@@ -2,7 +2,7 @@
 //   "QKVI", u8 status (0 reply, 1 error), u8 error class, u64 length, length bytes
 // (the reply, or the error message) into a pipe and _exit()s; the parent reads
 // with poll() until a deadline, then reaps the child and judges how it ended.
-#include "io/isolated.h"
+#include "io/keras_tf/isolated.h"
 
 #include <fcntl.h>
 #include <poll.h>

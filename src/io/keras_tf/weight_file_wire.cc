@@ -6,7 +6,7 @@
 #include <array>
 #include <cstring>
 
-#include "io/weight_file_wire.h"
+#include "io/keras_tf/weight_file_wire.h"
 
 namespace qkv::io::detail {
 namespace {

@@ -7,7 +7,7 @@
 #include <deque>
 #include <map>
 
-#include "io/tf_internal.h"
+#include "io/keras_tf/tf_internal.h"
 
 namespace qkv::io::detail {
 namespace {

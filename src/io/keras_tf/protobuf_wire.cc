@@ -2,7 +2,7 @@
 // fields, skipping of unknown fields; every read is bounds-checked) and a writer.
 #include <cstring>
 
-#include "io/tf_internal.h"
+#include "io/keras_tf/tf_internal.h"
 
 namespace qkv::io::detail {
 

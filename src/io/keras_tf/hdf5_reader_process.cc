@@ -7,9 +7,9 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "io/hdf5_internal.h"
-#include "io/isolated.h"
-#include "io/weight_file_wire.h"
+#include "io/keras_tf/hdf5_internal.h"
+#include "io/keras_tf/isolated.h"
+#include "io/keras_tf/weight_file_wire.h"
 
 namespace qkv::io::detail {
 namespace {

@@ -3,7 +3,7 @@
 // bytes back to back (data_alignment 1), the .index table maps "" to the
 // BundleHeaderProto and every key to a BundleEntryProto {dtype, shape, shard_id,
 // offset, size, masked crc32c of the bytes}.
-#include "io/tf_internal.h"
+#include "io/keras_tf/tf_internal.h"
 #include "qkv/io_tf.h"
 
 namespace qkv::io {

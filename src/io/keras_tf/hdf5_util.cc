@@ -1,7 +1,7 @@
 // libhdf5 helpers: locking, error text, in-memory images, datasets and attributes.
 #include <cstring>
 
-#include "io/hdf5_internal.h"
+#include "io/keras_tf/hdf5_internal.h"
 
 namespace qkv::io::detail {
 namespace {

@@ -5,7 +5,7 @@
 // BundleWriter asks for).
 #include <stdexcept>
 
-#include "io/tf_internal.h"
+#include "io/keras_tf/tf_internal.h"
 
 namespace qkv::io::detail {
 namespace {

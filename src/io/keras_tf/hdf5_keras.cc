@@ -4,7 +4,7 @@
 // hdf5_keras_writer.cc.
 #include <algorithm>
 
-#include "io/hdf5_internal.h"
+#include "io/keras_tf/hdf5_internal.h"
 #include "qkv/io_keras.h"
 
 namespace qkv::io {

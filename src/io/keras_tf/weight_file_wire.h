@@ -3,7 +3,7 @@
 // Both ends are the same build, so the layout needs no version.
 #pragma once
 
-#include "io/isolated.h"
+#include "io/keras_tf/isolated.h"
 #include "qkv/io_keras.h"
 
 namespace qkv::io::detail {
