@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "bench_main.h"
 #include "qkv/attention.h"
 #include "qkv/attention_flops.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
-#include "bench_main.h"
 
 namespace {
 
@@ -100,8 +100,8 @@ void BM_Gemm(benchmark::State& state) {
     qkv::gemm(s, 1.0f, a.data(), b.data(), 0.0f, c.data());
     benchmark::DoNotOptimize(c.data());
   }
-  state.counters["flops"] = benchmark::Counter(2.0 * static_cast<double>(n * n * n),
-                                               benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["flops"] =
+      benchmark::Counter(2.0 * static_cast<double>(n * n * n), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Gemm)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 

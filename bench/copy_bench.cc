@@ -20,16 +20,16 @@
 #include <string>
 #include <thread>
 
+#include "bench_main.h"
 #include "qkv/einops.h"
 #include "qkv/parallel.h"
 #include "qkv/tensor.h"
-#include "bench_main.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const qkv::Shape kShape = {8, 1024, 12, 64};          // [B, L, H, D]
+const qkv::Shape kShape = {8, 1024, 12, 64};             // [B, L, H, D]
 const std::vector<int64_t> kPermutation = {0, 2, 1, 3};  // -> [B, H, L, D]
 
 // Seconds for `iterations` memcpys of src's bytes into a buffer allocated (mapped,

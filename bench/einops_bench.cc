@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
+#include "bench_main.h"
 #include "qkv/einops.h"
 #include "qkv/parallel.h"
-#include "bench_main.h"
 
 namespace {
 
@@ -36,7 +36,9 @@ const std::vector<Case>& cases() {
       {"seed000_merge_heads", "b h t d -> b t (h d)", {8, 16, 2048, 64}, {}},
       {"seed000_split_heads", "b t (d k h) -> k b h t d", {6, 2048, 1536}, {{"k", 3}, {"h", 8}}},
       {"seed004_to_batch_heads", "batch seq heads eachhead -> (batch heads) seq eachhead", {8, 2048, 16, 64}, {}},
-      {"seed004_from_batch_heads", "(batch heads) numq eachhead -> batch numq (heads eachhead)", {128, 2048, 64},
+      {"seed004_from_batch_heads",
+       "(batch heads) numq eachhead -> batch numq (heads eachhead)",
+       {128, 2048, 64},
        {{"batch", 8}}},
       {"4d_reverse", "a b c d -> d c b a", {64, 64, 64, 64}, {}},
       {"4d_swap_middle", "a b c d -> a c b d", {16, 256, 64, 64}, {}},
@@ -48,9 +50,9 @@ const std::vector<Case>& cases() {
 }
 
 void set_rate(benchmark::State& state, int64_t bytes_per_iteration) {
-  state.counters["bytes"] = benchmark::Counter(static_cast<double>(bytes_per_iteration) *
-                                                   static_cast<double>(state.iterations()),
-                                               benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["bytes"] =
+      benchmark::Counter(static_cast<double>(bytes_per_iteration) * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 
 void BM_Rearrange(benchmark::State& state, const Case& c) {
@@ -104,9 +106,9 @@ void thread_args(benchmark::internal::Benchmark* b) {
 const bool registered = [] {
   benchmark::RegisterBenchmark("BM_Memcpy", BM_Memcpy)->Apply(thread_args);
   for (const Case& c : cases()) {
-    benchmark::RegisterBenchmark((std::string("BM_Rearrange/") + c.name).c_str(),
-                                 [&c](benchmark::State& s) { BM_Rearrange(s, c); })
-        ->Apply(thread_args);
+    benchmark::RegisterBenchmark((std::string("BM_Rearrange/") + c.name).c_str(), [&c](benchmark::State& s) {
+      BM_Rearrange(s, c);
+    })->Apply(thread_args);
   }
   return true;
 }();

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "qkv/einsum.h"
 #include "bench_main.h"
+#include "qkv/einsum.h"
 #include "qkv/gemm.h"
 
 namespace {
@@ -28,8 +28,8 @@ struct Case {
   const char* name;
   const char* equation;
   std::vector<qkv::Shape> shapes;
-  bool one_gemm;          // the contraction is exactly one (batched) GEMM
-  qkv::GemmShape gemm;    // that GEMM on contiguous operands of `shapes`
+  bool one_gemm;        // the contraction is exactly one (batched) GEMM
+  qkv::GemmShape gemm;  // that GEMM on contiguous operands of `shapes`
   qkv::GemmBatch batch;
   qkv::DType dtype = qkv::DType::f32;  // cases named "f64_..." run in float64
 };
@@ -44,6 +44,8 @@ qkv::GemmShape gs(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda
 
 // Keep the names in step with bench/peers/einsum_peers.py.
 std::vector<Case> cases() {
+  // A table, one case per line:
+  // clang-format off
   return {
       {"scores_bhid_bhjd", "b h i d, b h j d -> b h i j", {{B, H, L, D}, {B, H, L, D}}, true,
        gs(false, true, L, L, D, D, D, L), {{B * H}, {L * D}, {L * D}, {L * L}}},
@@ -72,6 +74,7 @@ std::vector<Case> cases() {
       {"f64_scores_bhid_bhjd", "b h i d, b h j d -> b h i j", {{B, H, L, D}, {B, H, L, D}}, true,
        gs(false, true, L, L, D, D, D, L), {{B * H}, {L * D}, {L * D}, {L * L}}, qkv::DType::f64},
   };
+  // clang-format on
 }
 
 std::vector<qkv::Tensor> operands(const Case& c) {
@@ -122,9 +125,9 @@ void run_einsum(benchmark::State& state, const Case& c) {
   double best_einsum = 1e30;
   for (auto _ : state) {
     best_einsum = std::min(best_einsum, seconds_of([&] {
-      qkv::Tensor out = qkv::einsum(c.equation, ops);
-      benchmark::DoNotOptimize(out.raw_data());
-    }));
+                             qkv::Tensor out = qkv::einsum(c.equation, ops);
+                             benchmark::DoNotOptimize(out.raw_data());
+                           }));
   }
   state.counters["flops"] = benchmark::Counter(path_flops(c), benchmark::Counter::kIsIterationInvariantRate);
   if (c.one_gemm) {
@@ -149,10 +152,12 @@ void run_gemm(benchmark::State& state, const Case& c) {
 const bool registered = [] {
   for (const Case& c : cases()) {
     benchmark::RegisterBenchmark(("einsum/" + std::string(c.name)).c_str(), run_einsum, c)
-        ->Unit(benchmark::kMillisecond)->UseRealTime();
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
     if (c.one_gemm) {
       benchmark::RegisterBenchmark(("gemm/" + std::string(c.name)).c_str(), run_gemm, c)
-          ->Unit(benchmark::kMillisecond)->UseRealTime();
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
     }
   }
   return true;

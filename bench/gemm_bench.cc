@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "bench_main.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
-#include "bench_main.h"
 
 namespace {
 
@@ -34,8 +34,7 @@ double flops(const Problem& p) {
 }
 
 Problem square(int64_t n) {
-  return {{false, false, n, n, n, n, n, n}, {}, n * n, n * n, n * n,
-          {n, n}, {n, 1}, {n, n}, {n, 1}, {n, n}, {n, 1}};
+  return {{false, false, n, n, n, n, n, n}, {}, n * n, n * n, n * n, {n, n}, {n, 1}, {n, n}, {n, 1}, {n, n}, {n, 1}};
 }
 
 // Attention on [BH, L, D] contiguous heads: scores = q @ k^T, out = p @ v.
@@ -44,19 +43,29 @@ constexpr int64_t kBH = 32, kL = 1024, kD = 64;
 Problem attention_scores() {
   return {{false, true, kL, kL, kD, kD, kD, kL},
           {{kBH}, {kL * kD}, {kL * kD}, {kL * kL}},
-          kBH * kL * kD, kBH * kL * kD, kBH * kL * kL,
-          {kBH, kL, kD}, {kL * kD, kD, 1},
-          {kBH, kD, kL}, {kL * kD, 1, kD},
-          {kBH, kL, kL}, {kL * kL, kL, 1}};
+          kBH * kL * kD,
+          kBH * kL * kD,
+          kBH * kL * kL,
+          {kBH, kL, kD},
+          {kL * kD, kD, 1},
+          {kBH, kD, kL},
+          {kL * kD, 1, kD},
+          {kBH, kL, kL},
+          {kL * kL, kL, 1}};
 }
 
 Problem attention_values() {
   return {{false, false, kL, kD, kL, kL, kD, kD},
           {{kBH}, {kL * kL}, {kL * kD}, {kL * kD}},
-          kBH * kL * kL, kBH * kL * kD, kBH * kL * kD,
-          {kBH, kL, kL}, {kL * kL, kL, 1},
-          {kBH, kL, kD}, {kL * kD, kD, 1},
-          {kBH, kL, kD}, {kL * kD, kD, 1}};
+          kBH * kL * kL,
+          kBH * kL * kD,
+          kBH * kL * kD,
+          {kBH, kL, kL},
+          {kL * kL, kL, 1},
+          {kBH, kL, kD},
+          {kL * kD, kD, 1},
+          {kBH, kL, kD},
+          {kL * kD, kD, 1}};
 }
 
 // Scores with q and k stored [B, L, H, D] (B = 4, H = 8), as a model lays them out.
@@ -64,10 +73,15 @@ Problem attention_scores_blhd() {
   constexpr int64_t B = 4, H = 8;
   return {{false, true, kL, kL, kD, H * kD, H * kD, kL},
           {{B, H}, {kL * H * kD, kD}, {kL * H * kD, kD}, {H * kL * kL, kL * kL}},
-          B * kL * H * kD, B * kL * H * kD, B * H * kL * kL,
-          {B, H, kL, kD}, {kL * H * kD, kD, H * kD, 1},
-          {B, H, kD, kL}, {kL * H * kD, kD, 1, H * kD},
-          {B, H, kL, kL}, {H * kL * kL, kL * kL, kL, 1}};
+          B * kL * H * kD,
+          B * kL * H * kD,
+          B * H * kL * kL,
+          {B, H, kL, kD},
+          {kL * H * kD, kD, H * kD, 1},
+          {B, H, kD, kL},
+          {kL * H * kD, kD, 1, H * kD},
+          {B, H, kL, kL},
+          {H * kL * kL, kL * kL, kL, 1}};
 }
 
 std::vector<float> filled(int64_t n) {

@@ -11,11 +11,11 @@
 #include <cstdint>
 #include <string>
 
+#include "bench_main.h"
 #include "qkv/attention.h"
 #include "qkv/nn/linear.h"
 #include "qkv/nn/mha.h"
 #include "qkv/parallel.h"
-#include "bench_main.h"
 
 namespace {
 
@@ -59,7 +59,7 @@ void BM_MultiheadAttentionParts(benchmark::State& state) {
   const qkv::Tensor x = qkv::Tensor::randn({b, l, e}, 5);
   const qkv::nn::Linear in_t = qkv::nn::Linear::keras(in.to_keras_layout(), in.bias());
   const qkv::nn::Linear in_nb = qkv::nn::Linear::torch(in.to_torch_layout(), std::nullopt);
-  const qkv::Tensor all = in.forward(x).view({b, l, 3, h, e / h});  // [B, L, 3, H, D]
+  const qkv::Tensor all = in.forward(x).view({b, l, 3, h, e / h});                 // [B, L, 3, H, D]
   auto heads = [&](int64_t i) { return all.select(2, i).permute({0, 2, 1, 3}); };  // [B, H, L, D]
   const qkv::Tensor o = qkv::scaled_dot_product_attention(heads(0), heads(1), heads(2)).output;
   for (auto _ : state) {

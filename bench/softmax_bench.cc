@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "bench_main.h"
 #include "qkv/parallel.h"
 #include "qkv/softmax.h"
 #include "qkv/tensor.h"
-#include "bench_main.h"
 
 namespace {
 

@@ -123,8 +123,7 @@ Shape shape_for(Sizes& sizes, const std::vector<Entry>& side, AxisLengths* lengt
 
 // Lengths for the right side's names that the left side lacks (repeat's new axes,
 // e.g. c=2^60), plus now and then a stray, duplicated or negative one.
-void add_new_axes(Sizes& sizes, const std::vector<Entry>& left, const std::vector<Entry>& right,
-                  AxisLengths* lengths) {
+void add_new_axes(Sizes& sizes, const std::vector<Entry>& left, const std::vector<Entry>& right, AxisLengths* lengths) {
   std::vector<std::string> on_left;
   for (const Entry& e : left) on_left.insert(on_left.end(), e.names.begin(), e.names.end());
   for (const Entry& e : right) {
@@ -184,7 +183,8 @@ void run_transform(FuzzedDataProvider& fdp, const std::string& pattern, uint8_t 
   Tensor result;
   if (list && !shape.empty() && shape[0] >= 1 && shape[0] <= 4) {
     std::vector<Tensor> xs;
-    for (int64_t i = 0; i < shape[0]; ++i) xs.push_back(qkv_fuzz::make_tensor(fdp, Shape(shape.begin() + 1, shape.end()), dtype));
+    for (int64_t i = 0; i < shape[0]; ++i)
+      xs.push_back(qkv_fuzz::make_tensor(fdp, Shape(shape.begin() + 1, shape.end()), dtype));
     result = kind == 0   ? qkv::einops::rearrange(xs, pattern, lengths)
              : kind == 1 ? qkv::einops::reduce(xs, pattern, reduction, lengths)
                          : qkv::einops::repeat(xs, pattern, lengths);

@@ -22,9 +22,9 @@ namespace {
 using qkv::Shape;
 
 constexpr qkv::EinsumOptimize kOptimizers[] = {
-    qkv::EinsumOptimize::auto_,      qkv::EinsumOptimize::greedy,   qkv::EinsumOptimize::optimal,
-    qkv::EinsumOptimize::dp,         qkv::EinsumOptimize::branch_all, qkv::EinsumOptimize::branch_2,
-    qkv::EinsumOptimize::branch_1,   qkv::EinsumOptimize::none,
+    qkv::EinsumOptimize::auto_,    qkv::EinsumOptimize::greedy,     qkv::EinsumOptimize::optimal,
+    qkv::EinsumOptimize::dp,       qkv::EinsumOptimize::branch_all, qkv::EinsumOptimize::branch_2,
+    qkv::EinsumOptimize::branch_1, qkv::EinsumOptimize::none,
 };
 
 // Letters and "..." per input term, read loosely from the equation (the fuzzer's
@@ -142,8 +142,8 @@ void run_small(FuzzedDataProvider& fdp, const std::string& equation, const std::
   const qkv::Tensor want = qkv::einsum_reference(equation, operands);
   if (got.shape() != want.shape() || got.dtype() != want.dtype() ||
       got.to_vector<double>() != want.to_vector<double>()) {
-    std::fprintf(stderr, "einsum('%s'): result differs from einsum_reference\n got  %s\n want %s\n",
-                 equation.c_str(), got.to_string().c_str(), want.to_string().c_str());
+    std::fprintf(stderr, "einsum('%s'): result differs from einsum_reference\n got  %s\n want %s\n", equation.c_str(),
+                 got.to_string().c_str(), want.to_string().c_str());
     std::abort();
   }
 }

@@ -47,12 +47,26 @@ inline bool same_values(const std::vector<double>& a, const std::vector<double>&
 // values, or any int64 (negative ones included).
 inline int64_t draw_dim(FuzzedDataProvider& fdp, int salt) {
   static constexpr int64_t kSpecial[] = {
-      0,           1,           6,           7,           16,          64,          65,
-      4096,        int64_t{1} << 20,         int64_t{1} << 31,         int64_t{1} << 32,
+      0,
+      1,
+      6,
+      7,
+      16,
+      64,
+      65,
+      4096,
+      int64_t{1} << 20,
+      int64_t{1} << 31,
+      int64_t{1} << 32,
       3037000500,  // ~sqrt(2^63): the square overflows int64
-      int64_t{1} << 40,         int64_t{1} << 52,         (int64_t{1} << 53) + 1,
-      int64_t{1} << 60,         (int64_t{1} << 62) - 1,   int64_t{1} << 62,
-      (int64_t{1} << 62) + 1,   std::numeric_limits<int64_t>::max() - 1,
+      int64_t{1} << 40,
+      int64_t{1} << 52,
+      (int64_t{1} << 53) + 1,
+      int64_t{1} << 60,
+      (int64_t{1} << 62) - 1,
+      int64_t{1} << 62,
+      (int64_t{1} << 62) + 1,
+      std::numeric_limits<int64_t>::max() - 1,
       std::numeric_limits<int64_t>::max(),
   };
   constexpr int kNumSpecial = sizeof(kSpecial) / sizeof(kSpecial[0]);

@@ -33,9 +33,7 @@
 // single allocations under libFuzzer's -malloc_limit_mb (default: -rss_limit_mb=2048),
 // whose hook would otherwise save the input as an "oom" from inside the child. There
 // is no RLIMIT_AS under ASan; the child's deadline (QKV_HDF5_TIMEOUT_S) bounds it.
-extern "C" const char* __asan_default_options() {
-  return "allocator_may_return_null=1:max_allocation_size_mb=2000";
-}
+extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1:max_allocation_size_mb=2000"; }
 
 namespace {
 

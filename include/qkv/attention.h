@@ -85,14 +85,14 @@ struct AttentionOptions {
   std::optional<double> scale;
   bool enable_gqa = false;
   bool return_weights = false;
-  uint64_t seed = 0;  // dropout generator seed
+  uint64_t seed = 0;              // dropout generator seed
   bool return_logsumexp = false;  // also return the row logsumexp (see above)
-  AttentionTuning tuning;  // kernel knobs (default: automatic)
+  AttentionTuning tuning;         // kernel knobs (default: automatic)
 };
 
 struct AttentionResult {
-  Tensor output;                 // [..., Hq, Lq, Dv]
-  std::optional<Tensor> weights;  // [..., Hq, Lq, Lk] when return_weights
+  Tensor output;                    // [..., Hq, Lq, Dv]
+  std::optional<Tensor> weights;    // [..., Hq, Lq, Lk] when return_weights
   std::optional<Tensor> logsumexp;  // [..., Hq, Lq] f32 when return_logsumexp
 };
 

@@ -3,8 +3,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string_view>
 #include <limits>
+#include <string_view>
 #include <type_traits>
 
 #include "qkv/error.h"
@@ -18,17 +18,13 @@ enum class DType : uint8_t { f32, f64, f16, bf16, i8, i32, i64, b8 };
 constexpr size_t itemsize(DType t) {
   switch (t) {
     case DType::f64:
-    case DType::i64:
-      return 8;
+    case DType::i64: return 8;
     case DType::f32:
-    case DType::i32:
-      return 4;
+    case DType::i32: return 4;
     case DType::f16:
-    case DType::bf16:
-      return 2;
+    case DType::bf16: return 2;
     case DType::i8:
-    case DType::b8:
-      return 1;
+    case DType::b8: return 1;
   }
   return 0;
 }
@@ -48,6 +44,8 @@ DType promote_types(DType a, DType b);
 
 template <class T>
 struct dtype_of;
+// A table, one dtype per line:
+// clang-format off
 template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
 template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
 template <> struct dtype_of<float16> { static constexpr DType value = DType::f16; };
@@ -56,6 +54,7 @@ template <> struct dtype_of<int8_t> { static constexpr DType value = DType::i8; 
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
 template <> struct dtype_of<bool> { static constexpr DType value = DType::b8; };
+// clang-format on
 template <class T>
 inline constexpr DType dtype_v = dtype_of<T>::value;
 

@@ -78,28 +78,24 @@ struct EinsumStep {
 struct EinsumPath {
   std::vector<std::vector<int>> path;  // the linear path, one entry per step
   std::vector<EinsumStep> steps;
-  std::string equation;        // the full equation with "->" (ellipsis as letters)
-  int naive_scaling = 0;       // distinct labels overall
-  int optimized_scaling = 0;   // largest scaling of a step
-  double naive_flops = 0;      // flop_count of the one-step contraction
-  double optimized_flops = 0;  // sum of the steps' flops (opt_einsum's opt_cost)
+  std::string equation;             // the full equation with "->" (ellipsis as letters)
+  int naive_scaling = 0;            // distinct labels overall
+  int optimized_scaling = 0;        // largest scaling of a step
+  double naive_flops = 0;           // flop_count of the one-step contraction
+  double optimized_flops = 0;       // sum of the steps' flops (opt_einsum's opt_cost)
   double largest_intermediate = 0;  // elements
-  std::string report;          // numpy.einsum_path's printed report
+  std::string report;               // numpy.einsum_path's printed report
 };
 
 // Contracts `operands` as `equation` says: e.g. "bhid,bhjd->bhij" maps q [B,H,I,D]
 // and k [B,H,J,D] to scores [B,H,I,J]. Result dtype: numpy's result type.
-Tensor einsum(std::string_view equation, std::span<const Tensor> operands,
-              const EinsumOptions& options = {});
-Tensor einsum(std::string_view equation, std::initializer_list<Tensor> operands,
-              const EinsumOptions& options = {});
+Tensor einsum(std::string_view equation, std::span<const Tensor> operands, const EinsumOptions& options = {});
+Tensor einsum(std::string_view equation, std::initializer_list<Tensor> operands, const EinsumOptions& options = {});
 
 // The contraction path einsum would take for operands of these shapes, with its
 // cost report (numpy.einsum_path / opt_einsum.contract_path). Same checks as einsum.
-EinsumPath einsum_path(std::string_view equation, std::span<const Shape> shapes,
-                       const EinsumOptions& options = {});
-EinsumPath einsum_path(std::string_view equation, std::span<const Tensor> operands,
-                       const EinsumOptions& options = {});
+EinsumPath einsum_path(std::string_view equation, std::span<const Shape> shapes, const EinsumOptions& options = {});
+EinsumPath einsum_path(std::string_view equation, std::span<const Tensor> operands, const EinsumOptions& options = {});
 
 // The oracle: one naive loop over every label, float64 accumulation, result in
 // numpy's result type. Same parsing and checks as einsum; slow, for tests.

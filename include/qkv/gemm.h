@@ -46,8 +46,8 @@ void gemm(const GemmShape& s, float alpha, const float* a, const float* b, float
 
 // Scalar reference with double accumulation (one rounding per element of C):
 // the oracle for gemm in tests. Same arguments, checks and conventions.
-void gemm_reference(const GemmShape& s, float alpha, const float* a, const float* b, float beta,
-                    float* c, const GemmBatch& batch = {});
+void gemm_reference(const GemmShape& s, float alpha, const float* a, const float* b, float beta, float* c,
+                    const GemmBatch& batch = {});
 
 // float64: OpenBLAS cblas_dgemm per batch matrix (OpenMP build of OpenBLAS, so it
 // uses get_num_threads() threads, one inside parallel_for). Many small matrices run
@@ -57,7 +57,7 @@ void gemm(const GemmShape& s, double alpha, const double* a, const double* b, do
           const GemmBatch& batch = {});
 
 // float64 oracle: long double accumulation, one rounding per element of C.
-void gemm_reference(const GemmShape& s, double alpha, const double* a, const double* b, double beta,
-                    double* c, const GemmBatch& batch = {});
+void gemm_reference(const GemmShape& s, double alpha, const double* a, const double* b, double beta, double* c,
+                    const GemmBatch& batch = {});
 
 }  // namespace qkv

@@ -43,7 +43,7 @@ struct float16 {
       return static_cast<uint16_t>(sign | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0u));
     }
     if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-    if (x < 0x38800000u) {  // subnormal half or zero
+    if (x < 0x38800000u) {                                               // subnormal half or zero
       // Add 0.5 (as float) so the FPU's round-to-nearest-even does the rounding.
       const float magic = detail::bits_float(0x3f000000u);  // 0.5
       const float v = detail::bits_float(x) + magic;

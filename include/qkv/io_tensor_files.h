@@ -58,10 +58,10 @@ std::vector<std::byte> serialize_safetensors(const std::map<std::string, Tensor>
 // inspect_tf_checkpoint, inspect_keras_h5, WeightFile::entries). The file's own dtype string
 // (e.g. "F32", "<f4") is mapped to numpy's name where qkv knows it, kept as is otherwise.
 struct TensorInfo {
-  std::string key;    // what load() returns the tensor under: safetensors name, .npy stem,
-                      // TF checkpoint key, HDF5 dataset path
-  std::string name;   // the variable's own name where the file records one (TF object graph,
-                      // tf.keras weight_names: "multi_head_attention/query/kernel"), else the key
+  std::string key;   // what load() returns the tensor under: safetensors name, .npy stem,
+                     // TF checkpoint key, HDF5 dataset path
+  std::string name;  // the variable's own name where the file records one (TF object graph,
+                     // tf.keras weight_names: "multi_head_attention/query/kernel"), else the key
   std::string dtype;
   Shape shape;
   bool optimizer = false;  // optimizer state (TF checkpoints and Keras files; see qkv/io_keras.h)

@@ -36,8 +36,8 @@ WeightFile load_tf_checkpoint(const std::filesystem::path& path);
 std::vector<TensorInfo> inspect_tf_checkpoint(const std::filesystem::path& path);
 // In memory: the .index bytes and the shards' bytes (shards[i] = data-i-of-N).
 // `source` names the checkpoint in messages. The bytes are copied.
-WeightFile parse_tf_checkpoint(std::span<const std::byte> index,
-                                 std::span<const std::span<const std::byte>> shards, const std::string& source);
+WeightFile parse_tf_checkpoint(std::span<const std::byte> index, std::span<const std::span<const std::byte>> shards,
+                               const std::string& source);
 
 // Writes PREFIX.index and PREFIX.data-00000-of-00001 as TensorFlow's BundleWriter
 // does: tensors in key order, little endian, unaligned, each with its masked crc32c;

@@ -24,8 +24,7 @@ void set_num_threads(int n);
 // caller after every chunk has finished.
 // Also stops early on an interrupt (below): chunks not yet started are skipped,
 // and Interrupted is thrown once every running chunk has returned.
-void parallel_for(int64_t begin, int64_t end, int64_t grain,
-                  const std::function<void(int64_t, int64_t)>& fn);
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 // ---- Interrupts (Ctrl-C) --------------------------------------------------------------
 // One process-wide flag: a SIGINT handler (the CLI's, the Python binding's) sets it,

@@ -43,8 +43,6 @@ double normal(uint64_t seed, uint64_t counter);
 // Dropout keeps an element with probability 1 - p. Element `index` of the
 // flattened [..., Lq, Lk] weight tensor uses counter `index`; every attention
 // kernel must use this function so that their masks agree.
-inline bool dropout_keep(uint64_t seed, uint64_t index, double p) {
-  return uniform(seed, index) >= p;
-}
+inline bool dropout_keep(uint64_t seed, uint64_t index, double p) { return uniform(seed, index) >= p; }
 
 }  // namespace qkv::random

@@ -103,8 +103,8 @@ class Tensor {
   template <class T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
   // A view with explicit geometry over existing storage (checked to stay in bounds).
-  static Tensor view_of(std::shared_ptr<Storage> storage, DType dtype, const Shape& shape,
-                        const Strides& strides, int64_t offset);
+  static Tensor view_of(std::shared_ptr<Storage> storage, DType dtype, const Shape& shape, const Strides& strides,
+                        int64_t offset);
 
   // ---- geometry -----------------------------------------------------------
   int64_t dim() const { return static_cast<int64_t>(shape_.size()); }

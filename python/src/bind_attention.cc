@@ -6,10 +6,10 @@
 #include <optional>
 #include <random>
 
-#include "qkv/attention.h"
 #include "args.h"
 #include "array_like.h"
 #include "interrupt.h"
+#include "qkv/attention.h"
 #include "tensor_convert.h"
 
 namespace nb = nanobind;
@@ -69,8 +69,8 @@ nb::object run(nb::handle q, nb::handle k, nb::handle v, const Args& args, const
 }
 
 nb::object attention_reference(nb::handle q, nb::handle k, nb::handle v, nb::handle attn_mask, nb::handle dropout_p,
-                               nb::handle is_causal, nb::handle scale, nb::handle enable_gqa,
-                               nb::handle return_weights, nb::handle seed) {
+                               nb::handle is_causal, nb::handle scale, nb::handle enable_gqa, nb::handle return_weights,
+                               nb::handle seed) {
   static const char* names[3] = {"q", "k", "v"};
   const Args args{attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, seed, nb::handle(Py_False)};
   return run(q, k, v, args, "attention_reference", names, &qkv::attention_reference);
@@ -113,9 +113,8 @@ void bind_attention(nb::module_& m) {
   // so a wrong one gets a message naming it instead of nanobind's signature list.
   m.def("attention_reference", &attention_reference, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p").none() = 0.0,
-        nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(),
-        nb::arg("enable_gqa").none() = false, nb::arg("return_weights").none() = false,
-        nb::arg("seed").none() = nb::none(),
+        nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
+        nb::arg("return_weights").none() = false, nb::arg("seed").none() = nb::none(),
         nb::sig("def attention_reference(q: numpy.typing.ArrayLike, k: numpy.typing.ArrayLike, "
                 "v: numpy.typing.ArrayLike, attn_mask: numpy.typing.ArrayLike | None = None, "
                 "dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, "
@@ -130,9 +129,9 @@ void bind_attention(nb::module_& m) {
 
   m.def("scaled_dot_product_attention", &sdpa, nb::arg("query").none(), nb::arg("key").none(), nb::arg("value").none(),
         nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p").none() = 0.0,
-        nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(),
-        nb::arg("enable_gqa").none() = false, nb::kw_only(), nb::arg("seed").none() = nb::none(),
-        nb::arg("return_weights").none() = false, nb::arg("return_logsumexp").none() = false,
+        nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
+        nb::kw_only(), nb::arg("seed").none() = nb::none(), nb::arg("return_weights").none() = false,
+        nb::arg("return_logsumexp").none() = false,
         nb::sig("def scaled_dot_product_attention(query: numpy.typing.ArrayLike, "
                 "key: numpy.typing.ArrayLike, value: numpy.typing.ArrayLike, "
                 "attn_mask: numpy.typing.ArrayLike | None = None, dropout_p: float = 0.0, "

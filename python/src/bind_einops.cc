@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "qkv/einops.h"
 #include "args.h"
 #include "array_like.h"
 #include "interrupt.h"
+#include "qkv/einops.h"
 #include "tensor_convert.h"
 
 namespace nb = nanobind;
@@ -73,17 +73,17 @@ nb::handle first_array(nb::handle tensor) {
   return PyList_GetItem(tensor.ptr(), 0);  // borrowed: the list keeps it alive
 }
 
-nb::object transform(nb::handle tensor, nb::handle pattern_arg, const std::string& op,
-                     const std::string& reduction, const nb::kwargs& kwargs) {
+nb::object transform(nb::handle tensor, nb::handle pattern_arg, const std::string& op, const std::string& reduction,
+                     const nb::kwargs& kwargs) {
   const std::string pattern = qkv::python::str_arg(pattern_arg, op + ": pattern");
   const std::vector<qkv::Tensor> xs = inputs(tensor, op.c_str());
   const qkv::einops::AxisLengths lengths = lengths_of(kwargs, op);
   const bool list = nb::isinstance<nb::list>(tensor);
   const qkv::Tensor r = call([&] {
-    if (op == "rearrange") return list ? qkv::einops::rearrange(xs, pattern, lengths)
-                                       : qkv::einops::rearrange(xs[0], pattern, lengths);
-    if (op == "repeat") return list ? qkv::einops::repeat(xs, pattern, lengths)
-                                    : qkv::einops::repeat(xs[0], pattern, lengths);
+    if (op == "rearrange")
+      return list ? qkv::einops::rearrange(xs, pattern, lengths) : qkv::einops::rearrange(xs[0], pattern, lengths);
+    if (op == "repeat")
+      return list ? qkv::einops::repeat(xs, pattern, lengths) : qkv::einops::repeat(xs[0], pattern, lengths);
     return list ? qkv::einops::reduce(xs, pattern, reduction, lengths)
                 : qkv::einops::reduce(xs[0], pattern, reduction, lengths);
   });
@@ -163,7 +163,8 @@ nb::list unpack(nb::handle tensor, nb::handle packed_shapes, nb::handle pattern_
 nb::dict parse_shape(nb::handle x, nb::handle pattern_arg) {
   const std::string pattern = qkv::python::str_arg(pattern_arg, "parse_shape: pattern");
   qkv::Shape shape;
-  nb::object s = nb::hasattr(x, "shape") ? nb::getattr(x, "shape") : nb::getattr(qkv::python::numpy().attr("asarray")(x), "shape");
+  nb::object s =
+      nb::hasattr(x, "shape") ? nb::getattr(x, "shape") : nb::getattr(qkv::python::numpy().attr("asarray")(x), "shape");
   for (nb::handle d : s) shape.push_back(nb::cast<int64_t>(d));
   const qkv::einops::AxisLengths lengths = call([&] { return qkv::einops::parse_shape(shape, pattern); });
   nb::dict out;
@@ -187,35 +188,38 @@ void bind_einops(nb::module_& m) {
       bases.ptr(), nullptr);
   m.attr("EinopsError") = nb::handle(g_einops_error);
 
-  m.def("rearrange",
-        [](nb::handle tensor, nb::handle pattern, const nb::kwargs& kw) {
-          return transform(tensor, pattern, "rearrange", "", kw);
-        },
-        nb::arg("tensor").none(), nb::arg("pattern").none(), nb::arg("axes_lengths"),
-        nb::sig("def rearrange(tensor: numpy.typing.ArrayLike | list[numpy.typing.ArrayLike], pattern: str, "
-                "**axes_lengths: int) -> numpy.ndarray"),
-        "einops.rearrange: reorder, compose and decompose axes ('b t (h d) -> b h t d', h=8).\n"
-        "A view of the input when one exists (as numpy), else one copy. A list is stacked on a new first axis.");
-  m.def("reduce",
-        [](nb::handle tensor, nb::handle pattern, nb::handle reduction, const nb::kwargs& kw) {
-          if (PyCallable_Check(reduction.ptr())) return reduce_with_callable(tensor, pattern, reduction, kw);
-          return transform(tensor, pattern, "reduce", qkv::python::str_arg(reduction, "reduce: reduction"), kw);
-        },
-        nb::arg("tensor").none(), nb::arg("pattern").none(), nb::arg("reduction").none(), nb::arg("axes_lengths"),
-        nb::sig("def reduce(tensor: numpy.typing.ArrayLike | list[numpy.typing.ArrayLike], pattern: str, "
-                "reduction: str | typing.Callable[[numpy.ndarray, tuple[int, ...]], numpy.ndarray], "
-                "**axes_lengths: int) -> numpy.ndarray"),
-        "einops.reduce: rearrange and reduce the axes missing on the right with 'sum', 'mean', 'max', 'min',\n"
-        "'prod', 'any' or 'all' ('b c (h 2) (w 2) -> b c h w', 'max'), numpy's result dtypes; or with a\n"
-        "callable f(array, axes) -> array, as einops (e.g. a logsumexp), called on a NumPy view.");
-  m.def("repeat",
-        [](nb::handle tensor, nb::handle pattern, const nb::kwargs& kw) {
-          return transform(tensor, pattern, "repeat", "", kw);
-        },
-        nb::arg("tensor").none(), nb::arg("pattern").none(), nb::arg("axes_lengths"),
-        nb::sig("def repeat(tensor: numpy.typing.ArrayLike | list[numpy.typing.ArrayLike], pattern: str, "
-                "**axes_lengths: int) -> numpy.ndarray"),
-        "einops.repeat: rearrange and add new axes ('h w -> h w c', c=3); a zero-stride view when no merge copies.");
+  m.def(
+      "rearrange",
+      [](nb::handle tensor, nb::handle pattern, const nb::kwargs& kw) {
+        return transform(tensor, pattern, "rearrange", "", kw);
+      },
+      nb::arg("tensor").none(), nb::arg("pattern").none(), nb::arg("axes_lengths"),
+      nb::sig("def rearrange(tensor: numpy.typing.ArrayLike | list[numpy.typing.ArrayLike], pattern: str, "
+              "**axes_lengths: int) -> numpy.ndarray"),
+      "einops.rearrange: reorder, compose and decompose axes ('b t (h d) -> b h t d', h=8).\n"
+      "A view of the input when one exists (as numpy), else one copy. A list is stacked on a new first axis.");
+  m.def(
+      "reduce",
+      [](nb::handle tensor, nb::handle pattern, nb::handle reduction, const nb::kwargs& kw) {
+        if (PyCallable_Check(reduction.ptr())) return reduce_with_callable(tensor, pattern, reduction, kw);
+        return transform(tensor, pattern, "reduce", qkv::python::str_arg(reduction, "reduce: reduction"), kw);
+      },
+      nb::arg("tensor").none(), nb::arg("pattern").none(), nb::arg("reduction").none(), nb::arg("axes_lengths"),
+      nb::sig("def reduce(tensor: numpy.typing.ArrayLike | list[numpy.typing.ArrayLike], pattern: str, "
+              "reduction: str | typing.Callable[[numpy.ndarray, tuple[int, ...]], numpy.ndarray], "
+              "**axes_lengths: int) -> numpy.ndarray"),
+      "einops.reduce: rearrange and reduce the axes missing on the right with 'sum', 'mean', 'max', 'min',\n"
+      "'prod', 'any' or 'all' ('b c (h 2) (w 2) -> b c h w', 'max'), numpy's result dtypes; or with a\n"
+      "callable f(array, axes) -> array, as einops (e.g. a logsumexp), called on a NumPy view.");
+  m.def(
+      "repeat",
+      [](nb::handle tensor, nb::handle pattern, const nb::kwargs& kw) {
+        return transform(tensor, pattern, "repeat", "", kw);
+      },
+      nb::arg("tensor").none(), nb::arg("pattern").none(), nb::arg("axes_lengths"),
+      nb::sig("def repeat(tensor: numpy.typing.ArrayLike | list[numpy.typing.ArrayLike], pattern: str, "
+              "**axes_lengths: int) -> numpy.ndarray"),
+      "einops.repeat: rearrange and add new axes ('h w -> h w c', c=3); a zero-stride view when no merge copies.");
   m.def("_einops_pack", &pack, nb::arg("tensors"), nb::arg("pattern").none(),
         "einops.pack: (packed array, list of packed shapes); see qkv.einops.pack.");
   m.def("_einops_unpack", &unpack, nb::arg("tensor"), nb::arg("packed_shapes").none(), nb::arg("pattern").none(),

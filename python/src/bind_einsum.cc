@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "qkv/einsum.h"
 #include "args.h"
 #include "array_like.h"
 #include "interrupt.h"
+#include "qkv/einsum.h"
 #include "tensor_convert.h"
 
 namespace nb = nanobind;
@@ -43,8 +43,7 @@ void parse_optimize(nb::handle optimize, qkv::EinsumOptions& o) {
     o.optimize = nb::cast<bool>(optimize) ? qkv::EinsumOptimize::auto_ : qkv::EinsumOptimize::none;
   } else if (nb::isinstance<nb::str>(optimize)) {
     o.optimize = qkv::einsum_optimize_from_name(nb::cast<std::string>(optimize));
-  } else if (nb::isinstance<nb::tuple>(optimize) && nb::len(optimize) == 2 &&
-             nb::isinstance<nb::str>(optimize[0])) {
+  } else if (nb::isinstance<nb::tuple>(optimize) && nb::len(optimize) == 2 && nb::isinstance<nb::str>(optimize[0])) {
     o.optimize = qkv::einsum_optimize_from_name(nb::cast<std::string>(optimize[0]));
     o.memory_limit = static_cast<int64_t>(qkv::python::float_arg(optimize[1], "einsum: optimize's memory_limit"));
   } else if (nb::isinstance<nb::list>(optimize) || nb::isinstance<nb::tuple>(optimize)) {

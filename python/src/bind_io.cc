@@ -11,9 +11,9 @@
 #include <optional>
 #include <string>
 
-#include "qkv/io.h"
 #include "args.h"
 #include "interrupt.h"
+#include "qkv/io.h"
 #include "tensor_convert.h"
 
 namespace nb = nanobind;

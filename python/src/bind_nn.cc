@@ -10,14 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "args.h"
+#include "array_like.h"
+#include "interrupt.h"
 #include "qkv/nn/keras_layers.h"
 #include "qkv/nn/keras_mha.h"
 #include "qkv/nn/keras_weights.h"
 #include "qkv/nn/mha.h"
 #include "qkv/nn/seed_layers.h"
-#include "args.h"
-#include "array_like.h"
-#include "interrupt.h"
 #include "tensor_convert.h"
 
 namespace nb = nanobind;
@@ -42,8 +42,12 @@ struct CtorArgs {
   std::vector<int64_t> sizes(nb::handle v, const char* name) const {
     return qkv::python::int_list_arg(v, qkv::python::arg_name(layer, name), INT64_MIN, INT64_MAX);
   }
-  bool flag(nb::handle v, const char* name) const { return qkv::python::bool_arg(v, qkv::python::arg_name(layer, name)); }
-  double real(nb::handle v, const char* name) const { return qkv::python::float_arg(v, qkv::python::arg_name(layer, name)); }
+  bool flag(nb::handle v, const char* name) const {
+    return qkv::python::bool_arg(v, qkv::python::arg_name(layer, name));
+  }
+  double real(nb::handle v, const char* name) const {
+    return qkv::python::float_arg(v, qkv::python::arg_name(layer, name));
+  }
   std::optional<double> optional_real(nb::handle v, const char* name) const {
     return qkv::python::optional_float_arg(v, qkv::python::arg_name(layer, name));
   }
@@ -87,8 +91,8 @@ qkv::nn::MultiheadAttention make_torch(nb::handle embed_dim, nb::handle num_head
 }
 
 nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, nb::handle key, nb::handle value,
-                        nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask,
-                        bool average_attn_weights, bool is_causal) {
+                        nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask, bool average_attn_weights,
+                        bool is_causal) {
   const Tensor q = to_tensor(query, "MultiheadAttention: query");
   const Tensor k = key.is(query) ? q : to_tensor(key, "MultiheadAttention: key");
   const Tensor v = value.is(key) ? k : (value.is(query) ? q : to_tensor(value, "MultiheadAttention: value"));
@@ -112,13 +116,14 @@ void bind_torch_flavour(nb::module_& nn) {
            nb::arg("dropout").none() = 0.0, nb::arg("bias").none() = true, nb::arg("add_bias_kv").none() = false,
            nb::arg("add_zero_attn").none() = false, nb::arg("kdim").none() = nb::none(),
            nb::arg("vdim").none() = nb::none(), nb::arg("batch_first").none() = false)
-      .def("load_state_dict",
-           [](qkv::nn::MultiheadAttention& m, nb::handle sd, bool strict) {
-             const auto tensors = to_tensor_map(sd, "MultiheadAttention.load_state_dict");
-             qkv::python::InterruptibleRelease release;
-             m.load_state_dict(tensors, strict);
-           },
-           nb::arg("state_dict"), nb::arg("strict") = true)
+      .def(
+          "load_state_dict",
+          [](qkv::nn::MultiheadAttention& m, nb::handle sd, bool strict) {
+            const auto tensors = to_tensor_map(sd, "MultiheadAttention.load_state_dict");
+            qkv::python::InterruptibleRelease release;
+            m.load_state_dict(tensors, strict);
+          },
+          nb::arg("state_dict"), nb::arg("strict") = true)
       .def("state_dict", [](const qkv::nn::MultiheadAttention& m) { return to_dict(m.state_dict()); })
       .def("forward", &torch_forward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
            nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
@@ -243,8 +248,9 @@ void bind_keras_flavour(nb::module_& nn) {
 
 template <class Layer>
 void bind_state(nb::class_<Layer>& c) {
-  c.def("load_state_dict", [](Layer& m, nb::handle sd) { m.load_state_dict(to_tensor_map(sd, "load_state_dict")); })
-      .def("state_dict", [](const Layer& m) { return to_dict(m.state_dict()); });
+  c.def("load_state_dict", [](Layer& m, nb::handle sd) {
+     m.load_state_dict(to_tensor_map(sd, "load_state_dict"));
+   }).def("state_dict", [](const Layer& m) { return to_dict(m.state_dict()); });
 }
 
 // __call__(x, mask=None) of the seed layers whose forward is forward(x, mask); errors
@@ -272,7 +278,8 @@ void bind_seed_flavours(nb::module_& nn) {
           const CtorArgs a{"SelfAttention"};
           new (self) SelfAttention(a.size(dim, "dim"), a.seed(seed));
         },
-        nb::arg("dim").none(), nb::arg("seed").none() = 0, nb::sig("def __init__(self, dim: int, seed: int = 0) -> None"))
+        nb::arg("dim").none(), nb::arg("seed").none() = 0,
+        nb::sig("def __init__(self, dim: int, seed: int = 0) -> None"))
       .def("__call__", self_attention_call<SelfAttention>("SelfAttention"), nb::arg("x"),
            nb::arg("mask").none() = nb::none());
   bind_state(sa);
@@ -307,19 +314,20 @@ void bind_seed_flavours(nb::module_& nn) {
         nb::arg("seed").none() = 0,
         nb::sig("def __init__(self, embed_dim: int, n_heads: int, d_kq: int | None = None, d_v: int | None = None, "
                 "scale: float | None = None, causal: bool = False, seed: int = 0) -> None"))
-      .def("__call__",
-           [](const SeparateHeadsAttention& m, nb::handle q, nb::handle k, nb::handle v) {
-             const Tensor tq = to_tensor(q, "SeparateHeadsAttention: q");
-             const Tensor tk = to_tensor(k, "SeparateHeadsAttention: k");
-             const Tensor tv = to_tensor(v, "SeparateHeadsAttention: v");
-             SeparateHeadsAttentionResult r;
-             {
-               qkv::python::InterruptibleRelease release;
-               r = m.forward(tq, tk, tv);
-             }
-             return nb::make_tuple(qkv::python::to_array_like(r.output, q), qkv::python::to_array_like(r.scores, q));
-           },
-           nb::arg("q"), nb::arg("k"), nb::arg("v"));
+      .def(
+          "__call__",
+          [](const SeparateHeadsAttention& m, nb::handle q, nb::handle k, nb::handle v) {
+            const Tensor tq = to_tensor(q, "SeparateHeadsAttention: q");
+            const Tensor tk = to_tensor(k, "SeparateHeadsAttention: k");
+            const Tensor tv = to_tensor(v, "SeparateHeadsAttention: v");
+            SeparateHeadsAttentionResult r;
+            {
+              qkv::python::InterruptibleRelease release;
+              r = m.forward(tq, tk, tv);
+            }
+            return nb::make_tuple(qkv::python::to_array_like(r.output, q), qkv::python::to_array_like(r.scores, q));
+          },
+          nb::arg("q"), nb::arg("k"), nb::arg("v"));
   bind_state(sh);
   nb::class_<LazyMultiHeadAttention> lz(nn, "LazyMultiHeadAttention",
                                         "Seed 004's layer: LazyLinear q/k/v projections fixed at the first call.");
@@ -331,19 +339,20 @@ void bind_seed_flavours(nb::module_& nn) {
         },
         nb::arg("hidden").none(), nb::arg("heads").none(), nb::arg("seed").none() = 0,
         nb::sig("def __init__(self, hidden: int, heads: int, seed: int = 0) -> None"))
-      .def("__call__",
-           [](LazyMultiHeadAttention& m, nb::handle q, nb::handle k, nb::handle v) {
-             const Tensor tq = to_tensor(q, "LazyMultiHeadAttention: q");
-             const Tensor tk = to_tensor(k, "LazyMultiHeadAttention: k");
-             const Tensor tv = to_tensor(v, "LazyMultiHeadAttention: v");
-             Tensor r;
-             {
-               qkv::python::InterruptibleRelease release;
-               r = m.forward(tq, tk, tv);
-             }
-             return qkv::python::to_array_like(r, q);
-           },
-           nb::arg("q"), nb::arg("k"), nb::arg("v"))
+      .def(
+          "__call__",
+          [](LazyMultiHeadAttention& m, nb::handle q, nb::handle k, nb::handle v) {
+            const Tensor tq = to_tensor(q, "LazyMultiHeadAttention: q");
+            const Tensor tk = to_tensor(k, "LazyMultiHeadAttention: k");
+            const Tensor tv = to_tensor(v, "LazyMultiHeadAttention: v");
+            Tensor r;
+            {
+              qkv::python::InterruptibleRelease release;
+              r = m.forward(tq, tk, tv);
+            }
+            return qkv::python::to_array_like(r, q);
+          },
+          nb::arg("q"), nb::arg("k"), nb::arg("v"))
       .def_prop_ro("materialized", &LazyMultiHeadAttention::materialized);
   bind_state(lz);
 }

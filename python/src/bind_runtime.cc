@@ -25,8 +25,7 @@ void bind_runtime(nb::module_& m) {
   m.def("get_num_threads", &qkv::get_num_threads, "The number of threads qkv's kernels use.");
 
   m.def(
-      "_roundtrip",
-      [](nb::handle array) { return qkv::python::to_numpy(qkv::python::to_tensor(array, "_roundtrip")); },
+      "_roundtrip", [](nb::handle array) { return qkv::python::to_numpy(qkv::python::to_tensor(array, "_roundtrip")); },
       nb::arg("array"), nb::sig("def _roundtrip(array: numpy.typing.ArrayLike) -> numpy.ndarray"),
       "Test hook: array -> qkv::Tensor -> NumPy array, copying only where to_tensor must.");
   m.def("_array_like", &qkv::python::numpy_like, nb::arg("array").none(), nb::arg("like").none(),

@@ -56,8 +56,7 @@ dlpack::dtype dtype_to_dlpack(DType t) {
 }
 
 bool is_ml_dtypes_bfloat16(nb::handle dtype) {
-  return nb::cast<size_t>(dtype.attr("itemsize")) == 2 &&
-         nb::cast<std::string>(dtype.attr("name")) == "bfloat16";
+  return nb::cast<size_t>(dtype.attr("itemsize")) == 2 && nb::cast<std::string>(dtype.attr("name")) == "bfloat16";
 }
 
 // A NumPy array that qkv can view as is, or a copy of it that qkv can view.
@@ -154,9 +153,8 @@ Tensor to_tensor(nb::handle obj, const char* what) {
   }
   // Read-only memory (np.load(mmap_mode='r'), writeable=False, np.asarray of bytes,
   // a read-only DLPack tensor) gives a read-only Tensor: its views stay read-only.
-  const bool read_only = nb::isinstance(src, np.attr("ndarray"))
-                             ? !nb::cast<bool>(src.attr("flags").attr("writeable"))
-                             : dlpack_capsule_read_only(src);
+  const bool read_only = nb::isinstance(src, np.attr("ndarray")) ? !nb::cast<bool>(src.attr("flags").attr("writeable"))
+                                                                 : dlpack_capsule_read_only(src);
 
   InArray array;
   if (!nb::try_cast(src, array, /*convert=*/false)) {
@@ -196,16 +194,17 @@ nb::object to_numpy(const Tensor& t) {
   auto* holder = new std::shared_ptr<Storage>(t.storage());
   nb::capsule owner(holder, [](void* p) noexcept { delete static_cast<std::shared_ptr<Storage>*>(p); });
   std::vector<size_t> shape(t.shape().begin(), t.shape().end());
-  OutArray array(t.raw_data(), shape.size(), shape.data(), owner, t.strides().data(),
-                 dtype_to_dlpack(t.dtype()), nb::device::cpu::value);
+  OutArray array(t.raw_data(), shape.size(), shape.data(), owner, t.strides().data(), dtype_to_dlpack(t.dtype()),
+                 nb::device::cpu::value);
   nb::object result = array.cast();
   if (t.dtype() == DType::bf16) {
     nb::object ml_dtypes;
     try {
       ml_dtypes = nb::module_::import_("ml_dtypes");
     } catch (nb::python_error&) {
-      fail<DTypeError>("bfloat16 results need the ml_dtypes package (pip install ml_dtypes; "
-                       "or pip install qkv[bfloat16])");
+      fail<DTypeError>(
+          "bfloat16 results need the ml_dtypes package (pip install ml_dtypes; "
+          "or pip install qkv[bfloat16])");
     }
     result = result.attr("view")(ml_dtypes.attr("bfloat16"));
   }

@@ -9,10 +9,10 @@
 // a worker holds one S tile. Causal masking stops each query tile at the
 // diagonal (tiles above it are never computed) and masks inside the diagonal
 // tile only; key tiles are taken from the diagonal backwards, so that the
-// masked triangle is at most Br x Br per query tile whatever Bc is. Masks and GQA k/v are read in place through their (zero) strides.
-// Dropout multiplies P after the row sum is taken (the sum is of the undropped
-// probabilities, as softmax-then-dropout), drawing random::dropout_keep for the
-// element's flat index into [..., Hq, Lq, Lk], as the reference does.
+// masked triangle is at most Br x Br per query tile whatever Bc is. Masks and GQA k/v are read in place through their
+// (zero) strides. Dropout multiplies P after the row sum is taken (the sum is of the undropped probabilities, as
+// softmax-then-dropout), drawing random::dropout_keep for the element's flat index into [..., Hq, Lq, Lk], as the
+// reference does.
 //
 // Weights (return_weights) come from a second pass over the same item, right
 // after the first: scores are recomputed tile by tile into the item's rows of
@@ -67,20 +67,20 @@ struct Flash {
   double dropout_p = 0.0;
   uint64_t seed = 0;
   float keep_scale = 1.0f;
-  const float* q = nullptr;  // p->q [batch..., Lq, Dk] element 0
-  const float* k = nullptr;  // p->k [kv batch..., Lk, Dk]
-  const float* v = nullptr;  // p->v [kv batch..., Lk, Dv]
+  const float* q = nullptr;           // p->q [batch..., Lq, Dk] element 0
+  const float* k = nullptr;           // p->k [kv batch..., Lk, Dk]
+  const float* v = nullptr;           // p->v [kv batch..., Lk, Dv]
   const bool* mask_bool = nullptr;    // p->mask [batch..., Lq, Lk] when bool
   const float* mask_float = nullptr;  // p->mask when floating (f32)
-  float* out = nullptr;      // [batch, Lq, Dv] contiguous
-  float* lse = nullptr;      // [batch, Lq] or null
-  float* weights = nullptr;  // [batch, Lq, Lk] or null
+  float* out = nullptr;               // [batch, Lq, Dv] contiguous
+  float* lse = nullptr;               // [batch, Lq] or null
+  float* weights = nullptr;           // [batch, Lq, Lk] or null
 };
 
 // One work item: `rows` query rows from i0 of flat batch entry b.
 struct Rows {
   int64_t b = 0, i0 = 0, rows = 0;
-  int64_t kv_end = 0;  // keys [0, kv_end) take part (causal stops at the diagonal)
+  int64_t kv_end = 0;        // keys [0, kv_end) take part (causal stops at the diagonal)
   const float* q = nullptr;  // [rows, Dk], row stride p->q.stride(-2)
   const float* k = nullptr;  // [Lk, Dk] of the entry's k/v head
   const float* v = nullptr;  // [Lk, Dv]
@@ -163,8 +163,7 @@ void score_tile(const Flash& f, const Rows& r, int64_t j0, int64_t cols, float* 
 
 // Online softmax over one tile: s [rows, cols] becomes exp(s - m_new), the
 // running m and l [rows] are updated and o [rows, Dv] is rescaled.
-void softmax_tile(float* s, int64_t lds, int64_t rows, int64_t cols, float* m, float* l, float* o,
-                  int64_t dv) {
+void softmax_tile(float* s, int64_t lds, int64_t rows, int64_t cols, float* m, float* l, float* o, int64_t dv) {
   for (int64_t x = 0; x < rows; ++x) {
     float* row = s + x * lds;  // [cols]
     const float mx = kernels::max_value(row, cols);
@@ -294,7 +293,7 @@ AttentionResult flash_attention_cpu(const Problem& checked, const AttentionOptio
 
   Tensor out = Tensor::empty(with(p.batch, {p.lq, p.dv}));  // [batch..., Lq, Dv] f32
   std::optional<Tensor> lse, weights;
-  if (options.return_logsumexp) lse = Tensor::empty(with(p.batch, {p.lq}));  // [batch..., Lq]
+  if (options.return_logsumexp) lse = Tensor::empty(with(p.batch, {p.lq}));          // [batch..., Lq]
   if (options.return_weights) weights = Tensor::empty(with(p.batch, {p.lq, p.lk}));  // [batch..., Lq, Lk]
 
   Flash f;

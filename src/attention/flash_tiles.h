@@ -69,8 +69,8 @@ inline FlashTiles auto_flash_tiles(int64_t dk, int64_t dv, bool causal) {
 // automatic; checked by make_problem), else `env`, else auto_flash_tiles, cut to
 // the sequence lengths: one tile covers a short sequence (fewer, larger GEMMs;
 // Lq = 1 is decode), and the [Br, Bc] scratch never exceeds [Lq, Lk].
-inline FlashTiles choose_flash_tiles(const FlashTiles& requested, const std::optional<FlashTiles>& env,
-                                     int64_t lq, int64_t lk, int64_t dk, int64_t dv, bool causal) {
+inline FlashTiles choose_flash_tiles(const FlashTiles& requested, const std::optional<FlashTiles>& env, int64_t lq,
+                                     int64_t lk, int64_t dk, int64_t dv, bool causal) {
   // value_or, not `env ? *env : ...`: GCC 12 at -O2 with ASan flagged the latter's payload read
   // as maybe-uninitialized (a false positive that broke `make asan` under -Werror).
   FlashTiles t = requested;

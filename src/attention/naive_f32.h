@@ -12,7 +12,6 @@ namespace qkv::attention {
 // the whole [Lq, Lk] score matrix scale * q k^T (one qkv::gemm per batch
 // entry), mask, softmax per row with std::exp and float sums, dropout, then
 // weights @ v (qkv::gemm). Returns f32 output and (always) f32 weights.
-AttentionResult attention_naive_f32(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const AttentionOptions& options);
+AttentionResult attention_naive_f32(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options);
 
 }  // namespace qkv::attention

@@ -73,22 +73,21 @@ void check_options(const AttentionOptions& o, const char* op) {
     fail<ValueError>(op, ": dropout_p must be in [0, 1], got ", o.dropout_p);
   }
   if (o.is_causal && o.attn_mask) {
-    fail<ValueError>(op, ": attn_mask and is_causal cannot both be set (as in PyTorch); "
-                         "fold the causal mask into attn_mask instead");
+    fail<ValueError>(op,
+                     ": attn_mask and is_causal cannot both be set (as in PyTorch); "
+                     "fold the causal mask into attn_mask instead");
   }
   if (o.scale && !std::isfinite(*o.scale)) fail<ValueError>(op, ": scale must be finite, got ", *o.scale);
   const FlashTiles& t = o.tuning.flash_tiles;
   if (!t.is_auto() && (t.br <= 0 || t.bc <= 0)) {
-    fail<ValueError>(op, ": tuning.flash_tiles must be both positive or both 0 (automatic), got ", t.br, "x",
-                     t.bc);
+    fail<ValueError>(op, ": tuning.flash_tiles must be both positive or both 0 (automatic), got ", t.br, "x", t.bc);
   }
 }
 
 // The batch dims of q, k and v broadcast together; the error names the call.
 Shape broadcast_batch(const Tensor& q, const Tensor& k, const Tensor& v, int64_t group, const char* op) {
   try {
-    return broadcast_shapes(broadcast_shapes(leading(q), kv_batch_as_q(k, group), ""), kv_batch_as_q(v, group),
-                            "");
+    return broadcast_shapes(broadcast_shapes(leading(q), kv_batch_as_q(k, group), ""), kv_batch_as_q(v, group), "");
   } catch (const ShapeError& e) {  // e: ": shapes [2] and [3] cannot be broadcast together (...)"
     fail<ShapeError>(op, " (", shapes_str(q, k, v), ")", e.what());
   }

@@ -19,10 +19,10 @@ class Problem {
  public:
   const char* op = "";  // the operation errors name ("scaled_dot_product_attention")
   Device device;        // of q, k, v and the mask (one device, checked)
-  Shape batch;         // broadcast leading dims of q, k, v (heads included)
+  Shape batch;          // broadcast leading dims of q, k, v (heads included)
   int64_t batch_size = 1;
   int64_t lq = 0, lk = 0, dk = 0, dv = 0;
-  int64_t heads_q = 1;  // size of dim -3 of the output (1 when rank < 3)
+  int64_t heads_q = 1;    // size of dim -3 of the output (1 when rank < 3)
   int64_t gqa_group = 1;  // q heads sharing one k/v head
   double scale = 1.0;
   DType out_dtype = DType::f32;  // the dtype of the user's q
@@ -54,7 +54,8 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
 class CallScope {
  public:
   CallScope(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options)
-      : shapes_(shapes_of(q, k, v, options)), scope_(op, {}, shapes_, options.attn_mask ? "q, k, v, attn_mask" : "q, k, v") {}
+      : shapes_(shapes_of(q, k, v, options)),
+        scope_(op, {}, shapes_, options.attn_mask ? "q, k, v, attn_mask" : "q, k, v") {}
 
  private:
   static std::vector<Shape> shapes_of(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {

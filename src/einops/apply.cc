@@ -34,8 +34,7 @@ std::string context(const einops_detail::Operation& op, std::string_view pattern
   m += "-reduction pattern \"";
   m += pattern;
   m += "\".\n ";
-  m += is_list ? std::string("Input is list. ")
-               : "Input tensor shape: " + einops_detail::py_tuple_repr(shape) + ". ";
+  m += is_list ? std::string("Input is list. ") : "Input tensor shape: " + einops_detail::py_tuple_repr(shape) + ". ";
   m += "Additional info: " + dict_repr(lengths) + ".\n " + inner;
   return m;
 }
@@ -172,8 +171,7 @@ Tensor reduce(const std::vector<Tensor>& xs, std::string_view pattern, Reduction
   return transform(stack(xs, "reduce"), true, pattern, einops_detail::Operation::of(reduction), axes_lengths);
 }
 
-Tensor reduce(const Tensor& x, std::string_view pattern, std::string_view reduction,
-              const AxisLengths& axes_lengths) {
+Tensor reduce(const Tensor& x, std::string_view pattern, std::string_view reduction, const AxisLengths& axes_lengths) {
   return transform(x, false, pattern, einops_detail::Operation::of_name(reduction), axes_lengths);
 }
 

@@ -23,7 +23,8 @@ PackPattern analyze_pattern(std::string_view pattern, const char* opname) {
   std::istringstream in{std::string(pattern)};
   for (std::string a; in >> a;) axes.push_back(a);
   const std::set<std::string> unique(axes.begin(), axes.end());
-  if (unique.size() != axes.size()) fail<FormatError>("Duplicates in axes names in ", opname, "(..., \"", pattern, "\")");
+  if (unique.size() != axes.size())
+    fail<FormatError>("Duplicates in axes names in ", opname, "(..., \"", pattern, "\")");
   if (!unique.count("*")) fail<FormatError>("No *-axis in ", opname, "(..., \"", pattern, "\")");
   for (const std::string& a : axes) {
     if (a != "*" && !einops_detail::axis_name_problem(a, false).empty()) {
@@ -37,9 +38,7 @@ PackPattern analyze_pattern(std::string_view pattern, const char* opname) {
   return p;
 }
 
-Shape sub_shape(const Shape& s, int64_t begin, int64_t end) {
-  return Shape(s.begin() + begin, s.begin() + end);
-}
+Shape sub_shape(const Shape& s, int64_t begin, int64_t end) { return Shape(s.begin() + begin, s.begin() + end); }
 
 std::string shapes_repr(const std::vector<Shape>& shapes) {
   std::string out = "[";

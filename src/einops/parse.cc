@@ -15,9 +15,7 @@ bool is_ascii_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <=
 bool is_high_byte(char c) { return static_cast<unsigned char>(c) >= 0x80; }
 
 // Python's str.isdecimal (ASCII digits only; non-ASCII digits are rare enough).
-bool is_decimal(std::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), is_ascii_digit);
-}
+bool is_decimal(std::string_view s) { return !s.empty() && std::all_of(s.begin(), s.end(), is_ascii_digit); }
 
 // Parses a decimal string, saturating far above any real axis length.
 int64_t parse_decimal(std::string_view s) {
@@ -95,7 +93,7 @@ class Parser {
     const bool is_number = is_decimal(x);
     if (is_number && parse_decimal(x) == 1) {
       if (!in_group_) out_.composition.push_back(Group{});  // an axis of length 1: an empty group
-      return;                                                // inside brackets a 1 changes nothing
+      return;                                               // inside brackets a 1 changes nothing
     }
     const std::string reason = axis_name_problem(x, allow_underscore_);
     if (!is_number && !reason.empty()) fail<FormatError>("Invalid axis identifier: ", x, "\n", reason);

@@ -80,11 +80,11 @@ void check_sides(const Expression& left, const Expression& rght, std::string_vie
   } else if (op.reduces()) {
     const auto diff = set_difference(rght.identifiers, left.identifiers);
     if (!diff.empty()) {
-      fail<FormatError>("Unexpected identifiers on the right side of reduce ", op.name, ": ",
-                        names.set_repr(diff));
+      fail<FormatError>("Unexpected identifiers on the right side of reduce ", op.name, ": ", names.set_repr(diff));
     }
   } else {
-    fail<FormatError>("Unknown reduction ", op.name, ". Expect one of ('min', 'max', 'sum', 'mean', 'prod', 'any', 'all').");
+    fail<FormatError>("Unknown reduction ", op.name,
+                      ". Expect one of ('min', 'max', 'sum', 'mean', 'prod', 'any', 'all').");
   }
 }
 

@@ -25,7 +25,7 @@ struct Recipe {
   std::vector<std::pair<std::vector<int>, std::vector<int>>> input_known_unknown;
   std::vector<int> axes_permutation;  // over the left elementary axes; reduced axes last
   int first_reduced_axis = 0;
-  std::vector<std::pair<int, int>> added_axes;      // output position -> elementary axis
+  std::vector<std::pair<int, int>> added_axes;          // output position -> elementary axis
   std::vector<std::vector<int>> output_composite_axes;  // per output dim: its elementary axes
 };
 
@@ -47,7 +47,9 @@ struct Operation {
     const auto r = einops::reduction_from_name(name);
     return r ? of(*r) : Operation{Kind::unknown, einops::Reduction::sum, std::string(name)};
   }
-  static Operation callable(std::string_view name) { return {Kind::callable, einops::Reduction::sum, std::string(name)}; }
+  static Operation callable(std::string_view name) {
+    return {Kind::callable, einops::Reduction::sum, std::string(name)};
+  }
   bool reduces() const { return kind == Kind::reduction || kind == Kind::callable; }
 };
 

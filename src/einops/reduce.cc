@@ -93,16 +93,17 @@ Tensor reduce_typed(const Tensor& x, const Geometry& g, einops::Reduction op, co
   if (op == R::sum || op == R::prod) {
     Tensor out = Tensor::empty(out_shape, dtype_v<Sum>);
     const bool sum = op == R::sum;
-    reduce_loop(g, in, out.data<Sum>(), Acc(sum ? 0 : 1),
-                [&](Acc a, T v) {
-                  if constexpr (floating) {
-                    return sum ? a + value(v) : a * value(v);
-                  } else {  // wraps around like numpy's int64 (unsigned arithmetic: no signed overflow)
-                    const auto ua = static_cast<uint64_t>(a), uv = static_cast<uint64_t>(value(v));
-                    return static_cast<Acc>(sum ? ua + uv : ua * uv);
-                  }
-                },
-                [](Acc a) { return convert_element<Sum>(a); });
+    reduce_loop(
+        g, in, out.data<Sum>(), Acc(sum ? 0 : 1),
+        [&](Acc a, T v) {
+          if constexpr (floating) {
+            return sum ? a + value(v) : a * value(v);
+          } else {  // wraps around like numpy's int64 (unsigned arithmetic: no signed overflow)
+            const auto ua = static_cast<uint64_t>(a), uv = static_cast<uint64_t>(value(v));
+            return static_cast<Acc>(sum ? ua + uv : ua * uv);
+          }
+        },
+        [](Acc a) { return convert_element<Sum>(a); });
     return out;
   }
   if (op == R::mean) {
@@ -111,8 +112,9 @@ Tensor reduce_typed(const Tensor& x, const Geometry& g, einops::Reduction op, co
     } else {
       Tensor out = Tensor::empty(out_shape, x.dtype());
       const double n = static_cast<double>(g.n_red);
-      reduce_loop(g, in, out.data<T>(), 0.0, [&](double a, T v) { return a + value(v); },
-                  [n](double a) { return convert_element<T>(a / n); });
+      reduce_loop(
+          g, in, out.data<T>(), 0.0, [&](double a, T v) { return a + value(v); },
+          [n](double a) { return convert_element<T>(a / n); });
       return out;
     }
   }
@@ -125,22 +127,24 @@ Tensor reduce_typed(const Tensor& x, const Geometry& g, einops::Reduction op, co
     const bool max = op == R::max;
     Acc init = max ? std::numeric_limits<Acc>::lowest() : std::numeric_limits<Acc>::max();
     if constexpr (floating) init = max ? -std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::infinity();
-    reduce_loop(g, in, out.data<T>(), init,
-                [&](Acc a, T v) {
-                  const Acc b = value(v);
-                  if constexpr (floating) {
-                    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<Acc>::quiet_NaN();
-                  }
-                  return max ? std::max(a, b) : std::min(a, b);
-                },
-                [](Acc a) { return convert_element<T>(a); });
+    reduce_loop(
+        g, in, out.data<T>(), init,
+        [&](Acc a, T v) {
+          const Acc b = value(v);
+          if constexpr (floating) {
+            if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<Acc>::quiet_NaN();
+          }
+          return max ? std::max(a, b) : std::min(a, b);
+        },
+        [](Acc a) { return convert_element<T>(a); });
     return out;
   }
   Tensor out = Tensor::empty(out_shape, DType::b8);
   const bool any = op == R::any;  // else all
-  reduce_loop(g, in, out.data<bool>(), !any,
-              [&](bool a, T v) { return any ? (a || convert_element<bool>(v)) : (a && convert_element<bool>(v)); },
-              [](bool a) { return a; });
+  reduce_loop(
+      g, in, out.data<bool>(), !any,
+      [&](bool a, T v) { return any ? (a || convert_element<bool>(v)) : (a && convert_element<bool>(v)); },
+      [](bool a) { return a; });
   return out;
 }
 

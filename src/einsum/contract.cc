@@ -8,15 +8,14 @@
 #include <algorithm>
 #include <optional>
 
-#include "kernels/cpu/buffer_pool.h"
 #include "einsum/contract.h"
+#include "kernels/cpu/buffer_pool.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
 
 namespace qkv::einsum_detail {
 
 namespace {
-
 
 int64_t stride_of(const Operand& o, int label) {
   for (size_t d = 0; d < o.labels.size(); ++d)
@@ -77,8 +76,8 @@ struct Call {
 };
 
 // Fits A [M,K], B [K,N], C [M,N] (row-major C) into one gemm call, or says which does not fit.
-Misfit fit(const Operand& a, const Operand& b, const Operand& c, const Groups& g,
-           const std::vector<int64_t>& sizes, Call& call) {
+Misfit fit(const Operand& a, const Operand& b, const Operand& c, const Groups& g, const std::vector<int64_t>& sizes,
+           Call& call) {
   const auto am = collapse(a, g.m, sizes), ak = collapse(a, g.k, sizes);
   const auto bk = collapse(b, g.k, sizes), bn = collapse(b, g.n, sizes);
   const auto cm = collapse(c, g.m, sizes), cn = collapse(c, g.n, sizes);

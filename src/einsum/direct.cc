@@ -38,11 +38,11 @@ struct Dims {
 
 struct Loop {
   size_t nops = 0;
-  Dims outer;                                  // output dims except the inner one
-  Dims red;                                    // reduced dims except the inner one
-  int64_t inner = 1;                           // length of the innermost loop
+  Dims outer;                                       // output dims except the inner one
+  Dims red;                                         // reduced dims except the inner one
+  int64_t inner = 1;                                // length of the innermost loop
   std::array<int64_t, kMaxOps + 1> inner_stride{};  // per operand and output
-  bool rows = true;                            // inner loop runs over an output dim
+  bool rows = true;                                 // inner loop runs over an output dim
 };
 
 Loop make_loop(std::span<const Operand> ops, const Operand& out, const std::vector<int64_t>& sizes) {

@@ -20,11 +20,16 @@ struct OptimizeName {
   EinsumOptimize value;
 };
 constexpr OptimizeName kOptimizeNames[] = {
-    {"false", EinsumOptimize::none},       {"none", EinsumOptimize::none},
-    {"auto", EinsumOptimize::auto_},       {"true", EinsumOptimize::auto_},
-    {"greedy", EinsumOptimize::greedy},    {"optimal", EinsumOptimize::optimal},
-    {"dp", EinsumOptimize::dp},            {"branch-all", EinsumOptimize::branch_all},
-    {"branch-2", EinsumOptimize::branch_2}, {"branch-1", EinsumOptimize::branch_1},
+    {"false", EinsumOptimize::none},
+    {"none", EinsumOptimize::none},
+    {"auto", EinsumOptimize::auto_},
+    {"true", EinsumOptimize::auto_},
+    {"greedy", EinsumOptimize::greedy},
+    {"optimal", EinsumOptimize::optimal},
+    {"dp", EinsumOptimize::dp},
+    {"branch-all", EinsumOptimize::branch_all},
+    {"branch-2", EinsumOptimize::branch_2},
+    {"branch-1", EinsumOptimize::branch_1},
 };
 
 // The path: explicit (checked) or found by the chosen optimizer.
@@ -124,8 +129,8 @@ EinsumPath describe(const ed::Spec& spec, const ed::Path& path) {
       result_term = spec.term(spec.output);
     } else {  // tensordot order: by first appearance in the step's terms
       for (char c : all_terms)
-        if (result_term.find(c) == std::string::npos && result.has(static_cast<int>(
-                std::find(spec.symbols.begin(), spec.symbols.end(), c) - spec.symbols.begin())))
+        if (result_term.find(c) == std::string::npos &&
+            result.has(static_cast<int>(std::find(spec.symbols.begin(), spec.symbols.end(), c) - spec.symbols.begin())))
           result_term += c;
     }
     EinsumStep st;
@@ -167,8 +172,7 @@ EinsumOptimize einsum_optimize_from_name(std::string_view name) {
 
 std::string_view einsum_optimize_name(EinsumOptimize optimize) {
   for (const auto& o : kOptimizeNames)
-    if (o.value == optimize && std::string_view(o.name) != "none" && std::string_view(o.name) != "true")
-      return o.name;
+    if (o.value == optimize && std::string_view(o.name) != "none" && std::string_view(o.name) != "true") return o.name;
   return "false";
 }
 

@@ -1,8 +1,8 @@
 // einsum stage 3: preparing operands (diagonal and broadcast views) and running a path.
 #include <algorithm>
 
-#include "kernels/cpu/buffer_pool.h"
 #include "einsum/contract.h"
+#include "kernels/cpu/buffer_pool.h"
 #include "qkv/parallel.h"
 
 namespace qkv::einsum_detail {

@@ -132,7 +132,8 @@ void label_inputs(const Parser& p, const std::vector<Term>& terms, Spec& spec) {
     spec.ellipsis_rank = std::max(spec.ellipsis_rank, static_cast<int>(rank - static_cast<int64_t>(t.letters())));
   }
   if (kLetters + spec.ellipsis_rank > kMaxLabels) {
-    p.error<ShapeError>("'...' covers ", spec.ellipsis_rank, " dims; at most ", kMaxLabels - kLetters, " are supported");
+    p.error<ShapeError>("'...' covers ", spec.ellipsis_rank, " dims; at most ", kMaxLabels - kLetters,
+                        " are supported");
   }
   for (size_t i = 0; i < terms.size(); ++i) {
     const Term& t = terms[i];
@@ -183,8 +184,8 @@ void size_labels(const Parser& p, Spec& spec) {
       const int64_t n = p.shapes[i][d];
       for (size_t e = 0; e < d; ++e) {
         if (labels[e] == l && p.shapes[i][e] != n) {
-          p.error<ShapeError>("label ", label_name(l), " is repeated in operand ", i, " with sizes ",
-                              p.shapes[i][e], " and ", n, " (a diagonal needs equal sizes)");
+          p.error<ShapeError>("label ", label_name(l), " is repeated in operand ", i, " with sizes ", p.shapes[i][e],
+                              " and ", n, " (a diagonal needs equal sizes)");
         }
       }
       if (!seen[l] || spec.sizes[l] == 1) {  // first sight, or a 1 that broadcasts
@@ -192,8 +193,8 @@ void size_labels(const Parser& p, Spec& spec) {
         spec.sizes[l] = n;
         owner[l] = static_cast<int>(i);
       } else if (n != 1 && n != spec.sizes[l]) {
-        p.error<ShapeError>("size of label ", label_name(l), " is ", spec.sizes[l], " in operand ", owner[l],
-                            " but ", n, " in operand ", i);
+        p.error<ShapeError>("size of label ", label_name(l), " is ", spec.sizes[l], " in operand ", owner[l], " but ",
+                            n, " in operand ", i);
       }
     }
   }

@@ -54,13 +54,13 @@ struct LabelSet {
 
 // The parsed equation, checked against the operand shapes.
 struct Spec {
-  std::string equation;                 // as given (spaces kept) for messages
-  std::vector<Shape> shapes;            // operand shapes
-  std::vector<std::vector<int>> inputs; // label id of every dim of every operand
-  std::vector<int> output;              // output label ids, in output order
-  int ellipsis_rank = 0;                // dims covered by "..." (max over operands)
-  std::vector<int64_t> sizes;           // size per label id (kMaxLabels entries; 0 = unused)
-  std::string symbols;                  // display letter per label id (ellipsis dims: unused letters)
+  std::string equation;                  // as given (spaces kept) for messages
+  std::vector<Shape> shapes;             // operand shapes
+  std::vector<std::vector<int>> inputs;  // label id of every dim of every operand
+  std::vector<int> output;               // output label ids, in output order
+  int ellipsis_rank = 0;                 // dims covered by "..." (max over operands)
+  std::vector<int64_t> sizes;            // size per label id (kMaxLabels entries; 0 = unused)
+  std::string symbols;                   // display letter per label id (ellipsis dims: unused letters)
 
   LabelSet input_set(size_t i) const { return LabelSet::of(inputs[i]); }
   LabelSet output_set() const { return LabelSet::of(output); }
@@ -97,8 +97,7 @@ std::string shapes_str(std::span<const Shape> shapes);
 // Throws E("einsum('<equation>'): <args> (shapes <shapes>)").
 template <class E, class... Args>
 [[noreturn]] void fail_eq(std::string_view equation, std::span<const Shape> shapes, Args&&... args) {
-  fail<E>("einsum('", equation, "'): ", std::forward<Args>(args)..., " (shapes ",
-          shapes_str(shapes), ")");
+  fail<E>("einsum('", equation, "'): ", std::forward<Args>(args)..., " (shapes ", shapes_str(shapes), ")");
 }
 
 }  // namespace qkv::einsum_detail

@@ -28,8 +28,8 @@ LabelSet union_of(const std::vector<LabelSet>& sets, const std::vector<int>& ids
 // opt_einsum's search does); `exact` counts any summed label, as contract_path's
 // reported cost does (they differ when a label of only one operand is summed).
 std::pair<LabelSet, double> calc_k12(const std::vector<LabelSet>& inputs, LabelSet output,
-                                     const std::vector<int>& remaining, int i, int j,
-                                     const std::vector<int64_t>& sizes, bool exact = false) {
+                                     const std::vector<int>& remaining, int i, int j, const std::vector<int64_t>& sizes,
+                                     bool exact = false) {
   const LabelSet k1 = inputs[static_cast<size_t>(i)], k2 = inputs[static_cast<size_t>(j)];
   const LabelSet keep = output | union_of(inputs, remaining, i, j);
   const LabelSet either = k1 | k2;
@@ -123,8 +123,8 @@ struct Branch {
       }
       return std::nullopt;
     }
-    const double cost = size12 - size_of(inputs[static_cast<size_t>(i)], sizes) -
-                        size_of(inputs[static_cast<size_t>(j)], sizes);
+    const double cost =
+        size12 - size_of(inputs[static_cast<size_t>(i)], sizes) - size_of(inputs[static_cast<size_t>(j)], sizes);
     return Candidate{cost, flops12, new_flops, new_size, {i, j}, k12};
   }
 
@@ -154,8 +154,8 @@ struct Branch {
       Path next = path;
       next.push_back({i, j});
       inputs.push_back(std::get<5>(c));
-      iterate(next, inputs, without_pair_plus(remaining, i, j, static_cast<int>(inputs.size() - 1)),
-              std::get<2>(c), std::get<3>(c));
+      iterate(next, inputs, without_pair_plus(remaining, i, j, static_cast<int>(inputs.size() - 1)), std::get<2>(c),
+              std::get<3>(c));
       inputs.pop_back();
     }
   }
@@ -262,7 +262,8 @@ Path dp_path(const std::vector<LabelSet>& inputs, LabelSet output, const std::ve
   }
   const uint32_t full = (uint32_t{1} << n) - 1;
   std::vector<LabelSet> labels(full + 1), keep(full + 1), result(full + 1);
-  for (uint32_t s = 1; s <= full; ++s) labels[s] = labels[s & (s - 1)] | leaves[static_cast<size_t>(std::countr_zero(s))];
+  for (uint32_t s = 1; s <= full; ++s)
+    labels[s] = labels[s & (s - 1)] | leaves[static_cast<size_t>(std::countr_zero(s))];
   for (uint32_t s = 1; s <= full; ++s) {
     keep[s] = output | labels[full & ~s];
     result[s] = std::has_single_bit(s) ? leaves[static_cast<size_t>(std::countr_zero(s))] : labels[s] & keep[s];

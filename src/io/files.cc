@@ -51,12 +51,10 @@ std::shared_ptr<Storage> read_file(const std::filesystem::path& path, const Cont
   return storage;
 }
 
-std::vector<std::byte> read_range(const std::filesystem::path& path, uint64_t offset, size_t n,
-                                  const Context& ctx) {
+std::vector<std::byte> read_range(const std::filesystem::path& path, uint64_t offset, size_t n, const Context& ctx) {
   FilePtr f = open_file(path, "rb", ctx);
   std::vector<std::byte> out(n);
-  if (offset > static_cast<uint64_t>(INT64_MAX) ||
-      std::fseek(f.get(), static_cast<long>(offset), SEEK_SET) != 0) {
+  if (offset > static_cast<uint64_t>(INT64_MAX) || std::fseek(f.get(), static_cast<long>(offset), SEEK_SET) != 0) {
     fail_at<IOError>(ctx, "cannot seek to byte ", offset);
   }
   out.resize(std::fread(out.data(), 1, n, f.get()));

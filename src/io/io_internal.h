@@ -49,8 +49,7 @@ void normalize_bools(std::byte* data, size_t nbytes);
 // The whole file in one 64-byte aligned storage (IOError when it cannot be read).
 std::shared_ptr<Storage> read_file(const std::filesystem::path& path, const Context& ctx);
 // Up to `n` bytes of the file from `offset` (fewer when the file ends first).
-std::vector<std::byte> read_range(const std::filesystem::path& path, uint64_t offset, size_t n,
-                                  const Context& ctx);
+std::vector<std::byte> read_range(const std::filesystem::path& path, uint64_t offset, size_t n, const Context& ctx);
 uint64_t file_size(const std::filesystem::path& path, const Context& ctx);
 // Writes the chunks one after the other, replacing the file (IOError on failure).
 void write_file(const std::filesystem::path& path, std::span<const std::span<const std::byte>> chunks,

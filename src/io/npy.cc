@@ -20,8 +20,8 @@ constexpr std::array<unsigned char, 6> kMagic = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 // numpy refuses headers over 10,000 bytes unless told to trust the file; we allow
 // more (long shapes) but still bound what a hostile length can make us read.
 constexpr uint64_t kMaxHeaderBytes = uint64_t{1} << 20;
-constexpr size_t kMaxDims = 64;  // numpy's NPY_MAXDIMS
-constexpr size_t kArrayAlign = 64;  // numpy's ARRAY_ALIGN: data starts on this boundary
+constexpr size_t kMaxDims = 64;       // numpy's NPY_MAXDIMS
+constexpr size_t kArrayAlign = 64;    // numpy's ARRAY_ALIGN: data starts on this boundary
 constexpr size_t kGrowthDigits = 21;  // numpy's GROWTH_AXIS_MAX_DIGITS (spare header space)
 
 // What the file's 'descr' means to qkv.
@@ -89,9 +89,14 @@ Descr parse_descr(const std::string& descr, const Context& ctx) {
     DType dtype;
   };
   // bfloat16 as V2: what np.save writes for ml_dtypes.bfloat16 (numpy has no bf16).
-  static constexpr std::array<Known, 8> kKnown{{{"f4", DType::f32}, {"f8", DType::f64}, {"f2", DType::f16},
-                                                {"V2", DType::bf16}, {"i1", DType::i8}, {"i4", DType::i32},
-                                                {"i8", DType::i64}, {"b1", DType::b8}}};
+  static constexpr std::array<Known, 8> kKnown{{{"f4", DType::f32},
+                                                {"f8", DType::f64},
+                                                {"f2", DType::f16},
+                                                {"V2", DType::bf16},
+                                                {"i1", DType::i8},
+                                                {"i4", DType::i32},
+                                                {"i8", DType::i64},
+                                                {"b1", DType::b8}}};
   const char order = descr.empty() ? '\0' : descr[0];
   if (descr.size() < 2 || (order != '<' && order != '>' && order != '|' && order != '=')) {
     fail_at(ctx, "bad .npy header: descr '", descr, "' is not a numpy dtype string such as '<f4'");
@@ -231,7 +236,8 @@ std::vector<TensorInfo> inspect_npy(const std::filesystem::path& path, const Con
   const Preamble p = read_preamble(head, size, ctx);
   head = read_range(path, 0, static_cast<size_t>(p.header_offset + p.header_len), ctx);
   const Layout layout = read_layout(head, size, ctx);
-  return {TensorInfo{path.stem().string(), path.stem().string(), std::string(listed_dtype(layout)), layout.header.shape}};
+  return {
+      TensorInfo{path.stem().string(), path.stem().string(), std::string(listed_dtype(layout)), layout.header.shape}};
 }
 
 }  // namespace detail

@@ -82,8 +82,7 @@ class LiteralParser {
   bool at_end() const { return pos_ >= text_.size(); }
 
   void skip_space() {
-    while (!at_end() && (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r' ||
-                         peek() == '\f')) {
+    while (!at_end() && (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r' || peek() == '\f')) {
       ++pos_;
     }
   }
@@ -95,10 +94,10 @@ class LiteralParser {
 
   void store(const std::string& key, Value value, NpyHeader& header, bool& seen_descr, bool& seen_order,
              bool& seen_shape) {
-    bool* seen = key == "descr" ? &seen_descr
+    bool* seen = key == "descr"           ? &seen_descr
                  : key == "fortran_order" ? &seen_order
-                 : key == "shape" ? &seen_shape
-                                  : nullptr;
+                 : key == "shape"         ? &seen_shape
+                                          : nullptr;
     // numpy rejects extra keys too ("Header does not contain the correct keys").
     if (seen == nullptr) error("unexpected key '" + key + "' (allowed: 'descr', 'fortran_order', 'shape')");
     if (*seen) error("duplicate key '" + key + "'");
@@ -106,8 +105,7 @@ class LiteralParser {
     if (key == "descr") {
       // A list descr is a structured dtype: well-formed, but not a dtype qkv holds.
       if (value.kind == Value::Kind::list) {
-        fail_at<DTypeError>(ctx_, "structured dtypes (list 'descr') are not supported; header ",
-                            quote_excerpt(text_));
+        fail_at<DTypeError>(ctx_, "structured dtypes (list 'descr') are not supported; header ", quote_excerpt(text_));
       }
       if (value.kind != Value::Kind::string) error(std::string("'descr' is ") + kind_name(value.kind) + ", not a str");
       header.descr = std::move(value.string);

@@ -27,12 +27,12 @@ struct StDtype {
   std::optional<DType> qkv;
 };
 constexpr std::array<StDtype, 22> kDtypes{{
-    {"BOOL", 8, DType::b8},      {"F4", 4, {}},         {"F6_E2M3", 6, {}},       {"F6_E3M2", 6, {}},
-    {"U8", 8, {}},               {"I8", 8, DType::i8},  {"F8_E5M2", 8, {}},       {"F8_E4M3", 8, {}},
-    {"F8_E8M0", 8, {}},          {"F8_E4M3FNUZ", 8, {}}, {"F8_E5M2FNUZ", 8, {}},  {"I16", 16, {}},
-    {"U16", 16, {}},             {"F16", 16, DType::f16}, {"BF16", 16, DType::bf16}, {"I32", 32, DType::i32},
-    {"U32", 32, {}},             {"F32", 32, DType::f32}, {"C64", 64, {}},         {"F64", 64, DType::f64},
-    {"I64", 64, DType::i64},     {"U64", 64, {}},
+    {"BOOL", 8, DType::b8},  {"F4", 4, {}},           {"F6_E2M3", 6, {}},        {"F6_E3M2", 6, {}},
+    {"U8", 8, {}},           {"I8", 8, DType::i8},    {"F8_E5M2", 8, {}},        {"F8_E4M3", 8, {}},
+    {"F8_E8M0", 8, {}},      {"F8_E4M3FNUZ", 8, {}},  {"F8_E5M2FNUZ", 8, {}},    {"I16", 16, {}},
+    {"U16", 16, {}},         {"F16", 16, DType::f16}, {"BF16", 16, DType::bf16}, {"I32", 32, DType::i32},
+    {"U32", 32, {}},         {"F32", 32, DType::f32}, {"C64", 64, {}},           {"F64", 64, DType::f64},
+    {"I64", 64, DType::i64}, {"U64", 64, {}},
 }};
 
 const StDtype* find_dtype(std::string_view name) {
@@ -57,7 +57,7 @@ struct Entry {
 };
 
 struct Header {
-  uint64_t n = 0;  // header length: the data section starts at 8 + n
+  uint64_t n = 0;              // header length: the data section starts at 8 + n
   std::vector<Entry> entries;  // in data_offsets order
   std::map<std::string, std::string> metadata;
 };
@@ -102,8 +102,8 @@ json parse_json(std::string_view text, const Context& ctx) {
 
 uint64_t get_count(const json& value, const std::string& name, const char* field, const Context& ctx) {
   if (!value.is_number_unsigned()) {
-    fail_at(ctx, "tensor ", quote_name(name), " ", field, " holds ", value.is_number() ? value.dump() : value.type_name(),
-            ", not a non-negative integer");
+    fail_at(ctx, "tensor ", quote_name(name), " ", field, " holds ",
+            value.is_number() ? value.dump() : value.type_name(), ", not a non-negative integer");
   }
   return value.get<uint64_t>();
 }
@@ -120,8 +120,7 @@ Entry parse_entry(const std::string& name, const json& info, const Context& ctx)
   if (!dtype.is_string()) fail_at(ctx, "tensor ", quote_name(name), " dtype is not a string");
   e.dtype = find_dtype(dtype.get_ref<const std::string&>());
   if (e.dtype == nullptr) {
-    fail_at(ctx, "tensor ", quote_name(name), " has unknown dtype ",
-            quote_name(dtype.get_ref<const std::string&>()));
+    fail_at(ctx, "tensor ", quote_name(name), " has unknown dtype ", quote_name(dtype.get_ref<const std::string&>()));
   }
   const json& shape = info["shape"];
   if (!shape.is_array()) fail_at(ctx, "tensor ", quote_name(name), " shape is not an array");
@@ -159,16 +158,16 @@ uint64_t needed_bytes(const Entry& e, const Context& ctx) {
 // The reference's Metadata::validate: sorted by offsets, the tensors must tile
 // the data section exactly, each holding exactly the bytes its shape needs.
 void validate_offsets(Header& h, uint64_t file_size, const Context& ctx) {
-  std::sort(h.entries.begin(), h.entries.end(), [](const Entry& a, const Entry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
+  std::sort(h.entries.begin(), h.entries.end(),
+            [](const Entry& a, const Entry& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   uint64_t start = 0;
   for (const Entry& e : h.entries) {
     const std::string where = "tensor " + quote_name(e.name) + " data_offsets [" + std::to_string(e.begin) + ", " +
                               std::to_string(e.end) + ")";
     if (e.begin != start) {
-      fail_at(ctx, where, e.begin < start ? " overlap" : " leave a gap after", " the previous tensor's data (ending at ",
-              start, "): offsets must tile the data section without gaps or overlaps");
+      fail_at(ctx, where, e.begin < start ? " overlap" : " leave a gap after",
+              " the previous tensor's data (ending at ", start,
+              "): offsets must tile the data section without gaps or overlaps");
     }
     if (e.end < e.begin) fail_at(ctx, where, " end before they begin");
     const uint64_t needed = needed_bytes(e, ctx);
@@ -180,8 +179,8 @@ void validate_offsets(Header& h, uint64_t file_size, const Context& ctx) {
   }
   const uint64_t data_size = file_size - 8 - h.n;
   if (start != data_size) {
-    fail_at(ctx, "the tensors' data_offsets end at ", start, " but the data section after the header holds ",
-            data_size, " bytes");
+    fail_at(ctx, "the tensors' data_offsets end at ", start, " but the data section after the header holds ", data_size,
+            " bytes");
   }
 }
 
@@ -220,7 +219,7 @@ Header read_header(std::span<const std::byte> bytes, uint64_t file_size, const C
 // ---- writing --------------------------------------------------------------------
 
 struct Prepared {
-  std::string prefix;  // length and header
+  std::string prefix;        // length and header
   std::vector<Tensor> data;  // contiguous, in file order
 };
 
@@ -297,8 +296,7 @@ std::vector<TensorInfo> inspect_safetensors(const std::filesystem::path& path, c
 }  // namespace detail
 
 SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, const std::string& source) {
-  return detail::safetensors_from_storage(detail::copy_to_storage(bytes),
-                                          detail::Context{"parse_safetensors", source});
+  return detail::safetensors_from_storage(detail::copy_to_storage(bytes), detail::Context{"parse_safetensors", source});
 }
 
 SafetensorsFile load_safetensors(const std::filesystem::path& path) {

@@ -53,7 +53,8 @@ bool keras_has_biases(const std::map<std::string, Tensor>& w, const std::string&
 
 std::map<std::string, Tensor> keras_mha_to_torch(const std::map<std::string, Tensor>& w, const std::string& layer) {
   const Tensor& qk = need(w, layer, "query/kernel");  // [E, N, H]
-  if (qk.dim() != 3) fail<ValueError>("keras_to_torch: ", label(layer), ": query kernel ", shape_str(qk.shape()), " is not [E, N, H]");
+  if (qk.dim() != 3)
+    fail<ValueError>("keras_to_torch: ", label(layer), ": query kernel ", shape_str(qk.shape()), " is not [E, N, H]");
   const int64_t e = qk.size(0), n = qk.size(1), h = qk.size(2);
   if (n * h != e) {
     fail<ValueError>("keras_to_torch: ", label(layer), ": num_heads * key_dim = ", n, " * ", h, " != embed dim ", e,
@@ -76,11 +77,11 @@ std::map<std::string, Tensor> keras_mha_to_torch(const std::map<std::string, Ten
   const Tensor& ok = need(w, layer, "attention_output/kernel");  // [N, H, E]
   const Shape ob_shape = bias ? w.at("attention_output/bias").shape() : Shape{e};
   if (ok.shape() != Shape{n, h, e} || ob_shape != Shape{e}) {
-    fail<ValueError>("keras_to_torch: ", label(layer), ": output kernel ", shape_str(ok.shape()), " is not [", n, ", ", h,
-                     ", ", e, "] (output_shape differs from the input)");
+    fail<ValueError>("keras_to_torch: ", label(layer), ": output kernel ", shape_str(ok.shape()), " is not [", n, ", ",
+                     h, ", ", e, "] (output_shape differs from the input)");
   }
   std::map<std::string, Tensor> sd;
-  sd["in_proj_weight"] = cat_rows(in_w, qk.dtype());  // [3E, E] rows q | k | v
+  sd["in_proj_weight"] = cat_rows(in_w, qk.dtype());                                       // [3E, E] rows q | k | v
   sd["out_proj.weight"] = ok.reshape({e, e}).transpose(0, 1).contiguous().to(qk.dtype());  // [E_out, N*H]
   if (bias) {
     sd["in_proj_bias"] = cat_rows(in_b, qk.dtype());  // [3E]
@@ -133,13 +134,14 @@ std::map<std::string, Tensor> torch_mha_to_keras(const std::map<std::string, Ten
   }
   const int64_t n = num_heads, d = e / num_heads;
   const bool bias = sd.count("in_proj_bias") || sd.count("out_proj.bias");
-  const Tensor& ow = need_torch(sd, prefix, "out_proj.weight");  // [E, E]
+  const Tensor& ow = need_torch(sd, prefix, "out_proj.weight");                  // [E, E]
   const Tensor in_b = bias ? need_torch(sd, prefix, "in_proj_bias") : Tensor();  // [3E]
-  const Tensor ob = bias ? need_torch(sd, prefix, "out_proj.bias") : Tensor();  // [E]
+  const Tensor ob = bias ? need_torch(sd, prefix, "out_proj.bias") : Tensor();   // [E]
   if (ow.shape() != Shape{e, e} || (bias && (in_b.shape() != Shape{3 * e} || ob.shape() != Shape{e}))) {
-    fail<ValueError>("torch_to_keras: '", prefix, "out_proj.weight' ", shape_str(ow.shape()),
-                     bias ? " / in_proj_bias " + shape_str(in_b.shape()) + " / out_proj.bias " + shape_str(ob.shape()) : "",
-                     " do not match embed dim ", e);
+    fail<ValueError>(
+        "torch_to_keras: '", prefix, "out_proj.weight' ", shape_str(ow.shape()),
+        bias ? " / in_proj_bias " + shape_str(in_b.shape()) + " / out_proj.bias " + shape_str(ob.shape()) : "",
+        " do not match embed dim ", e);
   }
   std::map<std::string, Tensor> out;
   for (int64_t p = 0; p < 3; ++p) {
@@ -161,10 +163,13 @@ std::map<std::string, Tensor> keras_to_torch(const LayerWeights& layers) {
       continue;
     }
     for (const auto& [name, t] : w) {
-      if (name == "kernel" && t.dim() == 2) out[layer + ".weight"] = t.transpose(0, 1).contiguous();
-      else if (name == "bias") out[layer + ".bias"] = t.contiguous();
-      else fail<ValueError>("keras_to_torch: layer '", layer, "' weight '", name, "' ", shape_str(t.shape()),
-                            " has no PyTorch equivalent qkv knows");
+      if (name == "kernel" && t.dim() == 2)
+        out[layer + ".weight"] = t.transpose(0, 1).contiguous();
+      else if (name == "bias")
+        out[layer + ".bias"] = t.contiguous();
+      else
+        fail<ValueError>("keras_to_torch: layer '", layer, "' weight '", name, "' ", shape_str(t.shape()),
+                         " has no PyTorch equivalent qkv knows");
     }
   }
   return out;
@@ -172,8 +177,9 @@ std::map<std::string, Tensor> keras_to_torch(const LayerWeights& layers) {
 
 namespace {
 
-constexpr const char* kTorchMhaNames[] = {"in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
-                                          "in_proj_bias",   "out_proj.weight", "out_proj.bias", "bias_k", "bias_v"};
+constexpr const char* kTorchMhaNames[] = {"in_proj_weight", "q_proj_weight", "k_proj_weight",
+                                          "v_proj_weight",  "in_proj_bias",  "out_proj.weight",
+                                          "out_proj.bias",  "bias_k",        "bias_v"};
 
 // The prefixes ("mha.", "") of the MultiheadAttention layers in a state dict.
 std::vector<std::string> torch_mha_prefixes(const std::map<std::string, Tensor>& sd) {
@@ -205,9 +211,12 @@ LayerWeights torch_to_keras(const std::map<std::string, Tensor>& sd, int64_t num
   }
   for (const auto& [key, t] : sd) {
     if (std::find(done.begin(), done.end(), key) != done.end()) continue;
-    if (key.ends_with(".weight") && t.dim() == 2) out[key.substr(0, key.size() - 7)]["kernel"] = t.transpose(0, 1).contiguous();
-    else if (key.ends_with(".bias")) out[key.substr(0, key.size() - 5)]["bias"] = t.contiguous();
-    else fail<ValueError>("torch_to_keras: '", key, "' ", shape_str(t.shape()), " has no Keras equivalent qkv knows");
+    if (key.ends_with(".weight") && t.dim() == 2)
+      out[key.substr(0, key.size() - 7)]["kernel"] = t.transpose(0, 1).contiguous();
+    else if (key.ends_with(".bias"))
+      out[key.substr(0, key.size() - 5)]["bias"] = t.contiguous();
+    else
+      fail<ValueError>("torch_to_keras: '", key, "' ", shape_str(t.shape()), " has no Keras equivalent qkv knows");
   }
   return out;
 }

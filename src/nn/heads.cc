@@ -9,7 +9,7 @@ namespace qkv::nn::detail {
 
 Tensor split_heads(const Tensor& x, int64_t heads, bool batch_first) {
   const int64_t a = x.size(0), b = x.size(1), hd = x.size(2);
-  const Tensor v = x.view({a, b, heads, hd / heads});  // [L, N, H, D] or [N, L, H, D]
+  const Tensor v = x.view({a, b, heads, hd / heads});                      // [L, N, H, D] or [N, L, H, D]
   return batch_first ? v.permute({0, 2, 1, 3}) : v.permute({1, 2, 0, 3});  // [N, H, L, D]
 }
 
@@ -42,8 +42,7 @@ Tensor additive_mask(const Tensor& m, bool true_masks, const char* what) {
     for (int64_t i = 0; i < m.numel(); ++i) dst[i] = (src[i] == true_masks) ? -inf : 0.0f;
     return out;
   }
-  if (m.dtype() != DType::f32 && m.dtype() != DType::f64 && m.dtype() != DType::f16 &&
-      m.dtype() != DType::bf16) {
+  if (m.dtype() != DType::f32 && m.dtype() != DType::f64 && m.dtype() != DType::f16 && m.dtype() != DType::bf16) {
     fail<DTypeError>(what, ": expected a bool or floating-point mask");
   }
   return m.to(DType::f32).contiguous();

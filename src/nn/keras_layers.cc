@@ -14,8 +14,10 @@ constexpr std::string_view kValueSuffix = "/.ATTRIBUTES/VARIABLE_VALUE";
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out(1);
   for (char c : s) {
-    if (c == '/') out.emplace_back();
-    else out.back() += c;
+    if (c == '/')
+      out.emplace_back();
+    else
+      out.back() += c;
   }
   return out;
 }
@@ -123,8 +125,8 @@ const std::map<std::string, Tensor>& layer_weights(const LayerWeights& layers, c
     for (const auto& [w, t] : weights) ws += (ws.empty() ? "" : " ") + w + shape_str(t.shape());
     found += ws + ")";
   }
-  fail<FormatError>("load weights: ", source, ": no layer named '", layer, "'; the file has: ",
-                    found.empty() ? "no layer weights" : found);
+  fail<FormatError>("load weights: ", source, ": no layer named '", layer,
+                    "'; the file has: ", found.empty() ? "no layer weights" : found);
 }
 
 std::map<std::string, Tensor> keras3_paths(const LayerWeights& layers) {
@@ -136,7 +138,8 @@ std::map<std::string, Tensor> keras3_paths(const LayerWeights& layers) {
       const std::string var = slash == std::string::npos ? w : w.substr(slash + 1);
       const std::string idx = var == "kernel" ? "0" : var == "bias" ? "1" : var;
       const std::string sub = part.empty() || part == "vars" ? ""
-                            : part == "attention_output" ? "/output_dense" : "/" + part + "_dense";
+                              : part == "attention_output"   ? "/output_dense"
+                                                             : "/" + part + "_dense";
       out["layers/" + layer + sub + "/vars/" + idx] = t;
     }
   }

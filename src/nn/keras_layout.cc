@@ -5,8 +5,8 @@
 // for a chain of MultiHeadAttention / Dense layers.
 #include <algorithm>
 #include <limits>
-#include <string_view>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "qkv/error.h"
 #include "qkv/nn/keras_layers.h"
@@ -33,12 +33,16 @@ const Tensor& need(const std::map<std::string, Tensor>& w, const std::string& la
 }
 
 ojson dtype_policy() {
-  return {{"module", "keras"}, {"class_name", "DTypePolicy"}, {"config", {{"name", "float32"}}},
+  return {{"module", "keras"},
+          {"class_name", "DTypePolicy"},
+          {"config", {{"name", "float32"}}},
           {"registered_name", nullptr}};
 }
 
 ojson initializer(const char* cls, ojson config) {
-  return {{"module", "keras.initializers"}, {"class_name", cls}, {"config", std::move(config)},
+  return {{"module", "keras.initializers"},
+          {"class_name", cls},
+          {"config", std::move(config)},
           {"registered_name", nullptr}};
 }
 
@@ -48,30 +52,41 @@ ojson keras_tensor(const ojson& shape, const std::string& from) {
 }
 
 ojson layer_entry(const char* cls, const std::string& name, ojson config, ojson build, ojson args) {
-  return {{"module", "keras.layers"}, {"class_name", cls}, {"config", std::move(config)},
-          {"registered_name", nullptr}, {"build_config", std::move(build)}, {"name", name},
+  return {{"module", "keras.layers"},
+          {"class_name", cls},
+          {"config", std::move(config)},
+          {"registered_name", nullptr},
+          {"build_config", std::move(build)},
+          {"name", name},
           {"inbound_nodes", {{{"args", std::move(args)}, {"kwargs", ojson::object()}}}}};
 }
 
 ojson common_config(const std::string& name) {
-  const ojson glorot = initializer("GlorotUniform", {{"seed", nullptr}, {"input_axes", nullptr}, {"output_axes", nullptr}});
-  return {{"name", name}, {"trainable", true}, {"dtype", dtype_policy()}, {"kernel_initializer", glorot},
-          {"bias_initializer", initializer("Zeros", ojson::object())}, {"kernel_regularizer", nullptr},
-          {"bias_regularizer", nullptr}, {"kernel_constraint", nullptr}, {"bias_constraint", nullptr}};
+  const ojson glorot =
+      initializer("GlorotUniform", {{"seed", nullptr}, {"input_axes", nullptr}, {"output_axes", nullptr}});
+  return {{"name", name},
+          {"trainable", true},
+          {"dtype", dtype_policy()},
+          {"kernel_initializer", glorot},
+          {"bias_initializer", initializer("Zeros", ojson::object())},
+          {"kernel_regularizer", nullptr},
+          {"bias_regularizer", nullptr},
+          {"kernel_constraint", nullptr},
+          {"bias_constraint", nullptr}};
 }
 
 // One MHA layer applied to itself (query = value = the previous output of `dim`
 // features); returns its output's features.
-int64_t mha_layer(const std::string& name, const std::map<std::string, Tensor>& w, int64_t dim,
-                  const std::string& from, ojson& layers) {
+int64_t mha_layer(const std::string& name, const std::map<std::string, Tensor>& w, int64_t dim, const std::string& from,
+                  ojson& layers) {
   const Tensor& q = need(w, name, "query/kernel");
   const Tensor& v = need(w, name, "value/kernel");
   const Tensor& o = need(w, name, "attention_output/kernel");
   const Tensor& k = need(w, name, "key/kernel");
   if (q.dim() != 3 || k.dim() != 3 || v.dim() != 3 || o.dim() != 3 || q.size(0) != dim || k.size(0) != dim ||
       v.size(0) != dim) {
-    fail<ValueError>("keras_model_config: layer '", name, "': kernels ", shape_str(q.shape()), " ", shape_str(k.shape()),
-                     " ", shape_str(v.shape()), " are not those of self-attention over ", dim,
+    fail<ValueError>("keras_model_config: layer '", name, "': kernels ", shape_str(q.shape()), " ",
+                     shape_str(k.shape()), " ", shape_str(v.shape()), " are not those of self-attention over ", dim,
                      " features; the layers are not in model order (pass the model order, or the model's config.json)");
   }
   const int64_t out = o.size(2);
@@ -114,7 +129,8 @@ int64_t dense_layer(const std::string& name, const std::map<std::string, Tensor>
 // The feature count the first layer takes.
 int64_t input_features(const std::string& name, const std::map<std::string, Tensor>& w) {
   const Tensor& k = need(w, name, is_mha(w) ? "query/kernel" : "kernel");
-  if (k.dim() < 2) fail<ValueError>("keras_model_config: layer '", name, "': kernel ", shape_str(k.shape()), " has no input axis");
+  if (k.dim() < 2)
+    fail<ValueError>("keras_model_config: layer '", name, "': kernel ", shape_str(k.shape()), " has no input axis");
   return k.size(0);
 }
 
@@ -155,7 +171,8 @@ int64_t layer_with_weights_index(const std::string& key) {
   if (!key.starts_with(kPrefix)) return -1;
   int64_t i = 0;
   size_t at = kPrefix.size();
-  for (; at < key.size() && key[at] >= '0' && key[at] <= '9' && i < (int64_t{1} << 40); ++at) i = i * 10 + (key[at] - '0');
+  for (; at < key.size() && key[at] >= '0' && key[at] <= '9' && i < (int64_t{1} << 40); ++at)
+    i = i * 10 + (key[at] - '0');
   return at > kPrefix.size() && at < key.size() && key[at] == '/' ? i : -1;
 }
 
@@ -176,7 +193,8 @@ std::vector<std::string> keras_layer_order(const io::WeightFile& file) {
   for (const io::TensorInfo& e : entries) {
     for (const auto& [layer, w] : layers) {
       (void)w;
-      const bool match = e.name == layer || e.name.starts_with(layer + "/") || e.key.starts_with("layers/" + layer + "/");
+      const bool match =
+          e.name == layer || e.name.starts_with(layer + "/") || e.key.starts_with("layers/" + layer + "/");
       if (match && std::find(out.begin(), out.end(), layer) == out.end()) out.push_back(layer);
     }
   }
@@ -205,7 +223,8 @@ TfKerasCheckpoint tf_keras_checkpoint_keys(const LayerWeights& layers, const std
     for (const auto& [w, t] : weights) {
       const auto slash = w.rfind('/');
       const std::string part = slash == std::string::npos ? "" : w.substr(0, slash);
-      const bool sub = std::find(std::begin(kKerasMhaParts), std::end(kKerasMhaParts), part) != std::end(kKerasMhaParts);
+      const bool sub =
+          std::find(std::begin(kKerasMhaParts), std::end(kKerasMhaParts), part) != std::end(kKerasMhaParts);
       const std::string path = sub ? tf_keras_sublayer(part) + "/" + w.substr(slash + 1) : w;
       const std::string key = base + path + "/.ATTRIBUTES/VARIABLE_VALUE";
       out.tensors[key] = t;
@@ -232,10 +251,18 @@ std::string keras_model_config(const LayerWeights& layers, const std::vector<std
   if (names.empty()) fail<ValueError>("keras_model_config: no layers");
   int64_t dim = input_features(names.front(), layers.at(names.front()));
   ojson list = ojson::array();
-  list.push_back({{"module", "keras.layers"}, {"class_name", "InputLayer"},
-                  {"config", {{"batch_shape", {nullptr, nullptr, dim}}, {"dtype", "float32"}, {"sparse", false},
-                              {"ragged", false}, {"name", "input_layer"}, {"optional", false}}},
-                  {"registered_name", nullptr}, {"name", "input_layer"}, {"inbound_nodes", ojson::array()}});
+  list.push_back({{"module", "keras.layers"},
+                  {"class_name", "InputLayer"},
+                  {"config",
+                   {{"batch_shape", {nullptr, nullptr, dim}},
+                    {"dtype", "float32"},
+                    {"sparse", false},
+                    {"ragged", false},
+                    {"name", "input_layer"},
+                    {"optional", false}}},
+                  {"registered_name", nullptr},
+                  {"name", "input_layer"},
+                  {"inbound_nodes", ojson::array()}});
   std::string from = "input_layer";
   for (const std::string& name : names) {
     if (name == "input_layer") fail<ValueError>("keras_model_config: a weight layer is named 'input_layer'");
@@ -243,10 +270,16 @@ std::string keras_model_config(const LayerWeights& layers, const std::vector<std
     dim = is_mha(w) ? mha_layer(name, w, dim, from, list) : dense_layer(name, w, dim, from, list);
     from = name;
   }
-  const ojson config = {{"module", "keras.src.models.functional"}, {"class_name", "Functional"},
-                        {"config", {{"name", "functional"}, {"trainable", true}, {"layers", list},
-                                    {"input_layers", {"input_layer", 0, 0}}, {"output_layers", {from, 0, 0}}}},
-                        {"registered_name", "Functional"}, {"build_config", {{"input_shape", nullptr}}}};
+  const ojson config = {{"module", "keras.src.models.functional"},
+                        {"class_name", "Functional"},
+                        {"config",
+                         {{"name", "functional"},
+                          {"trainable", true},
+                          {"layers", list},
+                          {"input_layers", {"input_layer", 0, 0}},
+                          {"output_layers", {from, 0, 0}}}},
+                        {"registered_name", "Functional"},
+                        {"build_config", {{"input_shape", nullptr}}}};
   return config.dump();
 }
 

@@ -42,8 +42,8 @@ Tensor causal_mask(int64_t t, int64_t s) {
 
 }  // namespace
 
-std::optional<Tensor> keras_attention_mask(const Tensor& query, const Tensor& value, const KerasMultiHeadAttentionOptions& o,
-                                           const KerasAxes& axes) {
+std::optional<Tensor> keras_attention_mask(const Tensor& query, const Tensor& value,
+                                           const KerasMultiHeadAttentionOptions& o, const KerasAxes& axes) {
   std::optional<Tensor> m;
   auto add = [&](const Tensor& t) { m = m ? and_broadcast(*m, t) : t; };
   if (o.query_mask) add(as_bool(*o.query_mask).unsqueeze(-1));  // [B, T, 1]
@@ -102,7 +102,8 @@ void fill_fully_masked_rows(const Tensor& mask, const Tensor& v, const Tensor& o
       for (int64_t j = 0; j < s; ++j) sum += vb[j * dv + d];
       o[r * dv + d] = static_cast<float>(sum / static_cast<double>(s));
     }
-    if (scores) std::fill(scores->data<float>() + r * s, scores->data<float>() + (r + 1) * s, 1.0f / static_cast<float>(s));
+    if (scores)
+      std::fill(scores->data<float>() + r * s, scores->data<float>() + (r + 1) * s, 1.0f / static_cast<float>(s));
   }
 }
 

@@ -25,6 +25,7 @@ std::optional<Tensor> keras_attention_mask(const Tensor& query, const Tensor& va
 // Rows of `mask` (broadcast to [batch..., N, T, S]) with no key left get Keras' uniform
 // softmax: out[.., t, :] = mean over keys of v, scores[.., t, :] = 1/S.
 // out [batch..., N, T, Dv] and scores [batch..., N, T, S] are contiguous; v [batch..., N, S, Dv].
-void fill_fully_masked_rows(const Tensor& mask, const Tensor& v, const Tensor& out, const std::optional<Tensor>& scores);
+void fill_fully_masked_rows(const Tensor& mask, const Tensor& v, const Tensor& out,
+                            const std::optional<Tensor>& scores);
 
 }  // namespace qkv::nn::detail

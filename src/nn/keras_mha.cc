@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "nn/keras_masks.h"
-#include "qkv/nn/keras_weights.h"
 #include "qkv/attention.h"
+#include "qkv/nn/keras_weights.h"
 
 namespace qkv::nn {
 
@@ -40,15 +40,15 @@ std::vector<int64_t> attention_axes(const std::vector<int64_t>& given, const Sha
   }
   for (int64_t a : given) {
     const int64_t n = a < 0 ? rank + a : a;
-    const char* why = n == 0           ? " is the batch axis (Keras 3 would attend over the batch)"
-                      : n == rank - 1  ? " is the feature axis (Keras 3 would attend over the heads of the projection)"
-                      : n < 0 || n >= rank ? " is out of range (Keras 3 reads a < 0 as rank + a)"
+    const char* why = n == 0          ? " is the batch axis (Keras 3 would attend over the batch)"
+                      : n == rank - 1 ? " is the feature axis (Keras 3 would attend over the heads of the projection)"
+                      : n < 0 || n >= rank                      ? " is out of range (Keras 3 reads a < 0 as rank + a)"
                       : std::count(axes.begin(), axes.end(), n) ? " names an axis twice (Keras 3: \"Output character "
                                                                   "appeared more than once\")"
                                                                 : nullptr;
     if (why != nullptr) {
-      fail<ValueError>(kOp, ": attention axis ", a, " of attention_axes ", shape_str(Shape(given)), why,
-                       "; a query ", shape_str(q), " has the token axes 1..", rank - 2, " (or ", 1 - rank, "..-2)");
+      fail<ValueError>(kOp, ": attention axis ", a, " of attention_axes ", shape_str(Shape(given)), why, "; a query ",
+                       shape_str(q), " has the token axes 1..", rank - 2, " (or ", 1 - rank, "..-2)");
     }
     axes.push_back(n);
   }
@@ -131,16 +131,16 @@ void KerasMultiHeadAttention::build(int64_t query_dim, int64_t value_dim, int64_
   Shape out_shape = config_.output_shape.empty() ? Shape{query_dim} : config_.output_shape;
   Shape ok_shape{n, vd};
   ok_shape.insert(ok_shape.end(), out_shape.begin(), out_shape.end());
-  std::vector<Tensor> w{glorot({query_dim, n, kd}, seed), Tensor::zeros({n, kd}),
-                        glorot({key_dim, n, kd}, seed + 1), Tensor::zeros({n, kd}),
+  std::vector<Tensor> w{glorot({query_dim, n, kd}, seed),     Tensor::zeros({n, kd}),
+                        glorot({key_dim, n, kd}, seed + 1),   Tensor::zeros({n, kd}),
                         glorot({value_dim, n, vd}, seed + 2), Tensor::zeros({n, vd}),
-                        glorot(ok_shape, seed + 3), Tensor::zeros(out_shape)};
+                        glorot(ok_shape, seed + 3),           Tensor::zeros(out_shape)};
   if (!config_.use_bias) w = {w[0], w[2], w[4], w[6]};
   set_weights(w);
 }
 
 KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& query, const Tensor& value,
-                                                                const KerasMultiHeadAttentionOptions& options) {
+                                                               const KerasMultiHeadAttentionOptions& options) {
   if (!built()) {
     const Tensor& key = options.key ? *options.key : value;
     build(query.size(-1), value.size(-1), key.size(-1));
@@ -175,9 +175,10 @@ Tensor to_attention_layout(const Tensor& x, int64_t heads, const detail::KerasAx
 }  // namespace
 
 KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& query, const Tensor& value,
-                                                                const KerasMultiHeadAttentionOptions& o) const {
+                                                               const KerasMultiHeadAttentionOptions& o) const {
   const std::vector<Shape> inputs{query.shape(), value.shape(), (o.key ? *o.key : value).shape()};
-  const AllocationScope scope("KerasMultiHeadAttention.forward", {}, inputs, "query, value, key");  // names it in errors
+  const AllocationScope scope("KerasMultiHeadAttention.forward", {}, inputs,
+                              "query, value, key");  // names it in errors
   if (!built()) fail<ValueError>(kOp, ": the layer has no weights (set_weights, load_weights or build first)");
   const Tensor& key = o.key ? *o.key : value;
   require_cpu(kOp, {&query, &value, &key});

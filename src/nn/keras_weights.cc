@@ -19,8 +19,10 @@ KerasMultiHeadAttentionConfig keras_mha_config(const std::map<std::string, Tenso
   if (q == nullptr || v == nullptr || o == nullptr || q->dim() != 3 || v->dim() != 3 || o->dim() < 3) {
     std::string names;
     for (const auto& [n, t] : w) names += (names.empty() ? "" : ", ") + n + shape_str(t.shape());
-    fail<FormatError>("keras_mha_config: not MultiHeadAttention weights (need query/kernel [dim, N, key_dim], "
-                      "value/kernel, attention_output/kernel); got: ", names);
+    fail<FormatError>(
+        "keras_mha_config: not MultiHeadAttention weights (need query/kernel [dim, N, key_dim], "
+        "value/kernel, attention_output/kernel); got: ",
+        names);
   }
   KerasMultiHeadAttentionConfig c;
   c.num_heads = q->size(1);
@@ -80,8 +82,7 @@ KerasMultiHeadAttention keras_mha_from_weights(const std::map<std::string, Tenso
   return mha;
 }
 
-KerasMultiHeadAttention load_keras_mha(const LayerWeights& layers, const std::string& name,
-                                       const std::string& source) {
+KerasMultiHeadAttention load_keras_mha(const LayerWeights& layers, const std::string& name, const std::string& source) {
   const auto& w = layer_weights(layers, name, source);
   KerasMultiHeadAttention layer(keras_mha_config(w));
   layer.load_weights(w);
@@ -105,7 +106,8 @@ Tensor KerasMhaDense::forward(const Tensor& x) const {
 KerasMhaDense load_keras_mha_dense(const std::filesystem::path& file, const std::string& mha_name,
                                    const std::string& dense_name) {
   const LayerWeights layers = keras_layer_weights(io::load_weights(file));
-  return KerasMhaDense{load_keras_mha(layers, mha_name, file.string()), load_keras_dense(layers, dense_name, file.string())};
+  return KerasMhaDense{load_keras_mha(layers, mha_name, file.string()),
+                       load_keras_dense(layers, dense_name, file.string())};
 }
 
 }  // namespace qkv::nn

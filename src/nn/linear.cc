@@ -10,8 +10,7 @@ namespace {
 // f32 with the last dim contiguous and rows at a uniform distance (a GEMM operand).
 Tensor as_gemm_matrix(const Tensor& t) {
   Tensor f = t.dtype() == DType::f32 ? t : t.to(DType::f32);
-  const bool ok = f.dim() == 2 && (f.size(1) <= 1 || f.stride(1) == 1) &&
-                  (f.size(0) <= 1 || f.stride(0) >= f.size(1));
+  const bool ok = f.dim() == 2 && (f.size(1) <= 1 || f.stride(1) == 1) && (f.size(0) <= 1 || f.stride(0) >= f.size(1));
   return ok ? f : f.contiguous();
 }
 
@@ -27,8 +26,7 @@ Tensor parameter(const Tensor& t, const Shape& shape, const char* what) {
   if (t.shape() != shape) {
     fail<ShapeError>(what, ": expected shape ", shape_str(shape), ", got ", shape_str(t.shape()));
   }
-  if (t.dtype() != DType::f32 && t.dtype() != DType::f64 && t.dtype() != DType::f16 &&
-      t.dtype() != DType::bf16) {
+  if (t.dtype() != DType::f32 && t.dtype() != DType::f64 && t.dtype() != DType::f16 && t.dtype() != DType::bf16) {
     fail<DTypeError>(what, ": expected a floating-point tensor");
   }
   return t.dtype() == DType::f32 ? t : t.to(DType::f32);
@@ -47,8 +45,7 @@ Linear Linear::torch(const Tensor& weight, const std::optional<Tensor>& bias) {
 
 Linear Linear::keras(const Tensor& kernel, const std::optional<Tensor>& bias, int in_dims) {
   if (in_dims < 1 || kernel.dim() <= in_dims) {
-    fail<ShapeError>("EinsumDense: kernel ", shape_str(kernel.shape()), " needs more than ", in_dims,
-                     " dims");
+    fail<ShapeError>("EinsumDense: kernel ", shape_str(kernel.shape()), " needs more than ", in_dims, " dims");
   }
   const size_t split = static_cast<size_t>(in_dims);
   Linear l;

@@ -14,8 +14,8 @@ constexpr const char* kOp = "MultiheadAttention";
 
 // Same view of the same memory (PyTorch tests `query is key`).
 bool same_tensor(const Tensor& a, const Tensor& b) {
-  return a.shares_storage(b) && a.offset() == b.offset() && a.shape() == b.shape() &&
-         a.strides() == b.strides() && a.dtype() == b.dtype();
+  return a.shares_storage(b) && a.offset() == b.offset() && a.shape() == b.shape() && a.strides() == b.strides() &&
+         a.dtype() == b.dtype();
 }
 
 Tensor xavier(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed) {
@@ -90,9 +90,9 @@ MultiheadAttention MultiheadAttention::from_state_dict(const MultiheadAttentionC
 namespace {
 
 // The parameter names of torch.nn.MultiheadAttention's state_dict (any configuration).
-constexpr const char* kTorchNames[] = {"in_proj_weight", "in_proj_bias",  "q_proj_weight",   "k_proj_weight",
-                                       "v_proj_weight",  "bias_k",        "bias_v",          "out_proj.weight",
-                                       "out_proj.bias"};
+constexpr const char* kTorchNames[] = {"in_proj_weight", "in_proj_bias",    "q_proj_weight",
+                                       "k_proj_weight",  "v_proj_weight",   "bias_k",
+                                       "bias_v",         "out_proj.weight", "out_proj.bias"};
 
 }  // namespace
 
@@ -116,8 +116,7 @@ std::map<std::string, Tensor> mha_state_dict(const std::map<std::string, Tensor>
     const std::string what = prefix.empty() ? "" : " under the prefix '" + prefix + "'";
     if (hits.empty()) {
       fail<ValueError>(kOp, ": no MultiheadAttention state_dict", what, " (no <prefix>out_proj.weight)",
-                       layers.empty() ? "" : "; its layers: " + layers, "; the keys: ",
-                       keys.empty() ? "none" : keys);
+                       layers.empty() ? "" : "; its layers: " + layers, "; the keys: ", keys.empty() ? "none" : keys);
     }
     fail<ValueError>(kOp, ": ", hits.size(), " MultiheadAttention layers (prefixes ", layers,
                      "); choose one with prefix=");
@@ -146,8 +145,8 @@ void MultiheadAttention::load_state_dict(const std::map<std::string, Tensor>& st
     if (!params_.count(name) && strict) unexpected += (unexpected.empty() ? "" : ", ") + name;
   }
   if (!missing.empty() || !unexpected.empty()) {
-    fail<ValueError>(kOp, ": error loading state_dict: missing keys [", missing, "], unexpected keys [",
-                     unexpected, "]");
+    fail<ValueError>(kOp, ": error loading state_dict: missing keys [", missing, "], unexpected keys [", unexpected,
+                     "]");
   }
   params_ = std::move(next);
   rebuild();
@@ -248,7 +247,7 @@ void MultiheadAttention::project(const Tensor& q, const Tensor& k, const Tensor&
 }
 
 MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                                      const MultiheadAttentionOptions& o) const {
+                                                     const MultiheadAttentionOptions& o) const {
   require_cpu(kOp, {&query, &key, &value});
   const std::vector<Shape> inputs{query.shape(), key.shape(), value.shape()};  // named in out-of-memory errors
   const AllocationScope scope("MultiheadAttention.forward", {}, inputs, "query, key, value");

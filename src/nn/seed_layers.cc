@@ -62,7 +62,8 @@ void SelfAttention::load_state_dict(const std::map<std::string, Tensor>& sd) {
 std::map<std::string, Tensor> SelfAttention::state_dict() const { return {{"to_qvk.weight", to_qvk_}}; }
 
 Tensor SelfAttention::forward(const Tensor& x, const std::optional<Tensor>& mask) const {
-  const AllocationScope scope("SelfAttention.forward", {}, std::span<const Shape>(&x.shape(), 1), "x");  // names it in errors
+  const AllocationScope scope("SelfAttention.forward", {}, std::span<const Shape>(&x.shape(), 1),
+                              "x");  // names it in errors
   check_3d(x, dim_, "SelfAttention", "x");
   const Tensor qkv = proj_.forward(x).view({x.size(0), x.size(1), 3, dim_});  // [B, T, 3, dim]
   AttentionOptions o;
@@ -78,12 +79,12 @@ MultiHeadSelfAttention::MultiHeadSelfAttention(int64_t dim, int64_t heads, std::
     : dim_(dim), heads_(heads), dim_head_(dim_head.value_or(heads > 0 ? dim / heads : 0)) {
   const AllocationScope scope("MultiHeadSelfAttention");  // names the layer in out-of-memory errors
   if (dim <= 0 || heads <= 0 || dim_head_ <= 0) {
-    fail<ValueError>("MultiHeadSelfAttention: dim, heads and dim_head must be positive, got ", dim, ", ", heads,
-                     ", ", dim_head_);
+    fail<ValueError>("MultiHeadSelfAttention: dim, heads and dim_head must be positive, got ", dim, ", ", heads, ", ",
+                     dim_head_);
   }
   const int64_t inner = heads_ * dim_head_;
-  load_state_dict({{"to_qvk.weight", torch_init({3 * inner, dim}, seed)},
-                   {"W_0.weight", torch_init({dim, inner}, seed + 1)}});
+  load_state_dict(
+      {{"to_qvk.weight", torch_init({3 * inner, dim}, seed)}, {"W_0.weight", torch_init({dim, inner}, seed + 1)}});
 }
 
 void MultiHeadSelfAttention::load_state_dict(const std::map<std::string, Tensor>& sd) {
@@ -101,10 +102,11 @@ std::map<std::string, Tensor> MultiHeadSelfAttention::state_dict() const {
 }
 
 Tensor MultiHeadSelfAttention::forward(const Tensor& x, const std::optional<Tensor>& mask) const {
-  const AllocationScope scope("MultiHeadSelfAttention.forward", {}, std::span<const Shape>(&x.shape(), 1), "x");  // names it in errors
+  const AllocationScope scope("MultiHeadSelfAttention.forward", {}, std::span<const Shape>(&x.shape(), 1),
+                              "x");  // names it in errors
   check_3d(x, dim_, "MultiHeadSelfAttention", "x");
   const int64_t b = x.size(0), t = x.size(1);
-  const Tensor qkv = proj_.forward(x).view({b, t, 3, heads_, dim_head_});  // [B, T, 3, H, dh]
+  const Tensor qkv = proj_.forward(x).view({b, t, 3, heads_, dim_head_});         // [B, T, 3, H, dh]
   auto part = [&](int64_t i) { return qkv.select(2, i).permute({0, 2, 1, 3}); };  // [B, H, T, dh]
   AttentionOptions o;
   o.attn_mask = seed_mask(mask, t, "MultiHeadSelfAttention");
@@ -120,7 +122,8 @@ SeparateHeadsAttention::SeparateHeadsAttention(int64_t embed_dim, int64_t n_head
                                                uint64_t seed)
     : e_(embed_dim), h_(n_heads), scale_(scale), causal_(causal) {
   const AllocationScope scope("SeparateHeadsAttention");  // names the layer in out-of-memory errors
-  if (n_heads <= 0 || embed_dim <= 0) fail<ValueError>("SeparateHeadsAttention: embed_dim and n_heads must be positive");
+  if (n_heads <= 0 || embed_dim <= 0)
+    fail<ValueError>("SeparateHeadsAttention: embed_dim and n_heads must be positive");
   if ((!d_kq || !d_v) && embed_dim < n_heads) {
     fail<ValueError>("SeparateHeadsAttention: embed_dim (", embed_dim, ") must be at least n_heads (", n_heads,
                      ") for the default head size embed_dim / n_heads");
@@ -235,8 +238,8 @@ Tensor LazyMultiHeadAttention::forward(const Tensor& q, const Tensor& k, const T
     if (materialized()) {
       const int64_t fixed = params_.at(std::string(kLazyNames[i]) + ".weight").size(1);
       if (x.size(2) != fixed) {
-        fail<ShapeError>(kLazy, ": ", "qkv"[i], " has ", x.size(2), " features, but the first call fixed d_",
-                         "qkv"[i], " = ", fixed, " (LazyLinear input sizes are inferred once)");
+        fail<ShapeError>(kLazy, ": ", "qkv"[i], " has ", x.size(2), " features, but the first call fixed d_", "qkv"[i],
+                         " = ", fixed, " (LazyLinear input sizes are inferred once)");
       }
     }
   }
@@ -245,7 +248,8 @@ Tensor LazyMultiHeadAttention::forward(const Tensor& q, const Tensor& k, const T
       const int64_t in = inputs[i]->size(2);
       const double bound = 1.0 / std::sqrt(static_cast<double>(in));
       const std::string name = kLazyNames[i];
-      params_[name + ".weight"] = Tensor::uniform({hidden_, in}, seed_ + 10 + 2 * static_cast<uint64_t>(i), -bound, bound);
+      params_[name + ".weight"] =
+          Tensor::uniform({hidden_, in}, seed_ + 10 + 2 * static_cast<uint64_t>(i), -bound, bound);
       params_[name + ".bias"] = Tensor::uniform({hidden_}, seed_ + 11 + 2 * static_cast<uint64_t>(i), -bound, bound);
     }
     rebuild();

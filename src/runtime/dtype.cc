@@ -34,10 +34,22 @@ DType dtype_from_name(std::string_view name) {
     DType dtype;
   };
   static constexpr std::array<Alias, 16> kAliases{{
-      {"float32", DType::f32}, {"f32", DType::f32}, {"float64", DType::f64}, {"f64", DType::f64},
-      {"float16", DType::f16}, {"f16", DType::f16}, {"bfloat16", DType::bf16}, {"bf16", DType::bf16},
-      {"int8", DType::i8},     {"i8", DType::i8},   {"int32", DType::i32},    {"i32", DType::i32},
-      {"int64", DType::i64},   {"i64", DType::i64}, {"bool", DType::b8},      {"b8", DType::b8},
+      {"float32", DType::f32},
+      {"f32", DType::f32},
+      {"float64", DType::f64},
+      {"f64", DType::f64},
+      {"float16", DType::f16},
+      {"f16", DType::f16},
+      {"bfloat16", DType::bf16},
+      {"bf16", DType::bf16},
+      {"int8", DType::i8},
+      {"i8", DType::i8},
+      {"int32", DType::i32},
+      {"i32", DType::i32},
+      {"int64", DType::i64},
+      {"i64", DType::i64},
+      {"bool", DType::b8},
+      {"b8", DType::b8},
   }};
   for (const auto& a : kAliases) {
     if (a.name == name) return a.dtype;

@@ -82,8 +82,7 @@ EnvLimit read_env_limit() {
   }
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   size_t bytes = 0;
-  if (pages > 0 && page > 0 &&
-      !__builtin_mul_overflow(static_cast<size_t>(pages), static_cast<size_t>(page), &bytes)) {
+  if (pages > 0 && page > 0 && !__builtin_mul_overflow(static_cast<size_t>(pages), static_cast<size_t>(page), &bytes)) {
     limit.bytes = bytes;
   }
   // A container limit below the physical memory is what an OOM kill would enforce.
@@ -228,9 +227,7 @@ std::string AllocationScope::describe(std::string_view fallback) {
   return innermost_scope != nullptr ? innermost_scope->text() : std::string(fallback);
 }
 
-void AllocationScope::fail_bad_alloc() const {
-  fail<OutOfMemoryError>(text(), ": out of memory (std::bad_alloc)");
-}
+void AllocationScope::fail_bad_alloc() const { fail<OutOfMemoryError>(text(), ": out of memory (std::bad_alloc)"); }
 
 std::string bad_alloc_message(std::string_view fallback) {
   std::string where = unwound_text.empty() ? AllocationScope::describe(fallback) : std::move(unwound_text);
@@ -261,10 +258,11 @@ size_t checked_alloc_bytes(std::span<const int64_t> shape, DType dtype, const ch
     char buf[32];
     const double rounded = std::round(log2_bytes);
     std::snprintf(buf, sizeof buf, std::fabs(log2_bytes - rounded) < 1e-9 ? "2^%.0f" : "2^%.1f", log2_bytes);
-    fail<OutOfMemoryError>(AllocationScope::describe(fallback_op), ": ", allocation_what(shape, dtype, role),
-                           " needs ", buf, " bytes: the size overflows");
+    fail<OutOfMemoryError>(AllocationScope::describe(fallback_op), ": ", allocation_what(shape, dtype, role), " needs ",
+                           buf, " bytes: the size overflows");
   }
-  if (*bytes > 0 && *bytes > max_alloc_bytes()) fail_over_limit(*bytes, allocation_what(shape, dtype, role), fallback_op);
+  if (*bytes > 0 && *bytes > max_alloc_bytes())
+    fail_over_limit(*bytes, allocation_what(shape, dtype, role), fallback_op);
   return *bytes;
 }
 

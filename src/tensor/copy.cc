@@ -10,8 +10,7 @@ void Tensor::copy_from(const Tensor& src) const {
   require_cpu("copy_from", {this, &src});
   check_writable("copy_from");
   const Tensor source = src.expand(shape_);  // numpy broadcasting of src onto this shape
-  kernels::strided_copy(shape_, {source.raw_data(), source.dtype(), source.strides()},
-                        {raw_data(), dtype_, strides_});
+  kernels::strided_copy(shape_, {source.raw_data(), source.dtype(), source.strides()}, {raw_data(), dtype_, strides_});
 }
 
 void Tensor::fill(double value) const {

@@ -49,8 +49,8 @@ Device common_device_of(std::string_view op, const Range& tensors, Get get) {
     if (first == nullptr) {
       first = t;
     } else if (t->device() != first->device()) {
-      fail<DeviceError>(op, ": tensors on ", first->device().to_string(), " and ", t->device().to_string(),
-                        " (shapes ", shape_str(first->shape()), " and ", shape_str(t->shape()),
+      fail<DeviceError>(op, ": tensors on ", first->device().to_string(), " and ", t->device().to_string(), " (shapes ",
+                        shape_str(first->shape()), " and ", shape_str(t->shape()),
                         "); every input must be on one device");
     }
   }

@@ -71,8 +71,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
     if (da != db && da != 1 && db != 1) {
-      fail<ShapeError>(op, ": shapes ", shape_str(a), " and ", shape_str(b),
-                       " cannot be broadcast together (dim ", i, ": ", da, " vs ", db, ")");
+      fail<ShapeError>(op, ": shapes ", shape_str(a), " and ", shape_str(b), " cannot be broadcast together (dim ", i,
+                       ": ", da, " vs ", db, ")");
     }
     out[i] = da == 1 ? db : da;
   }
@@ -135,8 +135,8 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, const Stri
   return Tensor(std::move(storage), dtype, shape, std::move(s), 0);
 }
 
-Tensor Tensor::view_of(std::shared_ptr<Storage> storage, DType dtype, const Shape& shape,
-                       const Strides& strides, int64_t offset) {
+Tensor Tensor::view_of(std::shared_ptr<Storage> storage, DType dtype, const Shape& shape, const Strides& strides,
+                       int64_t offset) {
   if (!storage) fail<ValueError>("view_of: null storage");
   if (strides.size() != shape.size()) {
     fail<ShapeError>("view_of: ", strides.size(), " strides for shape ", shape_str(shape));
@@ -151,9 +151,8 @@ Tensor Tensor::view_of(std::shared_ptr<Storage> storage, DType dtype, const Shap
   }
   const int64_t capacity = static_cast<int64_t>(storage->nbytes() / qkv::itemsize(dtype));
   if (n > 0 && (overflow || lo < 0 || hi >= capacity)) {
-    fail<IndexError>("view_of: shape ", shape_str(shape), " strides ", shape_str(strides), " offset ",
-                     offset, " reach elements [", lo, ", ", hi, "] outside storage of ", capacity,
-                     " elements");
+    fail<IndexError>("view_of: shape ", shape_str(shape), " strides ", shape_str(strides), " offset ", offset,
+                     " reach elements [", lo, ", ", hi, "] outside storage of ", capacity, " elements");
   }
   return Tensor(std::move(storage), dtype, shape, strides, offset);
 }
@@ -181,14 +180,12 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
-void* Tensor::raw_data() const {
-  return storage_->data() + static_cast<size_t>(offset_) * itemsize();
-}
+void* Tensor::raw_data() const { return storage_->data() + static_cast<size_t>(offset_) * itemsize(); }
 
 void Tensor::check_dtype(DType expected, const char* op) const {
   if (expected != dtype_) {
-    fail<DTypeError>(op, ": requested ", dtype_name(expected), " from a ", dtype_name(dtype_),
-                     " tensor of shape ", shape_str(shape_));
+    fail<DTypeError>(op, ": requested ", dtype_name(expected), " from a ", dtype_name(dtype_), " tensor of shape ",
+                     shape_str(shape_));
   }
 }
 
@@ -255,8 +252,8 @@ Tensor Tensor::permute(std::span<const int64_t> dims) const {
     }
     const int64_t d = dims[i] < 0 ? dims[i] + dim() : dims[i];
     if (seen[d]) {
-      fail<ShapeError>("permute: dims ", dims_str(dims), " repeat dim ", d, " (tensor of shape ",
-                       shape_str(shape_), ")");
+      fail<ShapeError>("permute: dims ", dims_str(dims), " repeat dim ", d, " (tensor of shape ", shape_str(shape_),
+                       ")");
     }
     seen[d] = true;
     shape[i] = shape_[d];
@@ -295,14 +292,14 @@ Shape infer_shape(const Shape& requested, int64_t numel, const Shape& source, co
   }
   if (infer_at >= 0) {
     if (known == 0 || numel % known != 0) {
-      fail<ShapeError>(op, ": shape ", shape_str(requested), " is invalid for input of shape ",
-                       shape_str(source), " (", numel, " elements)");
+      fail<ShapeError>(op, ": shape ", shape_str(requested), " is invalid for input of shape ", shape_str(source), " (",
+                       numel, " elements)");
     }
     shape[infer_at] = numel / known;
   }
   if (shape_numel(shape) != numel) {
-    fail<ShapeError>(op, ": shape ", shape_str(requested), " is invalid for input of shape ", shape_str(source),
-                     " (", numel, " elements)");
+    fail<ShapeError>(op, ": shape ", shape_str(requested), " is invalid for input of shape ", shape_str(source), " (",
+                     numel, " elements)");
   }
   return shape;
 }
@@ -405,8 +402,8 @@ Tensor Tensor::expand(const Shape& shape) const {
       out[i] = want;
       strides[i] = 0;
     } else {
-      fail<ShapeError>("expand: tensor of shape ", shape_str(shape_), " cannot expand to ", shape_str(shape),
-                       " (dim ", i, ": ", have, " -> ", shape[i], ")");
+      fail<ShapeError>("expand: tensor of shape ", shape_str(shape_), " cannot expand to ", shape_str(shape), " (dim ",
+                       i, ": ", have, " -> ", shape[i], ")");
     }
   }
   return Tensor(storage_, dtype_, std::move(out), std::move(strides), offset_);

@@ -9,10 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <random>
 #include <optional>
-#include <utility>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/flash_cpu.h"
@@ -27,7 +27,6 @@
 
 namespace qkv {
 namespace {
-
 
 // ---- random configurations ------------------------------------------------------
 
@@ -184,8 +183,8 @@ class FlashAttention : public ::testing::Test {
 
 // err(fused) <= 2 * err(naive f32) + a floor of one f32 ulp of the largest |v|
 // (for configurations where both are exact, e.g. Lk = 1).
-void expect_within_criterion(const Config& c, const Tensor& fused, const Tensor& naive, const Tensor& ref,
-                             double v_max, double* worst_ratio = nullptr) {
+void expect_within_criterion(const Config& c, const Tensor& fused, const Tensor& naive, const Tensor& ref, double v_max,
+                             double* worst_ratio = nullptr) {
   const double e_fused = max_abs_diff(fused, ref), e_naive = max_abs_diff(naive, ref);
   const double floor = 0x1.0p-23 * v_max;
   EXPECT_LE(e_fused, 2.0 * e_naive + floor) << c.str() << " fused " << e_fused << " naive " << e_naive;

@@ -62,12 +62,17 @@ TEST(FlashTiles, OptionsWinOverTheEnvironmentWhichWinsOverTheAutomaticChoice) {
     return attention::choose_flash_tiles(requested, e, lq, lk, 64, 64, false);
   };
   const FlashTiles a = pick(asked, env, 1000, 1000), b = pick({}, env, 1000, 1000), c = pick({}, {}, 1000, 1000);
-  EXPECT_EQ(a.br, 5); EXPECT_EQ(a.bc, 7);
-  EXPECT_EQ(b.br, 64); EXPECT_EQ(b.bc, 256);
-  EXPECT_EQ(c.br, automatic.br); EXPECT_EQ(c.bc, automatic.bc);
+  EXPECT_EQ(a.br, 5);
+  EXPECT_EQ(a.bc, 7);
+  EXPECT_EQ(b.br, 64);
+  EXPECT_EQ(b.bc, 256);
+  EXPECT_EQ(c.br, automatic.br);
+  EXPECT_EQ(c.bc, automatic.bc);
   const FlashTiles cut = pick({4096, 4096}, {}, 3, 10), empty = pick({4096, 4096}, {}, 0, 0);
-  EXPECT_EQ(cut.br, 3); EXPECT_EQ(cut.bc, 10);
-  EXPECT_EQ(empty.br, 1); EXPECT_EQ(empty.bc, 1);
+  EXPECT_EQ(cut.br, 3);
+  EXPECT_EQ(cut.bc, 10);
+  EXPECT_EQ(empty.br, 1);
+  EXPECT_EQ(empty.bc, 1);
   const FlashTiles causal = attention::auto_flash_tiles(64, 64, true);
   EXPECT_EQ(causal.bc, 2 * causal.br);  // key tiles backwards from the diagonal (flash_tiles.h)
 }
@@ -115,7 +120,7 @@ TEST(AttentionProblem, WithOperandsKeepsTheGeometryAndRefusesOtherShapes) {
   EXPECT_EQ(f.q.shape(), (Shape{2, 3, 5, 4}));
   EXPECT_EQ(f.q.dtype(), DType::f64);
   EXPECT_EQ(f.out_dtype, DType::f32);  // the user's dtype, for the result
-  EXPECT_EQ(f.q.stride(1), 0);          // broadcast, not copied
+  EXPECT_EQ(f.q.stride(1), 0);         // broadcast, not copied
   EXPECT_THROW(attention::with_operands(p, k, k, v, std::nullopt), std::logic_error);
 }
 

@@ -30,7 +30,9 @@ struct Case {
 // Random small problems: Lq < Lk, Lq > Lk, causal, bool masks with fully masked
 // rows, float masks with -inf, GQA, k/v batch broadcast, explicit scale.
 Case random_case(std::mt19937_64& rng, int n, DType dtype) {
-  auto pick = [&](int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1)); };
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+  };
   const int64_t B = pick(1, 2), Hk = pick(1, 2), Hq = Hk * (n % 3 == 0 ? 2 : 1), Lq = pick(1, 40), Lk = pick(1, 40);
   const int64_t Dk = pick(1, 20), Dv = pick(1, 12);
   const uint64_t seed = rng();

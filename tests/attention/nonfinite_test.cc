@@ -30,7 +30,9 @@ namespace {
 namespace fs = std::filesystem;
 using sdpa_fixtures::Fixture;
 
-std::vector<fs::path> fixture_files() { return sdpa_fixtures::fixture_files(sdpa_fixtures::fixture_dir("sdpa_nonfinite")); }
+std::vector<fs::path> fixture_files() {
+  return sdpa_fixtures::fixture_files(sdpa_fixtures::fixture_dir("sdpa_nonfinite"));
+}
 
 // NaN where want is NaN and only there; equal infinities; exactly 0 where want
 // is 0; elsewhere |got - want| <= tol(want, scale), scale = the largest finite |want|.
@@ -53,9 +55,9 @@ template <class Tol>
       ok = std::isfinite(g[i]) && std::fabs(g[i] - w[i]) <= tol(w[i], scale);
     }
     if (!ok) {
-      return ::testing::AssertionFailure() << what << ": at " << sdpa_fixtures::index_str(want.shape(), i)
-                                           << " got " << std::setprecision(17) << g[i] << ", torch " << w[i]
-                                           << " (scale " << scale << ")";
+      return ::testing::AssertionFailure()
+             << what << ": at " << sdpa_fixtures::index_str(want.shape(), i) << " got " << std::setprecision(17) << g[i]
+             << ", torch " << w[i] << " (scale " << scale << ")";
     }
   }
   return ::testing::AssertionSuccess();
@@ -149,8 +151,8 @@ TEST(NonFiniteTorchFixtures, EveryDtypeAndNaNsPresent) {
   if (a.shape() != b.shape()) return ::testing::AssertionFailure() << what << ": shapes differ";
   for (size_t i = 0; i < x.size(); ++i) {
     if (std::isnan(x[i]) != std::isnan(y[i])) {
-      return ::testing::AssertionFailure() << what << ": at " << sdpa_fixtures::index_str(a.shape(), i) << " "
-                                           << x[i] << " vs " << y[i];
+      return ::testing::AssertionFailure()
+             << what << ": at " << sdpa_fixtures::index_str(a.shape(), i) << " " << x[i] << " vs " << y[i];
     }
   }
   return ::testing::AssertionSuccess();
@@ -181,17 +183,18 @@ void expect_fused_equals_reference_nan_pattern(const Big& in) {
     EXPECT_TRUE(same_nans("weights", *ref.weights, *fused.weights)) << "tiles " << tiles.br << "x" << tiles.bc;
     const auto tol = [](double, double scale) { return 1e-5 * scale; };
     EXPECT_TRUE(same_nonfinite("out", ref.output, fused.output, tol)) << "tiles " << tiles.br << "x" << tiles.bc;
-    EXPECT_TRUE(same_nonfinite("lse", *ref.logsumexp, *fused.logsumexp, tol)) << "tiles " << tiles.br << "x" << tiles.bc;
+    EXPECT_TRUE(same_nonfinite("lse", *ref.logsumexp, *fused.logsumexp, tol))
+        << "tiles " << tiles.br << "x" << tiles.bc;
   }
 }
 
 TEST(NonFiniteFused, NaNInQKOrMaskAcrossTiles) {
   Big in;
-  in.q = with_value(in.q, {0, 0, 130, 5}, NAN);         // row 130 of head 0
-  in.k = with_value(in.k, {0, 1, 650, 0}, NAN);         // every row of head 1
-  std::vector<float> mask(300 * 700, 0.0f);             // [300, 700] float
+  in.q = with_value(in.q, {0, 0, 130, 5}, NAN);                      // row 130 of head 0
+  in.k = with_value(in.k, {0, 1, 650, 0}, NAN);                      // every row of head 1
+  std::vector<float> mask(300 * 700, 0.0f);                          // [300, 700] float
   for (int64_t j = 0; j < 700; ++j) mask[77 * 700 + j] = -INFINITY;  // row 77: every key masked
-  mask[200 * 700 + 333] = NAN;                          // row 200 of both heads
+  mask[200 * 700 + 333] = NAN;                                       // row 200 of both heads
   in.o.attn_mask = Tensor::from_vector(mask, {300, 700});
   expect_fused_equals_reference_nan_pattern(in);
   const AttentionResult r = scaled_dot_product_attention(in.q, in.k, in.v, in.o);

@@ -190,7 +190,8 @@ TEST(AttentionReference, LargeLogitsStayFinite) {
 
 TEST(AttentionReference, KeepsInputDtype) {
   for (DType t : {DType::f32, DType::f16, DType::bf16}) {
-    const Tensor q = Tensor::randn({2, 3, 4}, 27, t), k = Tensor::randn({2, 5, 4}, 28, t), v = Tensor::randn({2, 5, 4}, 29, t);
+    const Tensor q = Tensor::randn({2, 3, 4}, 27, t), k = Tensor::randn({2, 5, 4}, 28, t),
+                 v = Tensor::randn({2, 5, 4}, 29, t);
     const auto r = attention_reference(q, k, v, with_weights());
     EXPECT_EQ(r.output.dtype(), t);
     EXPECT_EQ(r.weights->dtype(), t);
@@ -201,7 +202,8 @@ TEST(AttentionReference, KeepsInputDtype) {
 }
 
 TEST(AttentionReference, ErrorsNameTheShapes) {
-  const Tensor q = Tensor::randn({2, 4, 3, 8}, 1), k = Tensor::randn({2, 4, 5, 8}, 2), v = Tensor::randn({2, 4, 5, 6}, 3);
+  const Tensor q = Tensor::randn({2, 4, 3, 8}, 1), k = Tensor::randn({2, 4, 5, 8}, 2),
+               v = Tensor::randn({2, 4, 5, 6}, 3);
   AttentionOptions both;
   both.is_causal = true;
   both.attn_mask = Tensor::ones({3, 5}, DType::b8);
@@ -213,8 +215,8 @@ TEST(AttentionReference, ErrorsNameTheShapes) {
   EXPECT_THROW_WITH(attention_reference(q, k.to(DType::f64), v), DTypeError, "same dtype");
   EXPECT_THROW_WITH(attention_reference(q.to(DType::i32), k, v), DTypeError, "floating point");
   EXPECT_THROW_WITH(attention_reference(Tensor::randn({8}, 1), k, v), ShapeError, "at least 2 dims");
-  EXPECT_THROW_WITH(attention_reference(q, Tensor::randn({2, 3, 5, 8}, 2), Tensor::randn({2, 3, 5, 6}, 3)),
-                    ShapeError, "cannot be broadcast");
+  EXPECT_THROW_WITH(attention_reference(q, Tensor::randn({2, 3, 5, 8}, 2), Tensor::randn({2, 3, 5, 6}, 3)), ShapeError,
+                    "cannot be broadcast");
   AttentionOptions gqa;
   gqa.enable_gqa = true;
   EXPECT_THROW_WITH(attention_reference(q, Tensor::randn({2, 3, 5, 8}, 2), Tensor::randn({2, 3, 5, 6}, 3), gqa),

@@ -74,10 +74,10 @@ std::vector<fs::path> fixture_files() { return qkv::sdpa_fixtures::fixture_files
     }
   }
   if (worst_excess > 0.0) {
-    return ::testing::AssertionFailure()
-           << what << ": at " << index_str(want.shape(), worst) << " got " << std::setprecision(17) << g[worst]
-           << ", torch " << w[worst] << " (|err| " << worst_err << " > tol " << worst_tol << "; max |err| "
-           << max_err << ", scale " << scale << ")";
+    return ::testing::AssertionFailure() << what << ": at " << index_str(want.shape(), worst) << " got "
+                                         << std::setprecision(17) << g[worst] << ", torch " << w[worst] << " (|err| "
+                                         << worst_err << " > tol " << worst_tol << "; max |err| " << max_err
+                                         << ", scale " << scale << ")";
   }
   return ::testing::AssertionSuccess() << what << ": max |err| " << max_err << " (scale " << scale << ")";
 }
@@ -113,8 +113,7 @@ INSTANTIATE_TEST_SUITE_P(Torch, ReferenceTorchTest, ::testing::ValuesIn(fixture_
 
 // A missing or emptied fixture directory must fail, not pass with no cases.
 TEST(ReferenceTorchFixtures, AtLeastThirty) {
-  EXPECT_GE(fixture_files().size(), 30u) << "fixtures in " << fixture_dir()
-                                         << " (regenerate with `make fixtures`)";
+  EXPECT_GE(fixture_files().size(), 30u) << "fixtures in " << fixture_dir() << " (regenerate with `make fixtures`)";
 }
 
 // Rows whose every key is masked (bool False / float -inf everywhere) give
@@ -142,8 +141,7 @@ TEST(ReferenceTorchFixtures, FullyMaskedRowsAreExactlyZero) {
     }
     if (dead.empty()) continue;
     masked_rows += static_cast<int64_t>(dead.size());
-    const qkv::AttentionResult res = qkv::attention_reference(f.tensor("q"), f.tensor("k"), f.tensor("v"),
-                                                              f.attention);
+    const qkv::AttentionResult res = qkv::attention_reference(f.tensor("q"), f.tensor("k"), f.tensor("v"), f.attention);
     ASSERT_TRUE(res.weights.has_value());
     ASSERT_EQ(res.output.shape(), want_out.shape());
     ASSERT_EQ(res.weights->shape(), want_w.shape());

@@ -87,9 +87,18 @@ inline std::string index_str(const Shape& shape, size_t flat) {
 inline double half_ulp(DType dtype, double x) {
   int fraction_bits = 52, min_exponent = -1022;
   switch (dtype) {
-    case DType::f16: fraction_bits = 10; min_exponent = -14; break;
-    case DType::bf16: fraction_bits = 7; min_exponent = -126; break;
-    case DType::f32: fraction_bits = 23; min_exponent = -126; break;
+    case DType::f16:
+      fraction_bits = 10;
+      min_exponent = -14;
+      break;
+    case DType::bf16:
+      fraction_bits = 7;
+      min_exponent = -126;
+      break;
+    case DType::f32:
+      fraction_bits = 23;
+      min_exponent = -126;
+      break;
     default: break;
   }
   int e = 0;

@@ -48,7 +48,8 @@ TEST(EinopsEinsum, ErrorsOfEinopsTests) {
   EXPECT_THROW_WITH(compact_einsum_pattern("i 2 -> i"), FormatError, "Anonymous axes are not yet supported");
   EXPECT_THROW_WITH(compact_einsum_pattern("i 2j -> i"), FormatError, "Invalid axis identifier");
   EXPECT_THROW_WITH(compact_einsum_pattern("i j"), FormatError, "Einsum pattern must contain '->'.");
-  EXPECT_THROW_WITH(compact_einsum_pattern("i j -> k"), FormatError, "Unknown axis k on right side of einsum i j -> k.");
+  EXPECT_THROW_WITH(compact_einsum_pattern("i j -> k"), FormatError,
+                    "Unknown axis k on right side of einsum i j -> k.");
   std::string many;
   for (int i = 0; i < 53; ++i) {
     many += 'a';

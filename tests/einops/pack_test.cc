@@ -41,9 +41,10 @@ TEST(Pack, StackingPatterns) {
 
 TEST(Pack, PatternErrors) {
   const Tensor r = iota({4, 5});
-  EXPECT_THROW_WITH(pack({r}, "h w nonexisting_axis *"), ShapeError,
-                    "packed tensor #0 (enumeration starts with 0) has shape (4, 5), while pattern h w nonexisting_axis * "
-                    "assumes at least 3 axes");
+  EXPECT_THROW_WITH(
+      pack({r}, "h w nonexisting_axis *"), ShapeError,
+      "packed tensor #0 (enumeration starts with 0) has shape (4, 5), while pattern h w nonexisting_axis * "
+      "assumes at least 3 axes");
   EXPECT_THROW_WITH(pack({r}, "h _w *"), FormatError, "Invalid axis name _w in pack(..., \"h _w *\")");
   EXPECT_THROW_WITH(pack({r}, "h_ w *"), FormatError, "Invalid axis name h_");
   EXPECT_THROW_WITH(pack({r}, "1 w *"), FormatError, "Invalid axis name 1");
@@ -60,9 +61,15 @@ TEST(Unpack, MinusOneAndErrorsOfEinopsTests) {
   EXPECT_EQ(unpack(x, {{1, 2}, {1, -1}, {1, 1}}, pattern)[1].shape(), (Shape{3, 1, 2, 4}));
   EXPECT_EQ(unpack(x, {{2, -1}, {1, 5}}, pattern)[0].shape(), (Shape{3, 2, 0, 4}));
   EXPECT_EQ(unpack(x, {{-1}, {5}, {0}}, pattern)[0].shape(), (Shape{3, 0, 4}));
-  for (const std::vector<Shape>& bad : std::vector<std::vector<Shape>>{
-           {{2}, {1}, {1}}, {{4}, {1}, {1}}, {{2}, {4}, {-1}}, {{-1}, {1}, {5}}, {{-1, 2}, {1}, {5}},
-           {{2, 2}, {2}, {5, -1}}, {{2, 1}, {1}, {3, -1}}, {{2, 1}, {3, -1}, {1}}, {{3, -1}, {2, 1}, {1}}}) {
+  for (const std::vector<Shape>& bad : std::vector<std::vector<Shape>>{{{2}, {1}, {1}},
+                                                                       {{4}, {1}, {1}},
+                                                                       {{2}, {4}, {-1}},
+                                                                       {{-1}, {1}, {5}},
+                                                                       {{-1, 2}, {1}, {5}},
+                                                                       {{2, 2}, {2}, {5, -1}},
+                                                                       {{2, 1}, {1}, {3, -1}},
+                                                                       {{2, 1}, {3, -1}, {1}},
+                                                                       {{3, -1}, {2, 1}, {1}}}) {
     EXPECT_THROW_WITH(unpack(x, bad, pattern), ShapeError,
                       "Error during unpack(..., \"three * four\"): could not split axis of size 5 into requested");
   }
@@ -77,8 +84,8 @@ TEST(Unpack, MinusOneAndErrorsOfEinopsTests) {
 TEST(Unpack, SplitPointsOfHugeLengthsSaturate) {
   const Tensor x = iota({3});
   const int64_t big = int64_t{1} << 62;
-  for (const std::vector<Shape>& bad : std::vector<std::vector<Shape>>{
-           {{big}, {big}, {-1}}, {{-1}, {big}, {big}, {big}}, {{big}, {big}, {big}}}) {
+  for (const std::vector<Shape>& bad :
+       std::vector<std::vector<Shape>>{{{big}, {big}, {-1}}, {{-1}, {big}, {big}, {big}}, {{big}, {big}, {big}}}) {
     EXPECT_THROW_WITH(unpack(x, bad, "*"), ShapeError,
                       "Error during unpack(..., \"*\"): could not split axis of size 3 into requested");
   }

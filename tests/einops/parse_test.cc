@@ -9,7 +9,9 @@
 namespace qkv::einops_detail {
 namespace {
 
-Expression parse(std::string_view s, bool underscore = false) { return parse_expression(s, underscore, false, nullptr); }
+Expression parse(std::string_view s, bool underscore = false) {
+  return parse_expression(s, underscore, false, nullptr);
+}
 
 // Composition as text: groups in brackets, anonymous axes as their value.
 std::string layout(const Expression& e) {
@@ -22,7 +24,7 @@ std::string layout(const Expression& e) {
     out += "(";
     for (size_t i = 0; i < g.axes.size(); ++i) {
       out += i ? " " : "";
-      out += g.axes[i].anonymous() ? std::to_string(g.axes[i].value)
+      out += g.axes[i].anonymous()     ? std::to_string(g.axes[i].value)
              : g.axes[i].is_ellipsis() ? std::string("...")
                                        : g.axes[i].key;
     }

@@ -26,8 +26,7 @@ TEST(Rearrange, SeedSplitHeadsIsAView) {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t t = 0; t < T; ++t)
-          for (int64_t d = 0; d < D; ++d)
-            ASSERT_EQ(y.item({k, b, h, t, d}), x.item({b, t, (d * K + k) * H + h}));
+          for (int64_t d = 0; d < D; ++d) ASSERT_EQ(y.item({k, b, h, t, d}), x.item({b, t, (d * K + k) * H + h}));
 }
 
 TEST(Rearrange, SeedMergeHeadsCopiesOnce) {
@@ -63,9 +62,9 @@ TEST(Rearrange, ContiguousMergeIsAView) {
 
 TEST(Rearrange, IdentityPatternsOfEinopsTests) {
   const Tensor x = iota({2, 3, 4, 5, 6}, DType::i64);
-  for (const char* p : {"...->...", "a b c d e-> a b c d e", "a b c d e ...-> ... a b c d e",
-                        "a b c d e ...-> a ... b c d e", "... a b c d e -> ... a b c d e", "a ... e-> a ... e",
-                        "a ... -> a ... ", "a ... c d e -> a (...) c d e"}) {
+  for (const char* p :
+       {"...->...", "a b c d e-> a b c d e", "a b c d e ...-> ... a b c d e", "a b c d e ...-> a ... b c d e",
+        "... a b c d e -> ... a b c d e", "a ... e-> a ... e", "a ... -> a ... ", "a ... c d e -> a (...) c d e"}) {
     EXPECT_EQ(rearrange(x, p).to_vector<int64_t>(), x.to_vector<int64_t>()) << p;
   }
 }
@@ -82,16 +81,30 @@ TEST(Rearrange, EquivalentPatternsOfEinopsTests) {
     Where where;
   };
   const Case cases[] = {
-      {"a b c d e -> (a b) c d e", "a b ... -> (a b) ... ", {A * B, C, D, E},
+      {"a b c d e -> (a b) c d e",
+       "a b ... -> (a b) ... ",
+       {A * B, C, D, E},
        [](int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) { return (((a * B + b) * C + c) * D + d) * E + e; }},
-      {"a b c d e -> a b (c d) e", "... c d e -> ... (c d) e", {A, B, C * D, E},
+      {"a b c d e -> a b (c d) e",
+       "... c d e -> ... (c d) e",
+       {A, B, C * D, E},
        [](int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) { return (((a * B + b) * C + c) * D + d) * E + e; }},
-      {"a b c d e -> (a b c d e)", "... ->  (...)", {A * B * C * D * E},
+      {"a b c d e -> (a b c d e)",
+       "... ->  (...)",
+       {A * B * C * D * E},
        [](int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) { return (((a * B + b) * C + c) * D + d) * E + e; }},
-      {"a b c d e -> b (c d e) a", "a b ... -> b (...) a", {B, C * D * E, A},
-       [](int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) { return (b * C * D * E + (c * D + d) * E + e) * A + a; }},
-      {"a b c d e -> b (a c d) e", "a b ... e -> b (a ...) e", {B, A * C * D, E},
-       [](int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) { return (b * A * C * D + (a * C + c) * D + d) * E + e; }}};
+      {"a b c d e -> b (c d e) a",
+       "a b ... -> b (...) a",
+       {B, C * D * E, A},
+       [](int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) {
+         return (b * C * D * E + (c * D + d) * E + e) * A + a;
+       }},
+      {"a b c d e -> b (a c d) e",
+       "a b ... e -> b (a ...) e",
+       {B, A * C * D, E},
+       [](int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) {
+         return (b * A * C * D + (a * C + c) * D + d) * E + e;
+       }}};
   for (const Case& k : cases) {
     std::vector<float> want(static_cast<size_t>(x.numel()));
     for (int64_t a = 0; a < A; ++a)
@@ -146,7 +159,9 @@ std::string message(const std::function<void()>& fn) {
 
 TEST(EinopsErrors, QuotePatternShapeAndLengths) {
   const Tensor x = iota({2, 7});
-  EXPECT_EQ(message([&] { rearrange(x, "b (h d) -> b h d", {{"h", 2}}); }),
+  EXPECT_EQ(message([&] {
+              rearrange(x, "b (h d) -> b h d", {{"h", 2}});
+            }),
             "Error while processing rearrange-reduction pattern \"b (h d) -> b h d\".\n Input tensor shape: (2, 7). "
             "Additional info: {'h': 2}.\n Shape mismatch, can't divide axis of length 7 in chunks of 2");
   EXPECT_THROW_WITH(rearrange(x, "a b c -> a b c"), ShapeError, "Wrong shape: expected 3 dims. Received 2-dim tensor.");
@@ -177,7 +192,8 @@ TEST(RecipeCache, CompilesOncePerPatternOpNamesAndNdim) {
   const auto r2 = einops_detail::prepare_recipe("a (b c) -> c a b", einops_detail::Operation::rearrange(), {"b"}, 2);
   EXPECT_EQ(r1.get(), r2.get());
   EXPECT_EQ(einops_detail::recipe_cache_stats().hits, before.hits + 1);
-  EXPECT_NE(einops_detail::prepare_recipe("a (b c) -> c a b", einops_detail::Operation::rearrange(), {"c"}, 2).get(), r1.get());
+  EXPECT_NE(einops_detail::prepare_recipe("a (b c) -> c a b", einops_detail::Operation::rearrange(), {"c"}, 2).get(),
+            r1.get());
   EXPECT_NE(einops_detail::prepare_recipe("a ... -> ... a", einops_detail::Operation::rearrange(), {}, 2).get(),
             einops_detail::prepare_recipe("a ... -> ... a", einops_detail::Operation::rearrange(), {}, 3).get());
   // The cached recipe serves other lengths of the same names.
@@ -191,7 +207,8 @@ TEST(RecipeCache, ThreadSafe) {
   std::vector<float> want(24);
   for (int64_t a = 0; a < 2; ++a)
     for (int64_t b = 0; b < 3; ++b)
-      for (int64_t c = 0; c < 4; ++c) want[static_cast<size_t>(c * 6 + b * 2 + a)] = static_cast<float>((a * 3 + b) * 4 + c);
+      for (int64_t c = 0; c < 4; ++c)
+        want[static_cast<size_t>(c * 6 + b * 2 + a)] = static_cast<float>((a * 3 + b) * 4 + c);
   std::vector<std::thread> threads;
   std::vector<int> ok(8, 0);
   for (int i = 0; i < 8; ++i) {

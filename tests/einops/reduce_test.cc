@@ -106,26 +106,35 @@ TEST(Reduce, ReductionPlanForCallables) {
   EXPECT_EQ(q.permutation, (std::vector<int64_t>{1, 0, 2}));
   EXPECT_EQ(q.n_kept, 2);
   EXPECT_EQ(q.final_shape, (Shape{6, 1}));
-  EXPECT_THROW_WITH(reduction_plan({2, 3}, "a b -> a c", "<function f>"), FormatError,
-                    "Error while processing <function f>-reduction pattern \"a b -> a c\".\n Input tensor shape: (2, 3). "
-                    "Additional info: {}.\n Unexpected identifiers on the right side of reduce <function f>: {'c'}");
+  EXPECT_THROW_WITH(
+      reduction_plan({2, 3}, "a b -> a c", "<function f>"), FormatError,
+      "Error while processing <function f>-reduction pattern \"a b -> a c\".\n Input tensor shape: (2, 3). "
+      "Additional info: {}.\n Unexpected identifiers on the right side of reduce <function f>: {'c'}");
   // No string stands for a callable (the "\x02" name prefix that once did is gone): it is an
   // unknown reduction like any other name (FormatError; Python's ValueError as before).
-  EXPECT_THROW_WITH(reduce(Tensor::zeros({2}), "a -> ", "\x02" "f"), FormatError, "Unknown reduction \x02" "f.");
+  EXPECT_THROW_WITH(reduce(Tensor::zeros({2}), "a -> ",
+                           "\x02"
+                           "f"),
+                    FormatError,
+                    "Unknown reduction \x02"
+                    "f.");
 }
 
 TEST(Reduce, TakesTheReductionAsAnEnum) {
   const Tensor x = iota({2, 3}, DType::f64);  // [[0, 1, 2], [3, 4, 5]]
-  const std::pair<Reduction, std::vector<double>> cases[] = {
-      {Reduction::sum, {3, 12}}, {Reduction::mean, {1, 4}}, {Reduction::prod, {0, 60}},
-      {Reduction::min, {0, 3}},  {Reduction::max, {2, 5}}};
+  const std::pair<Reduction, std::vector<double>> cases[] = {{Reduction::sum, {3, 12}},
+                                                             {Reduction::mean, {1, 4}},
+                                                             {Reduction::prod, {0, 60}},
+                                                             {Reduction::min, {0, 3}},
+                                                             {Reduction::max, {2, 5}}};
   for (const auto& [r, want] : cases) {
     EXPECT_EQ(reduce(x, "a b -> a", r).to_vector<double>(), want) << reduction_name(r);
     EXPECT_EQ(reduction_from_name(reduction_name(r)), r);
   }
   EXPECT_EQ(reduce(x, "a b -> a", Reduction::any).to(DType::f64).to_vector<double>(), (std::vector<double>{1, 1}));
   EXPECT_EQ(reduce(x, "a b -> a", Reduction::all).to(DType::f64).to_vector<double>(), (std::vector<double>{0, 1}));
-  EXPECT_EQ(reduce(std::vector<Tensor>{x, x}, "l a b -> a", Reduction::sum).to_vector<double>(), (std::vector<double>{6, 24}));
+  EXPECT_EQ(reduce(std::vector<Tensor>{x, x}, "l a b -> a", Reduction::sum).to_vector<double>(),
+            (std::vector<double>{6, 24}));
   EXPECT_EQ(reduction_from_name("median"), std::nullopt);
   EXPECT_EQ(reduction_from_name("Sum"), std::nullopt);  // einops' names are case-sensitive
 }

@@ -13,8 +13,7 @@ namespace {
 TEST(EinopsSize, RepeatWhoseBytesOverflowIsOutOfMemory) {
   // 2 x 2 x 2^60 floats: 2^62 elements fit int64, their 2^64 bytes wrapped to 0 and
   // permuted_copy wrote through a 0-byte buffer.
-  EXPECT_THROW_WITH(einops::repeat(Tensor::ones({2, 2}), "h w -> (h w c)", {{"c", int64_t{1} << 60}}),
-                    OutOfMemoryError,
+  EXPECT_THROW_WITH(einops::repeat(Tensor::ones({2, 2}), "h w -> (h w c)", {{"c", int64_t{1} << 60}}), OutOfMemoryError,
                     "repeat: 'h w -> (h w c)' (input [2, 2]): output [2, 2, 1152921504606846976] float32 needs "
                     "2^64 bytes: the size overflows");
 }
@@ -30,9 +29,10 @@ TEST(EinopsSize, RepeatAxesMultiplyingPast2To62AreShapeErrors) {
 
 TEST(EinopsSize, RepeatOverTheLimitFailsBeforeCopying) {
   const LimitGuard limit(size_t{1} << 20);
-  EXPECT_THROW_WITH(einops::repeat(Tensor::ones({2, 3}), "h w -> h (w c)", {{"c", 65536}}), OutOfMemoryError,
-                    "repeat: 'h w -> h (w c)' (input [2, 3]): output [2, 3, 65536] float32 needs 1572864 bytes (1.5 MiB), "
-                    "more than the limit of 1048576 bytes");
+  EXPECT_THROW_WITH(
+      einops::repeat(Tensor::ones({2, 3}), "h w -> h (w c)", {{"c", 65536}}), OutOfMemoryError,
+      "repeat: 'h w -> h (w c)' (input [2, 3]): output [2, 3, 65536] float32 needs 1572864 bytes (1.5 MiB), "
+      "more than the limit of 1048576 bytes");
   EXPECT_EQ(einops::repeat(Tensor::ones({2, 3}), "h w -> h (w c)", {{"c", 4}}).shape(), (Shape{2, 12}));
 }
 

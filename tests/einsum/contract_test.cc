@@ -107,7 +107,8 @@ TEST(EinsumContract, BroadcastBatchDimsUseZeroStrides) {
 }
 
 TEST(EinsumContract, Float64UsesTheSameLayoutsWithoutOneDnn) {
-  std::vector<Tensor> ops = {Tensor::randn({2, 3, 20, 16}, 1, DType::f64), Tensor::randn({2, 3, 24, 16}, 2, DType::f64)};
+  std::vector<Tensor> ops = {Tensor::randn({2, 3, 20, 16}, 1, DType::f64),
+                             Tensor::randn({2, 3, 24, 16}, 2, DType::f64)};
   Tensor out;
   const ExecTrace t = trace_of("bhid,bhjd->bhij", ops, &out);
   EXPECT_EQ(t.kernels, (std::vector<std::string>{"GEMM"}));

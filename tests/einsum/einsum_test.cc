@@ -37,6 +37,8 @@ void check(const Case& c) {
 
 TEST(Einsum, SeedEquations) {
   // Seed 000 (spaced) and seed 001 (Keras MultiHeadAttention), plus the EinsumDense forms.
+  // A table, one case per line:
+  // clang-format off
   const std::vector<Case> cases = {
       {"b i k, b j k -> b i j", {{2, 5, 8}, {2, 7, 8}}},
       {"b i d, b j d -> b i j", {{3, 4, 6}, {3, 5, 6}}},
@@ -56,10 +58,13 @@ TEST(Einsum, SeedEquations) {
       {"acbe,aecd->abcd", {{2, 4, 24, 32}, {2, 32, 4, 16}}},
       {"abcd,cde->abe", {{2, 24, 4, 16}, {4, 16, 48}}},
   };
+  // clang-format on
   for (const Case& c : cases) check(c);
 }
 
 TEST(Einsum, NumpySumsTracesDiagonalsAndScalars) {
+  // A table, one case per line:
+  // clang-format off
   const std::vector<Case> cases = {
       {"i->", {{7}}},          {"i,i->", {{7}, {7}}},          {"i,i->i", {{7}, {7}}},
       {",i->i", {{}, {7}}},    {"i,->i", {{7}, {}}},           {",i->", {{}, {7}}},
@@ -73,10 +78,13 @@ TEST(Einsum, NumpySumsTracesDiagonalsAndScalars) {
       {"ij,ij->ij", {{3, 4}, {3, 4}}}, {"ij,ji->", {{3, 4}, {4, 3}}}, {"cl, cpx->lpx", {{2, 3}, {2, 3, 7}}},
       {"cl, cpxy->lpxy", {{3, 3}, {3, 3, 4, 4}}}, {"...,...", {{2, 3}, {3}}}, {"ijk,j->ijk", {{2, 3, 4}, {3}}},
   };
+  // clang-format on
   for (const Case& c : cases) check(c);
 }
 
 TEST(Einsum, NumpyBroadcasting) {
+  // A table, one case per line:
+  // clang-format off
   const std::vector<Case> cases = {
       {"ij...,j...->i...", {{1, 2}, {2, 2, 1}}},
       {"...i,...i", {{3}, {3}}},
@@ -106,10 +114,13 @@ TEST(Einsum, NumpyBroadcasting) {
       {"cacc,bcb->", {{1, 1, 1, 1}, {1, 4, 1}}},
       {"i...j,j...k->...ik", {{2, 5, 3}, {3, 4, 1, 2}}},
   };
+  // clang-format on
   for (const Case& c : cases) check(c);
 }
 
 TEST(Einsum, NumpyOptimizeCompareCases) {
+  // A table, one case per line:
+  // clang-format off
   const std::vector<std::string> equations = {
       "a,ab,abc->abc", "a,b,ab->ab", "ea,fb,gc,hd,abcd->efgh", "ea,fb,abcd,gc,hd->efgh",
       "abcd,ea,fb,gc,hd->efgh", "acdf,jbje,gihb,hfac,gfac,gifabc,hfac", "cd,bdhe,aidb,hgca,gc,hgibcd,hgac",
@@ -124,6 +135,7 @@ TEST(Einsum, NumpyOptimizeCompareCases) {
       "fbb,dfd,fc,fc->", "afd,ba,cc,dc->bf", "adb,bc,fa,cfc->d", "bbd,bda,fc,db->acf", "dba,ead,cad->bce",
       "aef,fbc,dca->bde",
   };
+  // clang-format on
   for (const std::string& eq : equations) check({eq, einsum_test::shapes_for(eq, einsum_test::numpy_size)});
 }
 
@@ -214,13 +226,13 @@ TEST(Einsum, HalfInputsAreComputedInFloat32) {
 }
 
 TEST(Einsum, NonContiguousOperands) {
-  const Tensor a = Tensor::randn({6, 8, 5}, 3).permute({2, 0, 1});   // [5, 6, 8]
-  const Tensor b = Tensor::randn({8, 12}, 4).slice(1, 0, 12, 2);     // [8, 6] with stride 2
+  const Tensor a = Tensor::randn({6, 8, 5}, 3).permute({2, 0, 1});  // [5, 6, 8]
+  const Tensor b = Tensor::randn({8, 12}, 4).slice(1, 0, 12, 2);    // [8, 6] with stride 2
   const Tensor want = einsum_reference("bij,jk->bik", std::vector<Tensor>{a, b});
   EXPECT_TRUE(all_close(einsum("bij,jk->bik", {a, b}), want, 1e-5, 1e-5));
   const Tensor e = Tensor::randn({5, 1, 8}, 5).expand({5, 6, 8});  // zero strides
-  EXPECT_TRUE(all_close(einsum("bij,bij->b", {e, a}), einsum_reference("bij,bij->b", std::vector<Tensor>{e, a}),
-                        1e-5, 1e-5));
+  EXPECT_TRUE(
+      all_close(einsum("bij,bij->b", {e, a}), einsum_reference("bij,bij->b", std::vector<Tensor>{e, a}), 1e-5, 1e-5));
 }
 
 TEST(Einsum, ZeroSizedDims) {

@@ -25,8 +25,10 @@ inline std::vector<Tensor> operands_for(const std::string& equation, const std::
 inline std::vector<Shape> shapes_for(const std::string& equation, int (*size)(char)) {
   std::vector<Shape> shapes(1);
   for (char c : equation.substr(0, equation.find("->"))) {
-    if (c == ',') shapes.emplace_back();
-    else if (c != ' ') shapes.back().push_back(size(c));
+    if (c == ',')
+      shapes.emplace_back();
+    else if (c != ' ')
+      shapes.back().push_back(size(c));
   }
   return shapes;
 }

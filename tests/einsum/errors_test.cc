@@ -50,8 +50,7 @@ TEST(EinsumErrors, InvalidCharacter) {
   EXPECT_THROW_WITH(call("i-i", {shaped({2})}), FormatError, "invalid character '-'");
   // A non-ASCII character is quoted whole, never one byte of its UTF-8 sequence.
   EXPECT_THROW_WITH(call("\u00e4", {shaped({2})}), FormatError, "invalid character '\u00e4' in term 0");
-  EXPECT_THROW_WITH(call("ij,j\u65e5->i", {shaped({2, 2}), shaped({2, 2})}), FormatError,
-                    "invalid character '\u65e5'");
+  EXPECT_THROW_WITH(call("ij,j\u65e5->i", {shaped({2, 2}), shaped({2, 2})}), FormatError, "invalid character '\u65e5'");
   EXPECT_THROW_WITH(call("i->\U0001F600", {shaped({2})}), FormatError, "invalid character '\U0001F600' in output");
 }
 

@@ -147,8 +147,10 @@ TEST(EinsumPlan, OptEinsumEdgePathsAreReproduced) {
   for (const Edge& e : edges) {
     std::vector<Shape> shapes(1);
     for (const char* c = e.eq; *c && *c != '-'; ++c) {
-      if (*c == ',') shapes.emplace_back();
-      else shapes.back().push_back(dims[*c - 'a']);
+      if (*c == ',')
+        shapes.emplace_back();
+      else
+        shapes.back().push_back(dims[*c - 'a']);
     }
     EinsumOptions options;
     options.optimize = einsum_optimize_from_name(e.method);

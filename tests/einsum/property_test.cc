@@ -7,9 +7,9 @@
 #include <random>
 
 #include "einsum/contract.h"
+#include "einsum/einsum_test_util.h"
 #include "einsum/parse.h"
 #include "einsum/plan.h"
-#include "einsum/einsum_test_util.h"
 #include "qkv/einsum.h"
 
 namespace qkv {
@@ -82,7 +82,7 @@ RandomCase random_case(std::mt19937& rng, DType dtype, int max_size) {
 void run_random(int count, uint32_t seed, DType dtype, int max_size, double tol) {
   std::mt19937 rng(seed);
   const EinsumOptimize opts[] = {EinsumOptimize::none, EinsumOptimize::greedy, EinsumOptimize::optimal,
-                                 EinsumOptimize::dp, EinsumOptimize::auto_, EinsumOptimize::branch_2};
+                                 EinsumOptimize::dp,   EinsumOptimize::auto_,  EinsumOptimize::branch_2};
   for (int n = 0; n < count; ++n) {
     const RandomCase c = random_case(rng, dtype, max_size);
     EinsumOptions options;

@@ -33,10 +33,10 @@ TEST(IoFiles, InspectListsSafetensorsInDataOrder) {
     names.push_back(info.name);
     dtypes.push_back(info.dtype);
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"i64", "f64", "empty", "f32", "scalar", "i32", "bf16", "f16", "i8",
-                                             "bool"}));
-  EXPECT_EQ(dtypes, (std::vector<std::string>{"int64", "float64", "float32", "float32", "float32", "int32",
-                                              "bfloat16", "float16", "int8", "bool"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"i64", "f64", "empty", "f32", "scalar", "i32", "bf16", "f16", "i8", "bool"}));
+  EXPECT_EQ(dtypes, (std::vector<std::string>{"int64", "float64", "float32", "float32", "float32", "int32", "bfloat16",
+                                              "float16", "int8", "bool"}));
   EXPECT_EQ(infos[2].shape, (Shape{0, 3}));
   EXPECT_EQ(infos[4].shape, Shape{});
 }
@@ -78,15 +78,16 @@ TEST(IoFiles, LoadAndSaveDispatchByExtension) {
 
 TEST(IoFiles, UnknownExtensionIsFormatError) {
   EXPECT_THROW_WITH(load("model.pt"), FormatError,
-                   "load: model.pt: unknown file extension '.pt' (qkv reads and writes .npy and .safetensors");
+                    "load: model.pt: unknown file extension '.pt' (qkv reads and writes .npy and .safetensors");
   EXPECT_THROW_WITH(inspect("noext"), FormatError, "inspect: noext: unknown file extension ''");
   EXPECT_THROW_WITH(save("x.pt", {}), FormatError, "save: x.pt: unknown file extension '.pt'");
-  EXPECT_THROW_WITH(save("x.keras", {}), FormatError, "save: x.keras: save writes .npy, .safetensors, .h5 and TF checkpoints");
+  EXPECT_THROW_WITH(save("x.keras", {}), FormatError,
+                    "save: x.keras: save writes .npy, .safetensors, .h5 and TF checkpoints");
 }
 
 TEST(IoFiles, SaveNpyNeedsExactlyOneTensor) {
   EXPECT_THROW_WITH(save("two.npy", {{"a", Tensor::zeros({1})}, {"b", Tensor::zeros({1})}}), ValueError,
-                   "save: two.npy: an .npy file holds exactly one tensor, got 2");
+                    "save: two.npy: an .npy file holds exactly one tensor, got 2");
 }
 
 TEST(IoFiles, MissingFileIsIOError) {

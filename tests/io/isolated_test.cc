@@ -4,9 +4,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
-#include <cstdlib>
 
 #include "io/keras_tf/isolated.h"
 
@@ -107,13 +107,14 @@ TEST(IsolatedRun, ChildKilledByASignalIsAFormatErrorNamingTheSignal) {
     ::raise(SIGSEGV);
     return reply_of({});
   });
-  EXPECT_EQ(m, "test_op: x.h5: the reader failed on this file (reader process killed by SIGSEGV); the file is malformed");
+  EXPECT_EQ(m,
+            "test_op: x.h5: the reader failed on this file (reader process killed by SIGSEGV); the file is malformed");
 }
 
 TEST(IsolatedRun, AbortIsNotCaughtByHandlersOfTheParent) {
   // The parent's SIGABRT handler (as libFuzzer installs one) must not run in the child.
-  struct sigaction old{};
-  struct sigaction act{};
+  struct sigaction old {};
+  struct sigaction act {};
   act.sa_handler = [](int) { ::_exit(42); };
   ::sigaction(SIGABRT, &act, &old);
   const std::string m = failure_of(options(), []() -> IsolatedReply { std::abort(); });
@@ -123,7 +124,8 @@ TEST(IsolatedRun, AbortIsNotCaughtByHandlersOfTheParent) {
 
 TEST(IsolatedRun, ChildExitingNonZeroIsAFormatErrorWithTheStatus) {
   const std::string m = failure_of(options(), []() -> IsolatedReply { ::_exit(7); });
-  EXPECT_EQ(m, "test_op: x.h5: the reader failed on this file (reader process exited with status 7); the file is malformed");
+  EXPECT_EQ(
+      m, "test_op: x.h5: the reader failed on this file (reader process exited with status 7); the file is malformed");
 }
 
 TEST(IsolatedRun, ChildExitingWithoutAReplyIsAFormatError) {
@@ -137,8 +139,9 @@ TEST(IsolatedRun, ChildPastTheDeadlineIsKilledAndReported) {
     ::sleep(60);
     return reply_of({});
   });
-  EXPECT_EQ(m, "test_op: x.h5: the reader failed on this file (reader process still running after 0.2 s, killed; "
-               "QKV_TEST_TIMEOUT sets the limit); the file is malformed");
+  EXPECT_EQ(m,
+            "test_op: x.h5: the reader failed on this file (reader process still running after 0.2 s, killed; "
+            "QKV_TEST_TIMEOUT sets the limit); the file is malformed");
 }
 
 TEST(IsolatedRun, ForkLockIsHeldAroundForkOnly) {

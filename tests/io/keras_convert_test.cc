@@ -14,12 +14,12 @@ namespace qkv::io {
 namespace {
 
 // The layer view of weight files lives in qkv::nn (qkv/nn/keras_layers.h).
+using nn::keras3_paths;
 using nn::keras_layer_weights;
 using nn::keras_to_torch;
-using nn::torch_to_keras;
-using nn::keras3_paths;
 using nn::layer_weights;
 using nn::LayerWeights;
+using nn::torch_to_keras;
 
 std::filesystem::path fx(const std::string& dir, const std::string& name) {
   return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / dir / name;
@@ -30,7 +30,8 @@ std::filesystem::path fx(const std::string& dir, const std::string& name) {
 std::vector<double> torch_mha(const std::map<std::string, Tensor>& sd, const std::string& p, const Tensor& query,
                               const Tensor& value, int64_t heads) {
   const auto w = sd.at(p + ".in_proj_weight").to_vector<double>(), b = sd.at(p + ".in_proj_bias").to_vector<double>();
-  const auto ow = sd.at(p + ".out_proj.weight").to_vector<double>(), ob = sd.at(p + ".out_proj.bias").to_vector<double>();
+  const auto ow = sd.at(p + ".out_proj.weight").to_vector<double>(),
+             ob = sd.at(p + ".out_proj.bias").to_vector<double>();
   const int64_t B = query.size(0), L = query.size(1), S = value.size(1), E = query.size(2), D = E / heads;
   const auto xq = query.to_vector<double>(), xv = value.to_vector<double>();
   auto proj = [&](const std::vector<double>& x, int64_t rows, int64_t part) {  // [rows, E] @ W[part].T + b[part]
@@ -38,7 +39,8 @@ std::vector<double> torch_mha(const std::map<std::string, Tensor>& sd, const std
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t o = 0; o < E; ++o) {
         double acc = b[static_cast<size_t>(part * E + o)];
-        for (int64_t i = 0; i < E; ++i) acc += x[static_cast<size_t>(r * E + i)] * w[static_cast<size_t>((part * E + o) * E + i)];
+        for (int64_t i = 0; i < E; ++i)
+          acc += x[static_cast<size_t>(r * E + i)] * w[static_cast<size_t>((part * E + o) * E + i)];
         y[static_cast<size_t>(r * E + o)] = acc;
       }
     }
@@ -53,14 +55,17 @@ std::vector<double> torch_mha(const std::map<std::string, Tensor>& sd, const std
         double mx = -1e300, sum = 0;
         for (int64_t j = 0; j < S; ++j) {
           double d = 0;
-          for (int64_t c = 0; c < D; ++c) d += q[static_cast<size_t>((bi * L + i) * E + h * D + c)] * k[static_cast<size_t>((bi * S + j) * E + h * D + c)];
+          for (int64_t c = 0; c < D; ++c)
+            d += q[static_cast<size_t>((bi * L + i) * E + h * D + c)] *
+                 k[static_cast<size_t>((bi * S + j) * E + h * D + c)];
           s[static_cast<size_t>(j)] = d / std::sqrt(static_cast<double>(D));
           mx = std::max(mx, s[static_cast<size_t>(j)]);
         }
         for (auto& x : s) sum += (x = std::exp(x - mx));
         for (int64_t c = 0; c < D; ++c) {
           double acc = 0;
-          for (int64_t j = 0; j < S; ++j) acc += s[static_cast<size_t>(j)] / sum * v[static_cast<size_t>((bi * S + j) * E + h * D + c)];
+          for (int64_t j = 0; j < S; ++j)
+            acc += s[static_cast<size_t>(j)] / sum * v[static_cast<size_t>((bi * S + j) * E + h * D + c)];
           ctx[static_cast<size_t>((bi * L + i) * E + h * D + c)] = acc;
         }
       }
@@ -107,8 +112,14 @@ TEST(KerasConvert, SeedModelHasNoTorchLayoutAndSaysWhy) {
 
 TEST(KerasLayers, EveryFormatGivesTheSameLayersAsTensorFlowRead) {
   const SafetensorsFile tf = load_safetensors(fx("seed001", "variables.safetensors"));
-  const std::vector<std::string> weights = {"query/kernel", "query/bias", "key/kernel", "key/bias", "value/kernel",
-                                            "value/bias", "attention_output/kernel", "attention_output/bias"};
+  const std::vector<std::string> weights = {"query/kernel",
+                                            "query/bias",
+                                            "key/kernel",
+                                            "key/bias",
+                                            "value/kernel",
+                                            "value/bias",
+                                            "attention_output/kernel",
+                                            "attention_output/bias"};
   for (const char* file : {"ckpt", "ckpt.index", "model.weights.h5", "model.h5", "model.keras"}) {
     const LayerWeights layers = keras_layer_weights(load_weights(fx("seed001", file)));
     ASSERT_EQ(layers.size(), 2u) << file;
@@ -116,7 +127,8 @@ TEST(KerasLayers, EveryFormatGivesTheSameLayersAsTensorFlowRead) {
     ASSERT_EQ(mha.size(), 8u) << file;
     for (size_t i = 0; i < weights.size(); ++i) {
       const auto key = "optimizer/_trainable_variables/" + std::to_string(i) + "/.ATTRIBUTES/VARIABLE_VALUE";
-      EXPECT_EQ(mha.at(weights[i]).to_vector<double>(), tf.tensors.at(key).to_vector<double>()) << file << " " << weights[i];
+      EXPECT_EQ(mha.at(weights[i]).to_vector<double>(), tf.tensors.at(key).to_vector<double>())
+          << file << " " << weights[i];
     }
     const auto& dense = layer_weights(layers, "dense", file);
     EXPECT_EQ(dense.at("kernel").to_vector<double>(),
@@ -129,7 +141,7 @@ TEST(KerasLayers, EveryFormatGivesTheSameLayersAsTensorFlowRead) {
 TEST(KerasLayers, MissingLayerListsWhatTheFileHas) {
   const LayerWeights layers = keras_layer_weights(load_weights(fx("seed001", "model.weights.h5")));
   EXPECT_THROW_WITH(layer_weights(layers, "attention", "model.weights.h5"), FormatError,
-                   "no layer named 'attention'; the file has: dense (bias[1] kernel[3, 1]), multi_head_attention (");
+                    "no layer named 'attention'; the file has: dense (bias[1] kernel[3, 1]), multi_head_attention (");
 }
 
 TEST(IoFiles, LoadAndInspectDispatchToWeightFormats) {

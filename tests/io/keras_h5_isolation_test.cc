@@ -99,7 +99,8 @@ TEST(KerasH5Isolation, FileThatCrashesLibhdf5IsAFormatErrorAndThisProcessGoesOn)
       const std::string m = e.what();
       EXPECT_TRUE(m.starts_with("parse_keras_h5: libhdf5_segv.h5: ")) << m;
       if (m.find("(reader process ") != std::string::npos) {
-        EXPECT_TRUE(m.starts_with("parse_keras_h5: libhdf5_segv.h5: libhdf5 failed on this file (reader process ")) << m;
+        EXPECT_TRUE(m.starts_with("parse_keras_h5: libhdf5_segv.h5: libhdf5 failed on this file (reader process "))
+            << m;
         EXPECT_TRUE(m.ends_with("; the file is malformed or not a Keras weight file")) << m;
       }
     }
@@ -135,7 +136,8 @@ TEST(KerasH5Isolation, FormatErrorOfTheReaderProcessKeepsItsMessage) {
     (void)parse_keras_h5(std::span(h5).first(2048), "cut.h5");  // libhdf5 rejects it cleanly in the child
     FAIL() << "no exception";
   } catch (const FormatError& e) {
-    EXPECT_TRUE(std::string(e.what()).starts_with("parse_keras_h5: cut.h5: cannot open as HDF5: libhdf5: ")) << e.what();
+    EXPECT_TRUE(std::string(e.what()).starts_with("parse_keras_h5: cut.h5: cannot open as HDF5: libhdf5: "))
+        << e.what();
   }
 }
 

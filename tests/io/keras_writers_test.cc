@@ -15,11 +15,11 @@ namespace qkv::io {
 namespace {
 
 // The layer view of weight files lives in qkv::nn (qkv/nn/keras_layers.h).
-using nn::keras_layer_weights;
 using nn::keras3_paths;
-using nn::LayerWeights;
 using nn::keras_config_layer_order;
+using nn::keras_layer_weights;
 using nn::keras_model_config;
+using nn::LayerWeights;
 using nn::save_keras_legacy_h5;
 
 using testing::expect_same_values;
@@ -34,7 +34,8 @@ TEST(KerasLegacyH5Writer, WritesTheDatasetsNamesAndValuesTfKerasWrote) {
   const WeightFile ours = load_keras_h5(path);
   ASSERT_EQ(ours.entries.size(), tf.entries.size());
   for (const TensorInfo& want : tf.entries) {
-    const auto it = std::find_if(ours.entries.begin(), ours.entries.end(), [&](const auto& e) { return e.key == want.key; });
+    const auto it =
+        std::find_if(ours.entries.begin(), ours.entries.end(), [&](const auto& e) { return e.key == want.key; });
     ASSERT_NE(it, ours.entries.end()) << want.key;
     EXPECT_EQ(it->name, want.name);
     EXPECT_EQ(it->dtype, want.dtype);
@@ -42,8 +43,14 @@ TEST(KerasLegacyH5Writer, WritesTheDatasetsNamesAndValuesTfKerasWrote) {
   }
   // Our layer_names / weight_names are fixed-length strings, which qkv reads: the
   // entries come in model order and in Keras' weight order, as tf_keras loads them.
-  const std::vector<std::string> order = {"query/kernel", "query/bias", "key/kernel", "key/bias", "value/kernel",
-                                          "value/bias", "attention_output/kernel", "attention_output/bias"};
+  const std::vector<std::string> order = {"query/kernel",
+                                          "query/bias",
+                                          "key/kernel",
+                                          "key/bias",
+                                          "value/kernel",
+                                          "value/bias",
+                                          "attention_output/kernel",
+                                          "attention_output/bias"};
   for (size_t i = 0; i < order.size(); ++i) {
     EXPECT_EQ(ours.entries[i].key, "multi_head_attention/multi_head_attention/" + order[i] + ":0");
   }
@@ -62,7 +69,8 @@ TEST(KerasLegacyH5Writer, RoundTripsDtypesScalarsAndEmptyTensors) {
   ASSERT_EQ(back.entries.size(), 3u);
   EXPECT_EQ(back.entries[0].key, "b/b/step:0");  // b first, as ordered
   for (const auto& [layer, weights] : layers) {
-    for (const auto& [name, t] : weights) expect_same_values(back.tensors.at(layer + "/" + layer + "/" + name + ":0"), t, name);
+    for (const auto& [name, t] : weights)
+      expect_same_values(back.tensors.at(layer + "/" + layer + "/" + name + ":0"), t, name);
   }
   EXPECT_THROW(save_keras_legacy_h5(path, {{"x/y", {{"kernel", Tensor::ones({1})}}}}), ValueError);
 }
@@ -84,13 +92,15 @@ TEST(KerasArchiveWriter, ConfigHasTheLayersKerasWroteForSeed001) {
     EXPECT_EQ(ol[i]["class_name"], wl[i]["class_name"]) << i;
     EXPECT_EQ(ol[i]["name"], wl[i]["name"]) << i;
     for (const char* k : {"num_heads", "key_dim", "value_dim", "use_bias", "units", "activation", "dropout"}) {
-      EXPECT_EQ(ol[i]["config"].value(k, nlohmann::json()), wl[i]["config"].value(k, nlohmann::json())) << i << " " << k;
+      EXPECT_EQ(ol[i]["config"].value(k, nlohmann::json()), wl[i]["config"].value(k, nlohmann::json()))
+          << i << " " << k;
     }
     for (size_t n = 0; n < ol[i]["inbound_nodes"].size(); ++n) {
       const auto& oa = ol[i]["inbound_nodes"][n]["args"];
       const auto& wa = wl[i]["inbound_nodes"][n]["args"];
       ASSERT_EQ(oa.size(), wa.size());
-      for (size_t a = 0; a < oa.size(); ++a) EXPECT_EQ(oa[a]["config"]["keras_history"], wa[a]["config"]["keras_history"]);
+      for (size_t a = 0; a < oa.size(); ++a)
+        EXPECT_EQ(oa[a]["config"]["keras_history"], wa[a]["config"]["keras_history"]);
     }
   }
 }

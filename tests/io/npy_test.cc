@@ -20,8 +20,7 @@ using testing::read_bytes;
 using testing::to_bytes;
 
 // An .npy file with the given header text (padded to 64 bytes like numpy unless `raw`).
-std::vector<std::byte> npy_with_header(std::string header, const std::string& data, int version = 1,
-                                       bool raw = false) {
+std::vector<std::byte> npy_with_header(std::string header, const std::string& data, int version = 1, bool raw = false) {
   const size_t len_bytes = version == 1 ? 2 : 4;
   if (!raw) {
     header += '\n';
@@ -129,9 +128,9 @@ TEST(Npy, SaveAndLoadFile) {
 }
 
 TEST(Npy, BoolBytesAreNormalized) {
-  const Tensor t = parse_npy(npy_with_header("{'descr': '|b1', 'fortran_order': False, 'shape': (4,), }",
-                                             std::string("\0\1\2\xff", 4)),
-                             "b.npy");
+  const Tensor t = parse_npy(
+      npy_with_header("{'descr': '|b1', 'fortran_order': False, 'shape': (4,), }", std::string("\0\1\2\xff", 4)),
+      "b.npy");
   EXPECT_EQ(t.to_vector<double>(), (std::vector<double>{0, 1, 1, 1}));
   EXPECT_EQ(static_cast<int>(reinterpret_cast<const unsigned char*>(t.raw_data())[2]), 1);
 }
@@ -154,16 +153,16 @@ TEST(Npy, HeaderSyntaxVariantsAreAccepted) {
     expect_formula(parse_npy(npy_with_header(header, f32_data(6)), "v.npy"), DType::f32, {2, 3});
   }
   // 'L' is Python 2 only: not in version 3.0 files.
-  EXPECT_THROW_WITH(parse_npy(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3L), }",
-                                             f32_data(6), 3),
-                             "v3.npy"),
-                   FormatError, "expected ',' or ')'");
+  EXPECT_THROW_WITH(
+      parse_npy(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3L), }", f32_data(6), 3),
+                "v3.npy"),
+      FormatError, "expected ',' or ')'");
 }
 
 TEST(Npy, UnsupportedDtypeIsDTypeError) {
   EXPECT_THROW_WITH(load_npy(fixture("u16.npy")), DTypeError, "u16.npy: dtype '<u2' is not one qkv holds");
-  const auto structured = npy_with_header("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }",
-                                          f32_data(1));
+  const auto structured =
+      npy_with_header("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }", f32_data(1));
   EXPECT_THROW_WITH(parse_npy(structured, "s.npy"), DTypeError, "parse_npy: s.npy: structured dtypes");
 }
 
@@ -184,9 +183,9 @@ TEST(Npy, RejectsUnsupportedVersion) {
 TEST(Npy, RejectsTruncatedHeader) {
   const auto bytes = read_bytes(fixture("f32.npy"));
   EXPECT_THROW_WITH(parse_npy(std::span(bytes).first(9), "t.npy"), FormatError,
-                   "t.npy: truncated .npy header: the file ends (9 bytes) inside the header length");
+                    "t.npy: truncated .npy header: the file ends (9 bytes) inside the header length");
   EXPECT_THROW_WITH(parse_npy(std::span(bytes).first(60), "t.npy"), FormatError,
-                   "truncated .npy header: 118 header bytes announced but only 50 follow");
+                    "truncated .npy header: 118 header bytes announced but only 50 follow");
 }
 
 TEST(Npy, RejectsHugeHeaderLength) {
@@ -198,7 +197,7 @@ TEST(Npy, RejectsHugeHeaderLength) {
 TEST(Npy, RejectsWrongDataSize) {
   const auto bytes = read_bytes(fixture("f32.npy"));
   EXPECT_THROW_WITH(parse_npy(std::span(bytes).first(bytes.size() - 1), "short.npy"), FormatError,
-                   "short.npy: shape [2, 3] of float32 needs 24 data bytes, but 23 follow the header");
+                    "short.npy: shape [2, 3] of float32 needs 24 data bytes, but 23 follow the header");
   auto longer = bytes;
   longer.push_back(std::byte{0});
   EXPECT_THROW_WITH(parse_npy(longer, "long.npy"), FormatError, "needs 24 data bytes, but 25 follow");
@@ -207,7 +206,7 @@ TEST(Npy, RejectsWrongDataSize) {
 TEST(Npy, RejectsShapeOverflow) {
   const std::string header = "{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }";
   EXPECT_THROW_WITH(parse_npy(npy_with_header(header, ""), "o.npy"), FormatError,
-                   "o.npy: shape [4294967296, 4294967296] has too many elements (overflow)");
+                    "o.npy: shape [4294967296, 4294967296] has too many elements (overflow)");
   // Bytes overflow though the element count fits.
   const std::string bytes_header = "{'descr': '<f8', 'fortran_order': False, 'shape': (4611686018427387904,), }";
   EXPECT_THROW_WITH(parse_npy(npy_with_header(bytes_header, ""), "b.npy"), FormatError, "too many bytes (overflow)");
@@ -249,7 +248,7 @@ TEST(Npy, RejectsMalformedDicts) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.header);
     EXPECT_THROW_WITH(parse_npy(npy_with_header(c.header, f32_data(6)), "bad.npy"), FormatError,
-                     "parse_npy: bad.npy: bad .npy header: ");
+                      "parse_npy: bad.npy: bad .npy header: ");
     EXPECT_THROW_WITH(parse_npy(npy_with_header(c.header, f32_data(6)), "bad.npy"), FormatError, c.message);
   }
 }
@@ -257,7 +256,7 @@ TEST(Npy, RejectsMalformedDicts) {
 TEST(Npy, MissingFileIsIOError) {
   EXPECT_THROW_WITH(load_npy("/nonexistent/dir/w.npy"), IOError, "load_npy: /nonexistent/dir/w.npy: cannot open");
   EXPECT_THROW_WITH(save_npy("/nonexistent/dir/w.npy", Tensor::zeros({2})), IOError,
-                   "save_npy: /nonexistent/dir/w.npy: cannot open for writing");
+                    "save_npy: /nonexistent/dir/w.npy: cannot open for writing");
 }
 
 }  // namespace

@@ -134,9 +134,8 @@ TEST(Safetensors, UnalignedTensorsAreCopied) {
 }
 
 TEST(Safetensors, AcceptsAnyOffsetOrderNullMetadataAndUnknownFields) {
-  const std::string header =
-      R"({"__metadata__":null,"b":{"dtype":"F32","shape":[3],"data_offsets":[12,24]},)"
-      R"("a":{"dtype":"F32","shape":[3],"data_offsets":[0,12],"extra":[1]}})";
+  const std::string header = R"({"__metadata__":null,"b":{"dtype":"F32","shape":[3],"data_offsets":[12,24]},)"
+                             R"("a":{"dtype":"F32","shape":[3],"data_offsets":[0,12],"extra":[1]}})";
   const SafetensorsFile f = parse_safetensors(st_file(header, f32_data(6)), "o.safetensors");
   EXPECT_TRUE(f.metadata.empty());
   EXPECT_EQ(f.tensors.at("b").item({0}), testing::expected_value(DType::f32, 3));
@@ -150,7 +149,7 @@ TEST(Safetensors, BoolBytesAreNormalized) {
 
 TEST(Safetensors, UnsupportedDtypeIsDTypeErrorButInspectLists) {
   EXPECT_THROW_WITH(load_safetensors(fixture("unsupported.safetensors")), DTypeError,
-                   "unsupported.safetensors: tensor 'u8' has dtype U8, which qkv cannot hold");
+                    "unsupported.safetensors: tensor 'u8' has dtype U8, which qkv cannot hold");
   const std::vector<TensorInfo> infos = inspect(fixture("unsupported.safetensors"));
   ASSERT_EQ(infos.size(), 2u);
   EXPECT_EQ(infos[0].name, "w");
@@ -163,33 +162,33 @@ TEST(Safetensors, UnsupportedDtypeIsDTypeErrorButInspectLists) {
 TEST(Safetensors, RejectsSizeMismatch) {
   const std::string header = R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,12]}})";
   EXPECT_THROW_WITH(parse_safetensors(st_file(header, f32_data(3)), "model.safetensors"), FormatError,
-                   "parse_safetensors: model.safetensors: tensor 'w' data_offsets [0, 12) hold 12 bytes but shape "
-                   "[2, 2] of F32 needs 16");
+                    "parse_safetensors: model.safetensors: tensor 'w' data_offsets [0, 12) hold 12 bytes but shape "
+                    "[2, 2] of F32 needs 16");
 }
 
 TEST(Safetensors, RejectsOverlappingOffsets) {
   const std::string header =
       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
   EXPECT_THROW_WITH(parse_safetensors(st_file(header, f32_data(2)), "o.safetensors"), FormatError,
-                   "tensor 'b' data_offsets [4, 8) overlap the previous tensor's data (ending at 8)");
+                    "tensor 'b' data_offsets [4, 8) overlap the previous tensor's data (ending at 8)");
 }
 
 TEST(Safetensors, RejectsGappedOffsets) {
   const std::string header =
       R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})";
   EXPECT_THROW_WITH(parse_safetensors(st_file(header, f32_data(3)), "g.safetensors"), FormatError,
-                   "tensor 'b' data_offsets [8, 12) leave a gap after the previous tensor's data (ending at 4)");
+                    "tensor 'b' data_offsets [8, 12) leave a gap after the previous tensor's data (ending at 4)");
   const std::string first = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
   EXPECT_THROW_WITH(parse_safetensors(st_file(first, f32_data(2)), "g.safetensors"), FormatError,
-                   "tensor 'a' data_offsets [4, 8) leave a gap");
+                    "tensor 'a' data_offsets [4, 8) leave a gap");
 }
 
 TEST(Safetensors, RejectsDataNotCoveredByOffsets) {
   const std::string header = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
   EXPECT_THROW_WITH(parse_safetensors(st_file(header, f32_data(2)), "t.safetensors"), FormatError,
-                   "t.safetensors: the tensors' data_offsets end at 4 but the data section after the header holds 8");
+                    "t.safetensors: the tensors' data_offsets end at 4 but the data section after the header holds 8");
   EXPECT_THROW_WITH(parse_safetensors(st_file(header, "ab"), "t.safetensors"), FormatError,
-                   "data section after the header holds 2 bytes");
+                    "data section after the header holds 2 bytes");
 }
 
 TEST(Safetensors, RejectsEndBeforeBegin) {
@@ -198,27 +197,28 @@ TEST(Safetensors, RejectsEndBeforeBegin) {
       R"("c":{"dtype":"F32","shape":[0],"data_offsets":[0,4294967296]}})";
   // Sorted by (begin, end) the [0, 2^32) entry comes last and its size is wrong.
   EXPECT_THROW_WITH(parse_safetensors(st_file(header), "e.safetensors"), FormatError,
-                   "tensor 'c' data_offsets [0, 4294967296) hold 4294967296 bytes");
+                    "tensor 'c' data_offsets [0, 4294967296) hold 4294967296 bytes");
   const std::string backwards = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                                 R"("b":{"dtype":"F32","shape":[0],"data_offsets":[4,2]}})";
   EXPECT_THROW_WITH(parse_safetensors(st_file(backwards, f32_data(1)), "e.safetensors"), FormatError,
-                   "tensor 'b' data_offsets [4, 2) end before they begin");
+                    "tensor 'b' data_offsets [4, 2) end before they begin");
 }
 
 TEST(Safetensors, RejectsHeaderTooLarge) {
   EXPECT_THROW_WITH(parse_safetensors(st_file("{}", "", 100'000'001), "big.safetensors"), FormatError,
-                   "big.safetensors: header length 100000001 exceeds the limit of 100000000 bytes");
+                    "big.safetensors: header length 100000001 exceeds the limit of 100000000 bytes");
   EXPECT_THROW_WITH(parse_safetensors(st_file("{}", "", 3), "past.safetensors"), FormatError,
-                   "header length 3 runs past the end of the file (10 bytes)");
+                    "header length 3 runs past the end of the file (10 bytes)");
   EXPECT_THROW_WITH(parse_safetensors(to_bytes(std::string("\x02\0\0", 3)), "tiny.safetensors"), FormatError,
-                   "file of 3 bytes is too short for the 8-byte header length");
+                    "file of 3 bytes is too short for the 8-byte header length");
 }
 
 TEST(Safetensors, RejectsBadJson) {
-  for (const std::string header : {R"({"a":{"dtype":"F32",)", "{} x", "\xff{}", R"({"a":"\xc3"})", "{\"a\":\"\xc3\"}", "", "   "}) {
+  for (const std::string header :
+       {R"({"a":{"dtype":"F32",)", "{} x", "\xff{}", R"({"a":"\xc3"})", "{\"a\":\"\xc3\"}", "", "   "}) {
     SCOPED_TRACE(header);
     EXPECT_THROW_WITH(parse_safetensors(st_file(header), "j.safetensors"), FormatError,
-                     "parse_safetensors: j.safetensors: header is not valid JSON: ");
+                      "parse_safetensors: j.safetensors: header is not valid JSON: ");
   }
 }
 
@@ -243,33 +243,34 @@ TEST(Safetensors, RejectsMalformedEntries) {
       {R"({"a":{"dtype":"F32","dtype":"F64","shape":[0],"data_offsets":[0,0]}})", "header has duplicate key 'dtype'"},
       {R"({"__metadata__":{"k":1}})", "\"__metadata__\" entry 'k' is not a string"},
       {R"({"__metadata__":[]})", "\"__metadata__\" is not an object of strings"},
-      {R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,0]}})", "tensor 'a' shape [3] of F4 is not a whole number of bytes"},
+      {R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,0]}})",
+       "tensor 'a' shape [3] of F4 is not a whole number of bytes"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.header);
     EXPECT_THROW_WITH(parse_safetensors(st_file(c.header), "e.safetensors"), FormatError,
-                     "parse_safetensors: e.safetensors: " + c.message);
+                      "parse_safetensors: e.safetensors: " + c.message);
   }
 }
 
 TEST(Safetensors, RejectsShapeOverflow) {
   const std::string header = R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})";
   EXPECT_THROW_WITH(parse_safetensors(st_file(header), "o.safetensors"), FormatError,
-                   "tensor 'a' shape [4294967296, 4294967296] of F64 has too many elements (overflow)");
+                    "tensor 'a' shape [4294967296, 4294967296] of F64 has too many elements (overflow)");
   const std::string huge_dim = R"({"a":{"dtype":"F64","shape":[0,18446744073709551615],"data_offsets":[0,0]}})";
   EXPECT_THROW_WITH(parse_safetensors(st_file(huge_dim), "o.safetensors"), FormatError,
-                   "tensor 'a' has dimension 18446744073709551615, too large");
+                    "tensor 'a' has dimension 18446744073709551615, too large");
 }
 
 TEST(Safetensors, WriterRejectsReservedAndNonUtf8Names) {
   EXPECT_THROW_WITH(serialize_safetensors({{"__metadata__", Tensor::zeros({1})}}), ValueError,
-                   "serialize_safetensors: a tensor cannot be named \"__metadata__\"");
+                    "serialize_safetensors: a tensor cannot be named \"__metadata__\"");
   EXPECT_THROW_WITH(serialize_safetensors({{"\xff", Tensor::zeros({1})}}), ValueError, "must be UTF-8");
 }
 
 TEST(Safetensors, MissingFileIsIOError) {
   EXPECT_THROW_WITH(load_safetensors("/nonexistent/m.safetensors"), IOError,
-                   "load_safetensors: /nonexistent/m.safetensors: cannot open");
+                    "load_safetensors: /nonexistent/m.safetensors: cannot open");
 }
 
 }  // namespace

@@ -5,8 +5,8 @@
 
 #include <fstream>
 
-#include "io/keras_tf/tf_internal.h"
 #include "io/io_test_util.h"
+#include "io/keras_tf/tf_internal.h"
 #include "qkv/io_tf.h"
 
 namespace qkv::io {
@@ -62,9 +62,9 @@ TEST(Crc32c, MatchesTheStandardCheckValue) {
 TEST(TfCheckpoint, ReadsEveryQkvDtypeTensorFlowWrote) {
   const WeightFile ck = load_tf_checkpoint(keras_tf("dtypes"));
   const SafetensorsFile want = load_safetensors(keras_tf("dtypes_expected.safetensors"));
-  const std::map<std::string, DType> dtypes = {{"f32", DType::f32}, {"f64", DType::f64}, {"f16", DType::f16},
-                                               {"bf16", DType::bf16}, {"i8", DType::i8},  {"i32", DType::i32},
-                                               {"i64", DType::i64}, {"b", DType::b8}};
+  const std::map<std::string, DType> dtypes = {{"f32", DType::f32},   {"f64", DType::f64}, {"f16", DType::f16},
+                                               {"bf16", DType::bf16}, {"i8", DType::i8},   {"i32", DType::i32},
+                                               {"i64", DType::i64},   {"b", DType::b8}};
   for (const auto& [var, dtype] : dtypes) {
     const std::string key = var + "/.ATTRIBUTES/VARIABLE_VALUE";
     ASSERT_TRUE(ck.tensors.count(key)) << key;
@@ -112,13 +112,16 @@ TEST(TfCheckpoint, NamesKeras3VariablesFromTheObjectGraphAndMarksOptimizerState)
     if (!e.optimizer && e.key != "_CHECKPOINTABLE_OBJECT_GRAPH") model[e.name] = e.shape;
     if (ck.tensors.count(e.key)) expect_same_values(ck.tensors.at(e.key), want.tensors.at(e.key), e.key);
   }
-  const std::map<std::string, Shape> seed = {
-      {"multi_head_attention/query/kernel", {3, 2, 4}}, {"multi_head_attention/query/bias", {2, 4}},
-      {"multi_head_attention/key/kernel", {3, 2, 4}},   {"multi_head_attention/key/bias", {2, 4}},
-      {"multi_head_attention/value/kernel", {3, 2, 4}}, {"multi_head_attention/value/bias", {2, 4}},
-      {"multi_head_attention/attention_output/kernel", {2, 4, 3}},
-      {"multi_head_attention/attention_output/bias", {3}},
-      {"dense/kernel", {3, 1}}, {"dense/bias", {1}}};
+  const std::map<std::string, Shape> seed = {{"multi_head_attention/query/kernel", {3, 2, 4}},
+                                             {"multi_head_attention/query/bias", {2, 4}},
+                                             {"multi_head_attention/key/kernel", {3, 2, 4}},
+                                             {"multi_head_attention/key/bias", {2, 4}},
+                                             {"multi_head_attention/value/kernel", {3, 2, 4}},
+                                             {"multi_head_attention/value/bias", {2, 4}},
+                                             {"multi_head_attention/attention_output/kernel", {2, 4, 3}},
+                                             {"multi_head_attention/attention_output/bias", {3}},
+                                             {"dense/kernel", {3, 1}},
+                                             {"dense/bias", {1}}};
   EXPECT_EQ(model, seed);
   const auto& m = entry(ck.entries, "optimizer/_variables/2/.ATTRIBUTES/VARIABLE_VALUE");
   EXPECT_TRUE(m.optimizer);

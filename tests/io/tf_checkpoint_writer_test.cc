@@ -12,16 +12,16 @@
 #include "io/io_test_util.h"
 #include "io/keras_tf/tf_internal.h"
 #include "qkv/io_keras.h"
-#include "qkv/nn/keras_layers.h"
 #include "qkv/io_tf.h"
+#include "qkv/nn/keras_layers.h"
 
 namespace qkv::io {
 namespace {
 
 // The layer view of weight files lives in qkv::nn (qkv/nn/keras_layers.h).
+using nn::keras_layer_order;
 using nn::keras_layer_weights;
 using nn::LayerWeights;
-using nn::keras_layer_order;
 using nn::tf_keras_checkpoint_keys;
 using nn::TfKerasCheckpoint;
 
@@ -44,19 +44,24 @@ EntryFields entry_fields(std::span<const std::byte> value) {
   EntryFields f;
   while (!r.done()) {
     const auto [field, wt] = r.next_tag();
-    if (field == 1) f.dtype = r.int32();
-    else if (field == 2) f.shape = std::string(r.string());
-    else if (field == 5) f.size = r.int64();
-    else if (field == 6) f.crc = r.fixed32();
-    else r.skip(wt);
+    if (field == 1)
+      f.dtype = r.int32();
+    else if (field == 2)
+      f.shape = std::string(r.string());
+    else if (field == 5)
+      f.size = r.int64();
+    else if (field == 6)
+      f.crc = r.fixed32();
+    else
+      r.skip(wt);
   }
   return f;
 }
 
 TEST(TfCheckpointWriter, TableWriterRebuildsTensorFlowsIndexesByteForByte) {
-  for (const auto& index : {fixture("keras_tf", "dtypes.index"), fixture("keras_tf", "many.index"),
-                            fixture("keras_tf", "sharded.index"), fixture("keras_tf", "tfkeras2_ckpt.index"),
-                            fixture("seed001", "ckpt.index")}) {
+  for (const auto& index :
+       {fixture("keras_tf", "dtypes.index"), fixture("keras_tf", "many.index"), fixture("keras_tf", "sharded.index"),
+        fixture("keras_tf", "tfkeras2_ckpt.index"), fixture("seed001", "ckpt.index")}) {
     const auto bytes = read_bytes(index);
     std::vector<std::pair<std::string, std::string>> entries;
     for (const auto& e : detail::read_leveldb_table(bytes, detail::Context{"test", index.string()})) {
@@ -84,8 +89,10 @@ TEST(TfCheckpointWriter, EntriesMatchTensorFlowsForTheSameTensors) {
   const WeightFile ck = load_tf_checkpoint(fixture("keras_tf", "dtypes"));
   const TfCheckpointFiles ours = serialize_tf_checkpoint(ck.tensors);
   std::map<std::string, EntryFields> want, got;
-  for (const auto& e : detail::read_leveldb_table(tf_index, detail::Context{"test", "tf"})) want[e.key] = entry_fields(e.value);
-  for (const auto& e : detail::read_leveldb_table(ours.index, detail::Context{"test", "qkv"})) got[e.key] = entry_fields(e.value);
+  for (const auto& e : detail::read_leveldb_table(tf_index, detail::Context{"test", "tf"}))
+    want[e.key] = entry_fields(e.value);
+  for (const auto& e : detail::read_leveldb_table(ours.index, detail::Context{"test", "qkv"}))
+    got[e.key] = entry_fields(e.value);
   ASSERT_EQ(ck.tensors.size(), 10u);  // every qkv dtype, a scalar and an empty tensor
   for (const auto& [key, t] : ck.tensors) {
     ASSERT_TRUE(got.count(key)) << key;
@@ -95,8 +102,8 @@ TEST(TfCheckpointWriter, EntriesMatchTensorFlowsForTheSameTensors) {
   const auto ours_header = detail::read_leveldb_table(ours.index, detail::Context{"t", "q"}).front();
   const auto tf_header = detail::read_leveldb_table(tf_index, detail::Context{"t", "tf"}).front();
   EXPECT_EQ(ours_header.key, "");
-  EXPECT_TRUE(std::equal(ours_header.value.begin(), ours_header.value.end(), tf_header.value.begin(),
-                         tf_header.value.end()));
+  EXPECT_TRUE(
+      std::equal(ours_header.value.begin(), ours_header.value.end(), tf_header.value.begin(), tf_header.value.end()));
 }
 
 TEST(TfCheckpointWriter, RoundTripsEveryDtypeScalarsAndEmptyTensors) {
@@ -105,7 +112,8 @@ TEST(TfCheckpointWriter, RoundTripsEveryDtypeScalarsAndEmptyTensors) {
     std::vector<double> v;
     for (int i = 0; i < 12; ++i) v.push_back(dt == DType::b8 ? i % 3 == 0 : (i % 23) - 11);
     tensors[std::string("v_") + std::string(dtype_name(dt))] = Tensor::from_vector<double>(v, {3, 4}).to(dt);
-    tensors[std::string("t_") + std::string(dtype_name(dt))] = Tensor::from_vector<double>(v, {4, 3}).to(dt).transpose(0, 1);
+    tensors[std::string("t_") + std::string(dtype_name(dt))] =
+        Tensor::from_vector<double>(v, {4, 3}).to(dt).transpose(0, 1);
   }
   tensors["scalar"] = Tensor::from_vector<double>({3.5}, {}).to(DType::f32);
   tensors["empty"] = Tensor::from_vector<double>({}, {0, 4}).to(DType::f32);
@@ -147,7 +155,8 @@ TEST(TfCheckpointWriter, TfKerasLayoutHasTheKeysNamesAndValuesTfKerasWrote) {
   for (const TensorInfo& want : tf.entries) {
     if (want.optimizer || want.key == "_CHECKPOINTABLE_OBJECT_GRAPH") continue;
     ++model_vars;
-    const auto it = std::find_if(ours.entries.begin(), ours.entries.end(), [&](const auto& e) { return e.key == want.key; });
+    const auto it =
+        std::find_if(ours.entries.begin(), ours.entries.end(), [&](const auto& e) { return e.key == want.key; });
     ASSERT_NE(it, ours.entries.end()) << want.key;
     EXPECT_EQ(it->name, want.name) << want.key;  // from our object graph, e.g. multi_head_attention/query/kernel
     EXPECT_EQ(it->dtype, want.dtype);

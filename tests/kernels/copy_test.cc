@@ -233,8 +233,8 @@ TEST(CopyEngine, LargeTransposeOnSeveralThreads) {
   const int before = get_num_threads();
   set_num_threads(4);
   const Tensor base = Tensor::uniform({3, 130, 4, 257}, 9);
-  for (const auto& perm : {std::vector<int64_t>{3, 1, 2, 0}, std::vector<int64_t>{0, 3, 2, 1},
-                           std::vector<int64_t>{2, 0, 3, 1}}) {
+  for (const auto& perm :
+       {std::vector<int64_t>{3, 1, 2, 0}, std::vector<int64_t>{0, 3, 2, 1}, std::vector<int64_t>{2, 0, 3, 1}}) {
     const Tensor src = base.permute(perm);
     Tensor fast = Tensor::empty(src.shape()), ref = Tensor::empty(src.shape());
     engine_copy(src, fast);
@@ -269,7 +269,7 @@ TEST(CopyEngine, LargeCopiesMatchReference) {
         base.slice(0, 1, 33).permute({0, 3, 1, 2}),
         base.slice(1, 0, 40 * scale, 2).permute({2, 1, 3, 0}).unsqueeze(1).expand({17, 2, 20 * scale, 65, 33}),
         base.slice(3, 0, 65, 2).permute({1, 3, 0, 2}).unsqueeze(0).expand({2, 40 * scale, 33, 33, 17}),
-        base.permute({0, 2, 1, 3}),                   // rows of 65 (streamed row copies)
+        base.permute({0, 2, 1, 3}),                  // rows of 65 (streamed row copies)
         base.slice(0, 1, 33).permute({2, 0, 1, 3}),  // the same from an offset
     };
     for (const Tensor& src : sources) {

@@ -62,8 +62,7 @@ TEST(Gemm, BatchedBroadcastStrideZero) {
   // Grouped-query attention: 2 k/v heads each shared by 3 query heads.
   c.s.trans_b = true;
   c.s.ldb = K;
-  c.batch = {{2, 2, 3}, {6 * M * K, 3 * M * K, M * K}, {2 * N * K, N * K, 0},
-             {6 * M * N, 3 * M * N, M * N}};
+  c.batch = {{2, 2, 3}, {6 * M * K, 3 * M * K, M * K}, {2 * N * K, N * K, 0}, {6 * M * N, 3 * M * N, M * N}};
   expect_matches_reference(c);
 }
 

@@ -21,8 +21,7 @@ using test::plain;
 
 TEST(GemmF64, HandComputed2x2BothPaths) {
   const double a[] = {1, 2, 3, 4}, b[] = {5, 6, 7, 8};
-  using GemmF64 = void (*)(const GemmShape&, double, const double*, const double*, double, double*,
-                           const GemmBatch&);
+  using GemmF64 = void (*)(const GemmShape&, double, const double*, const double*, double, double*, const GemmBatch&);
   for (GemmF64 fn : std::initializer_list<GemmF64>{gemm, gemm_reference}) {
     double c[] = {1, 1, 1, 1};
     fn({false, false, 2, 2, 2, 2, 2, 2}, 2.0, a, b, 0.5, c, {});

@@ -17,7 +17,6 @@ using test::Case;
 using test::expect_matches_reference;
 using test::plain;
 
-
 TEST(GemmReference, HandComputed2x2) {
   const float a[] = {1, 2, 3, 4}, b[] = {5, 6, 7, 8};
   float c[] = {1, 1, 1, 1};

@@ -67,10 +67,10 @@ void expect_matches_reference(const Case& c, uint32_t seed = 1) {
   std::mt19937 rng(seed);
   const GemmShape& s = c.s;
   const T alpha = c.alpha, beta = c.beta;
-  Buffer<T> a = make_buffer<T>(matrix_span(s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda),
-                         c.batch.shape, c.batch.stride_a, rng);
-  Buffer<T> b = make_buffer<T>(matrix_span(s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb),
-                         c.batch.shape, c.batch.stride_b, rng);
+  Buffer<T> a = make_buffer<T>(matrix_span(s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda), c.batch.shape,
+                               c.batch.stride_a, rng);
+  Buffer<T> b = make_buffer<T>(matrix_span(s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb), c.batch.shape,
+                               c.batch.stride_b, rng);
   Buffer<T> out = make_buffer<T>(matrix_span(s.m, s.n, s.ldc), c.batch.shape, c.batch.stride_c, rng);
   Buffer<T> expected = out, bound = out;
   gemm(s, alpha, a.ptr(), b.ptr(), beta, out.ptr(), c.batch);
@@ -88,8 +88,8 @@ void expect_matches_reference(const Case& c, uint32_t seed = 1) {
     const bool ok = std::isnan(want) ? std::isnan(got) : std::fabs(got - want) <= rel * bound.data[i];
     if (!ok) {
       ++failures;
-      ADD_FAILURE() << "element " << i - static_cast<size_t>(out.base) << ": gemm " << got
-                    << ", reference " << want << ", bound " << rel * bound.data[i];
+      ADD_FAILURE() << "element " << i - static_cast<size_t>(out.base) << ": gemm " << got << ", reference " << want
+                    << ", bound " << rel * bound.data[i];
     }
   }
 }

@@ -44,8 +44,7 @@ TEST(Parallel, CoversEveryIndexExactlyOnce) {
     set_num_threads(threads);
     for (auto [begin, end, grain] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {0, 1, 1}, {0, 7, 1}, {5, 1005, 1}, {-50, 50, 3}, {0, 1000, 100}, {0, 17, 0}, {3, 4, 9}}) {
-      SCOPED_TRACE(testing::Message() << threads << " threads, [" << begin << ", " << end
-                                      << ") grain " << grain);
+      SCOPED_TRACE(testing::Message() << threads << " threads, [" << begin << ", " << end << ") grain " << grain);
       const auto chunks = run_chunks(begin, end, grain);
       EXPECT_LE(chunks.size(), static_cast<size_t>(threads));
       for (auto [lo, hi] : chunks) {

@@ -82,9 +82,7 @@ TEST(SoftmaxOp, Float64MatchesLongDoubleDefinition) {
   expect_softmax_matches(x, 1);
 }
 
-TEST(SoftmaxOp, ManyRowsUseSeveralThreads) {
-  expect_softmax_matches(Tensor::randn({2048, 100}, 3), -1);
-}
+TEST(SoftmaxOp, ManyRowsUseSeveralThreads) { expect_softmax_matches(Tensor::randn({2048, 100}, 3), -1); }
 
 TEST(SoftmaxOp, MaskedRowsAndEntries) {
   const float inf = std::numeric_limits<float>::infinity();

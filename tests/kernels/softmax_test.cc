@@ -23,7 +23,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // Row lengths around every vector width (4, 8, 16 lanes) and up to 1000.
-const std::vector<int64_t> kCols = {1,  2,  3,  5,   7,   8,   9,   13,  15,  16,  17,  31,  33,
+const std::vector<int64_t> kCols = {1,  2,  3,   5,   7,   8,   9,   13,  15,  16,  17,  31,  33,
                                     63, 65, 100, 127, 129, 255, 257, 333, 511, 513, 999, 1000};
 
 // Runs `body` once per SIMD target (AVX3, AVX2, SCALAR, ... as available).

@@ -87,7 +87,8 @@ TEST(KerasTorchConvert, ErrorsNameTheWeightsAndNoCliFlag) {
     (void)nn::torch_mha_to_keras(sd, 3, "mha.");
     ADD_FAILURE() << "no error for 3 heads of 16";
   } catch (const qkv::ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("embed dim 16 is not divisible by num_heads 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("embed dim 16 is not divisible by num_heads 3"), std::string::npos)
+        << e.what();
     EXPECT_EQ(std::string(e.what()).find("--"), std::string::npos) << e.what();
   }
   sd["bias_k"] = Tensor::zeros({1, 1, 16});

@@ -20,9 +20,7 @@ namespace qkv::nn::testing {
 
 namespace fs = std::filesystem;
 
-inline fs::path fixture_dir(const std::string& name) {
-  return fs::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / name;
-}
+inline fs::path fixture_dir(const std::string& name) { return fs::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / name; }
 
 // Every *.safetensors in the directory, sorted (empty when it is missing).
 inline std::vector<fs::path> fixture_files(const std::string& name) {

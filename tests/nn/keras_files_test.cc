@@ -10,8 +10,8 @@
 #include "nn/fixtures.h"
 #include "qkv/io.h"
 #include "qkv/io_keras.h"
-#include "qkv/nn/keras_layers.h"
 #include "qkv/io_tf.h"
+#include "qkv/nn/keras_layers.h"
 #include "qkv/nn/keras_weights.h"
 #include "qkv/nn/mha.h"
 
@@ -72,7 +72,8 @@ TEST(LayerFiles, EveryKerasFormatQkvWritesLoadsIntoTheLayer) {
 // `qkv convert --to torch`'s keys ("<layer>.in_proj_weight") go into from_state_dict as they are.
 TEST(LayerFiles, TorchLayoutFilesLoadIntoMultiheadAttention) {
   const Fixture fx = load_fixture(fixture_dir("mha_keras") / "self.safetensors");
-  const auto sd = nn::keras_to_torch(nn::keras_layer_weights(io::load_weights(fixture_dir("mha_keras") / "self.safetensors")));
+  const auto sd =
+      nn::keras_to_torch(nn::keras_layer_weights(io::load_weights(fixture_dir("mha_keras") / "self.safetensors")));
   ASSERT_EQ(sd.count("mha.in_proj_weight"), 1u);
   qkv::nn::MultiheadAttentionConfig c;
   c.embed_dim = 8;
@@ -113,7 +114,8 @@ TEST(LayerFiles, SeveralLayersNeedANameAndMissingOnesListWhatWasFound) {
     sd[std::string(p) + "in_proj_weight"] = Tensor::ones({12, 4});
     sd[std::string(p) + "out_proj.weight"] = Tensor::ones({4, 4});
   }
-  EXPECT_THROW_WITH(qkv::nn::mha_state_dict(sd), qkv::ValueError, "2 MultiheadAttention layers (prefixes 'a.', 'b.attn.')");
+  EXPECT_THROW_WITH(qkv::nn::mha_state_dict(sd), qkv::ValueError,
+                    "2 MultiheadAttention layers (prefixes 'a.', 'b.attn.')");
   EXPECT_EQ(qkv::nn::mha_state_dict(sd, "attn").count("in_proj_weight"), 1u);
   EXPECT_EQ(qkv::nn::mha_state_dict(sd, "a.").size(), 2u);
   EXPECT_THROW_WITH(qkv::nn::mha_state_dict({{"dense.weight", Tensor::ones({1, 3})}}), qkv::ValueError,

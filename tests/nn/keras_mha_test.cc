@@ -18,9 +18,9 @@
 namespace {
 
 using qkv::Tensor;
-using qkv::nn::KerasMultiHeadAttentionOptions;
-using qkv::nn::KerasMultiHeadAttentionConfig;
 using qkv::nn::KerasMultiHeadAttention;
+using qkv::nn::KerasMultiHeadAttentionConfig;
+using qkv::nn::KerasMultiHeadAttentionOptions;
 using namespace qkv::nn::testing;
 
 constexpr double kTolerance = 1e-5;
@@ -63,7 +63,8 @@ double keras_fixture_error(const Fixture& fx) {
   const auto r = layer.forward(in.query, in.value, in.call);
   double worst = relative_error(r.output, fx.at("expected.output"));
   EXPECT_EQ(r.scores.has_value(), fx.has("expected.scores"));
-  if (r.scores && fx.has("expected.scores")) worst = std::max(worst, relative_error(*r.scores, fx.at("expected.scores")));
+  if (r.scores && fx.has("expected.scores"))
+    worst = std::max(worst, relative_error(*r.scores, fx.at("expected.scores")));
   return worst;
 }
 
@@ -138,8 +139,9 @@ TEST(KerasMha, SetWeightsTakesGetWeightsOrder) {
   KerasMultiHeadAttention b(config_of(fx.options));
   b.set_weights(a.get_weights());
   const KerasInputs in = inputs_of(fx);
-  EXPECT_EQ(relative_error(a.forward(in.query, in.value, in.call).output, b.forward(in.query, in.value, in.call).output),
-            0.0);
+  EXPECT_EQ(
+      relative_error(a.forward(in.query, in.value, in.call).output, b.forward(in.query, in.value, in.call).output),
+      0.0);
 }
 
 // The converted weights of Keras' layer in qkv's PyTorch flavour give Keras' numbers.
@@ -175,13 +177,12 @@ TEST(KerasMha, BuildsAtFirstCallAndReportsBadInputs) {
   c.value_dim = 5;
   c.output_shape = {4, 2};
   KerasMultiHeadAttention layer(c);
-  EXPECT_THROW_WITH(std::as_const(layer).forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 7}, 2)), qkv::ValueError,
-                    "has no weights");
+  EXPECT_THROW_WITH(std::as_const(layer).forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 7}, 2)),
+                    qkv::ValueError, "has no weights");
   const auto r = layer.forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 7}, 2));
   EXPECT_EQ(r.output.shape(), (qkv::Shape{1, 3, 4, 2}));
   EXPECT_EQ(layer.get_weights().at(6).shape(), (qkv::Shape{2, 5, 4, 2}));
-  EXPECT_THROW_WITH(layer.forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4}, 2)), qkv::ShapeError,
-                    "same rank");
+  EXPECT_THROW_WITH(layer.forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4}, 2)), qkv::ShapeError, "same rank");
   EXPECT_THROW_WITH(layer.load_weights({}), qkv::ValueError, "no MultiHeadAttention layer (with a query/kernel)");
   c.attention_axes = {3};
   KerasMultiHeadAttention bad(c);

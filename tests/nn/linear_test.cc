@@ -30,14 +30,14 @@ TEST(Linear, TorchLayoutMatchesLoops) {
   const Tensor y = Linear::torch(w, b).forward(x);
   EXPECT_EQ(y.shape(), (qkv::Shape{2, 3, 5}));
   EXPECT_LE(relative_error(y.reshape({6, 5}), oracle(x.reshape({6, 7}), w, &b)), 1e-6);
-  EXPECT_LE(relative_error(Linear::torch(w, std::nullopt).forward(x).reshape({6, 5}),
-                           oracle(x.reshape({6, 7}), w, nullptr)),
-            1e-6);
+  EXPECT_LE(
+      relative_error(Linear::torch(w, std::nullopt).forward(x).reshape({6, 5}), oracle(x.reshape({6, 7}), w, nullptr)),
+      1e-6);
 }
 
 TEST(Linear, StridedInputsAndWeightRowsAreReadInPlace) {
   const Tensor big = Tensor::randn({12, 7}, 4);
-  const Tensor w = big.slice(0, 4, 9);                            // rows 4..8 of a packed weight
+  const Tensor w = big.slice(0, 4, 9);                              // rows 4..8 of a packed weight
   const Tensor x = Tensor::randn({7, 4, 3}, 5).permute({1, 2, 0});  // [4, 3, 7], not contiguous
   const Tensor y = Linear::torch(w, std::nullopt).forward(x);
   EXPECT_LE(relative_error(y.reshape({12, 5}), oracle(x.reshape({12, 7}), w.contiguous(), nullptr)), 1e-6);
@@ -61,16 +61,17 @@ TEST(Linear, KerasEinsumDenseKernelIsTheTransposedTorchWeight) {
   const Tensor okernel = Tensor::randn({2, 3, 5}, 9);
   const Linear o = Linear::keras(okernel, std::nullopt, 2);
   EXPECT_EQ(o.in_features(), 6);
-  EXPECT_LE(relative_error(o.forward(x), oracle(x.reshape({8, 6}), okernel.reshape({6, 5}).transpose(0, 1), nullptr)
-                                             .reshape({2, 4, 5})),
-            1e-6);
+  EXPECT_LE(
+      relative_error(o.forward(x),
+                     oracle(x.reshape({8, 6}), okernel.reshape({6, 5}).transpose(0, 1), nullptr).reshape({2, 4, 5})),
+      1e-6);
 }
 
 TEST(Linear, ErrorsNameShapes) {
   EXPECT_THROW_WITH(Linear::torch(Tensor::zeros({3, 4}), Tensor::zeros({4})), qkv::ShapeError,
                     "Linear: bias: expected shape [3], got [4]");
-  EXPECT_THROW_WITH(Linear::torch(Tensor::zeros({3, 4}), std::nullopt).forward(Tensor::zeros({2, 5})),
-                    qkv::ShapeError, "does not end in in_features 4");
+  EXPECT_THROW_WITH(Linear::torch(Tensor::zeros({3, 4}), std::nullopt).forward(Tensor::zeros({2, 5})), qkv::ShapeError,
+                    "does not end in in_features 4");
   EXPECT_THROW_WITH(Linear::keras(Tensor::zeros({3, 4}), std::nullopt, 2), qkv::ShapeError, "needs more than 2");
 }
 

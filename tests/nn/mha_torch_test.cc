@@ -14,9 +14,9 @@
 namespace {
 
 using qkv::Tensor;
-using qkv::nn::MultiheadAttentionOptions;
 using qkv::nn::MultiheadAttention;
 using qkv::nn::MultiheadAttentionConfig;
+using qkv::nn::MultiheadAttentionOptions;
 using namespace qkv::nn::testing;
 
 constexpr double kTolerance = 1e-5;

@@ -46,8 +46,8 @@ INSTANTIATE_TEST_SUITE_P(EveryFormat, Seed001,
 
 TEST(Seed001Load, MissingLayerNameListsTheLayersFound) {
   EXPECT_THROW_WITH(nn::load_keras_mha_dense(seed("ckpt"), "attention"), FormatError,
-                   "no layer named 'attention'; the file has: dense (bias[1] kernel[3, 1]), multi_head_attention "
-                   "(attention_output/bias[3]");
+                    "no layer named 'attention'; the file has: dense (bias[1] kernel[3, 1]), multi_head_attention "
+                    "(attention_output/bias[3]");
 }
 
 }  // namespace

@@ -54,8 +54,8 @@ TEST(Device, NamesRoundTripAndBadNamesAreAValueError) {
   for (const Device d : {Device::cpu(), Device::cuda(0), Device::cuda(3)}) EXPECT_EQ(Device::parse(d.to_string()), d);
   EXPECT_EQ(Device::cuda(1).to_string(), "cuda:1");
   EXPECT_NE(Device::cuda(0), Device::cuda(1));
-  for (const char* bad : {"", "gpu", "cuda", "cuda:", "cuda:-1", "cuda:+1", "cuda:1x", "CPU", "cpu:0",
-                          "cuda:99999999999"}) {
+  for (const char* bad :
+       {"", "gpu", "cuda", "cuda:", "cuda:-1", "cuda:+1", "cuda:1x", "CPU", "cpu:0", "cuda:99999999999"}) {
     EXPECT_THROW_WITH(Device::parse(bad), ValueError, "is not a device (expected 'cpu' or 'cuda:N')");
   }
   EXPECT_THROW(Device::cuda(-1), ValueError);

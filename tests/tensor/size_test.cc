@@ -165,8 +165,9 @@ TEST(Size, NamedInputsPairWithTheirShapes) {
 TEST(Size, AllocationTheSystemRefusesIsOutOfMemory) {
   const LimitGuard unlimited(std::numeric_limits<size_t>::max());
   // 2^50 floats (4 PiB): past the address space, so aligned_alloc returns null.
-  EXPECT_THROW_WITH(Tensor::empty({int64_t{1} << 50}, DType::f32), OutOfMemoryError,
-                    "Tensor::empty: out of memory allocating output [1125899906842624] float32 (4503599627370496 bytes");
+  EXPECT_THROW_WITH(
+      Tensor::empty({int64_t{1} << 50}, DType::f32), OutOfMemoryError,
+      "Tensor::empty: out of memory allocating output [1125899906842624] float32 (4503599627370496 bytes");
   EXPECT_THROW_WITH(kernels::empty_pooled({int64_t{1} << 50}, DType::f32), OutOfMemoryError,
                     "out of memory allocating output [1125899906842624] float32");
 }

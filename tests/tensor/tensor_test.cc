@@ -167,8 +167,9 @@ TEST(Tensor, HalfConversionsRoundToNearestEven) {
 
 TEST(Tensor, FloatToIntSaturatesAndMapsNanToZero) {
   Tensor t = Tensor::from_vector<double>({1e10, -1e10, NAN, -3.7, 200.0}, {5});
-  EXPECT_EQ(t.to(DType::i32).to_vector<int64_t>(),
-            (std::vector<int64_t>{std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min(), 0, -3, 200}));
+  EXPECT_EQ(
+      t.to(DType::i32).to_vector<int64_t>(),
+      (std::vector<int64_t>{std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min(), 0, -3, 200}));
   EXPECT_EQ(t.to(DType::i8).to_vector<int64_t>()[4], 127);
   EXPECT_EQ(t.to(DType::b8).to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 1, 1, 1}));
 }
@@ -217,7 +218,8 @@ TEST(Tensor, PrintsLikeNumpy) {
 
 TEST(Tensor, BroadcastShapesNamesBothShapes) {
   EXPECT_EQ(broadcast_shapes({2, 1, 4}, {3, 1}), (Shape{2, 3, 4}));
-  EXPECT_THROW_WITH(broadcast_shapes({2, 3}, {4, 3}, "add"), ShapeError, "add: shapes [2, 3] and [4, 3] cannot be broadcast");
+  EXPECT_THROW_WITH(broadcast_shapes({2, 3}, {4, 3}, "add"), ShapeError,
+                    "add: shapes [2, 3] and [4, 3] cannot be broadcast");
 }
 
 }  // namespace

@@ -24,8 +24,7 @@ void run_attention(const AttentionArgs& a) {
   options.dropout_p = a.dropout;
   options.seed = a.seed;
   options.return_weights = !a.weights.empty();
-  const AttentionResult r =
-      scaled_dot_product_attention(load_tensor(a.q), load_tensor(a.k), load_tensor(a.v), options);
+  const AttentionResult r = scaled_dot_product_attention(load_tensor(a.q), load_tensor(a.k), load_tensor(a.v), options);
   io::save(a.out, {{"output", r.output}});
   if (r.weights) io::save(a.weights, {{"weights", *r.weights}});
 }
@@ -34,11 +33,13 @@ void run_attention(const AttentionArgs& a) {
 void register_attention(CLI::App& app) {
   auto args = std::make_shared<AttentionArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "attention", "Scaled dot-product attention of q [..., Lq, Dk], k [..., Lk, Dk], v [..., Lk, Dv] (PyTorch SDPA semantics)");
+      "attention",
+      "Scaled dot-product attention of q [..., Lq, Dk], k [..., Lk, Dk], v [..., Lk, Dv] (PyTorch SDPA semantics)");
   cmd->add_option("--q", args->q, "queries (.npy, or FILE.safetensors[:NAME])")->required();
   cmd->add_option("--k", args->k, "keys")->required();
   cmd->add_option("--v", args->v, "values")->required();
-  cmd->add_option("--mask", args->mask, "attn_mask: bool (True = attend) or additive float, broadcast to [..., Lq, Lk]");
+  cmd->add_option("--mask", args->mask,
+                  "attn_mask: bool (True = attend) or additive float, broadcast to [..., Lq, Lk]");
   cmd->add_flag("--causal", args->causal, "causal mask, top-left aligned (not with --mask)");
   cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk))")->check(real_in());
   cmd->add_flag("--gqa", args->gqa, "grouped-query attention: k/v heads divide q heads");

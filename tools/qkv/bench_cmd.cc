@@ -74,10 +74,11 @@ void bench_one(const BenchArgs& a, const std::string& shape_text, double gemm_gf
   const double sec = best_seconds(a.min_time, 1, [&] { (void)scaled_dot_product_attention(q, k, v, o); });
   const double gflops = attention_flops(d[0], d[1], d[2], d[3], a.causal) / sec * 1e-9;
   if (a.json) {
-    std::printf("{\"op\": \"attention\", \"shape\": [%ld, %ld, %ld, %ld], \"causal\": %s, \"threads\": %d, "
-                "\"ms\": %.4f, \"gflops\": %.2f}\n",
-                static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]), static_cast<long>(d[3]),
-                a.causal ? "true" : "false", get_num_threads(), sec * 1e3, gflops);
+    std::printf(
+        "{\"op\": \"attention\", \"shape\": [%ld, %ld, %ld, %ld], \"causal\": %s, \"threads\": %d, "
+        "\"ms\": %.4f, \"gflops\": %.2f}\n",
+        static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]), static_cast<long>(d[3]),
+        a.causal ? "true" : "false", get_num_threads(), sec * 1e3, gflops);
     return;
   }
   std::printf("attention (B,H,L,D)=(%s) %s, %d thread(s): %.3f ms, %.1f GFLOP/s", shape_text.c_str(),
@@ -102,7 +103,8 @@ void run_bench_attention(const BenchArgs& a) {
     }
   }
   for (size_t i = 0; i < a.shapes.size(); ++i) {
-    progress(count - a.shapes.size() + i + 1, count, std::string("attention ") + (a.causal ? "causal " : "") + a.shapes[i]);
+    progress(count - a.shapes.size() + i + 1, count,
+             std::string("attention ") + (a.causal ? "causal " : "") + a.shapes[i]);
     bench_one(a, a.shapes[i], gemm_gflops);
   }
 }

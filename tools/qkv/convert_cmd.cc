@@ -51,8 +51,9 @@ std::string output_format(const ConvertArgs& a) {
   if (ext == ".h5" || ext == ".hdf5") return "tf-keras-h5";
   if (ext == ".keras") return "keras";
   if (ext == ".index" || ext.empty()) return "tf-checkpoint";
-  fail<ValueError>("convert: cannot tell the output format of ", a.out,
-                   " (.safetensors, .weights.h5, .h5, .keras, PREFIX.index or a prefix without extension; or --format)");
+  fail<ValueError>(
+      "convert: cannot tell the output format of ", a.out,
+      " (.safetensors, .weights.h5, .h5, .keras, PREFIX.index or a prefix without extension; or --format)");
 }
 
 std::string read_text(const std::string& path) {
@@ -72,9 +73,7 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
-std::string prefix_of(const std::string& out) {
-  return out.ends_with(".index") ? out.substr(0, out.size() - 6) : out;
-}
+std::string prefix_of(const std::string& out) { return out.ends_with(".index") ? out.substr(0, out.size() - 6) : out; }
 
 // The library's error for layers that do not chain, with the flags that fix it.
 std::string keras_config(const nn::LayerWeights& layers, const std::vector<std::string>& order) {
@@ -88,8 +87,9 @@ std::string keras_config(const nn::LayerWeights& layers, const std::vector<std::
 }
 
 // Writes `layers` in Keras' layout; returns the tensors written, by their key in OUT.
-std::map<std::string, Tensor> write_keras(const ConvertArgs& a, const std::string& format, const nn::LayerWeights& layers,
-                                          const std::vector<std::string>& order, const std::string& in_config) {
+std::map<std::string, Tensor> write_keras(const ConvertArgs& a, const std::string& format,
+                                          const nn::LayerWeights& layers, const std::vector<std::string>& order,
+                                          const std::string& in_config) {
   if (format == "tf-keras-h5") {
     nn::save_keras_legacy_h5(a.out, layers, order);
     std::map<std::string, Tensor> listing;
@@ -105,9 +105,9 @@ std::map<std::string, Tensor> write_keras(const ConvertArgs& a, const std::strin
   }
   const std::map<std::string, Tensor> paths = nn::keras3_paths(layers);
   if (format == "keras") {
-    const std::string config = !a.config.empty() ? read_text(a.config)
-                             : !in_config.empty() ? in_config
-                                                  : keras_config(layers, order);
+    const std::string config = !a.config.empty()    ? read_text(a.config)
+                               : !in_config.empty() ? in_config
+                                                    : keras_config(layers, order);
     io::save_keras_archive(a.out, paths, config);
   } else if (format == "keras3-h5") {
     io::save_keras_weights_h5(a.out, paths);
@@ -160,20 +160,28 @@ std::map<std::string, Tensor> write_same(const ConvertArgs& a, const std::string
     if (t == in.tensors.end()) continue;
     const bool aliased = !e.optimizer && e.key.starts_with("optimizer/") && !e.name.empty() && e.name != e.key;
     const std::string key = aliased ? e.name : e.key;
-    if (!out.emplace(key, t->second).second) fail<ValueError>("convert --to same: ", a.in, ": two variables named ", key);
+    if (!out.emplace(key, t->second).second)
+      fail<ValueError>("convert --to same: ", a.in, ": two variables named ", key);
     names[key] = e.name;
   }
   // A model_weights group makes any .h5 a tf.keras model file to Keras and to qkv's reader.
-  const bool tf_keras_model = std::any_of(out.begin(), out.end(), [](const auto& kv) { return kv.first.starts_with("model_weights/"); });
+  const bool tf_keras_model =
+      std::any_of(out.begin(), out.end(), [](const auto& kv) { return kv.first.starts_with("model_weights/"); });
   if (format == "keras3-h5" && tf_keras_model) {
-    fail<ValueError>("convert --to same: ", a.in, " is a tf.keras model .h5 (model_weights/...); a .weights.h5 under "
+    fail<ValueError>("convert --to same: ", a.in,
+                     " is a tf.keras model .h5 (model_weights/...); a .weights.h5 under "
                      "its keys would read as a tf.keras file without its attributes; write .safetensors or a TF "
                      "checkpoint, or --to keras");
   }
-  if (format == "tf-checkpoint") io::save_tf_checkpoint(prefix_of(a.out), out, names);
-  else if (format == "safetensors") io::save_safetensors(a.out, out);
-  else if (format == "keras3-h5") io::save_keras_weights_h5(a.out, out);
-  else fail<ValueError>("convert --to same: ", format, " needs layers; write .safetensors, .weights.h5 or a TF checkpoint");
+  if (format == "tf-checkpoint")
+    io::save_tf_checkpoint(prefix_of(a.out), out, names);
+  else if (format == "safetensors")
+    io::save_safetensors(a.out, out);
+  else if (format == "keras3-h5")
+    io::save_keras_weights_h5(a.out, out);
+  else
+    fail<ValueError>("convert --to same: ", format,
+                     " needs layers; write .safetensors, .weights.h5 or a TF checkpoint");
   return out;
 }
 
@@ -194,7 +202,8 @@ void run_convert(const ConvertArgs& a) {
   } else {
     nn::LayerWeights layers = nn::keras_layer_weights(in);
     if (has_torch_keys(in.tensors)) {
-      if (a.heads < 1) fail<ValueError>("convert: ", a.in, " holds PyTorch weights; give --heads N for Keras' [E, N, H] kernels");
+      if (a.heads < 1)
+        fail<ValueError>("convert: ", a.in, " holds PyTorch weights; give --heads N for Keras' [E, N, H] kernels");
       try {
         layers = nn::torch_to_keras(in.tensors, a.heads);
       } catch (const ValueError& e) {
@@ -210,14 +219,16 @@ void run_convert(const ConvertArgs& a) {
     out = write_keras(a, format, layers, nn::ordered_layers(layers, order), in_config);
   }
   std::cout << a.in << " -> " << a.out << " (" << a.to << " layout, " << format << "): " << out.size() << " tensors\n";
-  for (const auto& [k, t] : out) std::cout << "  " << k << "  " << dtype_name(t.dtype()) << "  " << shape_str(t.shape()) << "\n";
+  for (const auto& [k, t] : out)
+    std::cout << "  " << k << "  " << dtype_name(t.dtype()) << "  " << shape_str(t.shape()) << "\n";
 }
 
 }  // namespace
 
 void register_convert(CLI::App& app) {
   auto args = std::make_shared<ConvertArgs>();
-  CLI::App* cmd = app.add_subcommand("convert", "Convert MHA/Dense weights between Keras and PyTorch layouts and files");
+  CLI::App* cmd =
+      app.add_subcommand("convert", "Convert MHA/Dense weights between Keras and PyTorch layouts and files");
   cmd->add_option("input", args->in, "weights: .safetensors, .h5/.weights.h5, .keras, TF checkpoint prefix or .index")
       ->required();
   cmd->add_option("output", args->out,

@@ -44,9 +44,10 @@ void speed_line() {
   s.m = s.n = s.k = s.lda = s.ldb = s.ldc = kL;
   const double gemm_s = best_seconds(0.0, 5, [&] { gemm(s, 1.0f, a.data(), b.data(), 0.0f, c.data()); });
   const double peak = 2.0 * kL * kL * kL / gemm_s * 1e-9;
-  std::printf("\nspeed: fused attention f32 (B,H,L,D)=(1,8,1024,64), %d thread(s): %.1f GFLOP/s = %.0f%% of qkv::gemm's "
-              "%.1f GFLOP/s (qkv bench attention for more)\n",
-              get_num_threads(), attn, 100.0 * attn / peak, peak);
+  std::printf(
+      "\nspeed: fused attention f32 (B,H,L,D)=(1,8,1024,64), %d thread(s): %.1f GFLOP/s = %.0f%% of qkv::gemm's "
+      "%.1f GFLOP/s (qkv bench attention for more)\n",
+      get_num_threads(), attn, 100.0 * attn / peak, peak);
 }
 
 void section(const std::string& title, const Tensor& t) {

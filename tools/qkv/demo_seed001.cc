@@ -69,7 +69,8 @@ void demo_seed001() {
   double worst = 0;
   for (size_t i = 0; i < 5; ++i) {
     const double g = got[i * 2], w = want[i * 2];
-    for (size_t t = 0; t < 2; ++t) worst = std::max(worst, std::abs(got[i * 2 + t] - want[i * 2 + t]) / std::abs(want[i * 2 + t]));
+    for (size_t t = 0; t < 2; ++t)
+      worst = std::max(worst, std::abs(got[i * 2 + t] - want[i * 2 + t]) / std::abs(want[i * 2 + t]));
     std::printf("  %8g  %16.8g  %16.8g  %10.2e\n", cs[i], g, w, std::abs(g - w) / std::abs(w));
   }
   std::printf("  max relative error over both tokens: %.2e (the end-to-end test requires <= 1e-5)\n", worst);

@@ -50,8 +50,8 @@ void run_transform(const EinopsArgs& a, const std::string& op) {
     result = inputs.size() == 1 ? einops::rearrange(inputs[0], a.pattern, lengths)
                                 : einops::rearrange(inputs, a.pattern, lengths);
   } else if (op == "repeat") {
-    result = inputs.size() == 1 ? einops::repeat(inputs[0], a.pattern, lengths)
-                                : einops::repeat(inputs, a.pattern, lengths);
+    result =
+        inputs.size() == 1 ? einops::repeat(inputs[0], a.pattern, lengths) : einops::repeat(inputs, a.pattern, lengths);
   } else {
     result = inputs.size() == 1 ? einops::reduce(inputs[0], a.pattern, a.reduction, lengths)
                                 : einops::reduce(inputs, a.pattern, a.reduction, lengths);
@@ -101,8 +101,7 @@ CLI::App* add_transform(CLI::App& app, const std::string& name, const std::strin
   if (name == "reduce") {
     cmd->add_option("reduction", args->reduction, "sum, mean, max, min, prod, any or all")->required();
   }
-  cmd->add_option("inputs", args->rest, "input files (several are stacked) and NAME=LENGTH axis lengths")
-      ->required();
+  cmd->add_option("inputs", args->rest, "input files (several are stacked) and NAME=LENGTH axis lengths")->required();
   cmd->add_option("-o,--output", args->out, "output file (.npy or .safetensors)")->required();
   cmd->callback([args, name] { run_transform(*args, name); });
   return cmd;
@@ -159,8 +158,7 @@ void register_einops(CLI::App& app) {
                 std::make_shared<EinopsArgs>());
   add_transform(app, "reduce", "einops.reduce: rearrange and reduce the axes missing on the right",
                 std::make_shared<EinopsArgs>());
-  add_transform(app, "repeat", "einops.repeat: rearrange and add (broadcast) new axes",
-                std::make_shared<EinopsArgs>());
+  add_transform(app, "repeat", "einops.repeat: rearrange and add (broadcast) new axes", std::make_shared<EinopsArgs>());
   register_pack(app);
 }
 

@@ -44,7 +44,8 @@ void run_einsum(const EinsumArgs& a) {
 void register_einsum(CLI::App& app) {
   auto args = std::make_shared<EinsumArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "einsum", "Einstein summation with numpy.einsum semantics, e.g. qkv einsum 'bhid,bhjd->bhij' q.npy k.npy -o s.npy");
+      "einsum",
+      "Einstein summation with numpy.einsum semantics, e.g. qkv einsum 'bhid,bhjd->bhij' q.npy k.npy -o s.npy");
   cmd->add_option("equation", args->equation, "subscripts, e.g. 'ij,jk->ik' (spaces and '...' allowed)")->required();
   cmd->add_option("inputs", args->inputs, "operands (.npy, or FILE.safetensors[:NAME])")->required();
   cmd->add_option("-o,--output", args->out, "output file (.npy or .safetensors)");

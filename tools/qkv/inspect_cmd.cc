@@ -14,7 +14,8 @@ namespace qkv::cli {
 namespace {
 std::string lower_extension(const std::filesystem::path& path) {
   std::string ext = path.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return ext;
 }
 
@@ -47,7 +48,8 @@ bool is_plain_tensor_file(const std::string& path) {
     }
     list += "\n  " + c;
   }
-  fail<ValueError>("inspect: '", dir, "' is a directory; give one file: .npy, .safetensors, .h5/.weights.h5, .keras, "
+  fail<ValueError>("inspect: '", dir,
+                   "' is a directory; give one file: .npy, .safetensors, .h5/.weights.h5, .keras, "
                    "or a TF checkpoint prefix (PREFIX for PREFIX.index + PREFIX.data-*). ",
                    candidates.empty() ? "It holds none of these." : "Candidates in it:" + list);
 }
@@ -68,7 +70,8 @@ void run_inspect_weights(const std::string& path) {
   for (const auto& e : entries) {
     std::string note = e.name != e.key ? e.name : "";
     if (e.optimizer) note += note.empty() ? "(optimizer)" : "  (optimizer)";
-    std::cout << pad(e.key, key_width) << pad(e.dtype, dtype_width) << pad(shape_str(e.shape), shape_width) << note << "\n";
+    std::cout << pad(e.key, key_width) << pad(e.dtype, dtype_width) << pad(shape_str(e.shape), shape_width) << note
+              << "\n";
   }
 }
 
@@ -95,7 +98,8 @@ void run_inspect(const std::string& path) {
 
 void register_inspect(CLI::App& app) {
   auto path = std::make_shared<std::string>();
-  CLI::App* cmd = app.add_subcommand("inspect", "List the tensors of a .npy, .safetensors, Keras .h5/.keras file or TF checkpoint");
+  CLI::App* cmd =
+      app.add_subcommand("inspect", "List the tensors of a .npy, .safetensors, Keras .h5/.keras file or TF checkpoint");
   cmd->add_option("file", *path, "file to list")->required();
   cmd->callback([path] { run_inspect(*path); });
 }

@@ -10,14 +10,15 @@
 #include "commands.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
-#include "qkv/parallel.h"
 #include "qkv/out_of_memory.h"
+#include "qkv/parallel.h"
 
 namespace qkv::cli {
 
 Tensor load_tensor(const std::string& spec) {
   std::string path = spec, name;
-  if (const auto colon = spec.rfind(':'); colon != std::string::npos && spec.find(".safetensors:") != std::string::npos) {
+  if (const auto colon = spec.rfind(':');
+      colon != std::string::npos && spec.find(".safetensors:") != std::string::npos) {
     path = spec.substr(0, colon);
     name = spec.substr(colon + 1);
   }
@@ -56,7 +57,8 @@ void check_subcommand_names(CLI::App& app, int argc, char** argv) {
     }
     if (!next) {
       const std::string where = at == &app ? "qkv" : "qkv " + at->get_name();
-      throw CLI::ValidationError("'" + std::string(argv[i]) + "' is not a subcommand of " + where + " (one of: " + names + ")");
+      throw CLI::ValidationError("'" + std::string(argv[i]) + "' is not a subcommand of " + where +
+                                 " (one of: " + names + ")");
     }
     at = next;
   }

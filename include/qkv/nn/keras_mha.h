@@ -37,14 +37,19 @@
 namespace qkv::nn {
 
 // Keras' weight names in get_weights() order (no biases without use_bias).
-inline constexpr const char* kKerasMhaWeightNames[8] = {
-    "query/kernel", "query/bias", "key/kernel", "key/bias",
-    "value/kernel", "value/bias", "attention_output/kernel", "attention_output/bias"};
+inline constexpr const char* kKerasMhaWeightNames[8] = {"query/kernel",
+                                                        "query/bias",
+                                                        "key/kernel",
+                                                        "key/bias",
+                                                        "value/kernel",
+                                                        "value/bias",
+                                                        "attention_output/kernel",
+                                                        "attention_output/bias"};
 
 struct KerasMultiHeadAttentionConfig {
   int64_t num_heads = 1;
   int64_t key_dim = 1;
-  std::optional<int64_t> value_dim;     // default key_dim
+  std::optional<int64_t> value_dim;  // default key_dim
   bool use_bias = true;
   std::vector<int64_t> output_shape;    // empty: the query's feature size
   std::vector<int64_t> attention_axes;  // empty: Keras' None (all but batch and features)

@@ -38,8 +38,7 @@ KerasMultiHeadAttention keras_mha_from_weights(const std::map<std::string, Tenso
                                                const std::vector<int64_t>& attention_axes = {});
 
 // The layer `name` of `layers` as a KerasMultiHeadAttention (config from keras_mha_config).
-KerasMultiHeadAttention load_keras_mha(const LayerWeights& layers, const std::string& name,
-                                       const std::string& source);
+KerasMultiHeadAttention load_keras_mha(const LayerWeights& layers, const std::string& name, const std::string& source);
 // The Dense layer `name`: kernel [in, out] (+ bias [out]).
 Linear load_keras_dense(const LayerWeights& layers, const std::string& name, const std::string& source);
 
@@ -51,7 +50,8 @@ struct KerasMhaDense {
   Tensor forward(const Tensor& x) const;
 };
 // Loads both layers from `file` by name (seed 001: "multi_head_attention", "dense").
-KerasMhaDense load_keras_mha_dense(const std::filesystem::path& file, const std::string& mha_name = "multi_head_attention",
+KerasMhaDense load_keras_mha_dense(const std::filesystem::path& file,
+                                   const std::string& mha_name = "multi_head_attention",
                                    const std::string& dense_name = "dense");
 
 }  // namespace qkv::nn

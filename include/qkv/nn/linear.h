@@ -42,7 +42,7 @@ class Linear {
   const std::optional<Tensor>& bias() const { return bias_; }  // [out]
 
  private:
-  Tensor weight_;          // [out, in] when transposed_, else [in, out]; rows contiguous
+  Tensor weight_;  // [out, in] when transposed_, else [in, out]; rows contiguous
   bool transposed_ = false;
   std::optional<Tensor> bias_;  // [out] contiguous f32
   int64_t in_ = 0, out_ = 0;

@@ -73,7 +73,7 @@ class MultiheadAttention {
   std::map<std::string, Tensor> state_dict() const;
 
   MultiheadAttentionResult forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                    const MultiheadAttentionOptions& options = {}) const;
+                                   const MultiheadAttentionOptions& options = {}) const;
 
   const MultiheadAttentionConfig& config() const { return config_; }
   int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }
@@ -84,8 +84,8 @@ class MultiheadAttention {
   void rebuild();  // Linear views over the parameters
   bool packed() const;
   // q/k/v projections [L, N, E]: one GEMM for self-attention, one for k and v when shared.
-  void project(const Tensor& q, const Tensor& k, const Tensor& v, bool self, bool kv_shared, Tensor& qp,
-               Tensor& kp, Tensor& vp) const;
+  void project(const Tensor& q, const Tensor& k, const Tensor& v, bool self, bool kv_shared, Tensor& qp, Tensor& kp,
+               Tensor& vp) const;
 
   MultiheadAttentionConfig config_;
   std::map<std::string, Tensor> params_;  // PyTorch names -> f32 tensors

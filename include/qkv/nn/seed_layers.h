@@ -62,8 +62,8 @@ struct SeparateHeadsAttentionResult {
 class SeparateHeadsAttention {
  public:
   SeparateHeadsAttention(int64_t embed_dim, int64_t n_heads, std::optional<int64_t> d_kq = std::nullopt,
-                         std::optional<int64_t> d_v = std::nullopt,
-                         std::optional<double> scale = std::nullopt, bool causal = false, uint64_t seed = 0);
+                         std::optional<int64_t> d_v = std::nullopt, std::optional<double> scale = std::nullopt,
+                         bool causal = false, uint64_t seed = 0);
   void load_state_dict(const std::map<std::string, Tensor>& state_dict);
   std::map<std::string, Tensor> state_dict() const;
   // q [B, Lq, E], k [B, Lk, E], v [B, Lk, E].

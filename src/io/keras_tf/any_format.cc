@@ -20,7 +20,8 @@ constexpr const char* kKnownFormats =
 
 Format format_of(const std::filesystem::path& path, const char* op) {
   std::string ext = path.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (ext == ".npy") return Format::npy;
   if (ext == ".safetensors") return Format::safetensors;
   if (ext == ".h5" || ext == ".hdf5") return Format::keras_h5;
@@ -47,8 +48,7 @@ std::map<std::string, Tensor> load(const std::filesystem::path& path) {
   const detail::Context ctx{"load", path.string()};
   const AllocationScope scope(ctx.op, ctx.source);  // names the file in out-of-memory errors
   switch (format_of(path, ctx.op)) {
-    case Format::npy:
-      return {{path.stem().string(), detail::npy_from_storage(detail::read_file(path, ctx), ctx)}};
+    case Format::npy: return {{path.stem().string(), detail::npy_from_storage(detail::read_file(path, ctx), ctx)}};
     case Format::safetensors: return detail::safetensors_from_storage(detail::read_file(path, ctx), ctx).tensors;
     default: return load_weights(path).tensors;
   }
@@ -68,7 +68,8 @@ void save(const std::filesystem::path& path, const std::map<std::string, Tensor>
       }
       [[fallthrough]];
     default:
-      detail::fail_at(detail::Context{"save", path.string()}, "save writes .npy, .safetensors, .h5 and TF checkpoints "
+      detail::fail_at(detail::Context{"save", path.string()},
+                      "save writes .npy, .safetensors, .h5 and TF checkpoints "
                       "(PREFIX.index); `qkv convert` writes .keras archives and tf.keras .h5 layouts");
   }
   if (tensors.size() != 1) {
@@ -89,7 +90,8 @@ WeightFile load_weights(const std::filesystem::path& path) {
   }
   WeightFile w;
   w.tensors = load(path);
-  for (const auto& [name, t] : w.tensors) w.entries.push_back({name, name, std::string(dtype_name(t.dtype())), t.shape(), false});
+  for (const auto& [name, t] : w.tensors)
+    w.entries.push_back({name, name, std::string(dtype_name(t.dtype())), t.shape(), false});
   return w;
 }
 

@@ -12,8 +12,8 @@ namespace detail {
 namespace {
 
 // Reads (when `data`) and lists the dataset at `path`.
-void add_dataset(hid_t file, const std::string& path, std::string name, bool optimizer, bool data,
-                 size_t max_bytes, WeightFile& out, const Context& ctx) {
+void add_dataset(hid_t file, const std::string& path, std::string name, bool optimizer, bool data, size_t max_bytes,
+                 WeightFile& out, const Context& ctx) {
   H5Id dset(h5_check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), ctx, "dataset " + quote_name(path)));
   const H5DatasetInfo info = dataset_info(dset.get(), ctx, path);
   for (const auto& e : out.entries) {
@@ -60,13 +60,16 @@ void read_legacy(hid_t file, const std::string& base, bool data, size_t max_byte
   for (const std::string& layer : *layers) {
     const std::string lpath = prefix + layer;
     H5Id lg(h5_check(H5Gopen2(file, lpath.c_str(), H5P_DEFAULT), ctx, "layer group " + quote_name(lpath)));
-    if (!has_attr(lg.get(), "weight_names", ctx)) fail_at(ctx, "layer group ", quote_name(lpath), " has no weight_names attribute");
+    if (!has_attr(lg.get(), "weight_names", ctx))
+      fail_at(ctx, "layer group ", quote_name(lpath), " has no weight_names attribute");
     const auto names = read_string_attr(lg.get(), "weight_names", ctx).value_or(datasets_below(all, lpath));
-    for (const std::string& w : names) add_dataset(file, lpath + "/" + w, weight_name(w), false, data, max_bytes, out, ctx);
+    for (const std::string& w : names)
+      add_dataset(file, lpath + "/" + w, weight_name(w), false, data, max_bytes, out, ctx);
   }
   if (H5Lexists(file, "optimizer_weights", H5P_DEFAULT) > 0) {
     H5Id og(h5_check(H5Gopen2(file, "optimizer_weights", H5P_DEFAULT), ctx, "group optimizer_weights"));
-    const auto names = read_string_attr(og.get(), "weight_names", ctx).value_or(datasets_below(all, "optimizer_weights"));
+    const auto names =
+        read_string_attr(og.get(), "weight_names", ctx).value_or(datasets_below(all, "optimizer_weights"));
     for (const std::string& w : names) {
       add_dataset(file, "optimizer_weights/" + w, weight_name(w), true, data, max_bytes, out, ctx);
     }

@@ -63,7 +63,6 @@ void write_dataset(hid_t file, hid_t lcpl, const std::string& name, const Tensor
   }
 }
 
-
 void check_paths(const std::map<std::string, Tensor>& tensors, const Context& ctx) {
   for (const auto& [name, t] : tensors) {
     if (name.empty() || name.front() == '/' || name.back() == '/' || name.find("//") != std::string::npos) {
@@ -93,7 +92,8 @@ std::vector<std::byte> file_image(hid_t file, const Context& ctx) {
   const ssize_t n = H5Fget_file_image(file, nullptr, 0);
   if (n < 0) fail_at<IOError>(ctx, "cannot get the file image: ", hdf5_error_text());
   std::vector<std::byte> out(static_cast<size_t>(n));
-  if (H5Fget_file_image(file, out.data(), out.size()) != n) fail_at<IOError>(ctx, "cannot get the file image: ", hdf5_error_text());
+  if (H5Fget_file_image(file, out.data(), out.size()) != n)
+    fail_at<IOError>(ctx, "cannot get the file image: ", hdf5_error_text());
   return out;
 }
 
@@ -126,7 +126,8 @@ void write_string_attr(hid_t obj, const char* name, const std::vector<std::strin
   const hsize_t n = values.size();
   H5Id space(h5_check(array ? H5Screate_simple(1, &n, nullptr) : H5Screate(H5S_SCALAR), ctx, what));
   H5Id attr(h5_check(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), ctx, what));
-  if (H5Awrite(attr.get(), type.get(), buf.data()) < 0) fail_at<IOError>(ctx, "cannot write ", what, ": ", hdf5_error_text());
+  if (H5Awrite(attr.get(), type.get(), buf.data()) < 0)
+    fail_at<IOError>(ctx, "cannot write ", what, ": ", hdf5_error_text());
 }
 
 H5Id create_group(hid_t parent, const std::string& name, const Context& ctx) {

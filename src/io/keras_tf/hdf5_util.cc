@@ -56,8 +56,7 @@ H5Id open_hdf5_image(std::span<const std::byte> bytes, const Context& ctx) {
   H5Id fapl(h5_check(H5Pcreate(H5P_FILE_ACCESS), ctx, "H5Pcreate"));
   h5_check(H5Pset_fapl_core(fapl.get(), 1 << 16, 0), ctx, "H5Pset_fapl_core");
   // H5Pset_file_image copies the buffer, so the const_cast never leads to a write.
-  h5_check(H5Pset_file_image(fapl.get(), const_cast<std::byte*>(bytes.data()), bytes.size()), ctx,
-           "H5Pset_file_image");
+  h5_check(H5Pset_file_image(fapl.get(), const_cast<std::byte*>(bytes.data()), bytes.size()), ctx, "H5Pset_file_image");
   return H5Id(h5_check(H5Fopen("image.h5", H5F_ACC_RDONLY, fapl.get()), ctx, "cannot open as HDF5"));
 }
 
@@ -81,17 +80,21 @@ H5DatasetInfo dataset_info(hid_t dset, const Context& ctx, const std::string& pa
   const size_t size = H5Tget_size(type.get());
   info.little_endian = H5Tget_order(type.get()) != H5T_ORDER_BE;
   if (cls == H5T_FLOAT) {
-    info.dtype = size == 2 ? std::optional(DType::f16) : size == 4 ? std::optional(DType::f32)
-               : size == 8 ? std::optional(DType::f64) : std::nullopt;
+    info.dtype = size == 2   ? std::optional(DType::f16)
+                 : size == 4 ? std::optional(DType::f32)
+                 : size == 8 ? std::optional(DType::f64)
+                             : std::nullopt;
     info.dtype_name = info.dtype ? std::string(dtype_name(*info.dtype)) : "float" + std::to_string(size * 8);
   } else if (cls == H5T_INTEGER) {
     const bool is_signed = H5Tget_sign(type.get()) == H5T_SGN_2;
     if (is_signed) {
-      info.dtype = size == 1 ? std::optional(DType::i8) : size == 4 ? std::optional(DType::i32)
-                 : size == 8 ? std::optional(DType::i64) : std::nullopt;
+      info.dtype = size == 1   ? std::optional(DType::i8)
+                   : size == 4 ? std::optional(DType::i32)
+                   : size == 8 ? std::optional(DType::i64)
+                               : std::nullopt;
     }
-    info.dtype_name = info.dtype ? std::string(dtype_name(*info.dtype))
-                                 : (is_signed ? "int" : "uint") + std::to_string(size * 8);
+    info.dtype_name =
+        info.dtype ? std::string(dtype_name(*info.dtype)) : (is_signed ? "int" : "uint") + std::to_string(size * 8);
   } else if (cls == H5T_ENUM && size == 1 && H5Tget_nmembers(type.get()) == 2) {
     info.dtype = DType::b8;  // h5py's bool: enum {FALSE = 0, TRUE = 1} over int8
     info.dtype_name = "bool";

@@ -303,10 +303,10 @@ std::shared_ptr<Storage> run_isolated(const Context& ctx, const IsolationOptions
   const auto deadline = Clock::now() + options.timeout;
   bool timed_out = false;
   std::array<std::byte, kHeaderBytes> header{};
-  const bool header_ok = read_until(read_end.get(), header.data(), header.size(), deadline, timed_out, ctx) ==
-                             header.size() &&
-                         std::memcmp(header.data(), kMagic.data(), kMagic.size()) == 0 &&
-                         static_cast<uint8_t>(header[4]) <= static_cast<uint8_t>(Status::error);
+  const bool header_ok =
+      read_until(read_end.get(), header.data(), header.size(), deadline, timed_out, ctx) == header.size() &&
+      std::memcmp(header.data(), kMagic.data(), kMagic.size()) == 0 &&
+      static_cast<uint8_t>(header[4]) <= static_cast<uint8_t>(Status::error);
   uint64_t length = 0;
   for (size_t i = 0; i < 8; ++i) length |= static_cast<uint64_t>(header[6 + i]) << (8 * i);
   std::shared_ptr<Storage> body;
@@ -321,8 +321,9 @@ std::shared_ptr<Storage> run_isolated(const Context& ctx, const IsolationOptions
   if (timed_out) {
     child.kill();
     child.wait();
-    fail_child(ctx, options, "still running after " + seconds_text(options.timeout) + ", killed" +
-                                 (options.timeout_setting.empty() ? "" : "; " + options.timeout_setting + " sets the limit"));
+    fail_child(ctx, options,
+               "still running after " + seconds_text(options.timeout) + ", killed" +
+                   (options.timeout_setting.empty() ? "" : "; " + options.timeout_setting + " sets the limit"));
   }
   const std::optional<int> status = child.wait();
   if (status && WIFSIGNALED(*status)) fail_child(ctx, options, "killed by " + signal_name(WTERMSIG(*status)));

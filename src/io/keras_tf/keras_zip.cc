@@ -46,7 +46,8 @@ std::vector<ZipMember> central_directory(std::span<const std::byte> zip, const C
   size_t pos = cd_offset;
   const size_t end = size_t{cd_offset} + cd_size;
   for (uint32_t i = 0; i < count; ++i) {
-    if (end - pos < 46 || le(zip, pos, 4) != kCentralHeader) fail_at(ctx, "central directory entry ", i, " is malformed");
+    if (end - pos < 46 || le(zip, pos, 4) != kCentralHeader)
+      fail_at(ctx, "central directory entry ", i, " is malformed");
     ZipMember m;
     m.flags = le(zip, pos + 8, 2);
     m.method = le(zip, pos + 10, 2);
@@ -105,7 +106,8 @@ std::vector<std::byte> extract(std::span<const std::byte> zip, const ZipMember& 
   } else {
     fail_at(ctx, what, ": compression method ", m.method, " (qkv reads stored and deflated members)");
   }
-  const auto crc = static_cast<uint32_t>(::crc32(0L, reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size())));
+  const auto crc =
+      static_cast<uint32_t>(::crc32(0L, reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size())));
   if (crc != m.crc) fail_at(ctx, what, ": crc32 mismatch");
   return out;
 }

@@ -45,10 +45,11 @@ std::string zip(const std::vector<Member>& members, const Context& ctx) {
   std::string out, central;
   for (const Member& m : members) {
     if (m.data.size() >= 0xffffffffu || out.size() + m.data.size() >= 0xffffffffu - 1024) {
-      fail_at<ValueError>(ctx, "member ", quote_name(m.name), " would take the archive past 4 GiB (zip64 is not written)");
+      fail_at<ValueError>(ctx, "member ", quote_name(m.name),
+                          " would take the archive past 4 GiB (zip64 is not written)");
     }
-    const auto crc = static_cast<uint32_t>(::crc32(0L, reinterpret_cast<const Bytef*>(m.data.data()),
-                                                   static_cast<uInt>(m.data.size())));
+    const auto crc = static_cast<uint32_t>(
+        ::crc32(0L, reinterpret_cast<const Bytef*>(m.data.data()), static_cast<uInt>(m.data.size())));
     const auto offset = static_cast<uint32_t>(out.size());
     put(out, kLocalHeader, 4);
     common_fields(out, m, crc);

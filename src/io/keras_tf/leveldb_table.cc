@@ -9,8 +9,8 @@
 namespace qkv::io::detail {
 namespace {
 
-constexpr size_t kFooterSize = 48;   // two padded block handles (40 bytes) + 8-byte magic
-constexpr size_t kTrailerSize = 5;   // compression type byte + masked crc32c
+constexpr size_t kFooterSize = 48;  // two padded block handles (40 bytes) + 8-byte magic
+constexpr size_t kTrailerSize = 5;  // compression type byte + masked crc32c
 constexpr uint64_t kTableMagic = 0xdb4775248b80fb57ull;
 
 struct BlockHandle {
@@ -55,8 +55,8 @@ std::span<const std::byte> read_block(std::span<const std::byte> table, BlockHan
             hex32(stored));
   }
   if (type != 0) {
-    fail_at(ctx, what, " block at offset ", h.offset, " is compressed (type ", type,
-            type == 1 ? ", snappy" : "", "); TensorFlow writes checkpoint indexes uncompressed and qkv reads only those");
+    fail_at(ctx, what, " block at offset ", h.offset, " is compressed (type ", type, type == 1 ? ", snappy" : "",
+            "); TensorFlow writes checkpoint indexes uncompressed and qkv reads only those");
   }
   return contents;
 }
@@ -108,8 +108,8 @@ std::vector<TableEntry> read_leveldb_table(std::span<const std::byte> table, con
     fail_at(ctx, "file of ", table.size(), " bytes is too short for a table footer (48 bytes)");
   }
   const auto footer = table.last(kFooterSize);
-  const uint64_t magic = static_cast<uint64_t>(load_le32(footer.data() + 40)) |
-                         static_cast<uint64_t>(load_le32(footer.data() + 44)) << 32;
+  const uint64_t magic =
+      static_cast<uint64_t>(load_le32(footer.data() + 40)) | static_cast<uint64_t>(load_le32(footer.data() + 44)) << 32;
   if (magic != kTableMagic) fail_at(ctx, "not a LevelDB table (bad magic number in the footer)");
   size_t pos = 0;
   const auto handles = footer.first(40);

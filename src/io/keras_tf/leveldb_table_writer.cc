@@ -74,7 +74,8 @@ Handle write_block(std::string& file, const std::string& contents) {
   file += contents;
   const char type = 0;
   const auto* data = reinterpret_cast<const std::byte*>(contents.data());
-  const uint32_t crc = crc32c_extend(crc32c_extend(0, data, contents.size()), reinterpret_cast<const std::byte*>(&type), 1);
+  const uint32_t crc =
+      crc32c_extend(crc32c_extend(0, data, contents.size()), reinterpret_cast<const std::byte*>(&type), 1);
   file.push_back(type);
   put_fixed32(file, crc32c_mask(crc));
   return h;

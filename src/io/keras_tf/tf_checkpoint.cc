@@ -48,10 +48,10 @@ std::optional<DType> qkv_dtype(int32_t tf) {
 }
 
 std::string tf_dtype_name(int32_t tf) {
-  static const char* const names[] = {"invalid", "float32",  "float64",  "int32",  "uint8",   "int16",
-                                      "int8",    "string",   "complex64", "int64", "bool",    "qint8",
-                                      "quint8",  "qint32",   "bfloat16", "qint16", "quint16", "uint16",
-                                      "complex128", "float16", "resource", "variant", "uint32", "uint64"};
+  static const char* const names[] = {"invalid",    "float32", "float64",   "int32",   "uint8",   "int16",
+                                      "int8",       "string",  "complex64", "int64",   "bool",    "qint8",
+                                      "quint8",     "qint32",  "bfloat16",  "qint16",  "quint16", "uint16",
+                                      "complex128", "float16", "resource",  "variant", "uint32",  "uint64"};
   if (tf >= 0 && tf < static_cast<int32_t>(std::size(names))) return names[tf];
   return "dtype " + std::to_string(tf);
 }
@@ -67,7 +67,10 @@ Shape parse_shape(std::span<const std::byte> bytes, const Context& ctx, const st
       int64_t size = 0;
       while (!d.done()) {
         const auto [f, w] = d.next_tag();
-        if (f == 1 && w == 0) size = d.int64(); else d.skip(w);
+        if (f == 1 && w == 0)
+          size = d.int64();
+        else
+          d.skip(w);
       }
       if (size < 0) fail_at(ctx, what, ": dim ", shape.size(), " is ", size, " (unknown dims are not allowed)");
       if (shape.size() >= 64) fail_at(ctx, what, ": more than 64 dims");
@@ -89,6 +92,8 @@ BundleEntry parse_entry(const TableEntry& te, const Context& ctx) {
   ProtoReader r(te.value, ctx, what);
   while (!r.done()) {
     const auto [field, wt] = r.next_tag();
+    // A table, one case per line:
+    // clang-format off
     switch (field) {
       case 1: r.expect(field, wt, 0); e.dtype = r.int32(); break;
       case 2: r.expect(field, wt, 2); e.shape = parse_shape(r.bytes(), ctx, what); break;
@@ -99,6 +104,7 @@ BundleEntry parse_entry(const TableEntry& te, const Context& ctx) {
       case 7: r.expect(field, wt, 2); (void)r.bytes(); e.sliced = true; break;
       default: r.skip(wt);
     }
+    // clang-format on
   }
   if (e.offset < 0 || e.size < 0) fail_at(ctx, what, ": negative offset ", e.offset, " or size ", e.size);
   if (e.shard_id < 0) fail_at(ctx, what, ": negative shard_id ", e.shard_id);
@@ -124,7 +130,8 @@ void parse_header(std::span<const std::byte> value, Bundle& b, const Context& ct
         const auto [f, w] = v.next_tag();
         if (f == 2 && w == 0) {
           const int32_t min_consumer = v.int32();
-          if (min_consumer > 1) fail_at(ctx, "header: bundle needs a reader of version ", min_consumer, " (qkv reads 1)");
+          if (min_consumer > 1)
+            fail_at(ctx, "header: bundle needs a reader of version ", min_consumer, " (qkv reads 1)");
         } else {
           v.skip(w);
         }
@@ -181,7 +188,8 @@ std::span<const std::byte> entry_bytes(const BundleEntry& e, std::span<const std
 std::vector<std::string> decode_strings(const BundleEntry& e, std::span<const std::byte> bytes, const Context& ctx) {
   const int64_t n = checked_numel(e.shape).value_or(-1);
   const std::string what = "string entry " + quote_name(e.key);
-  if (n < 0 || static_cast<uint64_t>(n) > bytes.size()) fail_at(ctx, what, ": ", n, " elements in ", bytes.size(), " bytes");
+  if (n < 0 || static_cast<uint64_t>(n) > bytes.size())
+    fail_at(ctx, what, ": ", n, " elements in ", bytes.size(), " bytes");
   std::vector<uint64_t> lengths(static_cast<size_t>(n));
   size_t pos = 0;
   uint32_t crc = 0;
@@ -227,15 +235,16 @@ Tensor entry_tensor(const BundleEntry& e, DType dtype, const std::shared_ptr<Sto
   return view_or_copy(shard, static_cast<size_t>(e.offset), dtype, e.shape, contiguous_strides(e.shape));
 }
 
-std::vector<TensorInfo> listing(const Bundle& b, const std::vector<std::string>* object_graph,
-                                     const Context& ctx) {
+std::vector<TensorInfo> listing(const Bundle& b, const std::vector<std::string>* object_graph, const Context& ctx) {
   std::vector<TensorInfo> out;
   for (const BundleEntry& e : b.entries) {
     const auto dt = qkv_dtype(e.dtype);
     out.push_back({e.key, e.key, dt ? std::string(dtype_name(*dt)) : tf_dtype_name(e.dtype), e.shape, false});
   }
-  if (object_graph != nullptr && object_graph->size() == 1) name_from_object_graph((*object_graph)[0], out, ctx);
-  else name_from_keys(out);
+  if (object_graph != nullptr && object_graph->size() == 1)
+    name_from_object_graph((*object_graph)[0], out, ctx);
+  else
+    name_from_keys(out);
   return out;
 }
 
@@ -251,7 +260,8 @@ WeightFile assemble(const Bundle& b, const std::vector<std::shared_ptr<Storage>>
   WeightFile ck;
   std::vector<std::string> graph;
   for (const BundleEntry& e : b.entries) {
-    if (e.sliced) fail_at(ctx, "entry ", quote_name(e.key), " is a partitioned variable (slices), which qkv does not read");
+    if (e.sliced)
+      fail_at(ctx, "entry ", quote_name(e.key), " is a partitioned variable (slices), which qkv does not read");
     const auto& shard = shards.at(static_cast<size_t>(e.shard_id));
     const auto bytes = entry_bytes(e, {shard->data(), shard->nbytes()}, ctx);
     if (e.dtype == kStringDType) {
@@ -283,7 +293,7 @@ std::filesystem::path tf_checkpoint_prefix(const std::filesystem::path& path) {
 }
 
 WeightFile parse_tf_checkpoint(std::span<const std::byte> index, std::span<const std::span<const std::byte>> shards,
-                                 const std::string& source) {
+                               const std::string& source) {
   const detail::Context ctx{"parse_tf_checkpoint", source};
   const detail::Bundle b = detail::parse_index(index, ctx);
   if (shards.size() != static_cast<size_t>(b.num_shards)) {

@@ -17,7 +17,7 @@ constexpr std::string_view kValueSuffix = "/.ATTRIBUTES/VARIABLE_VALUE";
 struct Node {
   std::vector<std::pair<int32_t, std::string>> children;
   std::vector<std::pair<std::string, std::string>> attributes;  // full_name, checkpoint_key
-  std::vector<int32_t> slots;                                    // slot variable node ids
+  std::vector<int32_t> slots;                                   // slot variable node ids
 };
 
 std::string key_name(const std::string& key) {
@@ -29,9 +29,12 @@ std::pair<int32_t, std::string> parse_child(std::span<const std::byte> bytes, co
   std::pair<int32_t, std::string> c{0, ""};  // proto3: an absent node_id is 0
   while (!r.done()) {
     const auto [f, w] = r.next_tag();
-    if (f == 1 && w == 0) c.first = r.int32();
-    else if (f == 2 && w == 2) c.second = std::string(r.string());
-    else r.skip(w);
+    if (f == 1 && w == 0)
+      c.first = r.int32();
+    else if (f == 2 && w == 2)
+      c.second = std::string(r.string());
+    else
+      r.skip(w);
   }
   return c;
 }
@@ -41,9 +44,12 @@ std::pair<std::string, std::string> parse_attribute(std::span<const std::byte> b
   std::pair<std::string, std::string> a;
   while (!r.done()) {
     const auto [f, w] = r.next_tag();
-    if (f == 2 && w == 2) a.first = std::string(r.string());
-    else if (f == 3 && w == 2) a.second = std::string(r.string());
-    else r.skip(w);
+    if (f == 2 && w == 2)
+      a.first = std::string(r.string());
+    else if (f == 3 && w == 2)
+      a.second = std::string(r.string());
+    else
+      r.skip(w);
   }
   return a;
 }
@@ -53,7 +59,10 @@ int32_t parse_slot(std::span<const std::byte> bytes, const Context& ctx) {
   int32_t slot = 0;
   while (!r.done()) {
     const auto [f, w] = r.next_tag();
-    if (f == 3 && w == 0) slot = r.int32(); else r.skip(w);
+    if (f == 3 && w == 0)
+      slot = r.int32();
+    else
+      r.skip(w);
   }
   return slot;
 }
@@ -63,10 +72,14 @@ Node parse_node(std::span<const std::byte> bytes, const Context& ctx) {
   Node n;
   while (!r.done()) {
     const auto [f, w] = r.next_tag();
-    if (f == 1 && w == 2) n.children.push_back(parse_child(r.bytes(), ctx));
-    else if (f == 2 && w == 2) n.attributes.push_back(parse_attribute(r.bytes(), ctx));
-    else if (f == 3 && w == 2) n.slots.push_back(parse_slot(r.bytes(), ctx));
-    else r.skip(w);
+    if (f == 1 && w == 2)
+      n.children.push_back(parse_child(r.bytes(), ctx));
+    else if (f == 2 && w == 2)
+      n.attributes.push_back(parse_attribute(r.bytes(), ctx));
+    else if (f == 3 && w == 2)
+      n.slots.push_back(parse_slot(r.bytes(), ctx));
+    else
+      r.skip(w);
   }
   return n;
 }
@@ -86,7 +99,10 @@ void name_from_object_graph(std::string_view graph, std::vector<TensorInfo>& ent
   ProtoReader r(std::as_bytes(std::span(graph.data(), graph.size())), ctx, "_CHECKPOINTABLE_OBJECT_GRAPH");
   while (!r.done()) {
     const auto [f, w] = r.next_tag();
-    if (f == 1 && w == 2) nodes.push_back(parse_node(r.bytes(), ctx)); else r.skip(w);
+    if (f == 1 && w == 2)
+      nodes.push_back(parse_node(r.bytes(), ctx));
+    else
+      r.skip(w);
   }
   const auto n = static_cast<int64_t>(nodes.size());
   auto check_id = [&](int32_t id, const char* what) {

@@ -14,7 +14,7 @@ constexpr std::string_view kAttributes = "/.ATTRIBUTES/";
 
 struct GraphNode {
   std::vector<std::pair<std::string, int32_t>> children;  // local name, node id
-  std::vector<std::array<std::string, 3>> attributes;      // name, full_name, checkpoint_key
+  std::vector<std::array<std::string, 3>> attributes;     // name, full_name, checkpoint_key
 };
 
 // TF's unescape of a local name in a key: ".S" -> "/", ".." -> ".".

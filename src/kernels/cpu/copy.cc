@@ -15,8 +15,7 @@ namespace {
 // keeps row-major order among equal strides, zero strides included), coalesced.
 // Walking dst in its own order lets the kernels treat any dst layout, a slice or a
 // permuted view, like the contiguous one: rows along its stride-1 dim.
-detail::CopyDims plan_copy(std::span<const int64_t> shape, std::span<const int64_t> src,
-                           std::span<const int64_t> dst) {
+detail::CopyDims plan_copy(std::span<const int64_t> shape, std::span<const int64_t> src, std::span<const int64_t> dst) {
   detail::CopyDims dims;
   for (size_t d = 0; d < shape.size(); ++d) dims.push_back({shape[d], {src[d], dst[d]}});
   std::stable_sort(dims.begin(), dims.end(), [](const WalkDim<2>& a, const WalkDim<2>& b) {

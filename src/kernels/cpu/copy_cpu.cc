@@ -87,8 +87,8 @@ void copy_rows(const CopyDims& dims, const From* src, To* dst) {
         prefetch_run(src + next.offset(kSrc), len, ss);
         next.next();
       }
-      copy_piece(src + row.offset(kSrc) + j0 * ss, ss, dst + row.offset(kDst) + j0 * ds, ds,
-                 std::min(piece, len - j0), stream);
+      copy_piece(src + row.offset(kSrc) + j0 * ss, ss, dst + row.offset(kDst) + j0 * ds, ds, std::min(piece, len - j0),
+                 stream);
       if (j0 + piece >= len) row.next();
     }
     if (stream) detail::stream_fence();

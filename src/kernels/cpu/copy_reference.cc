@@ -18,7 +18,8 @@ void strided_copy_reference(std::span<const int64_t> shape, const CopySrc& src, 
       const auto* s = static_cast<const From*>(src.data);
       auto* d = static_cast<To*>(dst.data);
       if (n > 0) {
-        for_each_walk_offset<2>(dims, 0, n, [&](const WalkOffsets<2>& off) { d[off[1]] = convert_element<To>(s[off[0]]); });
+        for_each_walk_offset<2>(dims, 0, n,
+                                [&](const WalkOffsets<2>& off) { d[off[1]] = convert_element<To>(s[off[0]]); });
       }
     });
   });

@@ -19,27 +19,26 @@ std::string list_str(const std::vector<int64_t>& v) {
 }
 
 // A stored matrix of `rows` rows of `len` contiguous elements, `ld` apart.
-void check_leading_dim(const char* op, const char* name, int64_t rows, int64_t len, int64_t ld,
-                       const GemmShape& s, const GemmBatch& batch) {
+void check_leading_dim(const char* op, const char* name, int64_t rows, int64_t len, int64_t ld, const GemmShape& s,
+                       const GemmBatch& batch) {
   if (ld < 0 || (rows > 1 && ld < len)) {
-    fail<ValueError>(op, ": ", name, "=", ld, " is less than the stored row length ", len, " (",
-                     rows, " stored rows) for ", gemm_args_str(s, batch));
+    fail<ValueError>(op, ": ", name, "=", ld, " is less than the stored row length ", len, " (", rows,
+                     " stored rows) for ", gemm_args_str(s, batch));
   }
 }
 
 int64_t check_batch(const char* op, const GemmShape& s, const GemmBatch& batch) {
   const size_t nd = batch.shape.size();
   if (batch.stride_a.size() != nd || batch.stride_b.size() != nd || batch.stride_c.size() != nd) {
-    fail<ValueError>(op, ": batch stride lists must have one entry per batch dim for ",
-                     gemm_args_str(s, batch));
+    fail<ValueError>(op, ": batch stride lists must have one entry per batch dim for ", gemm_args_str(s, batch));
   }
   int64_t count = 1;
   for (size_t d = 0; d < nd; ++d) {
     const int64_t size = batch.shape[d];
     if (size < 0) fail<ValueError>(op, ": negative batch dim for ", gemm_args_str(s, batch));
     if (size > 1 && batch.stride_c[d] == 0) {
-      fail<ValueError>(op, ": stride_c is 0 on batch dim ", d, " of size ", size,
-                       " (C batches would overlap) for ", gemm_args_str(s, batch));
+      fail<ValueError>(op, ": stride_c is 0 on batch dim ", d, " of size ", size, " (C batches would overlap) for ",
+                       gemm_args_str(s, batch));
     }
     if (size != 0 && count > kMaxElements / size) {
       fail<ValueError>(op, ": batch too large for ", gemm_args_str(s, batch));
@@ -55,16 +54,15 @@ std::string gemm_args_str(const GemmShape& s, const GemmBatch& batch) {
   std::ostringstream out;
   out << std::boolalpha << "m=" << s.m << ", n=" << s.n << ", k=" << s.k << ", trans_a=" << s.trans_a
       << ", trans_b=" << s.trans_b << ", lda=" << s.lda << ", ldb=" << s.ldb << ", ldc=" << s.ldc;
-  if (!batch.shape.empty() || !batch.stride_a.empty() || !batch.stride_b.empty() ||
-      !batch.stride_c.empty()) {
+  if (!batch.shape.empty() || !batch.stride_a.empty() || !batch.stride_b.empty() || !batch.stride_c.empty()) {
     out << ", batch=" << list_str(batch.shape) << ", stride_a=" << list_str(batch.stride_a)
         << ", stride_b=" << list_str(batch.stride_b) << ", stride_c=" << list_str(batch.stride_c);
   }
   return out.str();
 }
 
-int64_t check_gemm_args(const char* op, const GemmShape& s, double alpha, const void* a,
-                        const void* b, double beta, const void* c, const GemmBatch& batch) {
+int64_t check_gemm_args(const char* op, const GemmShape& s, double alpha, const void* a, const void* b, double beta,
+                        const void* c, const GemmBatch& batch) {
   (void)beta;  // every beta is valid; kept in the signature to mirror gemm
   if (s.m < 0 || s.n < 0 || s.k < 0) {
     fail<ValueError>(op, ": m, n and k must be >= 0 for ", gemm_args_str(s, batch));
@@ -91,8 +89,7 @@ std::vector<GemmDim> gemm_batch_dims(const GemmBatch& batch) {
 
 std::vector<GemmDim> simplify_gemm_batch(std::vector<GemmDim> dims) {
   // Outermost first; the order of independent batch matrices does not matter.
-  std::stable_sort(dims.begin(), dims.end(),
-                   [](const GemmDim& x, const GemmDim& y) { return x.sc > y.sc; });
+  std::stable_sort(dims.begin(), dims.end(), [](const GemmDim& x, const GemmDim& y) { return x.sc > y.sc; });
   std::vector<GemmDim> merged;
   for (const kernels::WalkDim<3>& d : kernels::coalesce_walk<3>(gemm_walk_dims(dims))) {
     if (d.size != 1) merged.push_back({d.size, d.stride[0], d.stride[1], d.stride[2]});  // not the lone placeholder

@@ -26,8 +26,8 @@ std::string gemm_args_str(const GemmShape& s, const GemmBatch& batch);
 // Throws ValueError naming `op` and the arguments when they are inconsistent;
 // returns the number of matrices in the batch (the product of batch.shape).
 // (float32 and float64 calls alike: the pointers are only checked for null.)
-int64_t check_gemm_args(const char* op, const GemmShape& s, double alpha, const void* a,
-                        const void* b, double beta, const void* c, const GemmBatch& batch);
+int64_t check_gemm_args(const char* op, const GemmShape& s, double alpha, const void* a, const void* b, double beta,
+                        const void* c, const GemmBatch& batch);
 
 // The batch as a list of dims (checked arguments only).
 std::vector<GemmDim> gemm_batch_dims(const GemmBatch& batch);

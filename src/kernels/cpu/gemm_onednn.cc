@@ -77,7 +77,7 @@ struct ProblemHash {
 struct Plan {
   dnnl::matmul prim;
   memory::desc a_md, b_md, c_md, scratch_md;
-  std::vector<GemmDim> outer;  // batch dims looped here, outermost first; empty = one call
+  std::vector<GemmDim> outer;   // batch dims looped here, outermost first; empty = one call
   bool parallel_outer = false;  // outer loop on parallel_for, single-threaded oneDNN calls
   std::string impl;             // oneDNN's implementation name
 };
@@ -89,8 +89,7 @@ int64_t canonical_ld(int64_t stored_rows, int64_t row_len, int64_t ld) {
   return stored_rows <= 1 ? std::max<int64_t>(row_len, 1) : ld;
 }
 
-Problem make_problem(const GemmShape& s, float alpha, float beta, std::vector<GemmDim> dims,
-                     int threads) {
+Problem make_problem(const GemmShape& s, float alpha, float beta, std::vector<GemmDim> dims, int threads) {
   Problem p;
   p.trans_a = s.trans_a;
   p.trans_b = s.trans_b;
@@ -111,15 +110,13 @@ Problem make_problem(const GemmShape& s, float alpha, float beta, std::vector<Ge
 
 enum class Operand { a, b, c };
 
-int64_t dim_stride(const GemmDim& d, Operand x) {
-  return x == Operand::a ? d.sa : x == Operand::b ? d.sb : d.sc;
-}
+int64_t dim_stride(const GemmDim& d, Operand x) { return x == Operand::a ? d.sa : x == Operand::b ? d.sb : d.sc; }
 
 // [inner batch..., rows, cols] with the operand's strides; a broadcast (stride 0)
 // dim becomes size 1 with a stride past the operand's extent (oneDNN's fast
 // kernels reject stride 0 even on size-1 dims).
-memory::desc operand_md(const std::vector<GemmDim>& inner, Operand x, int64_t rows, int64_t cols,
-                        int64_t row_stride, int64_t col_stride) {
+memory::desc operand_md(const std::vector<GemmDim>& inner, Operand x, int64_t rows, int64_t cols, int64_t row_stride,
+                        int64_t col_stride) {
   int64_t extent = std::max(rows * row_stride, cols * col_stride);
   for (const GemmDim& d : inner) extent = std::max(extent, d.size * dim_stride(d, x));
   memory::dims sizes, strides;
@@ -135,9 +132,8 @@ memory::desc operand_md(const std::vector<GemmDim>& inner, Operand x, int64_t ro
 
 bool expressible(const std::vector<GemmDim>& inner) {
   if (inner.size() + 2 > DNNL_MAX_NDIMS) return false;
-  return std::all_of(inner.begin(), inner.end(), [](const GemmDim& d) {
-    return d.sa >= 0 && d.sb >= 0 && d.sc > 0 && (d.sa > 0 || d.sb > 0);
-  });
+  return std::all_of(inner.begin(), inner.end(),
+                     [](const GemmDim& d) { return d.sa >= 0 && d.sb >= 0 && d.sc > 0 && (d.sa > 0 || d.sb > 0); });
 }
 
 dnnl::engine& cpu_engine() {
@@ -159,10 +155,10 @@ std::optional<Plan> try_plan(const Problem& p, size_t split) {
   if (!expressible(inner)) return std::nullopt;
   Plan plan;
   plan.outer.assign(p.dims.begin(), p.dims.begin() + static_cast<std::ptrdiff_t>(split));
-  const double call_flops = 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) *
-                            static_cast<double>(p.k) * static_cast<double>(detail::gemm_batch_count(inner));
-  plan.parallel_outer = p.threads > 1 && detail::gemm_batch_count(plan.outer) >= p.threads &&
-                        call_flops < kSerialCallFlops;
+  const double call_flops = 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k) *
+                            static_cast<double>(detail::gemm_batch_count(inner));
+  plan.parallel_outer =
+      p.threads > 1 && detail::gemm_batch_count(plan.outer) >= p.threads && call_flops < kSerialCallFlops;
   try {
     plan.a_md = operand_md(inner, Operand::a, p.m, p.k, p.trans_a ? 1 : p.lda, p.trans_a ? p.lda : 1);
     plan.b_md = operand_md(inner, Operand::b, p.k, p.n, p.trans_b ? 1 : p.ldb, p.trans_b ? p.ldb : 1);
@@ -178,8 +174,7 @@ std::optional<Plan> try_plan(const Problem& p, size_t split) {
     }
     // Calls that run inside parallel_for must be created single-threaded.
     const detail::ScopedRuntimeThreads threads(plan.parallel_outer ? 1 : p.threads);
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(plan.a_md, plan.b_md, plan.c_md), attr,
-                                          cpu_engine());
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(plan.a_md, plan.b_md, plan.c_md), attr, cpu_engine());
     plan.impl = pd.impl_info_str();
     plan.scratch_md = pd.scratchpad_desc();
     // The reference kernel is orders of magnitude slower than looping over a
@@ -294,14 +289,14 @@ void execute_one(const Plan& plan, Operands& ops, const float* a, const float* b
                                   {DNNL_ARG_WEIGHTS, ops.b.get()},
                                   {DNNL_ARG_DST, ops.c.get()},
                                   {DNNL_ARG_SCRATCHPAD, ops.scratch.get()}};
-  const dnnl_status_t status = dnnl_primitive_execute(plan.prim.get(), thread_stream().get(),
-                                                      static_cast<int>(std::size(args)), args);
+  const dnnl_status_t status =
+      dnnl_primitive_execute(plan.prim.get(), thread_stream().get(), static_cast<int>(std::size(args)), args);
   if (status != dnnl_success) throw dnnl::error(status, "could not execute a matmul primitive");
 }
 
 // Runs the plan's primitive on batch matrices [first, last) of plan.outer.
-void run_outer_range(const Plan& plan, Operands& ops, const float* a, const float* b, float* c,
-                     int64_t first, int64_t last) {
+void run_outer_range(const Plan& plan, Operands& ops, const float* a, const float* b, float* c, int64_t first,
+                     int64_t last) {
   detail::for_each_gemm_batch(plan.outer, first, last, [&](int64_t oa, int64_t ob, int64_t oc) {
     if (interrupt_requested()) return;  // skips the rest; parallel_for / gemm throws
     execute_one(plan, ops, a + oa, b + ob, c + oc);

@@ -31,28 +31,26 @@ void reference_matrix(const GemmShape& s, T alpha, const T* a, const T* b, T bet
 }
 
 template <class T, class Acc>
-void reference_batch(const GemmShape& s, T alpha, const T* a, const T* b, T beta, T* c,
-                     const GemmBatch& batch) {
+void reference_batch(const GemmShape& s, T alpha, const T* a, const T* b, T beta, T* c, const GemmBatch& batch) {
   const int64_t count = detail::check_gemm_args("gemm_reference", s, alpha, a, b, beta, c, batch);
   if (count == 0 || s.m == 0 || s.n == 0) return;
-  detail::for_each_gemm_batch(detail::gemm_batch_dims(batch), 0, count,
-                              [&](int64_t oa, int64_t ob, int64_t oc) {
-                                // Unread operands may be null: never form a pointer from them.
-                                const T* pa = a ? a + oa : nullptr;
-                                const T* pb = b ? b + ob : nullptr;
-                                reference_matrix<T, Acc>(s, alpha, pa, pb, beta, c + oc);
-                              });
+  detail::for_each_gemm_batch(detail::gemm_batch_dims(batch), 0, count, [&](int64_t oa, int64_t ob, int64_t oc) {
+    // Unread operands may be null: never form a pointer from them.
+    const T* pa = a ? a + oa : nullptr;
+    const T* pb = b ? b + ob : nullptr;
+    reference_matrix<T, Acc>(s, alpha, pa, pb, beta, c + oc);
+  });
 }
 
 }  // namespace
 
-void gemm_reference(const GemmShape& s, float alpha, const float* a, const float* b, float beta,
-                    float* c, const GemmBatch& batch) {
+void gemm_reference(const GemmShape& s, float alpha, const float* a, const float* b, float beta, float* c,
+                    const GemmBatch& batch) {
   reference_batch<float, double>(s, alpha, a, b, beta, c, batch);
 }
 
-void gemm_reference(const GemmShape& s, double alpha, const double* a, const double* b, double beta,
-                    double* c, const GemmBatch& batch) {
+void gemm_reference(const GemmShape& s, double alpha, const double* a, const double* b, double beta, double* c,
+                    const GemmBatch& batch) {
   reference_batch<double, long double>(s, alpha, a, b, beta, c, batch);
 }
 

@@ -61,9 +61,7 @@ int sync_runtime_threads() {
   return n;
 }
 
-ScopedRuntimeThreads::ScopedRuntimeThreads(int n) : previous_(omp_get_max_threads()) {
-  omp_set_num_threads(n);
-}
+ScopedRuntimeThreads::ScopedRuntimeThreads(int n) : previous_(omp_get_max_threads()) { omp_set_num_threads(n); }
 
 ScopedRuntimeThreads::~ScopedRuntimeThreads() { omp_set_num_threads(previous_); }
 
@@ -116,8 +114,7 @@ void check_interrupt(const char* op) {
   if (interrupt_requested()) fail<Interrupted>(op, ": interrupted");
 }
 
-void parallel_for(int64_t begin, int64_t end, int64_t grain,
-                  const std::function<void(int64_t, int64_t)>& fn) {
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (end <= begin) return;
   check_interrupt("parallel_for");
   const int64_t n = end - begin;
@@ -131,7 +128,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain,
   }
   std::exception_ptr first_error;
   std::mutex error_mutex;
-#pragma omp parallel num_threads(static_cast<int>(chunks))
+#pragma omp parallel num_threads(static_cast <int>(chunks))
   {
     // The runtime may grant fewer threads than asked: split by what we got.
     const int64_t team = omp_get_num_threads();

@@ -34,9 +34,7 @@ void softmax_rows(float* x, int64_t rows, int64_t cols, int64_t row_stride) {
 
 float max_value(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxValue)(x, n); }
 
-float exp_shift_sum(float* x, int64_t n, float shift) {
-  return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, shift);
-}
+float exp_shift_sum(float* x, int64_t n, float shift) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, shift); }
 
 void scale(float* x, int64_t n, float s) { HWY_DYNAMIC_DISPATCH(Scale)(x, n, s); }
 

@@ -34,8 +34,8 @@ void softmax_rows_of(T* data, int64_t rows, int64_t cols) {
 Tensor softmax(const Tensor& x, int64_t dim) {
   require_cpu("softmax", {&x});
   if (x.dtype() != DType::f32 && x.dtype() != DType::f64) {
-    fail<DTypeError>("softmax: expected a float32 or float64 tensor, got ", dtype_name(x.dtype()),
-                     " of shape ", shape_str(x.shape()));
+    fail<DTypeError>("softmax: expected a float32 or float64 tensor, got ", dtype_name(x.dtype()), " of shape ",
+                     shape_str(x.shape()));
   }
   const int64_t ndim = std::max<int64_t>(x.dim(), 1);  // a 0-dim tensor has dims 0 and -1
   if (dim < -ndim || dim >= ndim) {

@@ -131,8 +131,8 @@ HWY_INLINE void LoadTransposed(D d, const T* HWY_RESTRICT tile, int64_t tile_str
 // left half-written while others are filled can be flushed to memory as a partial
 // write, which measured up to 3x slower.
 template <class D, class T>
-int64_t TransposeBlocks(D d, const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_RESTRICT dst,
-                        int64_t dst_stride, int64_t rows, int64_t cols, bool stream) {
+int64_t TransposeBlocks(D d, const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY_RESTRICT dst, int64_t dst_stride,
+                        int64_t rows, int64_t cols, bool stream) {
   using V = hn::Vec<D>;
   constexpr size_t kLanes = hn::MaxLanes(d);
   constexpr int64_t kN = static_cast<int64_t>(kLanes);
@@ -186,8 +186,8 @@ int64_t TransposeHalving(const T* HWY_RESTRICT tile, int64_t tile_stride, T* HWY
   int64_t done = TransposeBlocks(d, tile, tile_stride, dst, dst_stride, rows, cols, stream);
   constexpr size_t kHalf = hn::MaxLanes(d) / 2;
   if constexpr (kHalf >= 2 && kHalf * sizeof(T) >= 8) {
-    done += TransposeHalving<T, kHalf>(tile + done, tile_stride, dst + done * dst_stride, dst_stride, rows - done,
-                                       cols, stream);
+    done += TransposeHalving<T, kHalf>(tile + done, tile_stride, dst + done * dst_stride, dst_stride, rows - done, cols,
+                                       stream);
   }
   return done;
 }

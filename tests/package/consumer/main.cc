@@ -12,8 +12,7 @@
 namespace {
 
 // softmax(q k^T / sqrt(D)) v for one head, in float64: out [L, D].
-std::vector<double> sdpa_f64(const qkv::Tensor& q, const qkv::Tensor& k, const qkv::Tensor& v, int64_t L,
-                             int64_t D) {
+std::vector<double> sdpa_f64(const qkv::Tensor& q, const qkv::Tensor& k, const qkv::Tensor& v, int64_t L, int64_t D) {
   std::vector<double> out(static_cast<size_t>(L * D), 0.0);
   for (int64_t i = 0; i < L; ++i) {
     std::vector<double> s(static_cast<size_t>(L));
@@ -42,7 +41,8 @@ int main() {
   const std::vector<double> want = sdpa_f64(q, k, v, L, D);
   double sdpa_err = 0.0;
   for (int64_t i = 0; i < L; ++i) {
-    for (int64_t d = 0; d < D; ++d) sdpa_err = std::fmax(sdpa_err, std::fabs(out.at<float>({0, i, d}) - want[size_t(i * D + d)]));
+    for (int64_t d = 0; d < D; ++d)
+      sdpa_err = std::fmax(sdpa_err, std::fabs(out.at<float>({0, i, d}) - want[size_t(i * D + d)]));
   }
   const qkv::Tensor ab = qkv::einsum("ij,jk->ik", {q.reshape({L, D}), v.reshape({L, D}).transpose(0, 1)});  // [L, L]
   double einsum_err = 0.0;
