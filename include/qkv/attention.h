@@ -59,7 +59,7 @@
 
 namespace qkv {
 
-// Tiles of the fused CPU kernel (src/attention/flash_cpu.cc): query rows and
+// Tiles of the fused CPU kernel (src/attention/attention_cpu.cc): query rows and
 // key/value rows per tile. They change speed and float rounding (the order of
 // the sums), never the contract. Both 0 (the default) = automatic: chosen from
 // the L2 cache size and the shapes (src/attention/flash_tiles.h), unless the

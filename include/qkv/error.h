@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -69,8 +70,10 @@ class DeviceError : public Error {
   using Error::Error;
 };
 
-// "[2, 3, 4]"; "[]" for a scalar.
-std::string shape_str(const std::vector<int64_t>& shape);
+// "[2, 3, 4]"; "[]" for a scalar. Every message that quotes a shape uses it.
+std::string shape_str(std::span<const int64_t> shape);
+// "[[2, 3], [4]]": a list of shapes (einops.pack's packed_shapes).
+std::string shapes_str(std::span<const std::vector<int64_t>> shapes);
 
 namespace detail {
 template <class... Args>

@@ -269,7 +269,8 @@ auto self_attention_call(std::string layer) {
   };
 }
 
-void bind_seed_flavours(nb::module_& nn) {
+// Seed 000: SelfAttention and MultiHeadSelfAttention (x -> x).
+void bind_seed000(nb::module_& nn) {
   using namespace qkv::nn;
   nb::class_<SelfAttention> sa(nn, "SelfAttention", "Seed 000's single-head self-attention (to_qvk, no bias).");
   sa.def(
@@ -298,6 +299,11 @@ void bind_seed_flavours(nb::module_& nn) {
       .def("__call__", self_attention_call<MultiHeadSelfAttention>("MultiHeadSelfAttention"), nb::arg("x"),
            nb::arg("mask").none() = nb::none());
   bind_state(mh);
+}
+
+// Seeds 003 and 004: layers called with (q, k, v).
+void bind_seed003_004(nb::module_& nn) {
+  using namespace qkv::nn;
   nb::class_<SeparateHeadsAttention> sh(nn, "SeparateHeadsAttention",
                                         "Seed 003's layer: Dkq != Dv, scale, causal; returns (output, scores).");
   sh.def(
@@ -363,5 +369,6 @@ void bind_nn(nb::module_& m) {
   nb::module_ nn = m.def_submodule("nn", "Attention layers: PyTorch, Keras and the seed articles' flavours");
   bind_torch_flavour(nn);
   bind_keras_flavour(nn);
-  bind_seed_flavours(nn);
+  bind_seed000(nn);
+  bind_seed003_004(nn);
 }

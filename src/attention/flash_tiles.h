@@ -1,10 +1,10 @@
-// Tile sizes of the fused CPU attention (flash_cpu.cc), from the cache sizes.
+// Tile sizes of the fused CPU attention (attention_cpu.cc), from the cache sizes.
 //
 // One worker keeps a Q tile [Br, Dk], a K tile [Bc, Dk], a V tile [Bc, Dv], the
 // scores/probabilities [Br, Bc] and the output accumulator [Br, Dv] in its L2.
 // Br and Bc are powers of two; Bc is the largest whose working set fits the L2,
 // capped at kMaxBc, and Br = min(kBr, Bc). With causal masking Br = kCausal and
-// Bc = 2 Br: flash_cpu.cc takes key tiles backwards from the diagonal, so only
+// Bc = 2 Br: attention_cpu.cc takes key tiles backwards from the diagonal, so only
 // the tile at the first keys is partial and it is Br wide: the tile GEMMs see
 // two shapes (qkv::gemm keeps a per-thread memo of 4 plans), and the masked
 // triangle computed per query tile is Br x Br / 2.

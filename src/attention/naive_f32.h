@@ -1,5 +1,5 @@
 // A plain, unfused float32 attention: the yardstick of FlashAttention's numerical
-// criterion (tests/attention/flash_test.cc: the fused kernel's error against
+// criterion (tests/attention/attention_cpu_test.cc: the fused kernel's error against
 // float64 must be at most twice this one's). Used only by tests.
 #pragma once
 

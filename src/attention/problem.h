@@ -1,7 +1,7 @@
 // Checked geometry of one attention call, shared by every attention kernel so
 // that they accept exactly the same inputs and report the same errors.
 //
-// The dispatcher (sdpa.cc) checks a call once, with make_problem, and hands the
+// The dispatcher (attention.cc) checks a call once, with make_problem, and hands the
 // Problem to the kernel it picks; kernels take a Problem, never raw q, k, v, so
 // that an unchecked call cannot reach them (only make_problem and with_operands
 // construct one).

@@ -40,16 +40,6 @@ PackPattern analyze_pattern(std::string_view pattern, const char* opname) {
 
 Shape sub_shape(const Shape& s, int64_t begin, int64_t end) { return Shape(s.begin() + begin, s.begin() + end); }
 
-std::string shapes_repr(const std::vector<Shape>& shapes) {
-  std::string out = "[";
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    out += i ? ", [" : "[";
-    for (size_t j = 0; j < shapes[i].size(); ++j) out += (j ? ", " : "") + std::to_string(shapes[i][j]);
-    out += "]";
-  }
-  return out + "]";
-}
-
 // Product of the dims (a negative dim, as unpack may be given, stays negative);
 // ShapeError past 2^62 (and for -2^63, whose magnitude int64 cannot hold: a UBSan
 // negation overflow found by the einops fuzzer).
@@ -171,7 +161,7 @@ std::vector<Tensor> unpack(const Tensor& x, const std::vector<Shape>& packed_sha
     }
   }
   if (n_unknown > 1) {
-    fail<ShapeError>("unpack(..., ", pattern, ") received more than one -1 in ", shapes_repr(packed_shapes),
+    fail<ShapeError>("unpack(..., ", pattern, ") received more than one -1 in ", shapes_str(packed_shapes),
                      " and can't infer dimensions");
   }
   const int64_t n = static_cast<int64_t>(packed_shapes.size());
@@ -191,7 +181,7 @@ std::vector<Tensor> unpack(const Tensor& x, const std::vector<Shape>& packed_sha
     const bool ok = resolve_shape(&want, end - begin);
     if (!ok) {
       fail<ShapeError>("Error during unpack(..., \"", pattern, "\"): could not split axis of size ", split[n],
-                       " into requested ", shapes_repr(packed_shapes));
+                       " into requested ", shapes_str(packed_shapes));
     }
     Shape full = sub_shape(shape, 0, p.before);
     full.insert(full.end(), want.begin(), want.end());

@@ -9,9 +9,9 @@
 #include <optional>
 
 #include "einsum/contract.h"
-#include "kernels/cpu/buffer_pool.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
+#include "tensor/buffer_pool.h"
 
 namespace qkv::einsum_detail {
 

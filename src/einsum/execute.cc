@@ -2,8 +2,8 @@
 #include <algorithm>
 
 #include "einsum/contract.h"
-#include "kernels/cpu/buffer_pool.h"
 #include "qkv/parallel.h"
+#include "tensor/buffer_pool.h"
 
 namespace qkv::einsum_detail {
 

@@ -29,9 +29,6 @@ template <class E = FormatError, class... Args>
   fail<E>(ctx.op, ": ", ctx.source, ": ", std::forward<Args>(args)...);
 }
 
-// "[2, 3]" from a span.
-std::string dims_str(std::span<const int64_t> shape);
-
 // `text` in `quote` quotes for messages: at most `max_chars` bytes, non-printable
 // bytes as \xNN, the quote and backslash escaped.
 std::string quote_excerpt(std::string_view text, size_t max_chars = 96, char quote = '"');

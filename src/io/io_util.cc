@@ -8,10 +8,6 @@
 
 namespace qkv::io::detail {
 
-std::string dims_str(std::span<const int64_t> shape) {
-  return shape_str(std::vector<int64_t>(shape.begin(), shape.end()));
-}
-
 std::string quote_excerpt(std::string_view text, size_t max_chars, char quote) {
   std::string out(1, quote);
   for (size_t i = 0; i < text.size() && i < max_chars; ++i) {

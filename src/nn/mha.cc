@@ -29,14 +29,14 @@ Tensor attn_mask_4d(const Tensor& m, int64_t n, int64_t h, int64_t l, int64_t s)
   if (m.dim() == 2) {
     if (m.shape() != Shape{l, s}) {
       fail<ShapeError>(kOp, ": The shape of the 2D attn_mask is ", shape_str(m.shape()), ", but should be ",
-                       shape_str({l, s}), ".");
+                       shape_str(std::vector<int64_t>{l, s}), ".");
     }
     return a.view({1, 1, l, s});
   }
   if (m.dim() == 3) {
     if (m.shape() != Shape{n * h, l, s}) {
       fail<ShapeError>(kOp, ": The shape of the 3D attn_mask is ", shape_str(m.shape()), ", but should be ",
-                       shape_str({n * h, l, s}), ".");
+                       shape_str(std::vector<int64_t>{n * h, l, s}), ".");
     }
     return a.view({n, h, l, s});
   }

@@ -5,12 +5,18 @@
 
 namespace qkv {
 
-std::string shape_str(const std::vector<int64_t>& shape) {
+std::string shape_str(std::span<const int64_t> shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i) s += ", ";
     s += std::to_string(shape[i]);
   }
+  return s + "]";
+}
+
+std::string shapes_str(std::span<const std::vector<int64_t>> shapes) {
+  std::string s = "[";
+  for (size_t i = 0; i < shapes.size(); ++i) s += (i ? ", " : "") + shape_str(shapes[i]);
   return s + "]";
 }
 

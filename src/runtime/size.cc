@@ -238,8 +238,7 @@ std::string bad_alloc_message(std::string_view fallback) {
 void forget_unwound_scope() { unwound_text.clear(); }
 
 std::string allocation_what(std::span<const int64_t> shape, DType dtype, const char* role) {
-  return std::string(role) + " " + shape_str(std::vector<int64_t>(shape.begin(), shape.end())) + " " +
-         std::string(dtype_name(dtype));
+  return std::string(role) + " " + shape_str(shape) + " " + std::string(dtype_name(dtype));
 }
 
 size_t checked_alloc_bytes(std::span<const int64_t> shape, DType dtype, const char* role,

@@ -11,12 +11,6 @@
 
 namespace qkv {
 
-namespace {
-std::string dims_str(std::span<const int64_t> dims) {
-  return shape_str(std::vector<int64_t>(dims.begin(), dims.end()));
-}
-}  // namespace
-
 // ---- Storage -------------------------------------------------------------------------
 
 namespace {
@@ -192,14 +186,14 @@ void Tensor::check_dtype(DType expected, const char* op) const {
 int64_t Tensor::element_offset(std::span<const int64_t> index, const char* op) const {
   require_cpu(op, {this});  // at, item, set_item read host memory
   if (static_cast<int64_t>(index.size()) != dim()) {
-    fail<IndexError>(op, ": index ", dims_str(index), " has ", index.size(), " entries for tensor of shape ",
+    fail<IndexError>(op, ": index ", shape_str(index), " has ", index.size(), " entries for tensor of shape ",
                      shape_str(shape_));
   }
   int64_t off = offset_;
   for (size_t i = 0; i < index.size(); ++i) {
     int64_t j = index[i];
     if (j < -shape_[i] || j >= shape_[i]) {
-      fail<IndexError>(op, ": index ", dims_str(index), " out of range for tensor of shape ", shape_str(shape_));
+      fail<IndexError>(op, ": index ", shape_str(index), " out of range for tensor of shape ", shape_str(shape_));
     }
     if (j < 0) j += shape_[i];
     off += j * strides_[i];
@@ -240,19 +234,19 @@ void Tensor::set_item(std::span<const int64_t> index, double value) const {
 
 Tensor Tensor::permute(std::span<const int64_t> dims) const {
   if (static_cast<int64_t>(dims.size()) != dim()) {
-    fail<ShapeError>("permute: dims ", dims_str(dims), " do not match tensor of shape ", shape_str(shape_));
+    fail<ShapeError>("permute: dims ", shape_str(dims), " do not match tensor of shape ", shape_str(shape_));
   }
   Shape shape(dims.size());
   Strides strides(dims.size());
   std::vector<bool> seen(dims.size(), false);
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] < -dim() || dims[i] >= dim()) {
-      fail<IndexError>("permute: dim ", dims[i], " in ", dims_str(dims), " out of range for tensor of shape ",
+      fail<IndexError>("permute: dim ", dims[i], " in ", shape_str(dims), " out of range for tensor of shape ",
                        shape_str(shape_));
     }
     const int64_t d = dims[i] < 0 ? dims[i] + dim() : dims[i];
     if (seen[d]) {
-      fail<ShapeError>("permute: dims ", dims_str(dims), " repeat dim ", d, " (tensor of shape ", shape_str(shape_),
+      fail<ShapeError>("permute: dims ", shape_str(dims), " repeat dim ", d, " (tensor of shape ", shape_str(shape_),
                        ")");
     }
     seen[d] = true;

@@ -109,7 +109,7 @@ TEST_P(NonFiniteTorch, ScaledDotProductAttentionMatchesTorch) {
   expect_matches_torch(f, scaled_dot_product_attention(f.tensor("q"), f.tensor("k"), f.tensor("v"), f.attention));
 }
 
-// The naive float32 kernel (flash_test.cc's yardstick) under the same rules:
+// The naive float32 kernel (attention_cpu_test.cc's yardstick) under the same rules:
 // f32 output and weights whatever the input dtype, so an f32 tolerance.
 TEST_P(NonFiniteTorch, NaiveF32MatchesTorch) {
   const Fixture f = load();

@@ -1,7 +1,7 @@
 // A scalar long double attention written from the definitions, sharing no code
 // with qkv's attention (not make_problem, not batch_offset): the oracle of the
 // float64 path and of every logsumexp (tests/attention/float64_oracle_test.cc,
-// flash_test.cc). Inputs are read as plain row-major arrays:
+// attention_cpu_test.cc). Inputs are read as plain row-major arrays:
 //   s_ij = scale * sum_d q_id k_jd + mask_ij   (bool False: -inf; Dk == 0: the
 //          empty sum 0 whatever the scale), keys j <= i when causal
 //   lse_i = log sum_j exp(s_ij)               (-inf when every s_ij is -inf)

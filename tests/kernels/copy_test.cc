@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "common/expect.h"
-#include "kernels/cpu/softmax_internal.h"
 #include "qkv/einops.h"
 #include "qkv/parallel.h"
+#include "softmax/softmax_cpu.h"
 
 namespace qkv::kernels {
 namespace {
@@ -145,7 +145,7 @@ TEST(CopyEngine, MatchesReferenceOnRandomViewsAndDestinations) {
   for (int trial = 0; trial < 800; ++trial) check_random_case(rng, trial % 4 == 3);
 }
 
-// The SIMD tiles (transpose-inl.h) on every target this CPU supports (one thread:
+// The SIMD tiles (copy_transpose-inl.h) on every target this CPU supports (one thread:
 // force_simd_target is process-wide).
 TEST(CopyEngine, MatchesReferenceOnEverySimdTarget) {
   const int before = get_num_threads();

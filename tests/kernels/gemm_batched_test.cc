@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/thread_guard.h"
-#include "kernels/cpu/gemm_common.h"
+#include "kernels/cpu/gemm_internal.h"
 #include "kernels/gemm_test_util.h"
 #include "qkv/error.h"
 #include "qkv/gemm.h"

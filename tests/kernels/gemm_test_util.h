@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/gemm_common.h"
+#include "kernels/cpu/gemm_internal.h"
 #include "qkv/gemm.h"
 
 namespace qkv::test {

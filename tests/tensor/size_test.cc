@@ -11,9 +11,9 @@
 
 #include "common/expect.h"
 #include "common/limit_guard.h"
-#include "kernels/cpu/buffer_pool.h"
 #include "qkv/out_of_memory.h"
 #include "qkv/tensor.h"
+#include "tensor/buffer_pool.h"
 
 // An allocation the system refuses must come back as null (and so as an
 // OutOfMemoryError) under ASan too, instead of ASan's allocation-size-too-big abort.

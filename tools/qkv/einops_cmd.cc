@@ -59,16 +59,6 @@ void run_transform(const EinopsArgs& a, const std::string& op) {
   save_one(a.out, result);
 }
 
-std::string shape_list(const std::vector<Shape>& shapes) {
-  std::string out = "[";
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    out += i ? ", [" : "[";
-    for (size_t j = 0; j < shapes[i].size(); ++j) out += (j ? ", " : "") + std::to_string(shapes[i][j]);
-    out += "]";
-  }
-  return out + "]";
-}
-
 // "2;3,4;;-1" -> [[2], [3, 4], [], [-1]].
 std::vector<Shape> parse_shapes(const std::string& text) {
   std::vector<Shape> shapes(1);
@@ -118,7 +108,7 @@ void register_pack(CLI::App& app) {
     for (const std::string& f : args->rest) inputs.push_back(load_tensor(f));
     const einops::Packed p = einops::pack(inputs, args->pattern);
     save_one(args->out, p.tensor);
-    std::cout << shape_list(p.packed_shapes) << "\n";
+    std::cout << shapes_str(p.packed_shapes) << "\n";
   });
 
   auto uargs = std::make_shared<EinopsArgs>();

@@ -74,7 +74,7 @@ H5DatasetInfo dataset_info(hid_t dset, const Context& ctx, const std::string& pa
     if (d > static_cast<hsize_t>(kMaxElements)) fail_at(ctx, what, ": dim ", d, " too large");
     info.shape.push_back(static_cast<int64_t>(d));
   }
-  if (!checked_numel(info.shape)) fail_at(ctx, what, ": shape ", dims_str(info.shape), " has too many elements");
+  if (!checked_numel(info.shape)) fail_at(ctx, what, ": shape ", shape_str(info.shape), " has too many elements");
   H5Id type(h5_check(H5Dget_type(dset), ctx, what));
   const H5T_class_t cls = H5Tget_class(type.get());
   const size_t size = H5Tget_size(type.get());
@@ -111,7 +111,7 @@ Tensor read_dataset(hid_t dset, const H5DatasetInfo& info, size_t max_bytes, con
   const DType dt = *info.dtype;
   const auto numel = static_cast<uint64_t>(checked_numel(info.shape).value_or(0));  // checked when read
   if (numel > max_bytes / itemsize(dt)) {
-    fail_at(ctx, what, ": shape ", dims_str(info.shape), " needs ", numel, " elements, more than the file can hold");
+    fail_at(ctx, what, ": shape ", shape_str(info.shape), " needs ", numel, " elements, more than the file can hold");
   }
   Tensor t = Tensor::empty(info.shape, dt);
   if (numel == 0) return t;

@@ -81,7 +81,7 @@ Shape parse_shape(std::span<const std::byte> bytes, const Context& ctx, const st
       r.skip(wt);
     }
   }
-  if (!checked_numel(shape)) fail_at(ctx, what, ": shape ", dims_str(shape), " has too many elements");
+  if (!checked_numel(shape)) fail_at(ctx, what, ": shape ", shape_str(shape), " has too many elements");
   return shape;
 }
 
@@ -226,7 +226,7 @@ Tensor entry_tensor(const BundleEntry& e, DType dtype, const std::shared_ptr<Sto
   const size_t item = itemsize(dtype);
   if (static_cast<uint64_t>(numel) > static_cast<uint64_t>(e.size) / item ||
       static_cast<uint64_t>(numel) * item != static_cast<uint64_t>(e.size)) {
-    fail_at(ctx, "entry ", quote_name(e.key), " holds ", e.size, " bytes but shape ", dims_str(e.shape), " of ",
+    fail_at(ctx, "entry ", quote_name(e.key), " holds ", e.size, " bytes but shape ", shape_str(e.shape), " of ",
             dtype_name(dtype), " needs ", static_cast<uint64_t>(numel) * item);
   }
   std::byte* data = shard->data() + e.offset;

@@ -64,7 +64,7 @@ class Reader {
     if (ndim > kMaxDims) garbled(ndim, " dims");
     Shape shape;
     for (uint64_t i = 0; i < ndim; ++i) shape.push_back(static_cast<int64_t>(u64()));
-    if (!checked_numel(shape)) garbled("shape ", dims_str(shape));
+    if (!checked_numel(shape)) garbled("shape ", shape_str(shape));
     return shape;
   }
   // A count of items each at least `min_bytes` long.

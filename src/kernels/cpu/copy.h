@@ -33,7 +33,7 @@ struct CopyDst {
 // order dst is written in), size-1 dims dropped and dims merged where both sides
 // allow. Same dtype: rows along dst's stride-1 dim are memcpy'd when src is also
 // contiguous along it; when src's stride-1 dim is another one, cache-blocked 2-D
-// tiles between the two are transposed in SIMD blocks (transpose-inl.h); results of
+// tiles between the two are transposed in SIMD blocks (copy_transpose-inl.h); results of
 // 8 MB and more are written with non-temporal stores. Different dtypes: rows are
 // converted element by element. Work is split over qkv::parallel_for.
 void strided_copy(std::span<const int64_t> shape, const CopySrc& src, const CopyDst& dst);

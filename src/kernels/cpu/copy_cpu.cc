@@ -12,7 +12,7 @@
 
 #include <hwy/cache_control.h>
 
-#include "kernels/cpu/transpose_simd.h"
+#include "kernels/cpu/copy_transpose.h"
 #include "qkv/error.h"
 #include "qkv/parallel.h"
 
@@ -96,7 +96,7 @@ void copy_rows(const CopyDims& dims, const From* src, To* dst) {
 }
 
 // Tiles of dims (p, q), where q is dst's contiguous last dim and p is src's
-// contiguous (smallest-stride) dim, are transposed in SIMD blocks (transpose-inl.h):
+// contiguous (smallest-stride) dim, are transposed in SIMD blocks (copy_transpose-inl.h):
 // straight from src when its stride along p is 1, else (or see runs_per_tile_limit)
 // through a 16 KB buffer the runs are gathered into. Runs along q are up to 1 KB long, which measured
 // best for 64 MB 2-D to 5-D permutations; p takes the rest of the tile (64 KB direct,

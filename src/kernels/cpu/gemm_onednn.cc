@@ -31,7 +31,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "kernels/cpu/gemm_common.h"
+#include "kernels/cpu/gemm_internal.h"
 #include "kernels/cpu/parallel_internal.h"
 #include "qkv/error.h"
 #include "qkv/gemm.h"

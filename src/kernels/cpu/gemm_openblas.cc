@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "kernels/cpu/gemm_common.h"
+#include "kernels/cpu/gemm_internal.h"
 #include "kernels/cpu/parallel_internal.h"
 #include "qkv/error.h"
 #include "qkv/gemm.h"

@@ -1,7 +1,7 @@
 // The gemm oracle: plain loops, wide accumulation (double for float32, long double
 // for float64), one rounding per output. Deliberately naive (no blocking, no
 // threads) so that it is obviously right.
-#include "kernels/cpu/gemm_common.h"
+#include "kernels/cpu/gemm_internal.h"
 #include "qkv/gemm.h"
 
 namespace qkv {

@@ -1,5 +1,5 @@
 // The SIMD targets qkv compiles its Highway kernels for, set here once. Every Highway
-// dispatch file (softmax.cc, transpose_simd.cc, and any new *-inl.h user) includes this
+// dispatch file (softmax_cpu.cc, copy_transpose.cc, and any new *-inl.h user) includes this
 // header first, before any hwy/ header, so that all kernels dispatch over the same list.
 //
 // Targets: AVX-512 (AVX3), AVX2 and the portable fallback (SCALAR with GCC 12.2,

@@ -1,5 +1,5 @@
 // The pool of large result buffers (see buffer_pool.h).
-#include "kernels/cpu/buffer_pool.h"
+#include "tensor/buffer_pool.h"
 
 #include <sys/mman.h>
 

@@ -1,9 +1,9 @@
 // scaled_dot_product_attention: checks the call once, then picks the kernel by
 // the inputs' device and dtype and hands it the checked problem.
-#include "attention/flash_cpu.h"
-#include "attention/problem.h"
-#include "attention/reference.h"
 #include "qkv/attention.h"
+#include "attention/attention_cpu.h"
+#include "attention/attention_reference.h"
+#include "attention/problem.h"
 
 namespace qkv {
 

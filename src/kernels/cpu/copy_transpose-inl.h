@@ -1,5 +1,5 @@
 // Per-target pieces of the permuted copy (Highway): an in-register transpose of
-// square blocks and a streaming row copy. transpose_simd.cc re-includes this file
+// square blocks and a streaming row copy. copy_transpose.cc re-includes this file
 // once per SIMD target via hwy/foreach_target.h; no other file includes it.
 // Highway's include guard convention: toggled per target.
 #if defined(QKV_KERNELS_CPU_TRANSPOSE_INL_H_) == defined(HWY_TARGET_TOGGLE)

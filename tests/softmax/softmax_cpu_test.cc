@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/softmax_internal.h"
 #include "qkv/softmax.h"
+#include "softmax/softmax_cpu.h"
 
 namespace qkv {
 namespace {

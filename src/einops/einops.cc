@@ -6,8 +6,8 @@
 #include "einops/parse.h"
 #include "einops/recipe.h"
 #include "einops/reduce.h"
-#include "kernels/cpu/buffer_pool.h"
 #include "qkv/einops.h"
+#include "tensor/buffer_pool.h"
 
 namespace qkv::einops {
 

@@ -1,4 +1,4 @@
-#include "kernels/cpu/gemm_common.h"
+#include "kernels/cpu/gemm_internal.h"
 
 #include <algorithm>
 #include <sstream>

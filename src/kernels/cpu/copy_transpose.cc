@@ -1,4 +1,4 @@
-// Runtime dispatch of the Highway pieces of the permuted copy (transpose-inl.h,
+// Runtime dispatch of the Highway pieces of the permuted copy (copy_transpose-inl.h,
 // compiled once per SIMD target here and nowhere else).
 #include <cstddef>
 #include <cstdint>
@@ -6,16 +6,16 @@
 #include "kernels/cpu/hwy_targets.h"  // the target list, before any hwy/ header
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/cpu/transpose-inl.h"
+#define HWY_TARGET_INCLUDE "kernels/cpu/copy_transpose-inl.h"
 #include "hwy/foreach_target.h"  // must come before highway.h
 #include "hwy/highway.h"
-#include "kernels/cpu/transpose-inl.h"
+#include "kernels/cpu/copy_transpose-inl.h"
 
 #if HWY_ONCE
 
 #include <hwy/cache_control.h>
 
-#include "kernels/cpu/transpose_simd.h"
+#include "kernels/cpu/copy_transpose.h"
 
 namespace qkv::kernels::detail {
 

@@ -10,15 +10,15 @@
 #include "kernels/cpu/hwy_targets.h"  // the target list, before any hwy/ header
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/cpu/softmax-inl.h"
+#define HWY_TARGET_INCLUDE "softmax/softmax-inl.h"
 #include "hwy/foreach_target.h"  // must come before highway.h
 #include "hwy/highway.h"
-#include "kernels/cpu/softmax-inl.h"
+#include "softmax/softmax-inl.h"
 
 #if HWY_ONCE
 
-#include "kernels/cpu/softmax_internal.h"
 #include "qkv/softmax.h"
+#include "softmax/softmax_cpu.h"
 
 namespace qkv::kernels {
 

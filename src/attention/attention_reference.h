@@ -1,4 +1,4 @@
-// The float64 attention oracle (reference.cc) as a kernel the dispatcher can
+// The float64 attention oracle (attention_reference.cc) as a kernel the dispatcher can
 // pick: scaled_dot_product_attention runs it for f64 inputs and Dk == 0.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The fused CPU attention forward (flash_cpu.cc): FlashAttention-2's schedule on
+// The fused CPU attention forward (attention_cpu.cc): FlashAttention-2's schedule on
 // qkv::gemm tiles. Internal: users call qkv::scaled_dot_product_attention.
 #pragma once
 

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cpu/softmax_internal.h"
-#include "kernels/cpu/transpose_simd.h"
+#include "kernels/cpu/copy_transpose.h"
+#include "softmax/softmax_cpu.h"
 
 namespace qkv::kernels {
 namespace {

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "attention/flash_cpu.h"
+#include "attention/attention_cpu.h"
 #include "attention/naive_f32.h"
 #include "common/attention_oracle.h"
 #include "common/expect.h"

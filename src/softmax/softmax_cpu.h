@@ -1,4 +1,4 @@
-// Test hooks of the Highway dispatch in softmax.cc: run the kernel tests on
+// Test hooks of the Highway dispatch in softmax_cpu.cc: run the kernel tests on
 // every SIMD target this CPU supports, not only the best one.
 #pragma once
 

@@ -22,7 +22,7 @@
 // workers; an item's arithmetic does not depend on which worker runs it, so the
 // results do not depend on the thread count (except that a call with a single
 // item lets oneDNN thread the tile GEMMs themselves).
-#include "attention/flash_cpu.h"
+#include "attention/attention_cpu.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,4 @@
-// SIMD pieces of the copy engine (copy_cpu.cc; transpose-inl.h, dispatched at run time
+// SIMD pieces of the copy engine (copy_cpu.cc; copy_transpose-inl.h, dispatched at run time
 // to the best target the CPU supports).
 #pragma once
 

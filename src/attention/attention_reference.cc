@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "attention/reference.h"
+#include "attention/attention_reference.h"
 #include "qkv/parallel.h"
 #include "qkv/random.h"
 

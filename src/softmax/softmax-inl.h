@@ -1,4 +1,4 @@
-// Per-target softmax/exp kernels (Highway). softmax.cc re-includes this file
+// Per-target softmax/exp kernels (Highway). softmax_cpu.cc re-includes this file
 // once per SIMD target via hwy/foreach_target.h and dispatches at run time; no
 // other file includes it. Highway's own convention for the include guard:
 // toggled per target, so the body is compiled once for each of them.
@@ -29,7 +29,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kExpOverflow = 89.0f;
 
 // exp with IEEE edge cases: exp(NaN) = NaN (Highway's Exp gives 0), exp(-inf) = 0,
-// exp(x > 89) = +inf. Accuracy is Highway's (measured in tests/kernels/softmax_test.cc).
+// exp(x > 89) = +inf. Accuracy is Highway's (measured in tests/softmax/softmax_cpu_test.cc).
 HWY_INLINE VF ExpIeee(DF d, VF x) {
   VF y = hn::Exp(d, x);
   y = hn::IfThenElse(hn::Gt(x, hn::Set(d, kExpOverflow)), hn::Set(d, kInf), y);
