@@ -20,6 +20,17 @@
 
 namespace qkv::io::testing {
 
+// Keras MultiHeadAttention's weights in get_weights() order, as TensorFlow writes them:
+// spelled out here, not taken from qkv (kKerasMhaWeightNames is what the tests check).
+inline const std::vector<std::string> kKerasMhaWeightsAsTfWrites = {"query/kernel",
+                                                                    "query/bias",
+                                                                    "key/kernel",
+                                                                    "key/bias",
+                                                                    "value/kernel",
+                                                                    "value/bias",
+                                                                    "attention_output/kernel",
+                                                                    "attention_output/bias"};
+
 inline std::filesystem::path fixture(const std::string& name) {
   return std::filesystem::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / "io" / name;
 }

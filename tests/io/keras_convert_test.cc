@@ -112,14 +112,7 @@ TEST(KerasConvert, SeedModelHasNoTorchLayoutAndSaysWhy) {
 
 TEST(KerasLayers, EveryFormatGivesTheSameLayersAsTensorFlowRead) {
   const SafetensorsFile tf = load_safetensors(fx("seed001", "variables.safetensors"));
-  const std::vector<std::string> weights = {"query/kernel",
-                                            "query/bias",
-                                            "key/kernel",
-                                            "key/bias",
-                                            "value/kernel",
-                                            "value/bias",
-                                            "attention_output/kernel",
-                                            "attention_output/bias"};
+  const std::vector<std::string>& weights = testing::kKerasMhaWeightsAsTfWrites;
   for (const char* file : {"ckpt", "ckpt.index", "model.weights.h5", "model.h5", "model.keras"}) {
     const LayerWeights layers = keras_layer_weights(load_weights(fx("seed001", file)));
     ASSERT_EQ(layers.size(), 2u) << file;

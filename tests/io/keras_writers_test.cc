@@ -43,14 +43,7 @@ TEST(KerasLegacyH5Writer, WritesTheDatasetsNamesAndValuesTfKerasWrote) {
   }
   // Our layer_names / weight_names are fixed-length strings, which qkv reads: the
   // entries come in model order and in Keras' weight order, as tf_keras loads them.
-  const std::vector<std::string> order = {"query/kernel",
-                                          "query/bias",
-                                          "key/kernel",
-                                          "key/bias",
-                                          "value/kernel",
-                                          "value/bias",
-                                          "attention_output/kernel",
-                                          "attention_output/bias"};
+  const std::vector<std::string>& order = testing::kKerasMhaWeightsAsTfWrites;
   for (size_t i = 0; i < order.size(); ++i) {
     EXPECT_EQ(ours.entries[i].key, "multi_head_attention/multi_head_attention/" + order[i] + ":0");
   }
