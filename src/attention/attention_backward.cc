@@ -1,0 +1,37 @@
+// scaled_dot_product_attention_backward: checks the call once (the forward's
+// make_problem plus the saved tensors' shapes), then picks the kernel by device.
+#include "qkv/attention_backward.h"
+#include "attention/attention_backward_reference.h"
+#include "attention/problem.h"
+
+namespace qkv {
+
+namespace {
+
+constexpr const char* kOp = "scaled_dot_product_attention_backward";
+
+}  // namespace
+
+AttentionGradients scaled_dot_product_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                         const Tensor& out, const Tensor& grad_out,
+                                                         const Tensor& logsumexp, const AttentionOptions& options) {
+  const attention::CallScope scope(kOp, q, k, v, options);  // names the call in out-of-memory errors
+  const attention::Problem p = attention::make_problem(q, k, v, options, kOp);
+  Shape out_shape = p.batch, lse_shape = p.batch;  // [batch..., Lq, Dv], [batch..., Lq]
+  out_shape.insert(out_shape.end(), {p.lq, p.dv});
+  lse_shape.push_back(p.lq);
+  attention::check_saved_shape(p, out, out_shape, "out");
+  attention::check_saved_shape(p, grad_out, out_shape, "grad_out");
+  attention::check_saved_shape(p, logsumexp, lse_shape, "logsumexp");
+  require_cpu(kOp, {&out, &grad_out, &logsumexp});
+  switch (p.device.kind) {
+    case DeviceKind::cpu:
+      // The fused FlashAttention-2 backward (issue 15 item 1) is not written yet: every
+      // dtype runs the float64 reference, which recomputes out and logsumexp itself.
+      return attention::reference_attention_backward(p, grad_out, options);
+    case DeviceKind::cuda: break;  // no CUDA kernel yet
+  }
+  fail_no_kernel(kOp, p.device);
+}
+
+}  // namespace qkv
