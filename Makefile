@@ -73,6 +73,7 @@ fixtures: build
 	.venv-fixtures/bin/pip install --quiet -r tests/requirements-fixtures.txt
 	.venv-fixtures/bin/python tests/attention/make_sdpa_fixtures.py tests/fixtures/sdpa
 	.venv-fixtures/bin/python tests/attention/make_sdpa_nonfinite_fixtures.py tests/fixtures/sdpa_nonfinite
+	.venv-fixtures/bin/python tests/attention/make_sdpa_grad_fixtures.py tests/fixtures/sdpa_grad
 	.venv-fixtures/bin/python tests/io/make_io_fixtures.py
 	.venv-fixtures/bin/python tests/io/make_keras_tf_fixtures.py
 	.venv-fixtures/bin/python tests/seed001/train_seed001.py
