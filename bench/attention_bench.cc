@@ -25,13 +25,13 @@ namespace {
 
 using qkv::attention_flops;
 
-// state.range: B, H, L, D, causal.
-void BM_Flash(benchmark::State& state) {
+// state.range: B, H, L, D, causal; BM_Flash64 runs the same in float64.
+void flash(benchmark::State& state, qkv::DType dtype) {
   const int64_t b = state.range(0), h = state.range(1), l = state.range(2), d = state.range(3);
   const bool causal = state.range(4) != 0;
-  const qkv::Tensor q = qkv::Tensor::randn({b, h, l, d}, 1);  // [B, H, L, D]
-  const qkv::Tensor k = qkv::Tensor::randn({b, h, l, d}, 2);
-  const qkv::Tensor v = qkv::Tensor::randn({b, h, l, d}, 3);
+  const qkv::Tensor q = qkv::Tensor::randn({b, h, l, d}, 1).to(dtype);  // [B, H, L, D]
+  const qkv::Tensor k = qkv::Tensor::randn({b, h, l, d}, 2).to(dtype);
+  const qkv::Tensor v = qkv::Tensor::randn({b, h, l, d}, 3).to(dtype);
   qkv::AttentionOptions o;
   o.is_causal = causal;
   for (auto _ : state) {
@@ -41,6 +41,17 @@ void BM_Flash(benchmark::State& state) {
   state.counters["flops"] =
       benchmark::Counter(attention_flops(b, h, l, d, causal), benchmark::Counter::kIsIterationInvariantRate);
 }
+void BM_Flash(benchmark::State& state) { flash(state, qkv::DType::f32); }
+void BM_Flash64(benchmark::State& state) { flash(state, qkv::DType::f64); }
+// float64 (NumPy's default dtype) at the issue-6 shapes short enough for a quick run.
+BENCHMARK(BM_Flash64)
+    ->ArgNames({"B", "H", "L", "D", "causal"})
+    ->Args({1, 8, 1024, 64, 0})
+    ->Args({1, 8, 1024, 64, 1})
+    ->Args({4, 8, 1024, 64, 0})
+    ->Args({1, 16, 4096, 64, 0})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_Flash)
     ->ArgNames({"B", "H", "L", "D", "causal"})
     ->Args({1, 8, 512, 64, 0})
@@ -90,20 +101,24 @@ BENCHMARK(BM_FlashTiles)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// The yardstick: qkv::gemm f32 on square matrices.
-void BM_Gemm(benchmark::State& state) {
+// The yardsticks: qkv::gemm f32 (oneDNN) and f64 (OpenBLAS) on square matrices.
+template <class T>
+void gemm(benchmark::State& state) {
   const int64_t n = state.range(0);
-  std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a), c(a);
+  std::vector<T> a(static_cast<size_t>(n * n), T(0.5)), b(a), c(a);
   qkv::GemmShape s;
   s.m = s.n = s.k = s.lda = s.ldb = s.ldc = n;
   for (auto _ : state) {
-    qkv::gemm(s, 1.0f, a.data(), b.data(), 0.0f, c.data());
+    qkv::gemm(s, T(1), a.data(), b.data(), T(0), c.data());
     benchmark::DoNotOptimize(c.data());
   }
   state.counters["flops"] =
       benchmark::Counter(2.0 * static_cast<double>(n * n * n), benchmark::Counter::kIsIterationInvariantRate);
 }
+void BM_Gemm(benchmark::State& state) { gemm<float>(state); }
+void BM_Gemm64(benchmark::State& state) { gemm<double>(state); }
 BENCHMARK(BM_Gemm)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Gemm64)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

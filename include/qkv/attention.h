@@ -103,7 +103,8 @@ AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tens
 
 // The attention users call: the fused CPU kernel (FlashAttention-2 schedule,
 // never materialising the [Lq, Lk] scores; weights, when asked for, come from a
-// second fused pass) for f32/f16/bf16; f64 inputs (and Dk == 0) use the reference.
+// second fused pass), in float32 for f32/f16/bf16 inputs and in float64 for f64
+// inputs; Dk == 0 uses the reference.
 // Errors name "scaled_dot_product_attention".
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& options = {});

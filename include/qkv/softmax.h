@@ -22,19 +22,26 @@ Tensor softmax(const Tensor& x, int64_t dim = -1);
 
 namespace kernels {
 
-// In place: softmax of `rows` rows of `cols` contiguous floats, row r starting
+// The row kernels come in float and double (Highway SIMD for both; the double ones
+// serve float64 attention).
+
+// In place: softmax of `rows` rows of `cols` contiguous elements, row r starting
 // at x + r * row_stride. Single-threaded: callers parallelise over rows.
 void softmax_rows(float* x, int64_t rows, int64_t cols, int64_t row_stride);
+void softmax_rows(double* x, int64_t rows, int64_t cols, int64_t row_stride);
 
 // Largest of x[0, n); -inf when n == 0; NaN when any element is NaN.
 float max_value(const float* x, int64_t n);
+double max_value(const double* x, int64_t n);
 
-// x[i] = exp(x[i] - shift) and returns the sum of the new x[i] (float lanes):
+// x[i] = exp(x[i] - shift) and returns the sum of the new x[i] (in vector lanes):
 // the online-softmax step, with shift >= max(x) so nothing overflows.
 float exp_shift_sum(float* x, int64_t n, float shift);
+double exp_shift_sum(double* x, int64_t n, double shift);
 
 // x[i] *= s.
 void scale(float* x, int64_t n, float s);
+void scale(double* x, int64_t n, double s);
 
 // x[i] = exp(x[i]) (Highway's Exp, within 2 ulp of the correctly rounded value
 // for normal results); exp(-inf) = 0, exp(x > 88.73) = +inf, exp(NaN) = NaN.

@@ -21,10 +21,10 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   // The kernel by device, then dtype (docs/architecture.md, "Devices and backends").
   switch (p.device.kind) {
     case DeviceKind::cpu:
-      // f64 inputs keep float64 arithmetic (the reference, which also gives their
-      // logsumexp in float64). Dk == 0: every score is the empty sum 0 (whatever the
-      // scale, 1/sqrt(0) by default), which the reference spells out.
-      if (p.out_dtype == DType::f64 || p.dk == 0) return attention::reference_attention(p, options);
+      // f32/f16/bf16 run the fused kernel in float32, f64 in float64 (its logsumexp in
+      // float64 too). Dk == 0: every score is the empty sum 0 (whatever the scale,
+      // 1/sqrt(0) by default), which the reference spells out.
+      if (p.dk == 0) return attention::reference_attention(p, options);
       return attention::flash_attention_cpu(p, options);
     case DeviceKind::cuda: break;  // no CUDA kernel yet: a CUDA backend returns its kernel here
   }

@@ -41,66 +41,73 @@ namespace qkv::attention {
 
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// The kernel runs in T: float for f32, f16 and bf16 inputs, double for f64 (the tile
+// GEMMs then go to OpenBLAS' dgemm, the row kernels to their double versions).
+template <class T>
+constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
-// f32 with rows the tile GEMMs can read (contiguous within, apart by >= a row);
-// converts (f16/bf16: the whole tensor, once) or copies only when needed.
-Tensor as_kernel_input(const Tensor& t) {
-  const Tensor f = t.dtype() == DType::f32 ? t : t.to(DType::f32);
+// T (dtype `dt`) with rows the tile GEMMs can read (contiguous within, apart by >= a
+// row); converts (f16/bf16: the whole tensor, once) or copies only when needed.
+Tensor as_kernel_input(const Tensor& t, DType dt) {
+  const Tensor f = t.dtype() == dt ? t : t.to(dt);
   const bool rows_contiguous = f.size(-1) <= 1 || f.stride(-1) == 1;
   const bool rows_apart = f.size(-2) <= 1 || f.stride(-2) >= f.size(-1);
   return rows_contiguous && rows_apart ? f : f.contiguous();
 }
 
-// Bool masks are read as they are; floating masks as f32 (converted at the
+// Bool masks are read as they are; floating masks as T (converted at the
 // user's shape, before broadcasting, so never per head).
-std::optional<Tensor> as_kernel_mask(const std::optional<Tensor>& m) {
-  if (!m || m->dtype() == DType::b8 || m->dtype() == DType::f32 || !is_floating(m->dtype())) return m;
-  return m->to(DType::f32);
+std::optional<Tensor> as_kernel_mask(const std::optional<Tensor>& m, DType dt) {
+  if (!m || m->dtype() == DType::b8 || m->dtype() == dt || !is_floating(m->dtype())) return m;
+  return m->to(dt);
 }
 
 // Read-only state of one call, shared by the workers.
+template <class T>
 struct Flash {
   const Problem* p = nullptr;
   FlashTiles tiles;
   bool causal = false;
   double dropout_p = 0.0;
   uint64_t seed = 0;
-  float keep_scale = 1.0f;
-  const float* q = nullptr;           // p->q [batch..., Lq, Dk] element 0
-  const float* k = nullptr;           // p->k [kv batch..., Lk, Dk]
-  const float* v = nullptr;           // p->v [kv batch..., Lk, Dv]
-  const bool* mask_bool = nullptr;    // p->mask [batch..., Lq, Lk] when bool
-  const float* mask_float = nullptr;  // p->mask when floating (f32)
-  float* out = nullptr;               // [batch, Lq, Dv] contiguous
-  float* lse = nullptr;               // [batch, Lq] or null
-  float* weights = nullptr;           // [batch, Lq, Lk] or null
+  T keep_scale = 1;
+  const T* q = nullptr;             // p->q [batch..., Lq, Dk] element 0
+  const T* k = nullptr;             // p->k [kv batch..., Lk, Dk]
+  const T* v = nullptr;             // p->v [kv batch..., Lk, Dv]
+  const bool* mask_bool = nullptr;  // p->mask [batch..., Lq, Lk] when bool
+  const T* mask_float = nullptr;    // p->mask when floating (as T)
+  T* out = nullptr;                 // [batch, Lq, Dv] contiguous
+  T* lse = nullptr;                 // [batch, Lq] or null
+  T* weights = nullptr;             // [batch, Lq, Lk] or null
 };
 
 // One work item: `rows` query rows from i0 of flat batch entry b.
+template <class T>
 struct Rows {
   int64_t b = 0, i0 = 0, rows = 0;
-  int64_t kv_end = 0;        // keys [0, kv_end) take part (causal stops at the diagonal)
-  const float* q = nullptr;  // [rows, Dk], row stride p->q.stride(-2)
-  const float* k = nullptr;  // [Lk, Dk] of the entry's k/v head
-  const float* v = nullptr;  // [Lk, Dv]
-  int64_t mask_base = 0;     // offset of the entry's [Lq, Lk] mask
-  float* o = nullptr;        // [rows, Dv] output rows, the accumulator
+  int64_t kv_end = 0;     // keys [0, kv_end) take part (causal stops at the diagonal)
+  const T* q = nullptr;   // [rows, Dk], row stride p->q.stride(-2)
+  const T* k = nullptr;   // [Lk, Dk] of the entry's k/v head
+  const T* v = nullptr;   // [Lk, Dv]
+  int64_t mask_base = 0;  // offset of the entry's [Lq, Lk] mask
+  T* o = nullptr;         // [rows, Dv] output rows, the accumulator
 };
 
 // A worker's buffers, reused across its items.
+template <class T>
 struct Scratch {
-  std::vector<float> s;  // [Br, Bc] scores, then probabilities
-  std::vector<float> m;  // [Br] running row max
-  std::vector<float> l;  // [Br] running row sum of exp(s - m)
+  std::vector<T> s;  // [Br, Bc] scores, then probabilities
+  std::vector<T> m;  // [Br] running row max
+  std::vector<T> l;  // [Br] running row sum of exp(s - m)
   explicit Scratch(const FlashTiles& t)
       : s(static_cast<size_t>(t.br * t.bc)), m(static_cast<size_t>(t.br)), l(static_cast<size_t>(t.br)) {}
 };
 
-Rows rows_of(const Flash& f, int64_t item) {
+template <class T>
+Rows<T> rows_of(const Flash<T>& f, int64_t item) {
   const Problem& p = *f.p;
   const int64_t tiles_q = (p.lq + f.tiles.br - 1) / f.tiles.br;
-  Rows r;
+  Rows<T> r;
   r.b = item / tiles_q;
   int64_t t = item % tiles_q;
   if (f.causal) t = tiles_q - 1 - t;  // longest rows first: better dynamic balance
@@ -116,27 +123,29 @@ Rows rows_of(const Flash& f, int64_t item) {
 }
 
 // s [rows, cols] (row stride lds) += the mask of rows i0.. and keys j0..
-void add_mask(const Flash& f, const Rows& r, int64_t j0, int64_t cols, float* s, int64_t lds) {
+template <class T>
+void add_mask(const Flash<T>& f, const Rows<T>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
   const Tensor& mask = *f.p->mask;
   const int64_t si = mask.stride(-2), sj = mask.stride(-1);
   for (int64_t x = 0; x < r.rows; ++x) {
-    float* row = s + x * lds;  // [cols]
+    T* row = s + x * lds;  // [cols]
     const int64_t base = r.mask_base + (r.i0 + x) * si + j0 * sj;
     if (f.mask_bool) {  // False adds -inf (PyTorch's conversion): a NaN or +inf score stays NaN
       const bool* m = f.mask_bool + base;
-      for (int64_t c = 0; c < cols; ++c) row[c] += m[c * sj] ? 0.0f : kNegInf;
+      for (int64_t c = 0; c < cols; ++c) row[c] += m[c * sj] ? T(0) : kNegInf<T>;
     } else if (sj == 1) {
-      const float* m = f.mask_float + base;
+      const T* m = f.mask_float + base;
       for (int64_t c = 0; c < cols; ++c) row[c] += m[c];
     } else {
-      const float* m = f.mask_float + base;
+      const T* m = f.mask_float + base;
       for (int64_t c = 0; c < cols; ++c) row[c] += m[c * sj];
     }
   }
 }
 
 // s [rows, cols] = scale * Q K[j0:j0+cols]^T + bias (mask, causal).
-void score_tile(const Flash& f, const Rows& r, int64_t j0, int64_t cols, float* s, int64_t lds) {
+template <class T>
+void score_tile(const Flash<T>& f, const Rows<T>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
   const Problem& p = *f.p;
   GemmShape g;
   g.trans_b = true;
@@ -147,35 +156,36 @@ void score_tile(const Flash& f, const Rows& r, int64_t j0, int64_t cols, float* 
   g.ldb = p.k.stride(-2);
   g.ldc = lds;
   // gemm skips A B when alpha is 0 (BLAS rules); scale 0 must still turn an inf q . k into NaN.
-  const float alpha = static_cast<float>(p.scale);
-  gemm(g, alpha == 0.0f ? 1.0f : alpha, r.q, r.k + j0 * p.k.stride(-2), 0.0f, s);
-  if (alpha == 0.0f) {
-    for (int64_t x = 0; x < r.rows; ++x) kernels::scale(s + x * lds, cols, 0.0f);
+  const T alpha = static_cast<T>(p.scale);
+  gemm(g, alpha == T(0) ? T(1) : alpha, r.q, r.k + j0 * p.k.stride(-2), T(0), s);
+  if (alpha == T(0)) {
+    for (int64_t x = 0; x < r.rows; ++x) kernels::scale(s + x * lds, cols, T(0));
   }
   if (p.mask) add_mask(f, r, j0, cols, s, lds);
   if (f.causal && j0 + cols - 1 > r.i0) {  // the tile crosses the diagonal
     for (int64_t x = 0; x < r.rows; ++x) {
       const int64_t first = std::max<int64_t>(0, r.i0 + x + 1 - j0);  // keys j > i are masked
-      std::fill(s + x * lds + std::min(first, cols), s + x * lds + cols, kNegInf);
+      std::fill(s + x * lds + std::min(first, cols), s + x * lds + cols, kNegInf<T>);
     }
   }
 }
 
 // Online softmax over one tile: s [rows, cols] becomes exp(s - m_new), the
 // running m and l [rows] are updated and o [rows, Dv] is rescaled.
-void softmax_tile(float* s, int64_t lds, int64_t rows, int64_t cols, float* m, float* l, float* o, int64_t dv) {
+template <class T>
+void softmax_tile(T* s, int64_t lds, int64_t rows, int64_t cols, T* m, T* l, T* o, int64_t dv) {
   for (int64_t x = 0; x < rows; ++x) {
-    float* row = s + x * lds;  // [cols]
-    const float mx = kernels::max_value(row, cols);
-    const float m_new = (mx > m[x] || std::isnan(mx)) ? mx : m[x];
-    if (m_new == kNegInf) {  // every key so far masked: nothing to add
-      std::fill(row, row + cols, 0.0f);
+    T* row = s + x * lds;  // [cols]
+    const T mx = kernels::max_value(row, cols);
+    const T m_new = (mx > m[x] || std::isnan(mx)) ? mx : m[x];
+    if (m_new == kNegInf<T>) {  // every key so far masked: nothing to add
+      std::fill(row, row + cols, T(0));
       continue;
     }
     // exp(-inf) = 0 on the first keys that count; NaN stays NaN.
-    const float alpha = m_new == m[x] ? 1.0f : std::exp(m[x] - m_new);
-    const float sum = kernels::exp_shift_sum(row, cols, m_new);
-    if (alpha != 1.0f) {
+    const T alpha = m_new == m[x] ? T(1) : std::exp(m[x] - m_new);
+    const T sum = kernels::exp_shift_sum(row, cols, m_new);
+    if (alpha != T(1)) {
       l[x] *= alpha;
       kernels::scale(o + x * dv, dv, alpha);
     }
@@ -185,20 +195,22 @@ void softmax_tile(float* s, int64_t lds, int64_t rows, int64_t cols, float* m, f
 }
 
 // Dropout on probabilities s [rows, cols] (row stride lds) of rows i0.., keys j0..
-void dropout_tile(const Flash& f, const Rows& r, int64_t j0, int64_t cols, float* s, int64_t lds) {
+template <class T>
+void dropout_tile(const Flash<T>& f, const Rows<T>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
   const Problem& p = *f.p;
   for (int64_t x = 0; x < r.rows; ++x) {
-    float* row = s + x * lds;  // [cols]
+    T* row = s + x * lds;  // [cols]
     const auto index = static_cast<uint64_t>(((r.b * p.lq + r.i0 + x) * p.lk) + j0);
     for (int64_t c = 0; c < cols; ++c) {
       const bool keep = random::dropout_keep(f.seed, index + static_cast<uint64_t>(c), f.dropout_p);
-      row[c] = keep ? row[c] * f.keep_scale : 0.0f;
+      row[c] = keep ? row[c] * f.keep_scale : T(0);
     }
   }
 }
 
 // o [rows, Dv] += p [rows, cols] V[j0:j0+cols].
-void value_tile(const Flash& f, const Rows& r, int64_t j0, int64_t cols, const float* s, int64_t lds) {
+template <class T>
+void value_tile(const Flash<T>& f, const Rows<T>& r, int64_t j0, int64_t cols, const T* s, int64_t lds) {
   const Problem& p = *f.p;
   GemmShape g;
   g.m = r.rows;
@@ -207,18 +219,19 @@ void value_tile(const Flash& f, const Rows& r, int64_t j0, int64_t cols, const f
   g.lda = lds;
   g.ldb = p.v.stride(-2);
   g.ldc = p.dv;
-  gemm(g, 1.0f, s, r.v + j0 * p.v.stride(-2), 1.0f, r.o);
+  gemm(g, T(1), s, r.v + j0 * p.v.stride(-2), T(1), r.o);
 }
 
 // o /= l, and lse = m + log(l). Fully masked rows (l == 0) keep o, the sum of
 // 0 * v (0, or NaN where v has a NaN or inf, as PyTorch), and get lse -inf.
-void finish_rows(const Flash& f, const Rows& r, const float* m, const float* l) {
+template <class T>
+void finish_rows(const Flash<T>& f, const Rows<T>& r, const T* m, const T* l) {
   const Problem& p = *f.p;
   for (int64_t x = 0; x < r.rows; ++x) {
-    float* o = r.o + x * p.dv;  // [Dv]
-    if (l[x] != 0.0f) kernels::scale(o, p.dv, 1.0f / l[x]);
+    T* o = r.o + x * p.dv;  // [Dv]
+    if (l[x] != T(0)) kernels::scale(o, p.dv, T(1) / l[x]);
     if (f.lse) {
-      const float lse = l[x] == 0.0f ? kNegInf : static_cast<float>(m[x] + std::log(static_cast<double>(l[x])));
+      const T lse = l[x] == T(0) ? kNegInf<T> : static_cast<T>(m[x] + std::log(static_cast<double>(l[x])));
       f.lse[r.b * p.lq + r.i0 + x] = lse;
     }
   }
@@ -226,9 +239,10 @@ void finish_rows(const Flash& f, const Rows& r, const float* m, const float* l) 
 
 // Second pass: the item's rows of the weights [rows, Lk], recomputed tile by
 // tile, then a plain softmax per row and the dropout.
-void weight_rows(const Flash& f, const Rows& r) {
+template <class T>
+void weight_rows(const Flash<T>& f, const Rows<T>& r) {
   const Problem& p = *f.p;
-  float* w = f.weights + (r.b * p.lq + r.i0) * p.lk;  // [rows, Lk]
+  T* w = f.weights + (r.b * p.lq + r.i0) * p.lk;  // [rows, Lk]
   for (int64_t j0 = 0; j0 < r.kv_end; j0 += f.tiles.bc) {
     score_tile(f, r, j0, std::min(f.tiles.bc, r.kv_end - j0), w + j0, p.lk);
   }
@@ -236,17 +250,18 @@ void weight_rows(const Flash& f, const Rows& r) {
   // Keys after the row's own causal end are not in the row: weight 0, even in a NaN row.
   for (int64_t x = 0; x < r.rows; ++x) {
     const int64_t end = f.causal ? std::min(p.lk, r.i0 + x + 1) : p.lk;
-    std::fill(w + x * p.lk + end, w + (x + 1) * p.lk, 0.0f);
+    std::fill(w + x * p.lk + end, w + (x + 1) * p.lk, T(0));
   }
   if (f.dropout_p > 0.0) dropout_tile(f, r, 0, r.kv_end, w, p.lk);
 }
 
-void run_rows(const Flash& f, const Rows& r, Scratch& sc) {
+template <class T>
+void run_rows(const Flash<T>& f, const Rows<T>& r, Scratch<T>& sc) {
   const Problem& p = *f.p;
   const int64_t lds = f.tiles.bc;
-  std::fill(sc.m.begin(), sc.m.begin() + r.rows, kNegInf);
-  std::fill(sc.l.begin(), sc.l.begin() + r.rows, 0.0f);
-  std::fill(r.o, r.o + r.rows * p.dv, 0.0f);
+  std::fill(sc.m.begin(), sc.m.begin() + r.rows, kNegInf<T>);
+  std::fill(sc.l.begin(), sc.l.begin() + r.rows, T(0));
+  std::fill(r.o, r.o + r.rows * p.dv, T(0));
   // Key tiles end at kv_end and go backwards: only the tile at the first keys
   // may be partial (with causal masking, a multiple of Br wide), and the masked
   // part of the diagonal stays within the last Br columns.
@@ -262,14 +277,15 @@ void run_rows(const Flash& f, const Rows& r, Scratch& sc) {
 }
 
 // Every item, on get_num_threads() workers taking items from a shared counter.
-void run_all(const Flash& f) {
+template <class T>
+void run_all(const Flash<T>& f) {
   const Problem& p = *f.p;
   const int64_t items = p.batch_size * ((p.lq + f.tiles.br - 1) / f.tiles.br);
   if (items == 0) return;
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(get_num_threads(), items);
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch sc(f.tiles);
+    Scratch<T> sc(f.tiles);
     for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
       run_rows(f, rows_of(f, item), sc);
     }
@@ -282,40 +298,35 @@ Shape with(const Shape& batch, std::initializer_list<int64_t> tail) {
   return s;
 }
 
-}  // namespace
-
-AttentionResult flash_attention_cpu(const Problem& checked, const AttentionOptions& options) {
-  if (!checked.device.is_cpu()) fail_no_kernel(checked.op, checked.device);  // reads host memory
-  // The same geometry over f32 operands the tile GEMMs can read, converted at
-  // the user's shapes (before broadcasting, so never per head).
-  const Problem p = with_operands(checked, as_kernel_input(checked.q_in), as_kernel_input(checked.k_in),
-                                  as_kernel_input(checked.v_in), as_kernel_mask(checked.mask_in));
-
-  Tensor out = Tensor::empty(with(p.batch, {p.lq, p.dv}));  // [batch..., Lq, Dv] f32
+// The call in T over a problem whose operands are already T (flash_attention_cpu).
+template <class T>
+AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
+  const DType dt = dtype_of<T>::value;
+  Tensor out = Tensor::empty(with(p.batch, {p.lq, p.dv}), dt);  // [batch..., Lq, Dv]
   std::optional<Tensor> lse, weights;
-  if (options.return_logsumexp) lse = Tensor::empty(with(p.batch, {p.lq}));          // [batch..., Lq]
-  if (options.return_weights) weights = Tensor::empty(with(p.batch, {p.lq, p.lk}));  // [batch..., Lq, Lk]
+  if (options.return_logsumexp) lse = Tensor::empty(with(p.batch, {p.lq}), dt);          // [batch..., Lq]
+  if (options.return_weights) weights = Tensor::empty(with(p.batch, {p.lq, p.lk}), dt);  // [batch..., Lq, Lk]
 
-  Flash f;
+  Flash<T> f;
   f.p = &p;
   f.causal = options.is_causal;
   f.tiles = choose_flash_tiles(options.tuning.flash_tiles, flash_tiles_from_env(), p.lq, p.lk, p.dk, p.dv, f.causal);
   f.dropout_p = options.dropout_p;
   f.seed = options.seed;
-  f.keep_scale = options.dropout_p < 1.0 ? static_cast<float>(1.0 / (1.0 - options.dropout_p)) : 0.0f;
-  f.q = p.q.data<float>();
-  f.k = p.k.data<float>();
-  f.v = p.v.data<float>();
+  f.keep_scale = options.dropout_p < 1.0 ? static_cast<T>(1.0 / (1.0 - options.dropout_p)) : T(0);
+  f.q = p.q.data<T>();
+  f.k = p.k.data<T>();
+  f.v = p.v.data<T>();
   if (p.mask) {
     if (p.mask->dtype() == DType::b8) {
       f.mask_bool = p.mask->data<bool>();
     } else {
-      f.mask_float = p.mask->data<float>();
+      f.mask_float = p.mask->data<T>();
     }
   }
-  f.out = out.data<float>();
-  f.lse = lse ? lse->data<float>() : nullptr;
-  f.weights = weights ? weights->data<float>() : nullptr;
+  f.out = out.data<T>();
+  f.lse = lse ? lse->data<T>() : nullptr;
+  f.weights = weights ? weights->data<T>() : nullptr;
   run_all(f);
 
   AttentionResult result;
@@ -323,6 +334,18 @@ AttentionResult flash_attention_cpu(const Problem& checked, const AttentionOptio
   if (weights) result.weights = weights->to(p.out_dtype);
   result.logsumexp = lse;
   return result;
+}
+
+}  // namespace
+
+AttentionResult flash_attention_cpu(const Problem& checked, const AttentionOptions& options) {
+  if (!checked.device.is_cpu()) fail_no_kernel(checked.op, checked.device);  // reads host memory
+  // The same geometry over operands of the compute type the tile GEMMs can read,
+  // converted at the user's shapes (before broadcasting, so never per head).
+  const DType dt = checked.out_dtype == DType::f64 ? DType::f64 : DType::f32;
+  const Problem p = with_operands(checked, as_kernel_input(checked.q_in, dt), as_kernel_input(checked.k_in, dt),
+                                  as_kernel_input(checked.v_in, dt), as_kernel_mask(checked.mask_in, dt));
+  return dt == DType::f64 ? run_flash<double>(p, options) : run_flash<float>(p, options);
 }
 
 }  // namespace qkv::attention

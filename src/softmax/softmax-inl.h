@@ -20,77 +20,88 @@ HWY_BEFORE_NAMESPACE();
 namespace qkv::kernels::HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
-// Above this exp overflows; Highway's Exp converts x / ln 2 to int32, which is
-// only meaningful below it, so larger inputs are mapped to +inf explicitly.
-constexpr float kExpOverflow = 89.0f;
+// The kernels are templates over the element type (float, or double for float64
+// attention); HWY_EXPORT takes no templates, so each has a float and a double
+// wrapper at the end of this file.
+template <class T>
+constexpr T kInf = std::numeric_limits<T>::infinity();
+// Above this exp overflows. float: Highway's Exp converts x / ln 2 to int32, which is
+// only meaningful below it, so larger inputs are mapped to +inf explicitly. double:
+// ln(DBL_MAX) = 709.7827; inputs in (709.78, 709.7827] also give +inf (they never
+// reach the kernels in softmax or attention, whose inputs are x - max(x) <= 0).
+template <class T>
+constexpr T kExpOverflow = sizeof(T) == 4 ? T(89) : T(709.78);
 
 // exp with IEEE edge cases: exp(NaN) = NaN (Highway's Exp gives 0), exp(-inf) = 0,
-// exp(x > 89) = +inf. Accuracy is Highway's (measured in tests/softmax/softmax_cpu_test.cc).
-HWY_INLINE VF ExpIeee(DF d, VF x) {
-  VF y = hn::Exp(d, x);
-  y = hn::IfThenElse(hn::Gt(x, hn::Set(d, kExpOverflow)), hn::Set(d, kInf), y);
+// exp(x > kExpOverflow) = +inf. Accuracy is Highway's (measured in
+// tests/softmax/softmax_cpu_test.cc for float and double).
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V ExpIeee(D d, V x) {
+  using T = hn::TFromD<D>;
+  V y = hn::Exp(d, x);
+  y = hn::IfThenElse(hn::Gt(x, hn::Set(d, kExpOverflow<T>)), hn::Set(d, kInf<T>), y);
   return hn::IfThenElse(hn::IsNaN(x), x, y);
 }
 
-// Vectors of `lanes` floats covering [0, n): the last, partial one goes through
+// Vectors of `lanes` elements covering [0, n): the last, partial one goes through
 // a padded stack buffer, so every element sees the same vector code (and the
 // same rounding) and no load runs past the end of the row.
+template <class T>
 struct Tail {
-  HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
+  HWY_ALIGN T buf[HWY_MAX_BYTES / sizeof(T)];
 };
 
 // Largest element; -inf for n == 0; NaN when any element is NaN (hn::Max alone
 // may drop NaN on x86, so NaN is tracked in a separate mask).
-HWY_NOINLINE float MaxValue(const float* HWY_RESTRICT x, int64_t n) {
-  const DF d;
+template <class T>
+HWY_INLINE T MaxValueT(const T* HWY_RESTRICT x, int64_t n) {
+  const hn::ScalableTag<T> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  VF m = hn::Set(d, -kInf);
+  auto m = hn::Set(d, -kInf<T>);
   auto nan = hn::FirstN(d, 0);
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) {
-    const VF v = hn::LoadU(d, x + i);
+    const auto v = hn::LoadU(d, x + i);
     m = hn::Max(m, v);
     nan = hn::Or(nan, hn::IsNaN(v));
   }
   if (i < n) {
-    Tail t;
-    for (int64_t j = 0; j < lanes; ++j) t.buf[j] = i + j < n ? x[i + j] : -kInf;
-    const VF v = hn::Load(d, t.buf);
+    Tail<T> t;
+    for (int64_t j = 0; j < lanes; ++j) t.buf[j] = i + j < n ? x[i + j] : -kInf<T>;
+    const auto v = hn::Load(d, t.buf);
     m = hn::Max(m, v);
     nan = hn::Or(nan, hn::IsNaN(v));
   }
-  if (!hn::AllFalse(d, nan)) return std::numeric_limits<float>::quiet_NaN();
+  if (!hn::AllFalse(d, nan)) return std::numeric_limits<T>::quiet_NaN();
   return hn::GetLane(hn::MaxOfLanes(d, m));
 }
 
 // x[i] = exp(x[i] - shift); returns the sum of the new values.
-HWY_NOINLINE float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float shift) {
-  const DF d;
+template <class T>
+HWY_INLINE T ExpShiftSumT(T* HWY_RESTRICT x, int64_t n, T shift) {
+  const hn::ScalableTag<T> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const VF vshift = hn::Set(d, shift);
-  VF sum0 = hn::Zero(d), sum1 = hn::Zero(d);  // two chains hide the add latency
+  const auto vshift = hn::Set(d, shift);
+  auto sum0 = hn::Zero(d), sum1 = hn::Zero(d);  // two chains hide the add latency
   int64_t i = 0;
   for (; i + 2 * lanes <= n; i += 2 * lanes) {
-    const VF e0 = ExpIeee(d, hn::Sub(hn::LoadU(d, x + i), vshift));
-    const VF e1 = ExpIeee(d, hn::Sub(hn::LoadU(d, x + i + lanes), vshift));
+    const auto e0 = ExpIeee(d, hn::Sub(hn::LoadU(d, x + i), vshift));
+    const auto e1 = ExpIeee(d, hn::Sub(hn::LoadU(d, x + i + lanes), vshift));
     hn::StoreU(e0, d, x + i);
     hn::StoreU(e1, d, x + i + lanes);
     sum0 = hn::Add(sum0, e0);
     sum1 = hn::Add(sum1, e1);
   }
   for (; i + lanes <= n; i += lanes) {
-    const VF e = ExpIeee(d, hn::Sub(hn::LoadU(d, x + i), vshift));
+    const auto e = ExpIeee(d, hn::Sub(hn::LoadU(d, x + i), vshift));
     hn::StoreU(e, d, x + i);
     sum0 = hn::Add(sum0, e);
   }
   if (i < n) {
-    Tail t;  // padding is -inf: exp gives 0 and adds nothing to the sum
-    for (int64_t j = 0; j < lanes; ++j) t.buf[j] = i + j < n ? x[i + j] : -kInf;
-    const VF e = ExpIeee(d, hn::Sub(hn::Load(d, t.buf), vshift));
+    Tail<T> t;  // padding is -inf: exp gives 0 and adds nothing to the sum
+    for (int64_t j = 0; j < lanes; ++j) t.buf[j] = i + j < n ? x[i + j] : -kInf<T>;
+    const auto e = ExpIeee(d, hn::Sub(hn::Load(d, t.buf), vshift));
     hn::Store(e, d, t.buf);
     for (int64_t j = 0; i + j < n; ++j) x[i + j] = t.buf[j];
     sum0 = hn::Add(sum0, hn::IfThenElseZero(hn::FirstN(d, static_cast<size_t>(n - i)), e));
@@ -99,10 +110,11 @@ HWY_NOINLINE float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float shift) {
 }
 
 // x[i] *= s.
-HWY_NOINLINE void Scale(float* HWY_RESTRICT x, int64_t n, float s) {
-  const DF d;
+template <class T>
+HWY_INLINE void ScaleT(T* HWY_RESTRICT x, int64_t n, T s) {
+  const hn::ScalableTag<T> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const VF vs = hn::Set(d, s);
+  const auto vs = hn::Set(d, s);
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), vs), d, x + i);
   for (; i < n; ++i) x[i] *= s;  // IEEE multiply: same result as the vector lanes
@@ -110,12 +122,12 @@ HWY_NOINLINE void Scale(float* HWY_RESTRICT x, int64_t n, float s) {
 
 // x[i] = exp(x[i]).
 HWY_NOINLINE void ExpInplace(float* HWY_RESTRICT x, int64_t n) {
-  const DF d;
+  const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) hn::StoreU(ExpIeee(d, hn::LoadU(d, x + i)), d, x + i);
   if (i < n) {
-    Tail t;
+    Tail<float> t;
     for (int64_t j = 0; j < lanes; ++j) t.buf[j] = i + j < n ? x[i + j] : 0.0f;
     hn::Store(ExpIeee(d, hn::Load(d, t.buf)), d, t.buf);
     for (int64_t j = 0; i + j < n; ++j) x[i + j] = t.buf[j];
@@ -123,20 +135,36 @@ HWY_NOINLINE void ExpInplace(float* HWY_RESTRICT x, int64_t n) {
 }
 
 // Softmax of one row in place: max, exp(x - max) with its sum, scale by 1/sum.
-HWY_INLINE void SoftmaxRow(float* HWY_RESTRICT x, int64_t n) {
-  const float m = MaxValue(x, n);
-  if (m == -kInf) {  // every entry masked (or n == 0): zeros, as PyTorch's _safe_softmax
-    for (int64_t i = 0; i < n; ++i) x[i] = 0.0f;
+template <class T>
+HWY_INLINE void SoftmaxRowT(T* HWY_RESTRICT x, int64_t n) {
+  const T m = MaxValueT(x, n);
+  if (m == -kInf<T>) {  // every entry masked (or n == 0): zeros, as PyTorch's _safe_softmax
+    for (int64_t i = 0; i < n; ++i) x[i] = T(0);
     return;
   }
   // A NaN max (some NaN) or +inf max makes the sum NaN, and so the whole row,
   // as torch.softmax does.
-  const float sum = ExpShiftSum(x, n, m);
-  Scale(x, n, 1.0f / sum);
+  const T sum = ExpShiftSumT(x, n, m);
+  ScaleT(x, n, T(1) / sum);
 }
 
+template <class T>
+HWY_INLINE void SoftmaxRowsT(T* HWY_RESTRICT x, int64_t rows, int64_t cols, int64_t row_stride) {
+  for (int64_t r = 0; r < rows; ++r) SoftmaxRowT(x + r * row_stride, cols);
+}
+
+// The exported instances (softmax_cpu.cc dispatches to them).
+HWY_NOINLINE float MaxValue(const float* HWY_RESTRICT x, int64_t n) { return MaxValueT(x, n); }
+HWY_NOINLINE double MaxValue64(const double* HWY_RESTRICT x, int64_t n) { return MaxValueT(x, n); }
+HWY_NOINLINE float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float shift) { return ExpShiftSumT(x, n, shift); }
+HWY_NOINLINE double ExpShiftSum64(double* HWY_RESTRICT x, int64_t n, double shift) { return ExpShiftSumT(x, n, shift); }
+HWY_NOINLINE void Scale(float* HWY_RESTRICT x, int64_t n, float s) { ScaleT(x, n, s); }
+HWY_NOINLINE void Scale64(double* HWY_RESTRICT x, int64_t n, double s) { ScaleT(x, n, s); }
 HWY_NOINLINE void SoftmaxRows(float* HWY_RESTRICT x, int64_t rows, int64_t cols, int64_t row_stride) {
-  for (int64_t r = 0; r < rows; ++r) SoftmaxRow(x + r * row_stride, cols);
+  SoftmaxRowsT(x, rows, cols, row_stride);
+}
+HWY_NOINLINE void SoftmaxRows64(double* HWY_RESTRICT x, int64_t rows, int64_t cols, int64_t row_stride) {
+  SoftmaxRowsT(x, rows, cols, row_stride);
 }
 
 }  // namespace qkv::kernels::HWY_NAMESPACE

@@ -23,20 +23,34 @@
 namespace qkv::kernels {
 
 HWY_EXPORT(SoftmaxRows);
+HWY_EXPORT(SoftmaxRows64);
 HWY_EXPORT(MaxValue);
+HWY_EXPORT(MaxValue64);
 HWY_EXPORT(ExpShiftSum);
+HWY_EXPORT(ExpShiftSum64);
 HWY_EXPORT(Scale);
+HWY_EXPORT(Scale64);
 HWY_EXPORT(ExpInplace);
 
 void softmax_rows(float* x, int64_t rows, int64_t cols, int64_t row_stride) {
   HWY_DYNAMIC_DISPATCH(SoftmaxRows)(x, rows, cols, row_stride);
 }
 
+void softmax_rows(double* x, int64_t rows, int64_t cols, int64_t row_stride) {
+  HWY_DYNAMIC_DISPATCH(SoftmaxRows64)(x, rows, cols, row_stride);
+}
+
 float max_value(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxValue)(x, n); }
+
+double max_value(const double* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxValue64)(x, n); }
 
 float exp_shift_sum(float* x, int64_t n, float shift) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, shift); }
 
+double exp_shift_sum(double* x, int64_t n, double shift) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum64)(x, n, shift); }
+
 void scale(float* x, int64_t n, float s) { HWY_DYNAMIC_DISPATCH(Scale)(x, n, s); }
+
+void scale(double* x, int64_t n, double s) { HWY_DYNAMIC_DISPATCH(Scale64)(x, n, s); }
 
 void exp_inplace(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(ExpInplace)(x, n); }
 

@@ -17,6 +17,7 @@
 
 #include "attention/attention_cpu.h"
 #include "attention/naive_f32.h"
+#include "attention/problem.h"
 #include "common/attention_oracle.h"
 #include "common/expect.h"
 #include "qkv/attention.h"
@@ -223,6 +224,42 @@ TEST_F(FlashAttention, WeightsMatchReferenceWithinTwiceNaiveF32Error) {
     expect_within_criterion(c, fused.output, naive.output, ref.output, max_abs(in.v));
   }
   std::printf("worst fused/naive weight error ratio over 60 configurations: %.3f\n", worst);
+}
+
+// float64 runs the same fused kernel in double (OpenBLAS tile GEMMs): it must agree
+// with the float64 reference up to the order of the sums. Bound: 1e-12 of the output's
+// scale (max |v|), or of the weights' (1) — times the score magnitude for the "big"
+// configurations (q, k x1000: scores ~1e6, so rounding the score moves exp by ~1e-10).
+// Worst seen (AVX2 EPYC, 80 configurations, not big): 7.6e-16.
+TEST_F(FlashAttention, Float64MatchesTheFloat64Reference) {
+  std::mt19937_64 rng(64);
+  double worst = 0.0;
+  for (int i = 0; i < 80; ++i) {
+    const Config c = random_config(rng, i);
+    Inputs in = make_inputs(c);
+    in.q = in.q.to(DType::f64), in.k = in.k.to(DType::f64), in.v = in.v.to(DType::f64);
+    if (in.options.attn_mask && in.options.attn_mask->dtype() != DType::b8) {
+      in.options.attn_mask = in.options.attn_mask->to(DType::f64);
+    }
+    in.options.return_weights = true;
+    in.options.return_logsumexp = true;
+    // The kernel itself (the dispatcher sends f64 to it too; this cannot silently test the reference).
+    const AttentionResult fused =
+        attention::flash_attention_cpu(attention::make_problem(in.q, in.k, in.v, in.options, "test"), in.options);
+    const AttentionResult ref = attention_reference(in.q, in.k, in.v, in.options);
+    ASSERT_EQ(fused.output.dtype(), DType::f64);
+    ASSERT_EQ(fused.logsumexp->dtype(), DType::f64);
+    const double keep = c.dropout > 0 ? 1.0 / (1.0 - c.dropout) : 1.0;
+    const double tol = 1e-12 * (c.big ? 1e6 : 1.0);
+    const double e_out = max_abs_diff(fused.output, ref.output) / std::max(max_abs(in.v), 1e-300);
+    const double e_w = max_abs_diff(*fused.weights, *ref.weights) / keep;
+    const double e_lse = max_abs_diff(*fused.logsumexp, *ref.logsumexp) / std::max(max_abs(*ref.logsumexp), 1.0);
+    EXPECT_LE(e_out, tol) << c.str();
+    EXPECT_LE(e_w, tol) << c.str();
+    EXPECT_LE(e_lse, tol) << c.str();
+    if (!c.big) worst = std::max({worst, e_out, e_w, e_lse});
+  }
+  std::printf("float64 fused vs reference, worst relative error (not big): %.3g\n", worst);
 }
 
 TEST_F(FlashAttention, ResultsDoNotDependOnThreadCount) {
