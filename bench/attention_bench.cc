@@ -1,6 +1,8 @@
-// Fused CPU attention (scaled_dot_product_attention, f32 forward) throughput,
-// beside qkv::gemm's on the same machine, and the tile-size sweep that chose
-// the constants of src/attention/flash_tiles.h.
+// Fused CPU attention (scaled_dot_product_attention forward: f32, f64, bf16, f16)
+// throughput, beside qkv::gemm's per dtype on the same machine, and the tile-size
+// sweep that chose the constants of src/attention/flash_tiles.h. bf16/f16 run on
+// oneDNN's 16-bit tiles where the CPU has them; ONEDNN_MAX_CPU_ISA=AVX2 shows the
+// float32-tile path of an AVX2 machine (its f32 GEMMs capped alike).
 //
 //   QKV_NUM_THREADS=2 build/release/attention_bench --benchmark_min_time=1
 //
@@ -25,7 +27,8 @@ namespace {
 
 using qkv::attention_flops;
 
-// state.range: B, H, L, D, causal; BM_Flash64 runs the same in float64.
+// state.range: B, H, L, D, causal; BM_Flash64 / BM_FlashBf16 / BM_FlashF16 run the
+// same in float64 / bfloat16 / float16.
 void flash(benchmark::State& state, qkv::DType dtype) {
   const int64_t b = state.range(0), h = state.range(1), l = state.range(2), d = state.range(3);
   const bool causal = state.range(4) != 0;
@@ -43,6 +46,8 @@ void flash(benchmark::State& state, qkv::DType dtype) {
 }
 void BM_Flash(benchmark::State& state) { flash(state, qkv::DType::f32); }
 void BM_Flash64(benchmark::State& state) { flash(state, qkv::DType::f64); }
+void BM_FlashBf16(benchmark::State& state) { flash(state, qkv::DType::bf16); }
+void BM_FlashF16(benchmark::State& state) { flash(state, qkv::DType::f16); }
 // float64 (NumPy's default dtype) at the issue-6 shapes short enough for a quick run.
 BENCHMARK(BM_Flash64)
     ->ArgNames({"B", "H", "L", "D", "causal"})
@@ -52,18 +57,19 @@ BENCHMARK(BM_Flash64)
     ->Args({1, 16, 4096, 64, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK(BM_Flash)
-    ->ArgNames({"B", "H", "L", "D", "causal"})
-    ->Args({1, 8, 512, 64, 0})
-    ->Args({1, 8, 512, 64, 1})
-    ->Args({4, 8, 1024, 64, 0})
-    ->Args({4, 8, 1024, 64, 1})
-    ->Args({1, 16, 4096, 64, 0})
-    ->Args({1, 16, 4096, 64, 1})
-    ->Args({1, 8, 16384, 128, 0})
-    ->Args({1, 8, 16384, 128, 1})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+// The issue-6 shapes (bench/peers/attention_peers.py), every 16-bit and 32-bit dtype.
+void issue6_shapes(benchmark::internal::Benchmark* bm) {
+  bm->ArgNames({"B", "H", "L", "D", "causal"});
+  for (int64_t causal : {0, 1}) {
+    bm->Args({1, 8, 512, 64, causal});
+    bm->Args({4, 8, 1024, 64, causal});
+    bm->Args({1, 16, 4096, 64, causal});
+    bm->Args({1, 8, 16384, 128, causal});
+  }
+}
+BENCHMARK(BM_Flash)->Apply(issue6_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_FlashBf16)->Apply(issue6_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_FlashF16)->Apply(issue6_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The tile sweep: (B, H, L, D) = (1, 8, L, D) with AttentionOptions::tuning tiles BR x BC.
 void BM_FlashTiles(benchmark::State& state) {
@@ -101,15 +107,17 @@ BENCHMARK(BM_FlashTiles)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// The yardsticks: qkv::gemm f32 (oneDNN) and f64 (OpenBLAS) on square matrices.
-template <class T>
+// The yardsticks: qkv::gemm f32 (oneDNN), f64 (OpenBLAS), bf16 and f16 operands (oneDNN
+// or widened, f32 C) on square matrices.
+template <class AB, class C = AB>
 void gemm(benchmark::State& state) {
   const int64_t n = state.range(0);
-  std::vector<T> a(static_cast<size_t>(n * n), T(0.5)), b(a), c(a);
+  std::vector<AB> a(static_cast<size_t>(n * n), AB(0.5f)), b(a);
+  std::vector<C> c(a.size());
   qkv::GemmShape s;
   s.m = s.n = s.k = s.lda = s.ldb = s.ldc = n;
   for (auto _ : state) {
-    qkv::gemm(s, T(1), a.data(), b.data(), T(0), c.data());
+    qkv::gemm(s, C(1), a.data(), b.data(), C(0), c.data());
     benchmark::DoNotOptimize(c.data());
   }
   state.counters["flops"] =
@@ -117,8 +125,12 @@ void gemm(benchmark::State& state) {
 }
 void BM_Gemm(benchmark::State& state) { gemm<float>(state); }
 void BM_Gemm64(benchmark::State& state) { gemm<double>(state); }
+void BM_GemmBf16(benchmark::State& state) { gemm<qkv::bfloat16, float>(state); }
+void BM_GemmF16(benchmark::State& state) { gemm<qkv::float16, float>(state); }
 BENCHMARK(BM_Gemm)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Gemm64)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemmBf16)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemmF16)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

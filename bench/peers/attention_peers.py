@@ -34,8 +34,10 @@ def flops(b, h, l, d, causal):
     return 4.0 * b * h * d * pairs
 
 
-def run_qkv(qkv, threads, shape, causal, min_time, gemm_n=0):
-    cmd = [qkv, "bench", "attention", "--json", "--threads", str(threads), "--min-time", str(min_time)]
+def run_qkv_cmd(qkv, threads, shape, causal, min_time, gemm_n=0, dtype="float32"):
+    """`qkv bench attention --json` in a subprocess with QKV_NUM_THREADS set: its JSON lines."""
+    cmd = [qkv, "bench", "attention", "--json", "--threads", str(threads), "--min-time", str(min_time),
+           "--dtype", dtype]
     if shape:
         cmd += ["--shape", ",".join(map(str, shape))]
     if causal:
@@ -108,11 +110,11 @@ def main():
     print(f"torch {torch.__version__}, onnxruntime {ort_version}, load {os.getloadavg()}", file=sys.stderr)
     rows = []
     for threads in map(int, a.threads.split(",")):
-        gemm = run_qkv(a.qkv, threads, None, False, a.min_time, gemm_n=2048)[0]["gflops"]
+        gemm = run_qkv_cmd(a.qkv, threads, None, False, a.min_time, gemm_n=2048)[0]["gflops"]
         for shape in shapes:
             for causal in (False, True):
                 fl = flops(*shape, causal)
-                q = run_qkv(a.qkv, threads, shape, causal, a.min_time)[0]
+                q = run_qkv_cmd(a.qkv, threads, shape, causal, a.min_time)[0]
                 t = run_torch(threads, shape, causal, a.min_time)
                 o = None if a.no_ort else run_ort(threads, shape, causal, a.min_time, a.ort_max_gb)
                 rows.append((threads, shape, causal, q["ms"], q["gflops"], fl / t / 1e9,

@@ -1,5 +1,6 @@
-// The one GEMM entry point of qkv: oneDNN matmul for float32, OpenBLAS dgemm for
-// float64 (oneDNN has no f64 matmul on CPUs).
+// The one GEMM entry point of qkv: oneDNN matmul for float32, bfloat16 and float16
+// operands (float32 accumulation and output), OpenBLAS dgemm for float64 (oneDNN has
+// no f64 matmul on CPUs).
 //
 // Row-major: C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b], op(A) is [M, K],
 // op(B) is [K, N], C is [M, N]. lda/ldb/ldc are row strides of the matrices as
@@ -18,6 +19,9 @@
 
 #include <cstdint>
 #include <vector>
+
+#include "qkv/dtype.h"
+#include "qkv/half.h"
 
 namespace qkv {
 
@@ -48,6 +52,28 @@ void gemm(const GemmShape& s, float alpha, const float* a, const float* b, float
 // the oracle for gemm in tests. Same arguments, checks and conventions.
 void gemm_reference(const GemmShape& s, float alpha, const float* a, const float* b, float beta, float* c,
                     const GemmBatch& batch = {});
+
+// bfloat16 / float16 A and B, float32 C, float32 accumulation (mixed precision: the
+// products of 16-bit operands are exact in float32). oneDNN's bf16/f16 matmul where this
+// CPU has a kernel for it (gemm_has_native: AVX512-BF16, AVX512-FP16, AMX); elsewhere A
+// and B are widened to float32, one batch matrix at a time, into per-thread buffers and
+// multiplied by the float32 gemm (same result up to float32 summation order). Same
+// conventions and checks as the float32 gemm.
+void gemm(const GemmShape& s, float alpha, const bfloat16* a, const bfloat16* b, float beta, float* c,
+          const GemmBatch& batch = {});
+void gemm(const GemmShape& s, float alpha, const float16* a, const float16* b, float beta, float* c,
+          const GemmBatch& batch = {});
+// Their oracle: double accumulation of the exact products, one rounding per element of C.
+void gemm_reference(const GemmShape& s, float alpha, const bfloat16* a, const bfloat16* b, float beta, float* c,
+                    const GemmBatch& batch = {});
+void gemm_reference(const GemmShape& s, float alpha, const float16* a, const float16* b, float beta, float* c,
+                    const GemmBatch& batch = {});
+
+// Whether gemm on `operands` (f32, bf16 or f16; f64 is always OpenBLAS) runs a oneDNN
+// kernel made for that type on this CPU, rather than oneDNN's reference kernel or the
+// widening path. Probed once per dtype (honours ONEDNN_MAX_CPU_ISA). Kernels use it to
+// choose between 16-bit tiles and float32 tiles (attention_cpu.cc).
+bool gemm_has_native(DType operands);
 
 // float64: OpenBLAS cblas_dgemm per batch matrix (OpenMP build of OpenBLAS, so it
 // uses get_num_threads() threads, one inside parallel_for). Many small matrices run

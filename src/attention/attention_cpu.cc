@@ -18,6 +18,15 @@
 // after the first: scores are recomputed tile by tile into the item's rows of
 // the weights tensor, then each row gets a plain softmax and the dropout.
 //
+// Element types: the kernel computes in T (float, or double for f64 inputs) and reads
+// q, k, v in their own dtype S. For bf16/f16 inputs the tile GEMMs take the 16-bit
+// operands as they are where qkv::gemm has a native kernel for them (gemm_has_native:
+// AVX512-BF16, AMX), with float32 accumulation; the probabilities P are rounded to S for
+// P V (as FlashAttention does), while the row sums l use P before rounding. Elsewhere
+// (AVX2; f16 on oneDNN 2.6) the tiles are widened to float in the worker's scratch: Q
+// rows once per work item, K and V tiles each time they are used. K and V are never
+// converted as whole tensors.
+//
 // Work items are handed out dynamically (an atomic counter) to get_num_threads()
 // workers; an item's arithmetic does not depend on which worker runs it, so the
 // results do not depend on the thread count (except that a call with a single
@@ -28,10 +37,12 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attention/flash_tiles.h"
 #include "attention/problem.h"
+#include "kernels/cpu/convert.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
 #include "qkv/random.h"
@@ -41,18 +52,34 @@ namespace qkv::attention {
 
 namespace {
 
-// The kernel runs in T: float for f32, f16 and bf16 inputs, double for f64 (the tile
-// GEMMs then go to OpenBLAS' dgemm, the row kernels to their double versions).
+// The kernel's element types (see the top): T computes (float, or double for f64:
+// OpenBLAS dgemm tiles, the row kernels' double versions), S stores q, k and v, G is
+// what the tile GEMMs read (S, or T when 16-bit tiles are widened).
+template <class Compute, class Stored, class Gemm>
+struct Types {
+  using T = Compute;
+  using S = Stored;
+  using G = Gemm;
+  static constexpr bool kWiden = !std::is_same_v<S, G>;   // q, k, v tiles widened to G = T
+  static constexpr bool kRoundP = !std::is_same_v<T, G>;  // P rounded to G = S for P V
+};
+
 template <class T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
-// T (dtype `dt`) with rows the tile GEMMs can read (contiguous within, apart by >= a
-// row); converts (f16/bf16: the whole tensor, once) or copies only when needed.
-Tensor as_kernel_input(const Tensor& t, DType dt) {
-  const Tensor f = t.dtype() == dt ? t : t.to(dt);
-  const bool rows_contiguous = f.size(-1) <= 1 || f.stride(-1) == 1;
-  const bool rows_apart = f.size(-2) <= 1 || f.stride(-2) >= f.size(-1);
-  return rows_contiguous && rows_apart ? f : f.contiguous();
+// A matrix as a tile GEMM reads it: rows `ld` elements apart.
+template <class G>
+struct Mat {
+  const G* data = nullptr;
+  int64_t ld = 0;
+};
+
+// t with rows the tile GEMMs can read (contiguous within, apart by >= a row), in its
+// own dtype; copies only when needed.
+Tensor as_kernel_input(const Tensor& t) {
+  const bool rows_contiguous = t.size(-1) <= 1 || t.stride(-1) == 1;
+  const bool rows_apart = t.size(-2) <= 1 || t.stride(-2) >= t.size(-1);
+  return rows_contiguous && rows_apart ? t : t.contiguous();
 }
 
 // Bool masks are read as they are; floating masks as T (converted at the
@@ -63,17 +90,19 @@ std::optional<Tensor> as_kernel_mask(const std::optional<Tensor>& m, DType dt) {
 }
 
 // Read-only state of one call, shared by the workers.
-template <class T>
+template <class K>
 struct Flash {
+  using T = typename K::T;
+  using S = typename K::S;
   const Problem* p = nullptr;
   FlashTiles tiles;
   bool causal = false;
   double dropout_p = 0.0;
   uint64_t seed = 0;
   T keep_scale = 1;
-  const T* q = nullptr;             // p->q [batch..., Lq, Dk] element 0
-  const T* k = nullptr;             // p->k [kv batch..., Lk, Dk]
-  const T* v = nullptr;             // p->v [kv batch..., Lk, Dv]
+  const S* q = nullptr;             // p->q [batch..., Lq, Dk] element 0
+  const S* k = nullptr;             // p->k [kv batch..., Lk, Dk]
+  const S* v = nullptr;             // p->v [kv batch..., Lk, Dv]
   const bool* mask_bool = nullptr;  // p->mask [batch..., Lq, Lk] when bool
   const T* mask_float = nullptr;    // p->mask when floating (as T)
   T* out = nullptr;                 // [batch, Lq, Dv] contiguous
@@ -82,32 +111,59 @@ struct Flash {
 };
 
 // One work item: `rows` query rows from i0 of flat batch entry b.
-template <class T>
+template <class K>
 struct Rows {
+  using T = typename K::T;
+  using S = typename K::S;
   int64_t b = 0, i0 = 0, rows = 0;
   int64_t kv_end = 0;     // keys [0, kv_end) take part (causal stops at the diagonal)
-  const T* q = nullptr;   // [rows, Dk], row stride p->q.stride(-2)
-  const T* k = nullptr;   // [Lk, Dk] of the entry's k/v head
-  const T* v = nullptr;   // [Lk, Dv]
+  const S* q = nullptr;   // [rows, Dk], row stride p->q.stride(-2)
+  const S* k = nullptr;   // [Lk, Dk] of the entry's k/v head
+  const S* v = nullptr;   // [Lk, Dv]
   int64_t mask_base = 0;  // offset of the entry's [Lq, Lk] mask
   T* o = nullptr;         // [rows, Dv] output rows, the accumulator
 };
 
 // A worker's buffers, reused across its items.
-template <class T>
+template <class K>
 struct Scratch {
-  std::vector<T> s;  // [Br, Bc] scores, then probabilities
-  std::vector<T> m;  // [Br] running row max
-  std::vector<T> l;  // [Br] running row sum of exp(s - m)
-  explicit Scratch(const FlashTiles& t)
-      : s(static_cast<size_t>(t.br * t.bc)), m(static_cast<size_t>(t.br)), l(static_cast<size_t>(t.br)) {}
+  using T = typename K::T;
+  using G = typename K::G;
+  std::vector<T> s;   // [Br, Bc] scores, then probabilities
+  std::vector<T> m;   // [Br] running row max
+  std::vector<T> l;   // [Br] running row sum of exp(s - m)
+  std::vector<G> pg;  // [Br, Bc] P rounded for P V (kRoundP)
+  std::vector<G> qg;  // [Br, Dk] the item's Q rows widened (kWiden)
+  std::vector<G> kg;  // [Bc, Dk] a K tile widened (kWiden)
+  std::vector<G> vg;  // [Bc, Dv] a V tile widened (kWiden)
+  Scratch(const FlashTiles& t, int64_t dk, int64_t dv)
+      : s(size(t.br * t.bc)),
+        m(size(t.br)),
+        l(size(t.br)),
+        pg(size(K::kRoundP ? t.br * t.bc : 0)),
+        qg(size(K::kWiden ? t.br * dk : 0)),
+        kg(size(K::kWiden ? t.bc * dk : 0)),
+        vg(size(K::kWiden ? t.bc * dv : 0)) {}
+  static size_t size(int64_t n) { return static_cast<size_t>(n); }
 };
 
-template <class T>
-Rows<T> rows_of(const Flash<T>& f, int64_t item) {
+// `rows` rows of n elements (ld apart) as the tile GEMMs read them: in place, or
+// converted into `buffer` (dense rows) when the GEMM's type G differs from X.
+template <class G, class X>
+Mat<G> gemm_operand(const X* x, int64_t rows, int64_t n, int64_t ld, std::vector<G>& buffer) {
+  if constexpr (std::is_same_v<G, X>) {
+    return {x, ld};
+  } else {
+    kernels::convert_rows(x, rows, n, ld, buffer.data(), n);
+    return {buffer.data(), n};
+  }
+}
+
+template <class K>
+Rows<K> rows_of(const Flash<K>& f, int64_t item) {
   const Problem& p = *f.p;
   const int64_t tiles_q = (p.lq + f.tiles.br - 1) / f.tiles.br;
-  Rows<T> r;
+  Rows<K> r;
   r.b = item / tiles_q;
   int64_t t = item % tiles_q;
   if (f.causal) t = tiles_q - 1 - t;  // longest rows first: better dynamic balance
@@ -123,8 +179,8 @@ Rows<T> rows_of(const Flash<T>& f, int64_t item) {
 }
 
 // s [rows, cols] (row stride lds) += the mask of rows i0.. and keys j0..
-template <class T>
-void add_mask(const Flash<T>& f, const Rows<T>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
+template <class K, class T = typename K::T>
+void add_mask(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
   const Tensor& mask = *f.p->mask;
   const int64_t si = mask.stride(-2), sj = mask.stride(-1);
   for (int64_t x = 0; x < r.rows; ++x) {
@@ -143,21 +199,23 @@ void add_mask(const Flash<T>& f, const Rows<T>& r, int64_t j0, int64_t cols, T* 
   }
 }
 
-// s [rows, cols] = scale * Q K[j0:j0+cols]^T + bias (mask, causal).
-template <class T>
-void score_tile(const Flash<T>& f, const Rows<T>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
+// s [rows, cols] = scale * Q K[j0:j0+cols]^T + bias (mask, causal); q: the item's Q rows.
+template <class K, class T = typename K::T, class G = typename K::G>
+void score_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
+                Scratch<K>& sc) {
   const Problem& p = *f.p;
+  const Mat<G> k = gemm_operand(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), sc.kg);  // [cols, Dk]
   GemmShape g;
   g.trans_b = true;
   g.m = r.rows;
   g.n = cols;
   g.k = p.dk;
-  g.lda = p.q.stride(-2);
-  g.ldb = p.k.stride(-2);
+  g.lda = q.ld;
+  g.ldb = k.ld;
   g.ldc = lds;
   // gemm skips A B when alpha is 0 (BLAS rules); scale 0 must still turn an inf q . k into NaN.
   const T alpha = static_cast<T>(p.scale);
-  gemm(g, alpha == T(0) ? T(1) : alpha, r.q, r.k + j0 * p.k.stride(-2), T(0), s);
+  gemm(g, alpha == T(0) ? T(1) : alpha, q.data, k.data, T(0), s);
   if (alpha == T(0)) {
     for (int64_t x = 0; x < r.rows; ++x) kernels::scale(s + x * lds, cols, T(0));
   }
@@ -195,8 +253,8 @@ void softmax_tile(T* s, int64_t lds, int64_t rows, int64_t cols, T* m, T* l, T* 
 }
 
 // Dropout on probabilities s [rows, cols] (row stride lds) of rows i0.., keys j0..
-template <class T>
-void dropout_tile(const Flash<T>& f, const Rows<T>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
+template <class K, class T = typename K::T>
+void dropout_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
   const Problem& p = *f.p;
   for (int64_t x = 0; x < r.rows; ++x) {
     T* row = s + x * lds;  // [cols]
@@ -209,23 +267,26 @@ void dropout_tile(const Flash<T>& f, const Rows<T>& r, int64_t j0, int64_t cols,
 }
 
 // o [rows, Dv] += p [rows, cols] V[j0:j0+cols].
-template <class T>
-void value_tile(const Flash<T>& f, const Rows<T>& r, int64_t j0, int64_t cols, const T* s, int64_t lds) {
+template <class K, class T = typename K::T, class G = typename K::G>
+void value_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, const T* s, int64_t lds,
+                Scratch<K>& sc) {
   const Problem& p = *f.p;
+  const Mat<G> pm = gemm_operand(s, r.rows, cols, lds, sc.pg);                                  // [rows, cols]
+  const Mat<G> v = gemm_operand(r.v + j0 * p.v.stride(-2), cols, p.dv, p.v.stride(-2), sc.vg);  // [cols, Dv]
   GemmShape g;
   g.m = r.rows;
   g.n = p.dv;
   g.k = cols;
-  g.lda = lds;
-  g.ldb = p.v.stride(-2);
+  g.lda = pm.ld;
+  g.ldb = v.ld;
   g.ldc = p.dv;
-  gemm(g, T(1), s, r.v + j0 * p.v.stride(-2), T(1), r.o);
+  gemm(g, T(1), pm.data, v.data, T(1), r.o);
 }
 
 // o /= l, and lse = m + log(l). Fully masked rows (l == 0) keep o, the sum of
 // 0 * v (0, or NaN where v has a NaN or inf, as PyTorch), and get lse -inf.
-template <class T>
-void finish_rows(const Flash<T>& f, const Rows<T>& r, const T* m, const T* l) {
+template <class K, class T = typename K::T>
+void finish_rows(const Flash<K>& f, const Rows<K>& r, const T* m, const T* l) {
   const Problem& p = *f.p;
   for (int64_t x = 0; x < r.rows; ++x) {
     T* o = r.o + x * p.dv;  // [Dv]
@@ -239,12 +300,13 @@ void finish_rows(const Flash<T>& f, const Rows<T>& r, const T* m, const T* l) {
 
 // Second pass: the item's rows of the weights [rows, Lk], recomputed tile by
 // tile, then a plain softmax per row and the dropout.
-template <class T>
-void weight_rows(const Flash<T>& f, const Rows<T>& r) {
+template <class K, class G = typename K::G>
+void weight_rows(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Scratch<K>& sc) {
+  using T = typename K::T;
   const Problem& p = *f.p;
   T* w = f.weights + (r.b * p.lq + r.i0) * p.lk;  // [rows, Lk]
   for (int64_t j0 = 0; j0 < r.kv_end; j0 += f.tiles.bc) {
-    score_tile(f, r, j0, std::min(f.tiles.bc, r.kv_end - j0), w + j0, p.lk);
+    score_tile(f, r, q, j0, std::min(f.tiles.bc, r.kv_end - j0), w + j0, p.lk, sc);
   }
   kernels::softmax_rows(w, r.rows, r.kv_end, p.lk);  // fully masked rows give zeros
   // Keys after the row's own causal end are not in the row: weight 0, even in a NaN row.
@@ -255,10 +317,12 @@ void weight_rows(const Flash<T>& f, const Rows<T>& r) {
   if (f.dropout_p > 0.0) dropout_tile(f, r, 0, r.kv_end, w, p.lk);
 }
 
-template <class T>
-void run_rows(const Flash<T>& f, const Rows<T>& r, Scratch<T>& sc) {
+template <class K>
+void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
+  using T = typename K::T;
   const Problem& p = *f.p;
   const int64_t lds = f.tiles.bc;
+  const auto q = gemm_operand(r.q, r.rows, p.dk, p.q.stride(-2), sc.qg);  // [rows, Dk], once per item
   std::fill(sc.m.begin(), sc.m.begin() + r.rows, kNegInf<T>);
   std::fill(sc.l.begin(), sc.l.begin() + r.rows, T(0));
   std::fill(r.o, r.o + r.rows * p.dv, T(0));
@@ -267,25 +331,25 @@ void run_rows(const Flash<T>& f, const Rows<T>& r, Scratch<T>& sc) {
   // part of the diagonal stays within the last Br columns.
   for (int64_t hi = r.kv_end; hi > 0; hi -= f.tiles.bc) {
     const int64_t j0 = std::max<int64_t>(0, hi - f.tiles.bc), cols = hi - j0;
-    score_tile(f, r, j0, cols, sc.s.data(), lds);
+    score_tile(f, r, q, j0, cols, sc.s.data(), lds, sc);
     softmax_tile(sc.s.data(), lds, r.rows, cols, sc.m.data(), sc.l.data(), r.o, p.dv);
     if (f.dropout_p > 0.0) dropout_tile(f, r, j0, cols, sc.s.data(), lds);
-    value_tile(f, r, j0, cols, sc.s.data(), lds);
+    value_tile(f, r, j0, cols, sc.s.data(), lds, sc);
   }
   finish_rows(f, r, sc.m.data(), sc.l.data());
-  if (f.weights) weight_rows(f, r);
+  if (f.weights) weight_rows(f, r, q, sc);
 }
 
 // Every item, on get_num_threads() workers taking items from a shared counter.
-template <class T>
-void run_all(const Flash<T>& f) {
+template <class K>
+void run_all(const Flash<K>& f) {
   const Problem& p = *f.p;
   const int64_t items = p.batch_size * ((p.lq + f.tiles.br - 1) / f.tiles.br);
   if (items == 0) return;
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(get_num_threads(), items);
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch<T> sc(f.tiles);
+    Scratch<K> sc(f.tiles, p.dk, p.dv);
     for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
       run_rows(f, rows_of(f, item), sc);
     }
@@ -298,25 +362,27 @@ Shape with(const Shape& batch, std::initializer_list<int64_t> tail) {
   return s;
 }
 
-// The call in T over a problem whose operands are already T (flash_attention_cpu).
-template <class T>
+// The call over a problem whose q, k, v are S and floating mask T (flash_attention_cpu).
+template <class K>
 AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
-  const DType dt = dtype_of<T>::value;
+  using T = typename K::T;
+  using S = typename K::S;
+  const DType dt = dtype_of<T>::value;                          // of the output accumulator, lse and weights
   Tensor out = Tensor::empty(with(p.batch, {p.lq, p.dv}), dt);  // [batch..., Lq, Dv]
   std::optional<Tensor> lse, weights;
   if (options.return_logsumexp) lse = Tensor::empty(with(p.batch, {p.lq}), dt);          // [batch..., Lq]
   if (options.return_weights) weights = Tensor::empty(with(p.batch, {p.lq, p.lk}), dt);  // [batch..., Lq, Lk]
 
-  Flash<T> f;
+  Flash<K> f;
   f.p = &p;
   f.causal = options.is_causal;
   f.tiles = choose_flash_tiles(options.tuning.flash_tiles, flash_tiles_from_env(), p.lq, p.lk, p.dk, p.dv, f.causal);
   f.dropout_p = options.dropout_p;
   f.seed = options.seed;
   f.keep_scale = options.dropout_p < 1.0 ? static_cast<T>(1.0 / (1.0 - options.dropout_p)) : T(0);
-  f.q = p.q.data<T>();
-  f.k = p.k.data<T>();
-  f.v = p.v.data<T>();
+  f.q = p.q.data<S>();
+  f.k = p.k.data<S>();
+  f.v = p.v.data<S>();
   if (p.mask) {
     if (p.mask->dtype() == DType::b8) {
       f.mask_bool = p.mask->data<bool>();
@@ -340,12 +406,22 @@ AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
 
 AttentionResult flash_attention_cpu(const Problem& checked, const AttentionOptions& options) {
   if (!checked.device.is_cpu()) fail_no_kernel(checked.op, checked.device);  // reads host memory
-  // The same geometry over operands of the compute type the tile GEMMs can read,
-  // converted at the user's shapes (before broadcasting, so never per head).
-  const DType dt = checked.out_dtype == DType::f64 ? DType::f64 : DType::f32;
-  const Problem p = with_operands(checked, as_kernel_input(checked.q_in, dt), as_kernel_input(checked.k_in, dt),
-                                  as_kernel_input(checked.v_in, dt), as_kernel_mask(checked.mask_in, dt));
-  return dt == DType::f64 ? run_flash<double>(p, options) : run_flash<float>(p, options);
+  // The same geometry over q, k, v in their dtype with rows the tile GEMMs can read, and
+  // a floating mask in the compute type (converted at the user's shape, never per head).
+  const DType in = checked.out_dtype;
+  const DType compute = in == DType::f64 ? DType::f64 : DType::f32;
+  const Problem p = with_operands(checked, as_kernel_input(checked.q_in), as_kernel_input(checked.k_in),
+                                  as_kernel_input(checked.v_in), as_kernel_mask(checked.mask_in, compute));
+  switch (in) {
+    case DType::f64: return run_flash<Types<double, double, double>>(p, options);
+    case DType::bf16:
+      if (gemm_has_native(DType::bf16)) return run_flash<Types<float, bfloat16, bfloat16>>(p, options);
+      return run_flash<Types<float, bfloat16, float>>(p, options);
+    case DType::f16:
+      if (gemm_has_native(DType::f16)) return run_flash<Types<float, float16, float16>>(p, options);
+      return run_flash<Types<float, float16, float>>(p, options);
+    default: return run_flash<Types<float, float, float>>(p, options);
+  }
 }
 
 }  // namespace qkv::attention

@@ -17,6 +17,9 @@ using test::Case;
 using test::expect_matches_reference;
 using test::plain;
 
+// A null float operand (a bare nullptr would match the bf16/f16 overloads too).
+constexpr const float* kNoFloats = nullptr;
+
 TEST(GemmReference, HandComputed2x2) {
   const float a[] = {1, 2, 3, 4}, b[] = {5, 6, 7, 8};
   float c[] = {1, 1, 1, 1};
@@ -76,22 +79,22 @@ TEST(Gemm, UnusedLeadingDimensionMayBeAnything) {
 TEST(Gemm, ZeroSizedDimsLeaveCAlone) {
   for (const Case& c : {plain(0, 5, 3), plain(5, 0, 3)}) {
     std::vector<float> out(64, 7.0f);
-    gemm(c.s, 1.0f, nullptr, nullptr, 0.0f, out.data());
+    gemm(c.s, 1.0f, kNoFloats, kNoFloats, 0.0f, out.data());
     EXPECT_EQ(out, std::vector<float>(64, 7.0f));
   }
   Case c = plain(3, 4, 5);
   c.batch = {{2, 0}, {15, 15}, {20, 20}, {12, 12}};
   std::vector<float> out(64, 7.0f);
-  gemm(c.s, 1.0f, nullptr, nullptr, 0.0f, out.data(), c.batch);
+  gemm(c.s, 1.0f, kNoFloats, kNoFloats, 0.0f, out.data(), c.batch);
   EXPECT_EQ(out, std::vector<float>(64, 7.0f));
 }
 
 TEST(Gemm, KZeroScalesCByBeta) {
   Case c = plain(3, 4, 0);
   std::vector<float> out(12, 2.0f);
-  gemm(c.s, 1.0f, nullptr, nullptr, 1.5f, out.data());
+  gemm(c.s, 1.0f, kNoFloats, kNoFloats, 1.5f, out.data());
   EXPECT_EQ(out, std::vector<float>(12, 3.0f));
-  gemm(c.s, 1.0f, nullptr, nullptr, 0.0f, out.data());
+  gemm(c.s, 1.0f, kNoFloats, kNoFloats, 0.0f, out.data());
   EXPECT_EQ(out, std::vector<float>(12, 0.0f));
   expect_matches_reference(c);
 }
@@ -108,7 +111,7 @@ TEST(Gemm, BetaZeroOverwritesNaNInC) {
 
 TEST(Gemm, AlphaZeroDoesNotReadAOrB) {
   std::vector<float> out(6, 4.0f);
-  gemm({false, false, 2, 3, 5, 5, 3, 3}, 0.0f, nullptr, nullptr, 0.5f, out.data());
+  gemm({false, false, 2, 3, 5, 5, 3, 3}, 0.0f, kNoFloats, kNoFloats, 0.5f, out.data());
   EXPECT_EQ(out, std::vector<float>(6, 2.0f));
 }
 

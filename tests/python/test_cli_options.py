@@ -1,6 +1,7 @@
 """The qkv tool's command line: --version, exit codes (2 usage, 1 runtime), the message
 of every bad numeric option, `inspect DIR`, and line-buffered output through a pipe."""
 import importlib.metadata
+import json
 import pathlib
 import re
 import shutil
@@ -58,6 +59,7 @@ BAD_NUMBERS = [
     (BENCH + ["--threads", "2.5"], "--threads: expected an integer in [1, 4096], got '2.5'"),
     (BENCH + ["--threads", "two"], "--threads: expected an integer in [1, 4096], got 'two'"),
     (BENCH + ["--min-time", "-1"], "--min-time: expected a finite number in [0, 86400], got '-1'"),
+    (BENCH + ["--dtype", "int8"], "--dtype: int8 not in {float32,float64,bfloat16,float16}"),
     (BENCH + ["--min-time", "nan"], "--min-time: expected a finite number in [0, 86400], got 'nan'"),
     (BENCH + ["--min-time", "inf"], "--min-time: expected a finite number in [0, 86400], got 'inf'"),
     (BENCH + ["--min-time", "1s"], "--min-time: expected a finite number in [0, 86400], got '1s'"),
@@ -131,6 +133,16 @@ def test_inspect_empty_directory(run, tmp_path):
     result = run("inspect", tmp_path)
     assert result.returncode == 1
     assert "is a directory" in result.stderr and "It holds none of these." in result.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+def test_bench_reports_the_dtype_of_attention_and_gemm(qkv_cli, dtype):
+    result = subprocess.run([qkv_cli, "bench", "attention", "--json", "--min-time", "0", "--shape", "1,1,8,8",
+                             "--dtype", dtype, "--gemm", "64"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    gemm, attention = (json.loads(line) for line in result.stdout.splitlines())
+    assert (gemm["op"], gemm["dtype"], attention["op"], attention["dtype"]) == ("gemm", dtype, "attention", dtype)
+    assert attention["shape"] == [1, 1, 8, 8] and attention["gflops"] > 0 and gemm["gflops"] > 0
 
 
 def test_bench_lines_arrive_through_a_pipe_as_printed(qkv_cli):

@@ -1,8 +1,10 @@
-// qkv bench attention: times the fused attention (scaled_dot_product_attention,
-// f32 forward) and qkv::gemm on this machine; bench/peers/attention_peers.py
-// runs it beside PyTorch and ONNX Runtime.
+// qkv bench attention: times the fused attention (scaled_dot_product_attention
+// forward, f32 or --dtype) and qkv::gemm in the same dtype on this machine;
+// bench/peers/attention_peers.py runs it beside PyTorch and ONNX Runtime,
+// bench/peers/precision_peers.py per dtype beside PyTorch's.
 //
-//   qkv bench attention --shape 4,8,1024,64 [--causal] [--threads 2] [--min-time 1] [--gemm 2048] [--json]
+//   qkv bench attention --shape 4,8,1024,64 [--causal] [--dtype bfloat16] [--threads 2] [--min-time 1]
+//                       [--gemm 2048] [--json]
 //
 // GFLOP/s count 4*B*H*L*L*D (non-causal) or 4*B*H*D*L(L+1)/2 (causal: the
 // unmasked half only). Time per call is the fastest of the timed calls. A progress
@@ -28,6 +30,7 @@ namespace {
 
 struct BenchArgs {
   std::vector<std::string> shapes;  // "B,H,L,D"
+  std::string dtype = "float32";    // of q, k, v and the gemm's operands
   bool causal = false, json = false;
   int threads = 0;
   double min_time = 1.0;
@@ -50,6 +53,9 @@ std::vector<int64_t> parse_shape(const std::string& text) {
   return dims;
 }
 
+// " bfloat16" for a dtype other than float32, else "" (float32 lines as they were).
+std::string dtype_note(const BenchArgs& a) { return a.dtype == "float32" ? "" : " " + a.dtype; }
+
 // "[2/3] attention 1,8,1024,64 ...": before each measurement, which can take seconds.
 void progress(size_t index, size_t count, const std::string& what) {
   static FILE* const out = isatty(fileno(stdout)) ? stdout : stderr;
@@ -57,32 +63,46 @@ void progress(size_t index, size_t count, const std::string& what) {
   std::fflush(out);
 }
 
-double bench_gemm(int64_t n, double min_time) {
-  std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a), c(a);  // [n, n] each
+// An [n, n] x [n, n] product of AB operands into C (float for 16-bit operands).
+template <class AB, class C>
+double bench_gemm_of(int64_t n, double min_time) {
+  std::vector<AB> a(static_cast<size_t>(n * n), AB(0.5f)), b(a);  // [n, n] each
+  std::vector<C> c(a.size());
   GemmShape s;
   s.m = s.n = s.k = s.lda = s.ldb = s.ldc = n;
-  const double sec = best_seconds(min_time, 1, [&] { gemm(s, 1.0f, a.data(), b.data(), 0.0f, c.data()); });
+  const double sec = best_seconds(min_time, 1, [&] { gemm(s, C(1), a.data(), b.data(), C(0), c.data()); });
   return 2.0 * static_cast<double>(n * n * n) / sec * 1e-9;
+}
+
+double bench_gemm(DType dt, int64_t n, double min_time) {
+  switch (dt) {
+    case DType::f64: return bench_gemm_of<double, double>(n, min_time);
+    case DType::bf16: return bench_gemm_of<bfloat16, float>(n, min_time);
+    case DType::f16: return bench_gemm_of<float16, float>(n, min_time);
+    default: return bench_gemm_of<float, float>(n, min_time);
+  }
 }
 
 void bench_one(const BenchArgs& a, const std::string& shape_text, double gemm_gflops) {
   const std::vector<int64_t> d = parse_shape(shape_text);
   const Shape shape = {d[0], d[1], d[2], d[3]};  // [B, H, L, D]
-  const Tensor q = Tensor::randn(shape, 1), k = Tensor::randn(shape, 2), v = Tensor::randn(shape, 3);
+  const DType dt = dtype_from_name(a.dtype);
+  const Tensor q = Tensor::randn(shape, 1).to(dt), k = Tensor::randn(shape, 2).to(dt),
+               v = Tensor::randn(shape, 3).to(dt);
   AttentionOptions o;
   o.is_causal = a.causal;
   const double sec = best_seconds(a.min_time, 1, [&] { (void)scaled_dot_product_attention(q, k, v, o); });
   const double gflops = attention_flops(d[0], d[1], d[2], d[3], a.causal) / sec * 1e-9;
   if (a.json) {
     std::printf(
-        "{\"op\": \"attention\", \"shape\": [%ld, %ld, %ld, %ld], \"causal\": %s, \"threads\": %d, "
-        "\"ms\": %.4f, \"gflops\": %.2f}\n",
-        static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]), static_cast<long>(d[3]),
-        a.causal ? "true" : "false", get_num_threads(), sec * 1e3, gflops);
+        "{\"op\": \"attention\", \"dtype\": \"%s\", \"shape\": [%ld, %ld, %ld, %ld], \"causal\": %s, "
+        "\"threads\": %d, \"ms\": %.4f, \"gflops\": %.2f}\n",
+        a.dtype.c_str(), static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]),
+        static_cast<long>(d[3]), a.causal ? "true" : "false", get_num_threads(), sec * 1e3, gflops);
     return;
   }
-  std::printf("attention (B,H,L,D)=(%s) %s, %d thread(s): %.3f ms, %.1f GFLOP/s", shape_text.c_str(),
-              a.causal ? "causal" : "non-causal", get_num_threads(), sec * 1e3, gflops);
+  std::printf("attention (B,H,L,D)=(%s)%s %s, %d thread(s): %.3f ms, %.1f GFLOP/s", shape_text.c_str(),
+              dtype_note(a).c_str(), a.causal ? "causal" : "non-causal", get_num_threads(), sec * 1e3, gflops);
   if (gemm_gflops > 0) std::printf(" (%.0f%% of gemm's %.1f GFLOP/s)", 100.0 * gflops / gemm_gflops, gemm_gflops);
   std::printf("\n");
 }
@@ -92,19 +112,19 @@ void run_bench_attention(const BenchArgs& a) {
   double gemm_gflops = 0.0;
   const size_t count = a.shapes.size() + (a.gemm_n > 0 ? 1 : 0);
   if (a.gemm_n > 0) {
-    progress(1, count, "gemm f32 " + std::to_string(a.gemm_n) + "^3");
-    gemm_gflops = bench_gemm(a.gemm_n, a.min_time);
+    progress(1, count, "gemm " + a.dtype + " " + std::to_string(a.gemm_n) + "^3");
+    gemm_gflops = bench_gemm(dtype_from_name(a.dtype), a.gemm_n, a.min_time);
     if (a.json) {
-      std::printf("{\"op\": \"gemm\", \"n\": %ld, \"threads\": %d, \"gflops\": %.2f}\n", static_cast<long>(a.gemm_n),
-                  get_num_threads(), gemm_gflops);
+      std::printf("{\"op\": \"gemm\", \"dtype\": \"%s\", \"n\": %ld, \"threads\": %d, \"gflops\": %.2f}\n",
+                  a.dtype.c_str(), static_cast<long>(a.gemm_n), get_num_threads(), gemm_gflops);
     } else {
-      std::printf("gemm f32 %ld^3, %d thread(s): %.1f GFLOP/s\n", static_cast<long>(a.gemm_n), get_num_threads(),
-                  gemm_gflops);
+      std::printf("gemm %s %ld^3, %d thread(s): %.1f GFLOP/s\n", a.dtype.c_str(), static_cast<long>(a.gemm_n),
+                  get_num_threads(), gemm_gflops);
     }
   }
   for (size_t i = 0; i < a.shapes.size(); ++i) {
     progress(count - a.shapes.size() + i + 1, count,
-             std::string("attention ") + (a.causal ? "causal " : "") + a.shapes[i]);
+             "attention" + dtype_note(a) + " " + (a.causal ? "causal " : "") + a.shapes[i]);
     bench_one(a, a.shapes[i], gemm_gflops);
   }
 }
@@ -115,15 +135,17 @@ void register_bench(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Time qkv kernels on this machine");
   bench->require_subcommand(1);
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* cmd = bench->add_subcommand("attention", "Fused f32 attention forward (and qkv::gemm) GFLOP/s");
+  CLI::App* cmd = bench->add_subcommand("attention", "Fused attention forward (and qkv::gemm) GFLOP/s");
   cmd->add_option("--shape", args->shapes, "B,H,L,D (repeatable; default 1,8,1024,64)")
       ->each([](const std::string& text) { (void)parse_shape(text); });
   cmd->add_flag("--causal", args->causal, "causal attention (GFLOP/s count the unmasked half)");
+  cmd->add_option("--dtype", args->dtype, "dtype of q, k, v and of the gemm's operands (default float32)")
+      ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}));
   cmd->add_option("--threads", args->threads, "threads (default QKV_NUM_THREADS, else OMP_NUM_THREADS, else cores)")
       ->check(integer_in(1, 4096));
   cmd->add_option("--min-time", args->min_time, "seconds to time each measurement (default 1; 0: one call, no warm-up)")
       ->check(real_in(0.0, 86400.0));
-  cmd->add_option("--gemm", args->gemm_n, "also time an N x N x N f32 gemm (e.g. 2048) and report % of it")
+  cmd->add_option("--gemm", args->gemm_n, "also time an N x N x N gemm in --dtype (e.g. 2048) and report % of it")
       ->check(integer_in(1, 65536));
   cmd->add_flag("--json", args->json, "one JSON object per line");
   cmd->callback([args] {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "kernels/cpu/convert.h"
 #include "qkv/error.h"
 #include "qkv/size.h"  // kMaxElements
 
@@ -108,5 +109,32 @@ int64_t gemm_batch_count(const std::vector<GemmDim>& dims) {
   for (const GemmDim& d : dims) count *= d.size;
   return count;
 }
+
+// The stored rows of one operand ([rows, len], `ld` apart) as dense float32 rows.
+template <class H>
+const float* widen_operand(const H* x, int64_t rows, int64_t len, int64_t ld, std::vector<float>& buffer) {
+  buffer.resize(static_cast<size_t>(rows * len));
+  kernels::convert_rows(x, rows, len, ld, buffer.data(), len);
+  return buffer.data();
+}
+
+template <class H>
+void gemm_widened(const GemmShape& s, float alpha, const H* a, const H* b, float beta, float* c,
+                  const std::vector<GemmDim>& dims) {
+  thread_local std::vector<float> wa, wb;  // reused: a tile loop widens the same sizes again and again
+  GemmShape w = s;
+  w.lda = s.trans_a ? s.m : s.k;  // dense stored rows
+  w.ldb = s.trans_b ? s.k : s.n;
+  for_each_gemm_batch(dims, 0, gemm_batch_count(dims), [&](int64_t oa, int64_t ob, int64_t oc) {
+    const float* fa = widen_operand(a + oa, s.trans_a ? s.k : s.m, w.lda, s.lda, wa);  // [stored rows, len]
+    const float* fb = widen_operand(b + ob, s.trans_b ? s.n : s.k, w.ldb, s.ldb, wb);
+    gemm(w, alpha, fa, fb, beta, c + oc);
+  });
+}
+
+template void gemm_widened(const GemmShape&, float, const bfloat16*, const bfloat16*, float, float*,
+                           const std::vector<GemmDim>&);
+template void gemm_widened(const GemmShape&, float, const float16*, const float16*, float, float*,
+                           const std::vector<GemmDim>&);
 
 }  // namespace qkv::detail

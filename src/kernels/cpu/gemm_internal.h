@@ -68,7 +68,18 @@ void scale_gemm_batch(const GemmShape& s, T beta, T* c, const std::vector<GemmDi
                       [&](int64_t, int64_t, int64_t oc) { scale_gemm_output(c + oc, s.m, s.n, s.ldc, beta); });
 }
 
+// 16-bit A and B where gemm_has_native is false: each batch matrix's stored A and B
+// rows widened to float32 (kernels::convert_rows) into per-thread buffers, then one
+// float32 gemm per matrix (gemm.cc). `dims` as simplify_gemm_batch returns them.
+template <class H>
+void gemm_widened(const GemmShape& s, float alpha, const H* a, const H* b, float beta, float* c,
+                  const std::vector<GemmDim>& dims);
+
 // ---- introspection of qkv::gemm (gemm_onednn.cc), for tests and benchmarks ----
+
+// Test hook: while on, gemm_has_native answers false for bf16 and f16, so the widening
+// path (and attention's float32 tiles) run on any CPU. Process-wide.
+void force_gemm_widening(bool on);
 
 // Capacity of gemm's plan cache (least recently used plans are dropped).
 inline constexpr size_t kGemmPlanCacheCapacity = 256;

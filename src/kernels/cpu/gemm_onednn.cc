@@ -1,4 +1,4 @@
-// qkv::gemm over oneDNN matmul (f32, OMP runtime).
+// qkv::gemm over oneDNN matmul (f32, bf16 and f16 operands with f32 C; OMP runtime).
 //
 // Every call is reduced to a canonical Problem (batch dims simplified, unused
 // leading dimensions canonicalised, thread count included), which keys an LRU
@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +30,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #include "kernels/cpu/gemm_internal.h"
@@ -51,6 +53,7 @@ using dnnl::memory;
 constexpr double kSerialCallFlops = 1 << 22;
 
 struct Problem {
+  memory::data_type ab = memory::data_type::f32;  // A and B; C is always f32
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   uint32_t alpha_bits = 0, beta_bits = 0;  // bits, so that -0.0 and NaN are keys too
@@ -63,7 +66,7 @@ struct ProblemHash {
   size_t operator()(const Problem& p) const {
     uint64_t h = 0x9e3779b97f4a7c15ull;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull + (h >> 29); };
-    mix(static_cast<uint64_t>(p.trans_a) | static_cast<uint64_t>(p.trans_b) << 1);
+    mix(static_cast<uint64_t>(p.trans_a) | static_cast<uint64_t>(p.trans_b) << 1 | static_cast<uint64_t>(p.ab) << 2);
     for (int64_t v : {p.m, p.n, p.k, p.lda, p.ldb, p.ldc}) mix(static_cast<uint64_t>(v));
     mix(p.alpha_bits | static_cast<uint64_t>(p.beta_bits) << 32);
     mix(static_cast<uint64_t>(p.threads));
@@ -89,8 +92,10 @@ int64_t canonical_ld(int64_t stored_rows, int64_t row_len, int64_t ld) {
   return stored_rows <= 1 ? std::max<int64_t>(row_len, 1) : ld;
 }
 
-Problem make_problem(const GemmShape& s, float alpha, float beta, std::vector<GemmDim> dims, int threads) {
+Problem make_problem(memory::data_type ab, const GemmShape& s, float alpha, float beta, std::vector<GemmDim> dims,
+                     int threads) {
   Problem p;
+  p.ab = ab;
   p.trans_a = s.trans_a;
   p.trans_b = s.trans_b;
   p.m = s.m;
@@ -116,7 +121,7 @@ int64_t dim_stride(const GemmDim& d, Operand x) { return x == Operand::a ? d.sa 
 // dim becomes size 1 with a stride past the operand's extent (oneDNN's fast
 // kernels reject stride 0 even on size-1 dims).
 memory::desc operand_md(const std::vector<GemmDim>& inner, Operand x, int64_t rows, int64_t cols, int64_t row_stride,
-                        int64_t col_stride) {
+                        int64_t col_stride, memory::data_type type) {
   int64_t extent = std::max(rows * row_stride, cols * col_stride);
   for (const GemmDim& d : inner) extent = std::max(extent, d.size * dim_stride(d, x));
   memory::dims sizes, strides;
@@ -127,7 +132,7 @@ memory::desc operand_md(const std::vector<GemmDim>& inner, Operand x, int64_t ro
   }
   sizes.insert(sizes.end(), {rows, cols});
   strides.insert(strides.end(), {row_stride, col_stride});
-  return memory::desc(sizes, memory::data_type::f32, strides);
+  return memory::desc(sizes, type, strides);
 }
 
 bool expressible(const std::vector<GemmDim>& inner) {
@@ -160,9 +165,9 @@ std::optional<Plan> try_plan(const Problem& p, size_t split) {
   plan.parallel_outer =
       p.threads > 1 && detail::gemm_batch_count(plan.outer) >= p.threads && call_flops < kSerialCallFlops;
   try {
-    plan.a_md = operand_md(inner, Operand::a, p.m, p.k, p.trans_a ? 1 : p.lda, p.trans_a ? p.lda : 1);
-    plan.b_md = operand_md(inner, Operand::b, p.k, p.n, p.trans_b ? 1 : p.ldb, p.trans_b ? p.ldb : 1);
-    plan.c_md = operand_md(inner, Operand::c, p.m, p.n, p.ldc, 1);
+    plan.a_md = operand_md(inner, Operand::a, p.m, p.k, p.trans_a ? 1 : p.lda, p.trans_a ? p.lda : 1, p.ab);
+    plan.b_md = operand_md(inner, Operand::b, p.k, p.n, p.trans_b ? 1 : p.ldb, p.trans_b ? p.ldb : 1, p.ab);
+    plan.c_md = operand_md(inner, Operand::c, p.m, p.n, p.ldc, 1, memory::data_type::f32);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // see the top of the file
     const float alpha = std::bit_cast<float>(p.alpha_bits), beta = std::bit_cast<float>(p.beta_bits);
@@ -178,8 +183,10 @@ std::optional<Plan> try_plan(const Problem& p, size_t split) {
     plan.impl = pd.impl_info_str();
     plan.scratch_md = pd.scratchpad_desc();
     // The reference kernel is orders of magnitude slower than looping over a
-    // batch dim with a fast kernel; accept it only when nothing is left to loop.
-    if (plan.impl.find("ref") != std::string::npos && split < p.dims.size()) return std::nullopt;
+    // batch dim with a fast kernel; accept it only when nothing is left to loop
+    // (and never for 16-bit operands: those are only planned where gemm_has_native).
+    const bool ref = plan.impl.find("ref") != std::string::npos;
+    if (ref && (split < p.dims.size() || p.ab != memory::data_type::f32)) return std::nullopt;
     plan.prim = dnnl::matmul(pd);
   } catch (const dnnl::error&) {
     return std::nullopt;  // e.g. strides that make a descriptor overlap
@@ -279,10 +286,10 @@ struct Operands {
 
 // One product through the C API: its argument array needs no allocation,
 // unlike the C++ API's unordered_map.
-void execute_one(const Plan& plan, Operands& ops, const float* a, const float* b, float* c) {
+void execute_one(const Plan& plan, Operands& ops, const void* a, const void* b, float* c) {
   // oneDNN never writes A or B; its memory API just has no const handles.
-  ops.a.set_data_handle(const_cast<float*>(a));
-  ops.b.set_data_handle(const_cast<float*>(b));
+  ops.a.set_data_handle(const_cast<void*>(a));
+  ops.b.set_data_handle(const_cast<void*>(b));
   ops.c.set_data_handle(c);
   ops.scratch.set_data_handle(thread_scratchpad(plan.scratch_md.get_size()));
   const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ops.a.get()},
@@ -294,9 +301,10 @@ void execute_one(const Plan& plan, Operands& ops, const float* a, const float* b
   if (status != dnnl_success) throw dnnl::error(status, "could not execute a matmul primitive");
 }
 
-// Runs the plan's primitive on batch matrices [first, last) of plan.outer.
-void run_outer_range(const Plan& plan, Operands& ops, const float* a, const float* b, float* c, int64_t first,
-                     int64_t last) {
+// Runs the plan's primitive on batch matrices [first, last) of plan.outer (AB: the
+// element type of A and B).
+template <class AB>
+void run_outer_range(const Plan& plan, Operands& ops, const AB* a, const AB* b, float* c, int64_t first, int64_t last) {
   detail::for_each_gemm_batch(plan.outer, first, last, [&](int64_t oa, int64_t ob, int64_t oc) {
     if (interrupt_requested()) return;  // skips the rest; parallel_for / gemm throws
     execute_one(plan, ops, a + oa, b + ob, c + oc);
@@ -328,7 +336,8 @@ ThreadPlan& thread_plan(Problem&& p, const GemmShape& s, const GemmBatch& batch)
   return slot;
 }
 
-void run_plan(ThreadPlan& tp, const float* a, const float* b, float* c) {
+template <class AB>
+void run_plan(ThreadPlan& tp, const AB* a, const AB* b, float* c) {
   const Plan& plan = *tp.plan;
   const int64_t count = detail::gemm_batch_count(plan.outer);
   if (!plan.parallel_outer) {
@@ -342,10 +351,16 @@ void run_plan(ThreadPlan& tp, const float* a, const float* b, float* c) {
   });
 }
 
-}  // namespace
+template <class AB>
+constexpr memory::data_type kOneDnnType = std::is_same_v<AB, float>      ? memory::data_type::f32
+                                          : std::is_same_v<AB, bfloat16> ? memory::data_type::bf16
+                                                                         : memory::data_type::f16;
 
-void gemm(const GemmShape& s, float alpha, const float* a, const float* b, float beta, float* c,
-          const GemmBatch& batch) {
+// Every gemm with float32 C: checks, empty and scale-only calls, then oneDNN, or for
+// 16-bit operands without a native kernel the widening path (gemm.cc).
+template <class AB>
+void gemm_f32_out(const GemmShape& s, float alpha, const AB* a, const AB* b, float beta, float* c,
+                  const GemmBatch& batch) {
   const int64_t count = detail::check_gemm_args("gemm", s, alpha, a, b, beta, c, batch);
   if (count == 0 || s.m == 0 || s.n == 0) return;
   std::vector<GemmDim> dims = detail::simplify_gemm_batch(detail::gemm_batch_dims(batch));
@@ -353,11 +368,59 @@ void gemm(const GemmShape& s, float alpha, const float* a, const float* b, float
     detail::scale_gemm_batch(s, beta, c, dims);
     return;
   }
+  if constexpr (!std::is_same_v<AB, float>) {
+    if (!gemm_has_native(dtype_of<AB>::value)) {
+      detail::gemm_widened(s, alpha, a, b, beta, c, dims);
+      return;
+    }
+  }
   const int threads = detail::sync_runtime_threads();
   try {
-    run_plan(thread_plan(make_problem(s, alpha, beta, std::move(dims), threads), s, batch), a, b, c);
+    run_plan(thread_plan(make_problem(kOneDnnType<AB>, s, alpha, beta, std::move(dims), threads), s, batch), a, b, c);
   } catch (const dnnl::error& e) {
     fail<Error>("gemm: oneDNN failed (", e.what(), ") for ", detail::gemm_args_str(s, batch));
+  }
+}
+
+// Whether oneDNN makes a kernel other than its reference one for a 64^3 matmul of
+// `type` operands on this CPU (the same answer for the tile shapes qkv uses).
+bool probe_native(memory::data_type type) {
+  try {
+    const memory::desc a({64, 64}, type, memory::dims{64, 1}), c({64, 64}, memory::data_type::f32, {64, 1});
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), cpu_engine());
+    return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+  } catch (const dnnl::error&) {
+    return false;  // no matmul at all for the type (oneDNN 2.6: f16 below AVX512-FP16)
+  }
+}
+
+std::atomic<bool> g_force_widening{false};
+
+}  // namespace
+
+void gemm(const GemmShape& s, float alpha, const float* a, const float* b, float beta, float* c,
+          const GemmBatch& batch) {
+  gemm_f32_out(s, alpha, a, b, beta, c, batch);
+}
+
+void gemm(const GemmShape& s, float alpha, const bfloat16* a, const bfloat16* b, float beta, float* c,
+          const GemmBatch& batch) {
+  gemm_f32_out(s, alpha, a, b, beta, c, batch);
+}
+
+void gemm(const GemmShape& s, float alpha, const float16* a, const float16* b, float beta, float* c,
+          const GemmBatch& batch) {
+  gemm_f32_out(s, alpha, a, b, beta, c, batch);
+}
+
+bool gemm_has_native(DType operands) {
+  static const bool bf16 = probe_native(memory::data_type::bf16);
+  static const bool f16 = probe_native(memory::data_type::f16);
+  switch (operands) {
+    case DType::f32: return true;
+    case DType::bf16: return bf16 && !g_force_widening;
+    case DType::f16: return f16 && !g_force_widening;
+    default: return false;
   }
 }
 
@@ -370,7 +433,7 @@ std::string gemm_plan_str(const GemmShape& s, float alpha, float beta, const Gem
   std::vector<GemmDim> dims = simplify_gemm_batch(gemm_batch_dims(batch));
   if (s.k == 0 || alpha == 0.0f) return "scale";
   const int threads = sync_runtime_threads();
-  const auto plan = get_plan(make_problem(s, alpha, beta, std::move(dims), threads), s, batch);
+  const auto plan = get_plan(make_problem(memory::data_type::f32, s, alpha, beta, std::move(dims), threads), s, batch);
   std::string out = plan->impl + " outer=" + std::to_string(plan->outer.size());
   if (plan->parallel_outer) out += " parallel";
   return out;
@@ -379,6 +442,8 @@ std::string gemm_plan_str(const GemmShape& s, float alpha, float beta, const Gem
 size_t gemm_plan_cache_size() { return plan_cache().size(); }
 
 void gemm_plan_cache_clear() { plan_cache().clear(); }
+
+void force_gemm_widening(bool on) { g_force_widening = on; }
 
 }  // namespace detail
 

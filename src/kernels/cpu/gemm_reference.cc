@@ -1,6 +1,8 @@
-// The gemm oracle: plain loops, wide accumulation (double for float32, long double
-// for float64), one rounding per output. Deliberately naive (no blocking, no
+// The gemm oracle: plain loops, wide accumulation (double for float32 and 16-bit
+// operands, long double for float64), one rounding per output. Deliberately naive (no blocking, no
 // threads) so that it is obviously right.
+#include <type_traits>
+
 #include "kernels/cpu/gemm_internal.h"
 #include "qkv/gemm.h"
 
@@ -8,9 +10,20 @@ namespace qkv {
 
 namespace {
 
-// C = alpha * op(A) op(B) + beta * C for one matrix; Acc is the accumulator type.
-template <class T, class Acc>
-void reference_matrix(const GemmShape& s, T alpha, const T* a, const T* b, T beta, T* c) {
+// x as Acc (16-bit floats through their exact float value).
+template <class Acc, class X>
+Acc widen(X x) {
+  if constexpr (std::is_same_v<X, bfloat16> || std::is_same_v<X, float16>) {
+    return static_cast<Acc>(static_cast<float>(x));
+  } else {
+    return static_cast<Acc>(x);
+  }
+}
+
+// C = alpha * op(A) op(B) + beta * C for one matrix; AB is the type of A and B, T
+// that of C and the scalars, Acc the accumulator type.
+template <class AB, class T, class Acc>
+void reference_matrix(const GemmShape& s, T alpha, const AB* a, const AB* b, T beta, T* c) {
   // Element (i, p) of op(A) and (p, j) of op(B), whatever the storage order.
   const int64_t a_row = s.trans_a ? 1 : s.lda, a_col = s.trans_a ? s.lda : 1;
   const int64_t b_row = s.trans_b ? 1 : s.ldb, b_col = s.trans_b ? s.ldb : 1;
@@ -20,7 +33,7 @@ void reference_matrix(const GemmShape& s, T alpha, const T* a, const T* b, T bet
       Acc acc = 0;
       if (reads_ab) {
         for (int64_t p = 0; p < s.k; ++p) {
-          acc += static_cast<Acc>(a[i * a_row + p * a_col]) * static_cast<Acc>(b[p * b_row + j * b_col]);
+          acc += widen<Acc>(a[i * a_row + p * a_col]) * widen<Acc>(b[p * b_row + j * b_col]);
         }
       }
       T& out = c[i * s.ldc + j];
@@ -30,15 +43,15 @@ void reference_matrix(const GemmShape& s, T alpha, const T* a, const T* b, T bet
   }
 }
 
-template <class T, class Acc>
-void reference_batch(const GemmShape& s, T alpha, const T* a, const T* b, T beta, T* c, const GemmBatch& batch) {
+template <class AB, class T, class Acc>
+void reference_batch(const GemmShape& s, T alpha, const AB* a, const AB* b, T beta, T* c, const GemmBatch& batch) {
   const int64_t count = detail::check_gemm_args("gemm_reference", s, alpha, a, b, beta, c, batch);
   if (count == 0 || s.m == 0 || s.n == 0) return;
   detail::for_each_gemm_batch(detail::gemm_batch_dims(batch), 0, count, [&](int64_t oa, int64_t ob, int64_t oc) {
     // Unread operands may be null: never form a pointer from them.
-    const T* pa = a ? a + oa : nullptr;
-    const T* pb = b ? b + ob : nullptr;
-    reference_matrix<T, Acc>(s, alpha, pa, pb, beta, c + oc);
+    const AB* pa = a ? a + oa : nullptr;
+    const AB* pb = b ? b + ob : nullptr;
+    reference_matrix<AB, T, Acc>(s, alpha, pa, pb, beta, c + oc);
   });
 }
 
@@ -46,12 +59,22 @@ void reference_batch(const GemmShape& s, T alpha, const T* a, const T* b, T beta
 
 void gemm_reference(const GemmShape& s, float alpha, const float* a, const float* b, float beta, float* c,
                     const GemmBatch& batch) {
-  reference_batch<float, double>(s, alpha, a, b, beta, c, batch);
+  reference_batch<float, float, double>(s, alpha, a, b, beta, c, batch);
 }
 
 void gemm_reference(const GemmShape& s, double alpha, const double* a, const double* b, double beta, double* c,
                     const GemmBatch& batch) {
-  reference_batch<double, long double>(s, alpha, a, b, beta, c, batch);
+  reference_batch<double, double, long double>(s, alpha, a, b, beta, c, batch);
+}
+
+void gemm_reference(const GemmShape& s, float alpha, const bfloat16* a, const bfloat16* b, float beta, float* c,
+                    const GemmBatch& batch) {
+  reference_batch<bfloat16, float, double>(s, alpha, a, b, beta, c, batch);
+}
+
+void gemm_reference(const GemmShape& s, float alpha, const float16* a, const float16* b, float beta, float* c,
+                    const GemmBatch& batch) {
+  reference_batch<float16, float, double>(s, alpha, a, b, beta, c, batch);
 }
 
 }  // namespace qkv

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""qkv's fused CPU attention per dtype beside PyTorch SDPA in the same dtype (issue 14).
+
+One invocation prints one Markdown table whose header names the machine: the CPU
+model, its AVX-512 / AMX flags from /proc/cpuinfo and oneDNN's ISA line. Per thread
+count, dtype (float32, bfloat16, float16; float64 with --f64) and shape it times, in
+this order: qkv (`qkv bench attention --dtype D --json`, a subprocess with
+QKV_NUM_THREADS set) and PyTorch `F.scaled_dot_product_attention` on tensors of that
+dtype (torch.set_num_threads); and per dtype qkv::gemm's rate on 2048^3 operands of
+that dtype as the yardstick (16-bit operands: float32 C).
+
+    .venv-fixtures/bin/python bench/peers/precision_peers.py --qkv build/release/bin/qkv --threads 2
+
+GFLOP/s = 4*B*H*L*L*D / time (non-causal) and 4*B*H*D*L(L+1)/2 / time (causal: the
+unmasked half, the same count for both). Each time is the fastest call after one
+warm-up call, calls repeated for at least --min-time seconds.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+from attention_peers import SHAPES, flops, run_qkv_cmd
+from timing import best_seconds
+
+DTYPES = ["float32", "bfloat16", "float16"]
+
+
+def machine(qkv):
+    """'AMD EPYC ..., avx512f avx512_bf16 ..., oneDNN isa: ...' for the table's header."""
+    text = open("/proc/cpuinfo").read()
+    model = re.search(r"model name\s*:\s*(.*)", text)
+    flags = sorted(set(re.findall(r"\b(avx512[a-z_0-9]*|amx[a-z_0-9]*|avx2|fma|f16c)\b", text)))
+    env = dict(os.environ, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1")
+    out = subprocess.run([qkv, "bench", "attention", "--min-time", "0", "--shape", "1,1,8,8", "--gemm", "8"],
+                         capture_output=True, text=True, env=env).stdout
+    isa = re.search(r"isa:([^\n,]*)", out)
+    isa_cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
+    return (f"{model.group(1) if model else 'unknown CPU'}, {os.cpu_count()} vCPUs; flags: {' '.join(flags)}; "
+            f"oneDNN isa: {isa.group(1) if isa else '?'}" + (f" (ONEDNN_MAX_CPU_ISA={isa_cap})" if isa_cap else ""))
+
+
+def run_torch(threads, shape, causal, dtype, min_time):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(shape, generator=g).to(getattr(torch, dtype)) for _ in range(3))
+    with torch.inference_mode():
+        return best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), min_time)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--qkv", default="build/release/bin/qkv", help="the qkv CLI")
+    ap.add_argument("--threads", default="2", help="comma list, e.g. 1,2")
+    ap.add_argument("--min-time", type=float, default=1.0)
+    ap.add_argument("--shapes", default="", help="B,H,L,D;B,H,L,D (default: the issue-6 four)")
+    ap.add_argument("--f64", action="store_true", help="also float64 (qkv and torch)")
+    a = ap.parse_args()
+    shapes = [tuple(map(int, s.split(","))) for s in a.shapes.split(";")] if a.shapes else SHAPES
+    dtypes = DTYPES + (["float64"] if a.f64 else [])
+    import torch
+
+    header = machine(a.qkv)
+    print(f"torch {torch.__version__}, load {os.getloadavg()}", file=sys.stderr)
+    rows = []
+    for threads in map(int, a.threads.split(",")):
+        f32 = {}
+        for dtype in dtypes:
+            gemm = run_qkv_cmd(a.qkv, threads, None, False, a.min_time, gemm_n=2048, dtype=dtype)[0]["gflops"]
+            for shape in shapes:
+                for causal in (False, True):
+                    fl = flops(*shape, causal)
+                    q = run_qkv_cmd(a.qkv, threads, shape, causal, a.min_time, dtype=dtype)[0]
+                    t = run_torch(threads, shape, causal, dtype, a.min_time)
+                    if dtype == "float32":
+                        f32[(shape, causal)] = q["gflops"]
+                    rows.append((threads, dtype, shape, causal, q["ms"], q["gflops"], fl / t / 1e9, gemm,
+                                 q["gflops"] / f32[(shape, causal)]))
+                    print(f"done {threads} {dtype} {shape} {causal}", file=sys.stderr, flush=True)
+    print(f"Machine: {header}\n")
+    print("| threads | dtype | (B, H, L, D) | causal | qkv ms | qkv GFLOP/s | torch GFLOP/s | qkv / torch "
+          "| qkv / qkv f32 | qkv % of gemm (gemm GFLOP/s, same dtype) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for threads, dtype, shape, causal, ms, qg, tg, gemm, vs_f32 in rows:
+        print(f"| {threads} | {dtype} | {shape} | {'yes' if causal else 'no'} | {ms:.2f} | {qg:.1f} | {tg:.1f} "
+              f"| {qg / tg:.2f}× | {vs_f32:.2f}× | {100 * qg / gemm:.0f}% ({gemm:.0f}) |")
+
+
+if __name__ == "__main__":
+    main()

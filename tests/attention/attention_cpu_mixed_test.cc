@@ -1,0 +1,128 @@
+// bf16/f16 attention computed in its type (attention_cpu.cc, issue 14): the fused kernel
+// on oneDNN's 16-bit tiles where this CPU has them (gemm_has_native) and on float32 tiles
+// widened per tile (forced with detail::force_gemm_widening, so both paths run on every
+// machine), against the float64 reference on the upcast of the same 16-bit inputs.
+//   * PyTorch's criterion (tests/fixtures/sdpa_half, make_sdpa_half_fixtures.py): the
+//     output's max error is at most twice PyTorch's own bf16/f16 SDPA error.
+//   * Random configurations (every mask kind, GQA, causal, Lq != Lk, weights and
+//     logsumexp): the error of rounding the output to the dtype (half an ulp) plus, on
+//     16-bit tiles, that of rounding P to it (half an ulp of each weight, summed over
+//     |v|), with a factor 2 of margin.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include "attention/attention_test_configs.h"
+#include "kernels/cpu/gemm_internal.h"
+#include "qkv/attention.h"
+#include "qkv/gemm.h"
+#include "qkv/io_tensor_files.h"
+
+#include <nlohmann/json.hpp>
+
+namespace qkv {
+namespace {
+
+using test::max_abs;
+using test::max_abs_diff;
+
+// param: force the widening path (float32 tiles) even where 16-bit tiles are native.
+class MixedPrecision : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { detail::force_gemm_widening(GetParam()); }
+  void TearDown() override { detail::force_gemm_widening(false); }
+  // Whether this run computes on 16-bit tiles (and so rounds P) for dtype dt.
+  static bool native(DType dt) { return gemm_has_native(dt); }
+};
+
+double half_ulp(DType dt) { return dt == DType::bf16 ? 0x1.0p-8 : 0x1.0p-11; }
+
+Tensor upcast(const Tensor& t) { return t.to(DType::f64); }
+
+TEST_P(MixedPrecision, WithinTwiceTorchsOwnHalfPrecisionError) {
+  namespace fs = std::filesystem;
+  int checked = 0;
+  double worst = 0.0;
+  for (const auto& entry : fs::directory_iterator(fs::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / "sdpa_half")) {
+    if (entry.path().extension() != ".safetensors") continue;
+    const auto file = io::load_safetensors(entry.path());
+    const auto options = nlohmann::json::parse(file.metadata.at("options"));
+    AttentionOptions o;
+    o.is_causal = options.at("is_causal").get<bool>();
+    o.enable_gqa = options.at("enable_gqa").get<bool>();
+    if (!options.at("scale").is_null()) o.scale = options.at("scale").get<double>();
+    if (auto it = file.tensors.find("attn_mask"); it != file.tensors.end()) o.attn_mask = it->second;
+    const Tensor &q = file.tensors.at("q"), &k = file.tensors.at("k"), &v = file.tensors.at("v");
+    const double torch_error = options.at("torch_error").get<double>();
+    const Tensor got = scaled_dot_product_attention(q, k, v, o).output;
+    ASSERT_EQ(got.dtype(), q.dtype()) << entry.path();
+    const Tensor want = attention_reference(upcast(q), upcast(k), upcast(v), o).output;
+    const double error = max_abs_diff(got, want);
+    EXPECT_LE(error, 2.0 * torch_error) << entry.path().filename() << " torch " << torch_error;
+    worst = std::max(worst, error / torch_error);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 16);
+  std::printf("worst qkv/torch half-precision error ratio (%s tiles): %.3f\n", GetParam() ? "float32" : "native",
+              worst);
+}
+
+TEST_P(MixedPrecision, RandomConfigurationsWithinRoundingBounds) {
+  std::mt19937_64 rng(20261125);
+  double worst = 0.0;
+  for (int i = 0; i < 48; ++i) {
+    test::Config c = test::random_config(rng, i);
+    c.big = false;    // x1000 logits: the inputs' own rounding dominates; the fixtures cover scale
+    c.dropout = 0.0;  // the dropout mask is the f32 kernel's (attention_cpu_test.cc)
+    const DType dt = i % 2 ? DType::bf16 : DType::f16;
+    test::Inputs in = test::make_inputs(c);
+    in.options.return_weights = i % 3 == 0;
+    in.options.return_logsumexp = true;
+    const Tensor q = in.q.to(dt), k = in.k.to(dt), v = in.v.to(dt);
+    const AttentionResult got = scaled_dot_product_attention(q, k, v, in.options);
+    const AttentionResult want = attention_reference(upcast(q), upcast(k), upcast(v), in.options);
+    const double v_max = max_abs(v);
+    // Output rounded once to dt; P rounded to dt on 16-bit tiles: |sum (p' - p) v| <= half_ulp max|v|.
+    const double bound = 2.0 * half_ulp(dt) * v_max * (native(dt) ? 2.0 : 1.0) + 0x1.0p-20 * v_max;
+    const double e_out = max_abs_diff(got.output, want.output);
+    EXPECT_LE(e_out, bound) << dtype_name(dt) << " " << c.str();
+    worst = std::max(worst, e_out / (half_ulp(dt) * std::max(v_max, 1e-30)));
+    if (got.weights) {
+      EXPECT_LE(max_abs_diff(*got.weights, *want.weights), 2.0 * half_ulp(dt)) << c.str();
+    }
+    // logsumexp stays float32 (torch's convention for 16-bit inputs): only the f32 scores' error.
+    ASSERT_TRUE(got.logsumexp.has_value());
+    EXPECT_EQ(got.logsumexp->dtype(), DType::f32);
+    const double lse_scale = std::max(max_abs(*want.logsumexp), 1.0);
+    EXPECT_LE(max_abs_diff(*got.logsumexp, *want.logsumexp), 1e-5 * lse_scale) << c.str();
+  }
+  std::printf("worst output error / (half ulp x max|v|) (%s tiles): %.3f\n", GetParam() ? "float32" : "as dispatched",
+              worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, MixedPrecision, ::testing::Values(false, true),
+                         [](const auto& param) { return std::string(param.param ? "Float32Tiles" : "AsDispatched"); });
+
+TEST(MixedPrecisionFloat32Tiles, AreTheF32KernelOnTheUpcastInputs) {
+  // On float32 tiles nothing is rounded but the output: the result is the f32 kernel's
+  // on the upcast inputs, rounded to the dtype (same tiles, same summation order).
+  detail::force_gemm_widening(true);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Tensor q = Tensor::randn({2, 3, 70, 40}, 1).to(dt), k = Tensor::randn({2, 3, 90, 40}, 2).to(dt),
+                 v = Tensor::randn({2, 3, 90, 24}, 3).to(dt);
+    AttentionOptions o;
+    o.is_causal = true;
+    const Tensor got = scaled_dot_product_attention(q, k, v, o).output;
+    const Tensor f32 =
+        scaled_dot_product_attention(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), o).output.to(dt);
+    EXPECT_EQ(max_abs_diff(got, f32), 0.0) << dtype_name(dt);
+  }
+  detail::force_gemm_widening(false);
+}
+
+}  // namespace
+}  // namespace qkv
