@@ -19,6 +19,7 @@
 
 #include "bench_main.h"
 #include "qkv/attention.h"
+#include "qkv/attention_backward.h"
 #include "qkv/attention_flops.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
@@ -70,6 +71,36 @@ void issue6_shapes(benchmark::internal::Benchmark* bm) {
 BENCHMARK(BM_Flash)->Apply(issue6_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_FlashBf16)->Apply(issue6_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_FlashF16)->Apply(issue6_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Backward (scaled_dot_product_attention_backward from the forward's saved output and
+// logsumexp), f32 and f64; "flops" counts its five products, 2.5x the forward's.
+void flash_backward(benchmark::State& state, qkv::DType dtype) {
+  const int64_t b = state.range(0), h = state.range(1), l = state.range(2), d = state.range(3);
+  const bool causal = state.range(4) != 0;
+  const qkv::Tensor q = qkv::Tensor::randn({b, h, l, d}, 1).to(dtype);  // [B, H, L, D]
+  const qkv::Tensor k = qkv::Tensor::randn({b, h, l, d}, 2).to(dtype);
+  const qkv::Tensor v = qkv::Tensor::randn({b, h, l, d}, 3).to(dtype);
+  const qkv::Tensor g = qkv::Tensor::randn({b, h, l, d}, 4).to(dtype);
+  qkv::AttentionOptions o;
+  o.is_causal = causal;
+  o.return_logsumexp = true;
+  const qkv::AttentionResult fwd = qkv::scaled_dot_product_attention(q, k, v, o);
+  for (auto _ : state) {
+    qkv::AttentionGradients r = qkv::scaled_dot_product_attention_backward(q, k, v, fwd.output, g, *fwd.logsumexp, o);
+    benchmark::DoNotOptimize(r.dq.raw_data());
+  }
+  state.counters["flops"] =
+      benchmark::Counter(2.5 * attention_flops(b, h, l, d, causal), benchmark::Counter::kIsIterationInvariantRate);
+}
+void BM_FlashBackward(benchmark::State& state) { flash_backward(state, qkv::DType::f32); }
+void BM_FlashBackward64(benchmark::State& state) { flash_backward(state, qkv::DType::f64); }
+BENCHMARK(BM_FlashBackward)->Apply(issue6_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_FlashBackward64)
+    ->ArgNames({"B", "H", "L", "D", "causal"})
+    ->Args({1, 8, 1024, 64, 0})
+    ->Args({4, 8, 1024, 64, 0})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // The tile sweep: (B, H, L, D) = (1, 8, L, D) with AttentionOptions::tuning tiles BR x BC.
 void BM_FlashTiles(benchmark::State& state) {

@@ -34,10 +34,10 @@ def flops(b, h, l, d, causal):
     return 4.0 * b * h * d * pairs
 
 
-def run_qkv_cmd(qkv, threads, shape, causal, min_time, gemm_n=0, dtype="float32"):
+def run_qkv_cmd(qkv, threads, shape, causal, min_time, gemm_n=0, dtype="float32", extra=()):
     """`qkv bench attention --json` in a subprocess with QKV_NUM_THREADS set: its JSON lines."""
     cmd = [qkv, "bench", "attention", "--json", "--threads", str(threads), "--min-time", str(min_time),
-           "--dtype", dtype]
+           "--dtype", dtype, *extra]
     if shape:
         cmd += ["--shape", ",".join(map(str, shape))]
     if causal:

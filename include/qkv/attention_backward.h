@@ -38,9 +38,9 @@ AttentionGradients attention_backward_reference(const Tensor& q, const Tensor& k
 // The backward users call, from the forward's saved `out` ([..., Hq, Lq, Dv]) and
 // `logsumexp` ([..., Hq, Lq], the forward's return_logsumexp) and `grad_out`
 // (shape of out). Errors name "scaled_dot_product_attention_backward" and the shapes.
-// Today it runs the float64 reference for every dtype (the fused kernel of
-// issue 15 item 1 is not written yet): correct, slow (O(Lq Lk (Dk + Dv)) in
-// scalar float64, one thread).
+// The fused CPU kernel (FlashAttention-2's backward, multi-threaded, never storing
+// [Lq, Lk]): f64 in float64, f32 in float32, bf16/f16 on their float32 upcast with
+// the gradients rounded back to their dtype. Dk == 0 takes the reference.
 AttentionGradients scaled_dot_product_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                                          const Tensor& out, const Tensor& grad_out,
                                                          const Tensor& logsumexp, const AttentionOptions& options = {});

@@ -1,6 +1,7 @@
 // scaled_dot_product_attention_backward: checks the call once (the forward's
 // make_problem plus the saved tensors' shapes), then picks the kernel by device.
 #include "qkv/attention_backward.h"
+#include "attention/attention_backward_cpu.h"
 #include "attention/attention_backward_reference.h"
 #include "attention/problem.h"
 
@@ -26,9 +27,10 @@ AttentionGradients scaled_dot_product_attention_backward(const Tensor& q, const 
   require_cpu(kOp, {&out, &grad_out, &logsumexp});
   switch (p.device.kind) {
     case DeviceKind::cpu:
-      // The fused FlashAttention-2 backward (issue 15 item 1) is not written yet: every
-      // dtype runs the float64 reference, which recomputes out and logsumexp itself.
-      return attention::reference_attention_backward(p, grad_out, options);
+      // The fused FlashAttention-2 backward (f64 in float64, the rest in float32). Dk == 0:
+      // every score is the empty sum 0 and dq, dk are empty; the reference spells it out.
+      if (p.dk == 0) return attention::reference_attention_backward(p, grad_out, options);
+      return attention::flash_attention_backward_cpu(p, out, grad_out, logsumexp, options);
     case DeviceKind::cuda: break;  // no CUDA kernel yet
   }
   fail_no_kernel(kOp, p.device);

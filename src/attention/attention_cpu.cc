@@ -40,9 +40,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention/attention_cpu_tiles.h"
 #include "attention/flash_tiles.h"
 #include "attention/problem.h"
-#include "kernels/cpu/convert.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
 #include "qkv/random.h"
@@ -52,77 +52,16 @@ namespace qkv::attention {
 
 namespace {
 
-// The kernel's element types (see the top): T computes (float, or double for f64:
-// OpenBLAS dgemm tiles, the row kernels' double versions), S stores q, k and v, G is
-// what the tile GEMMs read (S, or T when 16-bit tiles are widened).
-template <class Compute, class Stored, class Gemm>
-struct Types {
-  using T = Compute;
-  using S = Stored;
-  using G = Gemm;
-  static constexpr bool kWiden = !std::is_same_v<S, G>;   // q, k, v tiles widened to G = T
-  static constexpr bool kRoundP = !std::is_same_v<T, G>;  // P rounded to G = S for P V
-};
-
-template <class T>
-constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-
-// A matrix as a tile GEMM reads it: rows `ld` elements apart.
-template <class G>
-struct Mat {
-  const G* data = nullptr;
-  int64_t ld = 0;
-};
-
-// t with rows the tile GEMMs can read (contiguous within, apart by >= a row), in its
-// own dtype; copies only when needed.
-Tensor as_kernel_input(const Tensor& t) {
-  const bool rows_contiguous = t.size(-1) <= 1 || t.stride(-1) == 1;
-  const bool rows_apart = t.size(-2) <= 1 || t.stride(-2) >= t.size(-1);
-  return rows_contiguous && rows_apart ? t : t.contiguous();
-}
-
-// Bool masks are read as they are; floating masks as T (converted at the
-// user's shape, before broadcasting, so never per head).
-std::optional<Tensor> as_kernel_mask(const std::optional<Tensor>& m, DType dt) {
-  if (!m || m->dtype() == DType::b8 || m->dtype() == dt || !is_floating(m->dtype())) return m;
-  return m->to(dt);
-}
-
-// Read-only state of one call, shared by the workers.
-template <class K>
-struct Flash {
-  using T = typename K::T;
-  using S = typename K::S;
-  const Problem* p = nullptr;
-  FlashTiles tiles;
-  bool causal = false;
-  double dropout_p = 0.0;
-  uint64_t seed = 0;
-  T keep_scale = 1;
-  const S* q = nullptr;             // p->q [batch..., Lq, Dk] element 0
-  const S* k = nullptr;             // p->k [kv batch..., Lk, Dk]
-  const S* v = nullptr;             // p->v [kv batch..., Lk, Dv]
-  const bool* mask_bool = nullptr;  // p->mask [batch..., Lq, Lk] when bool
-  const T* mask_float = nullptr;    // p->mask when floating (as T)
-  T* out = nullptr;                 // [batch, Lq, Dv] contiguous
-  T* lse = nullptr;                 // [batch, Lq] or null
-  T* weights = nullptr;             // [batch, Lq, Lk] or null
-};
-
-// One work item: `rows` query rows from i0 of flat batch entry b.
-template <class K>
-struct Rows {
-  using T = typename K::T;
-  using S = typename K::S;
-  int64_t b = 0, i0 = 0, rows = 0;
-  int64_t kv_end = 0;     // keys [0, kv_end) take part (causal stops at the diagonal)
-  const S* q = nullptr;   // [rows, Dk], row stride p->q.stride(-2)
-  const S* k = nullptr;   // [Lk, Dk] of the entry's k/v head
-  const S* v = nullptr;   // [Lk, Dv]
-  int64_t mask_base = 0;  // offset of the entry's [Lq, Lk] mask
-  T* o = nullptr;         // [rows, Dv] output rows, the accumulator
-};
+using tiles::as_kernel_input;
+using tiles::as_kernel_mask;
+using tiles::dropout_tile;
+using tiles::Flash;
+using tiles::gemm_operand;
+using tiles::kNegInf;
+using tiles::Mat;
+using tiles::Rows;
+using tiles::score_tile;
+using tiles::Types;
 
 // A worker's buffers, reused across its items.
 template <class K>
@@ -147,18 +86,6 @@ struct Scratch {
   static size_t size(int64_t n) { return static_cast<size_t>(n); }
 };
 
-// `rows` rows of n elements (ld apart) as the tile GEMMs read them: in place, or
-// converted into `buffer` (dense rows) when the GEMM's type G differs from X.
-template <class G, class X>
-Mat<G> gemm_operand(const X* x, int64_t rows, int64_t n, int64_t ld, std::vector<G>& buffer) {
-  if constexpr (std::is_same_v<G, X>) {
-    return {x, ld};
-  } else {
-    kernels::convert_rows(x, rows, n, ld, buffer.data(), n);
-    return {buffer.data(), n};
-  }
-}
-
 template <class K>
 Rows<K> rows_of(const Flash<K>& f, int64_t item) {
   const Problem& p = *f.p;
@@ -176,56 +103,6 @@ Rows<K> rows_of(const Flash<K>& f, int64_t item) {
   r.mask_base = p.mask ? batch_offset(*p.mask, p.batch, r.b, 1) : 0;
   r.o = f.out + (r.b * p.lq + r.i0) * p.dv;
   return r;
-}
-
-// s [rows, cols] (row stride lds) += the mask of rows i0.. and keys j0..
-template <class K, class T = typename K::T>
-void add_mask(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
-  const Tensor& mask = *f.p->mask;
-  const int64_t si = mask.stride(-2), sj = mask.stride(-1);
-  for (int64_t x = 0; x < r.rows; ++x) {
-    T* row = s + x * lds;  // [cols]
-    const int64_t base = r.mask_base + (r.i0 + x) * si + j0 * sj;
-    if (f.mask_bool) {  // False adds -inf (PyTorch's conversion): a NaN or +inf score stays NaN
-      const bool* m = f.mask_bool + base;
-      for (int64_t c = 0; c < cols; ++c) row[c] += m[c * sj] ? T(0) : kNegInf<T>;
-    } else if (sj == 1) {
-      const T* m = f.mask_float + base;
-      for (int64_t c = 0; c < cols; ++c) row[c] += m[c];
-    } else {
-      const T* m = f.mask_float + base;
-      for (int64_t c = 0; c < cols; ++c) row[c] += m[c * sj];
-    }
-  }
-}
-
-// s [rows, cols] = scale * Q K[j0:j0+cols]^T + bias (mask, causal); q: the item's Q rows.
-template <class K, class T = typename K::T, class G = typename K::G>
-void score_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
-                Scratch<K>& sc) {
-  const Problem& p = *f.p;
-  const Mat<G> k = gemm_operand(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), sc.kg);  // [cols, Dk]
-  GemmShape g;
-  g.trans_b = true;
-  g.m = r.rows;
-  g.n = cols;
-  g.k = p.dk;
-  g.lda = q.ld;
-  g.ldb = k.ld;
-  g.ldc = lds;
-  // gemm skips A B when alpha is 0 (BLAS rules); scale 0 must still turn an inf q . k into NaN.
-  const T alpha = static_cast<T>(p.scale);
-  gemm(g, alpha == T(0) ? T(1) : alpha, q.data, k.data, T(0), s);
-  if (alpha == T(0)) {
-    for (int64_t x = 0; x < r.rows; ++x) kernels::scale(s + x * lds, cols, T(0));
-  }
-  if (p.mask) add_mask(f, r, j0, cols, s, lds);
-  if (f.causal && j0 + cols - 1 > r.i0) {  // the tile crosses the diagonal
-    for (int64_t x = 0; x < r.rows; ++x) {
-      const int64_t first = std::max<int64_t>(0, r.i0 + x + 1 - j0);  // keys j > i are masked
-      std::fill(s + x * lds + std::min(first, cols), s + x * lds + cols, kNegInf<T>);
-    }
-  }
 }
 
 // Online softmax over one tile: s [rows, cols] becomes exp(s - m_new), the
@@ -249,20 +126,6 @@ void softmax_tile(T* s, int64_t lds, int64_t rows, int64_t cols, T* m, T* l, T* 
     }
     l[x] += sum;
     m[x] = m_new;
-  }
-}
-
-// Dropout on probabilities s [rows, cols] (row stride lds) of rows i0.., keys j0..
-template <class K, class T = typename K::T>
-void dropout_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
-  const Problem& p = *f.p;
-  for (int64_t x = 0; x < r.rows; ++x) {
-    T* row = s + x * lds;  // [cols]
-    const auto index = static_cast<uint64_t>(((r.b * p.lq + r.i0 + x) * p.lk) + j0);
-    for (int64_t c = 0; c < cols; ++c) {
-      const bool keep = random::dropout_keep(f.seed, index + static_cast<uint64_t>(c), f.dropout_p);
-      row[c] = keep ? row[c] * f.keep_scale : T(0);
-    }
   }
 }
 
@@ -306,7 +169,7 @@ void weight_rows(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Scratch<K>& sc) 
   const Problem& p = *f.p;
   T* w = f.weights + (r.b * p.lq + r.i0) * p.lk;  // [rows, Lk]
   for (int64_t j0 = 0; j0 < r.kv_end; j0 += f.tiles.bc) {
-    score_tile(f, r, q, j0, std::min(f.tiles.bc, r.kv_end - j0), w + j0, p.lk, sc);
+    score_tile(f, r, q, j0, std::min(f.tiles.bc, r.kv_end - j0), w + j0, p.lk, sc.kg);
   }
   kernels::softmax_rows(w, r.rows, r.kv_end, p.lk);  // fully masked rows give zeros
   // Keys after the row's own causal end are not in the row: weight 0, even in a NaN row.
@@ -331,7 +194,7 @@ void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
   // part of the diagonal stays within the last Br columns.
   for (int64_t hi = r.kv_end; hi > 0; hi -= f.tiles.bc) {
     const int64_t j0 = std::max<int64_t>(0, hi - f.tiles.bc), cols = hi - j0;
-    score_tile(f, r, q, j0, cols, sc.s.data(), lds, sc);
+    score_tile(f, r, q, j0, cols, sc.s.data(), lds, sc.kg);
     softmax_tile(sc.s.data(), lds, r.rows, cols, sc.m.data(), sc.l.data(), r.o, p.dv);
     if (f.dropout_p > 0.0) dropout_tile(f, r, j0, cols, sc.s.data(), lds);
     value_tile(f, r, j0, cols, sc.s.data(), lds, sc);

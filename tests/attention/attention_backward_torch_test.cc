@@ -5,7 +5,8 @@
 // and torch's float64 dq, dk, dv of sum(out * grad_out) (math backend).
 //
 // Criterion, per gradient (scale = max |torch's float64 gradient|, 1 when that is 0):
-//   float64 inputs (attention_backward_reference)      |got - want| <= 1e-10 * scale
+//   float64 inputs (attention_backward_reference, and the fused backward from the
+//   float64 forward's saved tensors)                    |got - want| <= 1e-10 * scale
 //   float32 inputs (scaled_dot_product_attention_backward, the f32 result of the
 //   float32 casts)                                      |got - want| <= 1e-5 * scale
 // (issue 15's f32 criterion: 1e-5 relative to the gradient's max magnitude; the
@@ -52,6 +53,11 @@ TEST(AttentionBackwardTorch, MatchesAutogradOnEveryFixture) {
     f.attention.return_weights = false;
     const Tensor &q = f.tensor("q"), &k = f.tensor("k"), &v = f.tensor("v"), &g = f.tensor("grad_out");
     expect_grads(f, attention_backward_reference(q, k, v, g, f.attention), 1e-10);
+
+    AttentionOptions o64 = f.attention;  // f64: the fused backward in float64, from the f64 forward
+    o64.return_logsumexp = true;
+    const AttentionResult fwd64 = scaled_dot_product_attention(q, k, v, o64);
+    expect_grads(f, scaled_dot_product_attention_backward(q, k, v, fwd64.output, g, *fwd64.logsumexp, o64), 1e-10);
 
     AttentionOptions o = f.attention;  // f32: the public backward from the f32 forward's saved tensors
     if (o.attn_mask && o.attn_mask->dtype() == DType::f64) o.attn_mask = o.attn_mask->to(DType::f32);

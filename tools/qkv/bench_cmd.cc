@@ -3,8 +3,8 @@
 // bench/peers/attention_peers.py runs it beside PyTorch and ONNX Runtime,
 // bench/peers/precision_peers.py per dtype beside PyTorch's.
 //
-//   qkv bench attention --shape 4,8,1024,64 [--causal] [--dtype bfloat16] [--threads 2] [--min-time 1]
-//                       [--gemm 2048] [--json]
+//   qkv bench attention --shape 4,8,1024,64 [--causal] [--dtype bfloat16] [--backward] [--threads 2]
+//                       [--min-time 1] [--gemm 2048] [--json]
 //
 // GFLOP/s count 4*B*H*L*L*D (non-causal) or 4*B*H*D*L(L+1)/2 (causal: the
 // unmasked half only). Time per call is the fastest of the timed calls. A progress
@@ -19,6 +19,7 @@
 
 #include "commands.h"
 #include "qkv/attention.h"
+#include "qkv/attention_backward.h"
 #include "qkv/attention_flops.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
@@ -31,7 +32,7 @@ namespace {
 struct BenchArgs {
   std::vector<std::string> shapes;  // "B,H,L,D"
   std::string dtype = "float32";    // of q, k, v and the gemm's operands
-  bool causal = false, json = false;
+  bool causal = false, json = false, backward = false;
   int threads = 0;
   double min_time = 1.0;
   int64_t gemm_n = 0;
@@ -83,22 +84,58 @@ double bench_gemm(DType dt, int64_t n, double min_time) {
   }
 }
 
+// --backward: the backward from the forward's saved output and logsumexp, and forward
+// plus backward together; GFLOP/s of the backward count its five products (2.5x the
+// forward's two).
+void bench_backward(const BenchArgs& a, const std::vector<int64_t>& d, const Tensor& q, const Tensor& k,
+                    const Tensor& v, double gemm_gflops) {
+  AttentionOptions o;
+  o.is_causal = a.causal;
+  o.return_logsumexp = true;
+  const Tensor g = Tensor::randn(q.shape(), 4).to(q.dtype());  // dO [B, H, L, D]
+  const AttentionResult fwd = scaled_dot_product_attention(q, k, v, o);
+  const double sec = best_seconds(
+      a.min_time, 1, [&] { (void)scaled_dot_product_attention_backward(q, k, v, fwd.output, g, *fwd.logsumexp, o); });
+  const double both = best_seconds(a.min_time, 1, [&] {
+    const AttentionResult f = scaled_dot_product_attention(q, k, v, o);
+    (void)scaled_dot_product_attention_backward(q, k, v, f.output, g, *f.logsumexp, o);
+  });
+  const double gflops = 2.5 * attention_flops(d[0], d[1], d[2], d[3], a.causal) / sec * 1e-9;
+  if (a.json) {
+    std::printf(
+        "{\"op\": \"attention_backward\", \"dtype\": \"%s\", \"shape\": [%ld, %ld, %ld, %ld], \"causal\": %s, "
+        "\"threads\": %d, \"ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"gflops\": %.2f}\n",
+        a.dtype.c_str(), static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]),
+        static_cast<long>(d[3]), a.causal ? "true" : "false", get_num_threads(), sec * 1e3, both * 1e3, gflops);
+    return;
+  }
+  std::printf(
+      "attention backward (B,H,L,D)=(%ld,%ld,%ld,%ld)%s %s, %d thread(s): %.3f ms, %.1f GFLOP/s; forward + "
+      "backward %.3f ms",
+      static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]), static_cast<long>(d[3]),
+      dtype_note(a).c_str(), a.causal ? "causal" : "non-causal", get_num_threads(), sec * 1e3, gflops, both * 1e3);
+  if (gemm_gflops > 0)
+    std::printf(" (backward at %.0f%% of gemm's %.1f GFLOP/s)", 100.0 * gflops / gemm_gflops, gemm_gflops);
+  std::printf("\n");
+}
+
 void bench_one(const BenchArgs& a, const std::string& shape_text, double gemm_gflops) {
   const std::vector<int64_t> d = parse_shape(shape_text);
   const Shape shape = {d[0], d[1], d[2], d[3]};  // [B, H, L, D]
   const DType dt = dtype_from_name(a.dtype);
   const Tensor q = Tensor::randn(shape, 1).to(dt), k = Tensor::randn(shape, 2).to(dt),
                v = Tensor::randn(shape, 3).to(dt);
+  if (a.backward) return bench_backward(a, d, q, k, v, gemm_gflops);
   AttentionOptions o;
   o.is_causal = a.causal;
   const double sec = best_seconds(a.min_time, 1, [&] { (void)scaled_dot_product_attention(q, k, v, o); });
   const double gflops = attention_flops(d[0], d[1], d[2], d[3], a.causal) / sec * 1e-9;
   if (a.json) {
     std::printf(
-        "{\"op\": \"attention\", \"dtype\": \"%s\", \"shape\": [%ld, %ld, %ld, %ld], \"causal\": %s, "
-        "\"threads\": %d, \"ms\": %.4f, \"gflops\": %.2f}\n",
-        a.dtype.c_str(), static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]),
-        static_cast<long>(d[3]), a.causal ? "true" : "false", get_num_threads(), sec * 1e3, gflops);
+        "{\"op\": \"attention\", \"shape\": [%ld, %ld, %ld, %ld], \"causal\": %s, \"threads\": %d, "
+        "\"ms\": %.4f, \"gflops\": %.2f, \"dtype\": \"%s\"}\n",
+        static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]), static_cast<long>(d[3]),
+        a.causal ? "true" : "false", get_num_threads(), sec * 1e3, gflops, a.dtype.c_str());
     return;
   }
   std::printf("attention (B,H,L,D)=(%s)%s %s, %d thread(s): %.3f ms, %.1f GFLOP/s", shape_text.c_str(),
@@ -115,8 +152,8 @@ void run_bench_attention(const BenchArgs& a) {
     progress(1, count, "gemm " + a.dtype + " " + std::to_string(a.gemm_n) + "^3");
     gemm_gflops = bench_gemm(dtype_from_name(a.dtype), a.gemm_n, a.min_time);
     if (a.json) {
-      std::printf("{\"op\": \"gemm\", \"dtype\": \"%s\", \"n\": %ld, \"threads\": %d, \"gflops\": %.2f}\n",
-                  a.dtype.c_str(), static_cast<long>(a.gemm_n), get_num_threads(), gemm_gflops);
+      std::printf("{\"op\": \"gemm\", \"n\": %ld, \"threads\": %d, \"gflops\": %.2f, \"dtype\": \"%s\"}\n",
+                  static_cast<long>(a.gemm_n), get_num_threads(), gemm_gflops, a.dtype.c_str());
     } else {
       std::printf("gemm %s %ld^3, %d thread(s): %.1f GFLOP/s\n", a.dtype.c_str(), static_cast<long>(a.gemm_n),
                   get_num_threads(), gemm_gflops);
@@ -139,6 +176,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--shape", args->shapes, "B,H,L,D (repeatable; default 1,8,1024,64)")
       ->each([](const std::string& text) { (void)parse_shape(text); });
   cmd->add_flag("--causal", args->causal, "causal attention (GFLOP/s count the unmasked half)");
+  cmd->add_flag("--backward", args->backward,
+                "time the backward (from the forward's saved output and logsumexp) and forward + backward");
   cmd->add_option("--dtype", args->dtype, "dtype of q, k, v and of the gemm's operands (default float32)")
       ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}));
   cmd->add_option("--threads", args->threads, "threads (default QKV_NUM_THREADS, else OMP_NUM_THREADS, else cores)")

@@ -1,0 +1,253 @@
+// Fused CPU attention backward: FlashAttention-2's backward (Dao 2023, Alg. 2).
+//
+// From q, k, v, the forward's output O, its row logsumexp L and dO, per flat batch
+// entry (batch dims and heads are one flat batch):
+//   D_i = dO_i . O_i                                   [Lq]
+// and for every key tile j (Bc keys) and query tile i (Br rows) it meets:
+//   S = scale Q_i K_j^T + bias      (tiles::score_tile, the forward's own scores)
+//   P = exp(S - L_i)                (the forward's softmax, from its saved L)
+//   dP = (dO_i V_j^T) o M           (M: the forward's dropout factors, tiles::dropout_tile)
+//   dV_j += (P o M)^T dO_i
+//   dS = P o (dP - D_i)
+//   dK_j += scale dS^T Q_i,   dQ_i += scale dS K_j
+// The [Lq, Lk] scores never exist: a worker holds [Br, Bc] tiles. Causal masking
+// skips the query tiles wholly above the diagonal of a key tile; masks and GQA k/v
+// are read in place through their (zero) strides.
+//
+// Threads: a work item is one batch entry; its worker accumulates the entry's dQ, dK
+// and dV in its own buffers (so no element is written by two threads while the tiles
+// run) and adds them, under one lock, to the gradients once per entry: entries that
+// share a k/v head (GQA) or a broadcast operand sum there, as autograd sums. The lock
+// is taken once per entry, not per tile. Items go to get_num_threads() workers from an
+// atomic counter; a call with a single entry lets the tile GEMMs use the threads.
+#include "attention/attention_backward_cpu.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <mutex>
+#include <vector>
+
+#include "attention/attention_cpu_tiles.h"
+#include "qkv/gemm.h"
+#include "qkv/parallel.h"
+#include "qkv/softmax.h"
+
+namespace qkv::attention {
+
+namespace {
+
+using tiles::as_kernel_mask;
+using tiles::dropout_tile;
+using tiles::Flash;
+using tiles::kNegInf;
+using tiles::Mat;
+using tiles::Rows;
+using tiles::score_tile;
+
+template <class T>
+using Same = tiles::Types<T, T, T>;  // the backward computes in T on T operands
+
+// Read-only state of one call besides the forward's (Flash), and the gradients.
+template <class T>
+struct Backward {
+  const Flash<Same<T>>* f = nullptr;
+  const T* out = nullptr;   // [batch, Lq, Dv] contiguous
+  const T* dout = nullptr;  // [batch, Lq, Dv] contiguous
+  const T* lse = nullptr;   // [batch, Lq]
+  T* dq = nullptr;          // laid out as q (contiguous, the user's shape)
+  T* dk = nullptr;          // as k
+  T* dv = nullptr;          // as v
+  std::mutex* add = nullptr;
+};
+
+// A worker's buffers, reused across its entries.
+template <class T>
+struct Scratch {
+  std::vector<T> s;           // [Br, Bc] scores, then P
+  std::vector<T> w;           // [Br, Bc] P o M (dropout only)
+  std::vector<T> ds;          // [Br, Bc] dP, then dS
+  std::vector<T> d;           // [Lq] D_i
+  std::vector<T> dq, dk, dv;  // [Lq, Dk], [Lk, Dk], [Lk, Dv] of the entry
+  std::vector<T> unused;      // score_tile's widening buffer (T operands: never used)
+  Scratch(const FlashTiles& t, const Problem& p, bool dropout)
+      : s(n(t.br * t.bc)),
+        w(n(dropout ? t.br * t.bc : 0)),
+        ds(n(t.br * t.bc)),
+        d(n(p.lq)),
+        dq(n(p.lq * p.dk)),
+        dk(n(p.lk * p.dk)),
+        dv(n(p.lk * p.dv)) {}
+  static size_t n(int64_t x) { return static_cast<size_t>(x); }
+};
+
+// C [m, n] (ldc) += alpha op(A) op(B): the five tile products below.
+template <class T>
+void gemm_acc(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+              int64_t ldb, T* c, int64_t ldc, T beta = T(1)) {
+  GemmShape g;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m, g.n = n, g.k = k;
+  g.lda = lda, g.ldb = ldb, g.ldc = ldc;
+  gemm(g, alpha, a, b, beta, c);
+}
+
+// One (query tile, key tile) pair of entry r.b: adds its terms to the entry's dQ, dK, dV.
+template <class T>
+void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_t cols, Scratch<T>& sc) {
+  const Flash<Same<T>>& f = *bw.f;
+  const Problem& p = *f.p;
+  const int64_t lds = f.tiles.bc, qs = p.q.stride(-2), ks = p.k.stride(-2), vs = p.v.stride(-2);
+  const T scale = static_cast<T>(p.scale);
+  const T* lse = bw.lse + r.b * p.lq + r.i0;             // [rows]
+  const T* dout = bw.dout + (r.b * p.lq + r.i0) * p.dv;  // dO_i [rows, Dv]
+  T* s = sc.s.data();                                    // [rows, cols]
+  T* ds = sc.ds.data();                                  // [rows, cols]
+  // Forward (attention_cpu.cc score_tile): S = scale Q_i K_j^T + bias.
+  score_tile(f, r, Mat<T>{r.q, qs}, j0, cols, s, lds, sc.unused);
+  // Forward softmax_tile/finish_rows: P = exp(S - m) / l = exp(S - L); a row with L = -inf
+  // had every key masked: weight 0, no gradient.
+  for (int64_t x = 0; x < r.rows; ++x) {
+    if (lse[x] == kNegInf<T>) {
+      std::fill(s + x * lds, s + x * lds + cols, T(0));
+    } else {
+      (void)kernels::exp_shift_sum(s + x * lds, cols, lse[x]);
+    }
+  }
+  // Forward value_tile: O_i += (P o M) V_j. d/d(P o M): dO_i V_j^T.
+  gemm_acc<T>(false, true, r.rows, cols, p.dv, T(1), dout, p.dv, r.v + j0 * vs, vs, ds, lds, T(0));
+  const T* w = s;           // P o M
+  if (f.dropout_p > 0.0) {  // forward dropout_tile: the same factors M, redrawn from the seed
+    std::copy(s, s + r.rows * lds, sc.w.data());
+    dropout_tile(f, r, j0, cols, sc.w.data(), lds);
+    dropout_tile(f, r, j0, cols, ds, lds);  // dP = (dO_i V_j^T) o M
+    w = sc.w.data();
+  }
+  // Forward value_tile, d/dV_j: dV_j += (P o M)^T dO_i.
+  gemm_acc<T>(true, false, cols, p.dv, r.rows, T(1), w, lds, dout, p.dv, sc.dv.data() + j0 * p.dv, p.dv);
+  // Softmax: dS = P o (dP - D_i), D_i = sum_j P_ij dP_ij = dO_i . O_i.
+  const T* d = sc.d.data() + r.i0;
+  for (int64_t x = 0; x < r.rows; ++x) {
+    T* dsx = ds + x * lds;
+    const T* px = s + x * lds;
+    for (int64_t c = 0; c < cols; ++c) dsx[c] = px[c] * (dsx[c] - d[x]);
+  }
+  // Forward score_tile, S = scale Q_i K_j^T: dK_j += scale dS^T Q_i, dQ_i += scale dS K_j.
+  gemm_acc<T>(true, false, cols, p.dk, r.rows, scale, ds, lds, r.q, qs, sc.dk.data() + j0 * p.dk, p.dk);
+  gemm_acc<T>(false, false, r.rows, p.dk, cols, scale, ds, lds, r.k + j0 * ks, ks, sc.dq.data() + r.i0 * p.dk, p.dk);
+}
+
+// dst[rows, n] += src (dense rows; dst rows `ld` apart).
+template <class T>
+void add_rows(T* dst, int64_t ld, const T* src, int64_t rows, int64_t n) {
+  for (int64_t x = 0; x < rows; ++x) {
+    for (int64_t c = 0; c < n; ++c) dst[x * ld + c] += src[x * n + c];
+  }
+}
+
+// Every tile pair of batch entry b, then its gradients added to the call's.
+template <class T>
+void run_entry(const Backward<T>& bw, int64_t b, Scratch<T>& sc) {
+  const Flash<Same<T>>& f = *bw.f;
+  const Problem& p = *f.p;
+  const T* o = bw.out + b * p.lq * p.dv;
+  const T* dout = bw.dout + b * p.lq * p.dv;
+  for (int64_t i = 0; i < p.lq; ++i) {  // D_i = dO_i . O_i
+    T acc = 0;
+    for (int64_t c = 0; c < p.dv; ++c) acc += dout[i * p.dv + c] * o[i * p.dv + c];
+    sc.d[static_cast<size_t>(i)] = acc;
+  }
+  std::fill(sc.dq.begin(), sc.dq.end(), T(0));
+  std::fill(sc.dk.begin(), sc.dk.end(), T(0));
+  std::fill(sc.dv.begin(), sc.dv.end(), T(0));
+  Rows<Same<T>> r;
+  r.b = b;
+  const int64_t q_base = batch_offset(p.q, p.batch, b, 1);
+  r.k = f.k + batch_offset(p.k, p.batch, b, p.gqa_group);
+  r.v = f.v + batch_offset(p.v, p.batch, b, p.gqa_group);
+  r.mask_base = p.mask ? batch_offset(*p.mask, p.batch, b, 1) : 0;
+  for (int64_t j0 = 0; j0 < p.lk && !interrupt_requested(); j0 += f.tiles.bc) {
+    const int64_t cols = std::min(f.tiles.bc, p.lk - j0);
+    // Causal: query rows i < j0 see none of these keys; tiles wholly before j0 are skipped.
+    const int64_t first = f.causal ? j0 / f.tiles.br * f.tiles.br : 0;
+    for (r.i0 = first; r.i0 < p.lq; r.i0 += f.tiles.br) {
+      r.rows = std::min(f.tiles.br, p.lq - r.i0);
+      r.q = f.q + q_base + r.i0 * p.q.stride(-2);
+      tile_pair(bw, r, j0, cols, sc);
+    }
+  }
+  // Operands are contiguous in the user's shapes, so the entry's rows are dense at
+  // its batch offset (zero strides make GQA groups and broadcast entries meet).
+  const std::lock_guard<std::mutex> lock(*bw.add);
+  add_rows(bw.dq + q_base, p.dk, sc.dq.data(), p.lq, p.dk);
+  add_rows(bw.dk + batch_offset(p.k, p.batch, b, p.gqa_group), p.dk, sc.dk.data(), p.lk, p.dk);
+  add_rows(bw.dv + batch_offset(p.v, p.batch, b, p.gqa_group), p.dv, sc.dv.data(), p.lk, p.dv);
+}
+
+// The tiles of the backward: the call's own (options.tuning), else QKV_FLASH_TILES,
+// else 256 x 256. Measured with BM_FlashBackward (2 threads, AMD EPYC Zen 4, D = 64,
+// two sweeps each, GFLOP/s): 64x128 100-104 at (4, 8, 1024, 64), 128x128 123-132,
+// 256x128 138-140, 256x256 136-153, 512x256 145-153, 256x512 108-115 (and 150-157 at
+// L = 4096), 512x512 118-136. Five products per tile pair make small tiles pay
+// oneDNN's per-call cost five times; 256 x 256 was the best or near it at every shape.
+FlashTiles backward_tiles(const FlashTiles& requested, int64_t lq, int64_t lk) {
+  FlashTiles t = requested.is_auto() ? flash_tiles_from_env().value_or(FlashTiles{256, 256}) : requested;
+  t.br = std::max<int64_t>(1, std::min(t.br, lq));
+  t.bc = std::max<int64_t>(1, std::min(t.bc, lk));
+  return t;
+}
+
+template <class T>
+AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tensor& dout, const Tensor& lse,
+                                const AttentionOptions& options) {
+  Flash<Same<T>> f;
+  f.p = &p;
+  f.tiles = backward_tiles(options.tuning.flash_tiles, p.lq, p.lk);
+  f.causal = options.is_causal;
+  f.dropout_p = options.dropout_p;
+  f.seed = options.seed;
+  f.keep_scale = options.dropout_p < 1.0 ? static_cast<T>(1.0 / (1.0 - options.dropout_p)) : T(0);
+  f.q = p.q.data<T>();
+  f.k = p.k.data<T>();
+  f.v = p.v.data<T>();
+  if (p.mask) {
+    if (p.mask->dtype() == DType::b8) {
+      f.mask_bool = p.mask->data<bool>();
+    } else {
+      f.mask_float = p.mask->data<T>();
+    }
+  }
+  const DType dt = dtype_of<T>::value;
+  Tensor dq = Tensor::zeros(p.q_in.shape(), dt), dk = Tensor::zeros(p.k_in.shape(), dt),
+         dv = Tensor::zeros(p.v_in.shape(), dt);
+  std::mutex add;
+  Backward<T> bw{&f, out.data<T>(), dout.data<T>(), lse.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), &add};
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(get_num_threads(), p.batch_size);
+  parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    Scratch<T> sc(f.tiles, p, f.dropout_p > 0.0);
+    for (int64_t b = next++; b < p.batch_size && !interrupt_requested(); b = next++) run_entry(bw, b, sc);
+  });
+  check_interrupt(p.op);
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+AttentionGradients flash_attention_backward_cpu(const Problem& checked, const Tensor& out, const Tensor& grad_out,
+                                                const Tensor& logsumexp, const AttentionOptions& options) {
+  if (!checked.device.is_cpu()) fail_no_kernel(checked.op, checked.device);  // reads host memory
+  const DType dt = checked.out_dtype == DType::f64 ? DType::f64 : DType::f32;
+  // Contiguous copies in the compute type (views where they already are): the batch
+  // offsets of the expanded problem are then offsets into the gradients' buffers.
+  auto dense = [dt](const Tensor& t) { return t.to(dt).contiguous(); };
+  const Problem p = with_operands(checked, dense(checked.q_in), dense(checked.k_in), dense(checked.v_in),
+                                  as_kernel_mask(checked.mask_in, dt));
+  const AttentionGradients g = dt == DType::f64
+                                   ? run_backward<double>(p, dense(out), dense(grad_out), dense(logsumexp), options)
+                                   : run_backward<float>(p, dense(out), dense(grad_out), dense(logsumexp), options);
+  return {g.dq.to(checked.q_in.dtype()), g.dk.to(checked.k_in.dtype()), g.dv.to(checked.v_in.dtype())};
+}
+
+}  // namespace qkv::attention

@@ -1,0 +1,173 @@
+// The tile pieces shared by the fused CPU attention forward (attention_cpu.cc) and
+// backward (attention_backward_cpu.cc): element types, the call's read-only state, a
+// query-row block, and the score tile S = scale Q K^T + bias with masks, causal
+// masking and dropout, so that both passes compute the same scores and draw the same
+// dropout mask. Internal to the two kernels.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "attention/flash_tiles.h"
+#include "attention/problem.h"
+#include "kernels/cpu/convert.h"
+#include "qkv/gemm.h"
+#include "qkv/random.h"
+#include "qkv/softmax.h"
+
+namespace qkv::attention::tiles {
+
+// The kernels' element types (attention_cpu.cc's top): T computes (float, or double for f64:
+// OpenBLAS dgemm tiles, the row kernels' double versions), S stores q, k and v, G is
+// what the tile GEMMs read (S, or T when 16-bit tiles are widened).
+template <class Compute, class Stored, class Gemm>
+struct Types {
+  using T = Compute;
+  using S = Stored;
+  using G = Gemm;
+  static constexpr bool kWiden = !std::is_same_v<S, G>;   // q, k, v tiles widened to G = T
+  static constexpr bool kRoundP = !std::is_same_v<T, G>;  // P rounded to G = S for P V
+};
+
+template <class T>
+constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+
+// A matrix as a tile GEMM reads it: rows `ld` elements apart.
+template <class G>
+struct Mat {
+  const G* data = nullptr;
+  int64_t ld = 0;
+};
+
+// t with rows the tile GEMMs can read (contiguous within, apart by >= a row), in its
+// own dtype; copies only when needed.
+inline Tensor as_kernel_input(const Tensor& t) {
+  const bool rows_contiguous = t.size(-1) <= 1 || t.stride(-1) == 1;
+  const bool rows_apart = t.size(-2) <= 1 || t.stride(-2) >= t.size(-1);
+  return rows_contiguous && rows_apart ? t : t.contiguous();
+}
+
+// Bool masks are read as they are; floating masks as T (converted at the
+// user's shape, before broadcasting, so never per head).
+inline std::optional<Tensor> as_kernel_mask(const std::optional<Tensor>& m, DType dt) {
+  if (!m || m->dtype() == DType::b8 || m->dtype() == dt || !is_floating(m->dtype())) return m;
+  return m->to(dt);
+}
+
+// Read-only state of one call, shared by the workers.
+template <class K>
+struct Flash {
+  using T = typename K::T;
+  using S = typename K::S;
+  const Problem* p = nullptr;
+  FlashTiles tiles;
+  bool causal = false;
+  double dropout_p = 0.0;
+  uint64_t seed = 0;
+  T keep_scale = 1;
+  const S* q = nullptr;             // p->q [batch..., Lq, Dk] element 0
+  const S* k = nullptr;             // p->k [kv batch..., Lk, Dk]
+  const S* v = nullptr;             // p->v [kv batch..., Lk, Dv]
+  const bool* mask_bool = nullptr;  // p->mask [batch..., Lq, Lk] when bool
+  const T* mask_float = nullptr;    // p->mask when floating (as T)
+  T* out = nullptr;                 // [batch, Lq, Dv] contiguous
+  T* lse = nullptr;                 // [batch, Lq] or null
+  T* weights = nullptr;             // [batch, Lq, Lk] or null
+};
+
+// One work item: `rows` query rows from i0 of flat batch entry b.
+template <class K>
+struct Rows {
+  using T = typename K::T;
+  using S = typename K::S;
+  int64_t b = 0, i0 = 0, rows = 0;
+  int64_t kv_end = 0;     // keys [0, kv_end) take part (causal stops at the diagonal)
+  const S* q = nullptr;   // [rows, Dk], row stride p->q.stride(-2)
+  const S* k = nullptr;   // [Lk, Dk] of the entry's k/v head
+  const S* v = nullptr;   // [Lk, Dv]
+  int64_t mask_base = 0;  // offset of the entry's [Lq, Lk] mask
+  T* o = nullptr;         // [rows, Dv] output rows, the accumulator
+};
+
+// `rows` rows of n elements (ld apart) as the tile GEMMs read them: in place, or
+// converted into `buffer` (dense rows) when the GEMM's type G differs from X.
+template <class G, class X>
+Mat<G> gemm_operand(const X* x, int64_t rows, int64_t n, int64_t ld, std::vector<G>& buffer) {
+  if constexpr (std::is_same_v<G, X>) {
+    return {x, ld};
+  } else {
+    kernels::convert_rows(x, rows, n, ld, buffer.data(), n);
+    return {buffer.data(), n};
+  }
+}
+
+// s [rows, cols] (row stride lds) += the mask of rows i0.. and keys j0..
+template <class K, class T = typename K::T>
+void add_mask(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
+  const Tensor& mask = *f.p->mask;
+  const int64_t si = mask.stride(-2), sj = mask.stride(-1);
+  for (int64_t x = 0; x < r.rows; ++x) {
+    T* row = s + x * lds;  // [cols]
+    const int64_t base = r.mask_base + (r.i0 + x) * si + j0 * sj;
+    if (f.mask_bool) {  // False adds -inf (PyTorch's conversion): a NaN or +inf score stays NaN
+      const bool* m = f.mask_bool + base;
+      for (int64_t c = 0; c < cols; ++c) row[c] += m[c * sj] ? T(0) : kNegInf<T>;
+    } else if (sj == 1) {
+      const T* m = f.mask_float + base;
+      for (int64_t c = 0; c < cols; ++c) row[c] += m[c];
+    } else {
+      const T* m = f.mask_float + base;
+      for (int64_t c = 0; c < cols; ++c) row[c] += m[c * sj];
+    }
+  }
+}
+
+// s [rows, cols] = scale * Q K[j0:j0+cols]^T + bias (mask, causal); q: the item's Q rows;
+// k_buffer: [Bc, Dk] where K tiles are widened (K::kWiden).
+template <class K, class T = typename K::T, class G = typename K::G>
+void score_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
+                std::vector<G>& k_buffer) {
+  const Problem& p = *f.p;
+  const Mat<G> k = gemm_operand(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), k_buffer);  // [cols, Dk]
+  GemmShape g;
+  g.trans_b = true;
+  g.m = r.rows;
+  g.n = cols;
+  g.k = p.dk;
+  g.lda = q.ld;
+  g.ldb = k.ld;
+  g.ldc = lds;
+  // gemm skips A B when alpha is 0 (BLAS rules); scale 0 must still turn an inf q . k into NaN.
+  const T alpha = static_cast<T>(p.scale);
+  gemm(g, alpha == T(0) ? T(1) : alpha, q.data, k.data, T(0), s);
+  if (alpha == T(0)) {
+    for (int64_t x = 0; x < r.rows; ++x) kernels::scale(s + x * lds, cols, T(0));
+  }
+  if (p.mask) add_mask(f, r, j0, cols, s, lds);
+  if (f.causal && j0 + cols - 1 > r.i0) {  // the tile crosses the diagonal
+    for (int64_t x = 0; x < r.rows; ++x) {
+      const int64_t first = std::max<int64_t>(0, r.i0 + x + 1 - j0);  // keys j > i are masked
+      std::fill(s + x * lds + std::min(first, cols), s + x * lds + cols, kNegInf<T>);
+    }
+  }
+}
+
+// Dropout on probabilities s [rows, cols] (row stride lds) of rows i0.., keys j0..
+template <class K, class T = typename K::T>
+void dropout_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
+  const Problem& p = *f.p;
+  for (int64_t x = 0; x < r.rows; ++x) {
+    T* row = s + x * lds;  // [cols]
+    const auto index = static_cast<uint64_t>(((r.b * p.lq + r.i0 + x) * p.lk) + j0);
+    for (int64_t c = 0; c < cols; ++c) {
+      const bool keep = random::dropout_keep(f.seed, index + static_cast<uint64_t>(c), f.dropout_p);
+      row[c] = keep ? row[c] * f.keep_scale : T(0);
+    }
+  }
+}
+
+}  // namespace qkv::attention::tiles
