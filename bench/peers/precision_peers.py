@@ -3,7 +3,8 @@
 
 One invocation prints one Markdown table whose header names the machine: the CPU
 model, its AVX-512 / AMX flags from /proc/cpuinfo and oneDNN's ISA line. Per thread
-count, dtype (float32, bfloat16, float16; float64 with --f64) and shape it times, in
+count, dtype (float32, bfloat16, float16, float32 with matmul_precision "medium"; float64
+with --f64) and shape it times, in
 this order: qkv (`qkv bench attention --dtype D --json`, a subprocess with
 QKV_NUM_THREADS set) and PyTorch `F.scaled_dot_product_attention` on tensors of that
 dtype (torch.set_num_threads); and per dtype qkv::gemm's rate on 2048^3 operands of
@@ -24,7 +25,10 @@ import sys
 from attention_peers import SHAPES, flops, run_qkv_cmd
 from timing import best_seconds
 
-DTYPES = ["float32", "bfloat16", "float16"]
+# (row label, dtype, matmul_precision): qkv's f32 "medium" runs bf16 tiles (qkv/attention.h);
+# torch gets torch.set_float32_matmul_precision with the same name.
+DTYPES = [("float32", "float32", "highest"), ("bfloat16", "bfloat16", "highest"), ("float16", "float16", "highest"),
+          ("float32 medium", "float32", "medium")]
 
 
 def machine(qkv):
@@ -41,11 +45,12 @@ def machine(qkv):
             f"oneDNN isa: {isa.group(1) if isa else '?'}" + (f" (ONEDNN_MAX_CPU_ISA={isa_cap})" if isa_cap else ""))
 
 
-def run_torch(threads, shape, causal, dtype, min_time):
+def run_torch(threads, shape, causal, dtype, min_time, precision="highest"):
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
+    torch.set_float32_matmul_precision(precision)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(shape, generator=g).to(getattr(torch, dtype)) for _ in range(3))
     with torch.inference_mode():
@@ -61,7 +66,7 @@ def main():
     ap.add_argument("--f64", action="store_true", help="also float64 (qkv and torch)")
     a = ap.parse_args()
     shapes = [tuple(map(int, s.split(","))) for s in a.shapes.split(";")] if a.shapes else SHAPES
-    dtypes = DTYPES + (["float64"] if a.f64 else [])
+    dtypes = DTYPES + ([("float64", "float64", "highest")] if a.f64 else [])
     import torch
 
     header = machine(a.qkv)
@@ -69,18 +74,20 @@ def main():
     rows = []
     for threads in map(int, a.threads.split(",")):
         f32 = {}
-        for dtype in dtypes:
-            gemm = run_qkv_cmd(a.qkv, threads, None, False, a.min_time, gemm_n=2048, dtype=dtype)[0]["gflops"]
+        for label, dtype, precision in dtypes:
+            gemm_dtype = "bfloat16" if precision == "medium" else dtype  # the tiles' operand type
+            gemm = run_qkv_cmd(a.qkv, threads, None, False, a.min_time, gemm_n=2048, dtype=gemm_dtype)[0]["gflops"]
             for shape in shapes:
                 for causal in (False, True):
                     fl = flops(*shape, causal)
-                    q = run_qkv_cmd(a.qkv, threads, shape, causal, a.min_time, dtype=dtype)[0]
-                    t = run_torch(threads, shape, causal, dtype, a.min_time)
-                    if dtype == "float32":
+                    q = run_qkv_cmd(a.qkv, threads, shape, causal, a.min_time, dtype=dtype,
+                                    extra=["--matmul-precision", precision])[0]
+                    t = run_torch(threads, shape, causal, dtype, a.min_time, precision)
+                    if label == "float32":
                         f32[(shape, causal)] = q["gflops"]
-                    rows.append((threads, dtype, shape, causal, q["ms"], q["gflops"], fl / t / 1e9, gemm,
+                    rows.append((threads, label, shape, causal, q["ms"], q["gflops"], fl / t / 1e9, gemm,
                                  q["gflops"] / f32[(shape, causal)]))
-                    print(f"done {threads} {dtype} {shape} {causal}", file=sys.stderr, flush=True)
+                    print(f"done {threads} {label} {shape} {causal}", file=sys.stderr, flush=True)
     print(f"Machine: {header}\n")
     print("| threads | dtype | (B, H, L, D) | causal | qkv ms | qkv GFLOP/s | torch GFLOP/s | qkv / torch "
           "| qkv / qkv f32 | qkv % of gemm (gemm GFLOP/s, same dtype) |")

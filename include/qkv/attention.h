@@ -54,6 +54,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 
 #include "qkv/tensor.h"
 
@@ -73,6 +74,23 @@ struct FlashTiles {
   bool is_auto() const { return br == 0 && bc == 0; }
 };
 
+// Reduced precision for float32 inputs, by torch.set_float32_matmul_precision's names.
+//   highest  (default) float32 products, float32 accumulation: exact f32.
+//   high     the same on CPUs: PyTorch's "high" means TF32 or bf16x3 where the hardware
+//            has a fast path for them, and no CPU qkv runs on has TF32.
+//   medium   the fused kernel's tile products on bfloat16 operands (Q rows, K and V tiles
+//            and P rounded to bf16 per tile, float32 accumulation; softmax and the
+//            output stay float32) where qkv::gemm has a native bf16 kernel
+//            (gemm_has_native: AVX512-BF16, AMX); elsewhere exact f32, since emulated
+//            bf16 would only be slower. The error it costs: docs/performance.md.
+// Other dtypes ignore it (bf16/f16 already compute in their type, f64 in float64), as
+// do the reference and the backward.
+enum class MatmulPrecision { highest, high, medium };
+
+// "highest", "high", "medium" (ValueError naming the op for anything else).
+MatmulPrecision matmul_precision_from_name(std::string_view name);
+std::string_view matmul_precision_name(MatmulPrecision precision);
+
 // Kernel knobs: they choose how the result is computed, not what it is.
 struct AttentionTuning {
   FlashTiles flash_tiles;  // default: automatic (see above)
@@ -85,9 +103,10 @@ struct AttentionOptions {
   std::optional<double> scale;
   bool enable_gqa = false;
   bool return_weights = false;
-  uint64_t seed = 0;              // dropout generator seed
-  bool return_logsumexp = false;  // also return the row logsumexp (see above)
-  AttentionTuning tuning;         // kernel knobs (default: automatic)
+  uint64_t seed = 0;                                            // dropout generator seed
+  bool return_logsumexp = false;                                // also return the row logsumexp (see above)
+  AttentionTuning tuning;                                       // kernel knobs (default: automatic)
+  MatmulPrecision matmul_precision = MatmulPrecision::highest;  // f32 inputs only (see above)
 };
 
 struct AttentionResult {

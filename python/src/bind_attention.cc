@@ -29,6 +29,7 @@ uint64_t seed_or_random(std::optional<uint64_t> seed) {
 // The keyword arguments both functions share, as Python gave them.
 struct Args {
   nb::handle attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, seed, return_logsumexp;
+  nb::handle matmul_precision = nb::none();  // sdpa only
 };
 
 qkv::AttentionOptions make_options(const Args& a, const char* op) {
@@ -43,6 +44,10 @@ qkv::AttentionOptions make_options(const Args& a, const char* op) {
   o.return_logsumexp = bool_arg(a.return_logsumexp, arg_name(op, "return_logsumexp"));
   const std::optional<uint64_t> seed = seed_arg(a.seed, arg_name(op, "seed"));
   o.seed = o.dropout_p > 0 ? seed_or_random(seed) : 0;
+  if (!a.matmul_precision.is_none()) {
+    const std::string name = str_arg(a.matmul_precision, arg_name(op, "matmul_precision"));
+    o.matmul_precision = qkv::matmul_precision_from_name(name);
+  }
   return o;
 }
 
@@ -78,16 +83,18 @@ nb::object attention_reference(nb::handle q, nb::handle k, nb::handle v, nb::han
 
 nb::object sdpa(nb::handle query, nb::handle key, nb::handle value, nb::handle attn_mask, nb::handle dropout_p,
                 nb::handle is_causal, nb::handle scale, nb::handle enable_gqa, nb::handle seed,
-                nb::handle return_weights, nb::handle return_logsumexp) {
+                nb::handle return_weights, nb::handle return_logsumexp, nb::handle matmul_precision) {
   static const char* names[3] = {"query", "key", "value"};
-  const Args args{attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, seed, return_logsumexp};
+  const Args args{attn_mask,      dropout_p, is_causal,        scale,           enable_gqa,
+                  return_weights, seed,      return_logsumexp, matmul_precision};
   return run(query, key, value, args, "scaled_dot_product_attention", names, &qkv::scaled_dot_product_attention);
 }
 
 constexpr const char* kConventions = R"(
 Shapes: q [..., Hq, Lq, Dk], k [..., Hk, Lk, Dk], v [..., Hk, Lk, Dv]; leading
 dims broadcast (numpy rules). Output [..., Hq, Lq, Dv] in q's dtype (float16 and
-bfloat16 are computed in a wider type). Conventions are PyTorch's:
+bfloat16: scaled_dot_product_attention accumulates their products in float32,
+attention_reference computes in float64). Conventions are PyTorch's:
   scale       defaults to 1/sqrt(Dk).
   attn_mask   broadcasts to [..., Lq, Lk]; bool: True = take part, float: added
               to the scaled scores.
@@ -131,21 +138,27 @@ void bind_attention(nb::module_& m) {
         nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p").none() = 0.0,
         nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
         nb::kw_only(), nb::arg("seed").none() = nb::none(), nb::arg("return_weights").none() = false,
-        nb::arg("return_logsumexp").none() = false,
+        nb::arg("return_logsumexp").none() = false, nb::arg("matmul_precision").none() = "highest",
         nb::sig("def scaled_dot_product_attention(query: numpy.typing.ArrayLike, "
                 "key: numpy.typing.ArrayLike, value: numpy.typing.ArrayLike, "
                 "attn_mask: numpy.typing.ArrayLike | None = None, dropout_p: float = 0.0, "
                 "is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *, "
-                "seed: int | None = None, return_weights: bool = False, return_logsumexp: bool = False) "
+                "seed: int | None = None, return_weights: bool = False, return_logsumexp: bool = False, "
+                "matmul_precision: str = 'highest') "
                 "-> typing.Any"),
         (std::string("torch.nn.functional.scaled_dot_product_attention, same arguments (plus the\n"
-                     "keywords seed, return_weights, return_logsumexp): qkv::scaled_dot_product_attention,\n"
+                     "keywords seed, return_weights, return_logsumexp, matmul_precision):\n"
+                     "qkv::scaled_dot_product_attention,\n"
                      "which runs the fastest qkv kernel that supports the inputs and options.\n"
                      "Returns the output [..., Hq, Lq, Dv]; with return_weights and/or return_logsumexp\n"
                      "a tuple (output[, weights [..., Hq, Lq, Lk]][, logsumexp [..., Hq, Lq]]):\n"
                      "the weights applied to v (after dropout) from the fused kernel's second pass, and\n"
                      "log sum_j exp(score_ij) of the scaled, masked scores before dropout (-inf for a\n"
-                     "fully masked row), float32 (float64 for float64 inputs).\n") +
+                     "fully masked row), float32 (float64 for float64 inputs).\n"
+                     "matmul_precision ('highest', 'high', 'medium'; torch.set_float32_matmul_precision's\n"
+                     "names) applies to float32 inputs: 'medium' runs the tile products on bfloat16\n"
+                     "operands with float32 accumulation where the CPU has native bf16 (AVX512-BF16,\n"
+                     "AMX), else exact float32; 'high' is exact float32 on CPUs.\n") +
          kConventions)
             .c_str());
 }

@@ -13,6 +13,22 @@ constexpr const char* kOp = "scaled_dot_product_attention";
 
 }  // namespace
 
+MatmulPrecision matmul_precision_from_name(std::string_view name) {
+  if (name == "highest") return MatmulPrecision::highest;
+  if (name == "high") return MatmulPrecision::high;
+  if (name == "medium") return MatmulPrecision::medium;
+  fail<ValueError>(kOp, ": matmul_precision must be 'highest', 'high' or 'medium', got '", name, "'");
+}
+
+std::string_view matmul_precision_name(MatmulPrecision precision) {
+  switch (precision) {
+    case MatmulPrecision::high: return "high";
+    case MatmulPrecision::medium: return "medium";
+    case MatmulPrecision::highest: break;
+  }
+  return "highest";
+}
+
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& options) {
   const attention::CallScope scope(kOp, q, k, v, options);  // names the call in out-of-memory errors

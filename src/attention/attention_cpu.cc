@@ -283,7 +283,11 @@ AttentionResult flash_attention_cpu(const Problem& checked, const AttentionOptio
     case DType::f16:
       if (gemm_has_native(DType::f16)) return run_flash<Types<float, float16, float16>>(p, options);
       return run_flash<Types<float, float16, float>>(p, options);
-    default: return run_flash<Types<float, float, float>>(p, options);
+    default:  // f32; "medium" precision: bf16 tiles where they are native (qkv/attention.h)
+      if (options.matmul_precision == MatmulPrecision::medium && gemm_has_native(DType::bf16)) {
+        return run_flash<Types<float, float, bfloat16>>(p, options);
+      }
+      return run_flash<Types<float, float, float>>(p, options);
   }
 }
 

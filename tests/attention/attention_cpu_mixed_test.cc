@@ -124,5 +124,47 @@ TEST(MixedPrecisionFloat32Tiles, AreTheF32KernelOnTheUpcastInputs) {
   detail::force_gemm_widening(false);
 }
 
+TEST(MatmulPrecision, MediumIsTheBf16KernelOnF32InputsWhereNative) {
+  // "medium" rounds Q, K, V tiles to bf16 exactly as converting the inputs first would (round
+  // to nearest even), and P as the bf16 path does; only the output stays float32. So it
+  // equals the bf16 kernel on the rounded inputs up to that kernel's output rounding (half an
+  // ulp of max|v|), and it differs from exact f32. Without native bf16 it is exact f32.
+  const Tensor q = Tensor::randn({2, 4, 100, 64}, 1), k = Tensor::randn({2, 4, 150, 64}, 2),
+               v = Tensor::randn({2, 4, 150, 48}, 3);
+  AttentionOptions o;
+  o.is_causal = true;
+  const Tensor exact = scaled_dot_product_attention(q, k, v, o).output;
+  const Tensor ref = attention_reference(q, k, v, o).output;
+  o.matmul_precision = MatmulPrecision::medium;
+  for (bool widen : {false, true}) {
+    detail::force_gemm_widening(widen);
+    const Tensor medium = scaled_dot_product_attention(q, k, v, o).output;
+    EXPECT_EQ(medium.dtype(), DType::f32);
+    if (gemm_has_native(DType::bf16)) {
+      const Tensor bf16 =
+          scaled_dot_product_attention(q.to(DType::bf16), k.to(DType::bf16), v.to(DType::bf16), o).output;
+      EXPECT_LE(max_abs_diff(medium, bf16.to(DType::f32)), half_ulp(DType::bf16) * max_abs(v));
+      EXPECT_GT(max_abs_diff(medium, exact), 0.0);
+      std::printf("matmul_precision=medium: max error vs float64 %.3e (exact f32 %.3e), max|v| %.2f\n",
+                  max_abs_diff(medium, ref), max_abs_diff(exact, ref), max_abs(v));
+    } else {
+      EXPECT_EQ(max_abs_diff(medium, exact), 0.0);
+    }
+  }
+  detail::force_gemm_widening(false);
+}
+
+TEST(MatmulPrecision, NamesRoundTripAndUnknownOnesAreValueErrors) {
+  for (MatmulPrecision p : {MatmulPrecision::highest, MatmulPrecision::high, MatmulPrecision::medium}) {
+    EXPECT_EQ(matmul_precision_from_name(matmul_precision_name(p)), p);
+  }
+  EXPECT_THROW(matmul_precision_from_name("low"), ValueError);
+  const Tensor q = Tensor::randn({1, 8, 16}, 1);
+  AttentionOptions o;
+  o.matmul_precision = MatmulPrecision::high;  // exact f32 on CPUs
+  EXPECT_EQ(max_abs_diff(scaled_dot_product_attention(q, q, q, o).output, scaled_dot_product_attention(q, q, q).output),
+            0.0);
+}
+
 }  // namespace
 }  // namespace qkv

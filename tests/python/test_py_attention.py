@@ -187,6 +187,9 @@ class TestErrors:
 # ---- PyTorch fixtures ---------------------------------------------------------------------
 
 
+HALF = ("float16", "bfloat16")
+
+
 def half_ulp(x, dtype):
     """Half an ulp of float16/bfloat16 at |x| (subnormals included), as the C++ test."""
     fraction_bits, min_exponent = {"float16": (10, -14), "bfloat16": (7, -126)}[dtype]
@@ -194,13 +197,13 @@ def half_ulp(x, dtype):
     return 2.0 ** (binade - fraction_bits - 1)
 
 
-def assert_matches_torch(got, want, dtype, what):
+def assert_matches_torch(got, want, dtype, what, extra=0.0):
     got = np.asarray(got).astype(np.float64)
     assert got.shape == want.shape, what
     scale = np.max(np.abs(want)) if want.size else 0.0
     tol = {"float64": 1e-10 * scale, "float32": 1e-6 * scale}.get(dtype)
     if tol is None:
-        tol = half_ulp(want, dtype) + 1e-6 * scale
+        tol = half_ulp(want, dtype) + 1e-6 * scale + extra
     err = np.abs(got - want)
     assert np.all(err <= tol), f"{what}: max error {np.max(err - tol) + tol if err.size else 0} over tolerance"
 
@@ -227,4 +230,24 @@ def test_matches_torch_fixture(path):
     assert_matches_torch(out, t["out"], dtype, "attention_reference output")
     assert_matches_torch(w, t["weights"], dtype, "attention_reference weights")
     sdpa = qkv.scaled_dot_product_attention(t["q"], t["k"], t["v"], **kwargs)
-    assert_matches_torch(sdpa, t["out"], dtype, "scaled_dot_product_attention")
+    # On native 16-bit tiles the fused kernel rounds P to the dtype for P V (as FlashAttention):
+    # |sum_j (p'_j - p_j) v_j| <= half an ulp of 1 x max|v|, given twice.
+    p_rounding = 2 * half_ulp(1.0, dtype) * np.abs(t["v"].astype(np.float64)).max() if dtype in HALF else 0.0
+    assert_matches_torch(sdpa, t["out"], dtype, "scaled_dot_product_attention", extra=p_rounding)
+
+
+def test_matmul_precision_medium_trades_accuracy_for_bf16_tiles():
+    # torch.set_float32_matmul_precision's names, per call. 'high' is exact float32 on CPUs;
+    # 'medium' runs bf16 tiles where the CPU has them (else exact float32): either way within
+    # bf16's rounding of the float64 result, and never outside it.
+    rng = np.random.default_rng(14)
+    q, k, v = (rng.standard_normal((2, 4, 96, 64)).astype(np.float32) for _ in range(3))
+    want, _ = sdpa_float64(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+    exact = qkv.scaled_dot_product_attention(q, k, v)
+    np.testing.assert_array_equal(qkv.scaled_dot_product_attention(q, k, v, matmul_precision="high"), exact)
+    medium = qkv.scaled_dot_product_attention(q, k, v, matmul_precision="medium")
+    assert medium.dtype == np.float32
+    assert np.abs(exact - want).max() < 1e-5
+    assert np.abs(medium - want).max() < 2.0 ** -7 * np.abs(v).max()
+    with pytest.raises(ValueError, match="matmul_precision must be 'highest', 'high' or 'medium', got 'low'"):
+        qkv.scaled_dot_product_attention(q, k, v, matmul_precision="low")

@@ -30,8 +30,9 @@ namespace qkv::cli {
 namespace {
 
 struct BenchArgs {
-  std::vector<std::string> shapes;  // "B,H,L,D"
-  std::string dtype = "float32";    // of q, k, v and the gemm's operands
+  std::vector<std::string> shapes;    // "B,H,L,D"
+  std::string dtype = "float32";      // of q, k, v and the gemm's operands
+  std::string precision = "highest";  // AttentionOptions::matmul_precision
   bool causal = false, json = false, backward = false;
   int threads = 0;
   double min_time = 1.0;
@@ -55,7 +56,11 @@ std::vector<int64_t> parse_shape(const std::string& text) {
 }
 
 // " bfloat16" for a dtype other than float32, else "" (float32 lines as they were).
-std::string dtype_note(const BenchArgs& a) { return a.dtype == "float32" ? "" : " " + a.dtype; }
+// (and " matmul_precision=medium" for a precision other than highest).
+std::string dtype_note(const BenchArgs& a) {
+  return (a.dtype == "float32" ? "" : " " + a.dtype) +
+         (a.precision == "highest" ? "" : " matmul_precision=" + a.precision);
+}
 
 // "[2/3] attention 1,8,1024,64 ...": before each measurement, which can take seconds.
 void progress(size_t index, size_t count, const std::string& what) {
@@ -91,6 +96,7 @@ void bench_backward(const BenchArgs& a, const std::vector<int64_t>& d, const Ten
                     const Tensor& v, double gemm_gflops) {
   AttentionOptions o;
   o.is_causal = a.causal;
+  o.matmul_precision = matmul_precision_from_name(a.precision);
   o.return_logsumexp = true;
   const Tensor g = Tensor::randn(q.shape(), 4).to(q.dtype());  // dO [B, H, L, D]
   const AttentionResult fwd = scaled_dot_product_attention(q, k, v, o);
@@ -128,14 +134,15 @@ void bench_one(const BenchArgs& a, const std::string& shape_text, double gemm_gf
   if (a.backward) return bench_backward(a, d, q, k, v, gemm_gflops);
   AttentionOptions o;
   o.is_causal = a.causal;
+  o.matmul_precision = matmul_precision_from_name(a.precision);
   const double sec = best_seconds(a.min_time, 1, [&] { (void)scaled_dot_product_attention(q, k, v, o); });
   const double gflops = attention_flops(d[0], d[1], d[2], d[3], a.causal) / sec * 1e-9;
   if (a.json) {
     std::printf(
         "{\"op\": \"attention\", \"shape\": [%ld, %ld, %ld, %ld], \"causal\": %s, \"threads\": %d, "
-        "\"ms\": %.4f, \"gflops\": %.2f, \"dtype\": \"%s\"}\n",
+        "\"ms\": %.4f, \"gflops\": %.2f, \"dtype\": \"%s\", \"matmul_precision\": \"%s\"}\n",
         static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]), static_cast<long>(d[3]),
-        a.causal ? "true" : "false", get_num_threads(), sec * 1e3, gflops, a.dtype.c_str());
+        a.causal ? "true" : "false", get_num_threads(), sec * 1e3, gflops, a.dtype.c_str(), a.precision.c_str());
     return;
   }
   std::printf("attention (B,H,L,D)=(%s)%s %s, %d thread(s): %.3f ms, %.1f GFLOP/s", shape_text.c_str(),
@@ -178,6 +185,9 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--causal", args->causal, "causal attention (GFLOP/s count the unmasked half)");
   cmd->add_flag("--backward", args->backward,
                 "time the backward (from the forward's saved output and logsumexp) and forward + backward");
+  cmd->add_option("--matmul-precision", args->precision,
+                  "float32 inputs: highest (default), high or medium (bf16 tiles)")
+      ->check(CLI::IsMember({"highest", "high", "medium"}));
   cmd->add_option("--dtype", args->dtype, "dtype of q, k, v and of the gemm's operands (default float32)")
       ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}));
   cmd->add_option("--threads", args->threads, "threads (default QKV_NUM_THREADS, else OMP_NUM_THREADS, else cores)")
