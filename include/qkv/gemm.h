@@ -69,6 +69,14 @@ void gemm_reference(const GemmShape& s, float alpha, const bfloat16* a, const bf
 void gemm_reference(const GemmShape& s, float alpha, const float16* a, const float16* b, float beta, float* c,
                     const GemmBatch& batch = {});
 
+// int8 A and B, int32 C = op(A) op(B) exactly (no alpha/beta: quantized callers scale the
+// int32 result themselves, e.g. per token and per channel): oneDNN's s8 matmul (VNNI or
+// AMX where present, AVX2 int8 elsewhere). K <= 131071 so that int32 cannot overflow
+// (ValueError otherwise); other checks as above.
+void gemm(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch = {});
+// Its oracle: int64 accumulation.
+void gemm_reference(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch = {});
+
 // Whether gemm on `operands` (f32, bf16 or f16; f64 is always OpenBLAS) runs a oneDNN
 // kernel made for that type on this CPU, rather than oneDNN's reference kernel or the
 // widening path. Probed once per dtype (honours ONEDNN_MAX_CPU_ISA). Kernels use it to

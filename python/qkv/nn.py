@@ -21,7 +21,7 @@ SelfAttention = _nn.SelfAttention
 SeparateHeadsAttention = _nn.SeparateHeadsAttention
 
 __all__ = ["MultiheadAttention", "KerasMultiHeadAttention", "SelfAttention", "MultiHeadSelfAttention",
-           "SeparateHeadsAttention", "LazyMultiHeadAttention", "keras_to_torch", "torch_to_keras"]
+           "SeparateHeadsAttention", "LazyMultiHeadAttention", "keras_to_torch", "torch_to_keras", "quantize_dynamic"]
 
 
 def _array(x: Any) -> Any:
@@ -94,6 +94,19 @@ class MultiheadAttention:
 
     def state_dict(self) -> dict:
         return self._layer.state_dict()
+
+    def quantize_dynamic(self) -> "MultiheadAttention":
+        """A copy whose projections are dynamically int8-quantized: int8 weights per output channel,
+        activations per token at run time, int8 GEMMs with int32 accumulation; attention stays
+        float32 (docs/nn.md). state_dict() still returns the float32 parameters."""
+        layer = object.__new__(MultiheadAttention)
+        layer.__dict__.update(self.__dict__)
+        layer._layer = self._layer.quantize_dynamic()
+        return layer
+
+    @property
+    def quantized(self) -> bool:
+        return self._layer.quantized
 
     @property
     def training(self) -> bool:
@@ -210,3 +223,11 @@ def torch_to_keras(state_dict: Mapping[str, Any], num_heads: int) -> dict:
     "<p>/query/kernel" [E_in, N, E/N], ..., "<p>/attention_output/bias"; "<p>.weight" +
     "<p>.bias" become "<p>/kernel", "<p>/bias". KerasMultiHeadAttention.from_weights takes it."""
     return _nn._torch_to_keras(_arrays(state_dict), int(num_heads))
+
+
+def quantize_dynamic(layer: MultiheadAttention) -> MultiheadAttention:
+    """qkv.nn.quantize_dynamic(mha), as torch.ao.quantization.quantize_dynamic(model): a copy of the
+    layer with int8 projections (MultiheadAttention.quantize_dynamic)."""
+    if not isinstance(layer, MultiheadAttention):
+        raise TypeError(f"quantize_dynamic: expected a qkv.nn.MultiheadAttention, got {type(layer).__name__}")
+    return layer.quantize_dynamic()

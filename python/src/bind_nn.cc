@@ -129,6 +129,8 @@ void bind_torch_flavour(nb::module_& nn) {
            nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
            nb::arg("attn_mask").none() = nb::none(), nb::arg("average_attn_weights") = true,
            nb::arg("is_causal") = false)
+      .def("quantize_dynamic", &qkv::nn::MultiheadAttention::quantize_dynamic)
+      .def_prop_ro("quantized", &qkv::nn::MultiheadAttention::quantized)
       .def_rw("training", &qkv::nn::MultiheadAttention::training)
       .def_rw("dropout_seed", &qkv::nn::MultiheadAttention::dropout_seed);
   nn.def(

@@ -66,6 +66,7 @@ Tensor Linear::forward(const Tensor& x) const {
   if (x.dim() < 1 || x.size(-1) != in_) {
     fail<ShapeError>("Linear: input ", shape_str(x.shape()), " does not end in in_features ", in_);
   }
+  if (quant_) return forward_int8(x);
   Shape out_shape = x.shape();
   out_shape.back() = out_;
   const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));

@@ -176,6 +176,18 @@ void MultiheadAttention::rebuild() {
   std::optional<Tensor> ob;
   if (config_.bias) ob = params_.at("out_proj.bias");
   out_ = Linear::torch(params_.at("out_proj.weight"), ob);
+  if (quantized_) {
+    for (Linear* l : {&q_, &k_, &v_, &qkv_, &kv_, &out_}) {
+      if (l->defined()) *l = l->quantize_dynamic();
+    }
+  }
+}
+
+MultiheadAttention MultiheadAttention::quantize_dynamic() const {
+  MultiheadAttention q = *this;
+  q.quantized_ = true;
+  q.rebuild();
+  return q;
 }
 
 namespace {

@@ -10,7 +10,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include "qkv/tensor.h"
 
@@ -35,6 +37,20 @@ class Linear {
   // x [..., in] (any strides; f32, f16/bf16/f64 are converted) -> y [..., out] f32, contiguous.
   Tensor forward(const Tensor& x) const;
 
+  // Dynamic int8 quantization (seed 002; torch.ao.quantization.quantize_dynamic does the
+  // same to nn.Linear): the weight becomes int8 per output channel (scale = max|w_n| / 127,
+  // round to nearest even), and forward quantizes each input row (token) at run time the
+  // same way (symmetric, scale = max|x_m| / 127), multiplies int8 x int8 -> int32 through
+  // qkv::gemm (oneDNN: VNNI/AMX where present) and returns
+  //   y[m, n] = scale_x[m] * scale_w[n] * acc[m, n] + b[n]   (float32).
+  // The bias stays float32. linear_quantized.cc.
+  Linear quantize_dynamic() const;
+  bool quantized() const { return quant_ != nullptr; }
+  // The quantized weight [out, in] int8 and its per-channel scales [out] (f32); ValueError
+  // unless quantized().
+  Tensor quantized_weight() const;
+  Tensor weight_scales() const;
+
   // The weight as PyTorch stores it ([out, in], contiguous) / as Keras stores it
   // ([in, out], contiguous; reshape to the EinsumDense kernel's axes as needed).
   Tensor to_torch_layout() const;
@@ -42,7 +58,14 @@ class Linear {
   const std::optional<Tensor>& bias() const { return bias_; }  // [out]
 
  private:
-  Tensor weight_;  // [out, in] when transposed_, else [in, out]; rows contiguous
+  struct Int8Weight {
+    Tensor q;                  // [out, in] int8, contiguous
+    std::vector<float> scale;  // [out]
+  };
+  Tensor forward_int8(const Tensor& x) const;
+
+  std::shared_ptr<const Int8Weight> quant_;  // set by quantize_dynamic (shared by copies)
+  Tensor weight_;                            // [out, in] when transposed_, else [in, out]; rows contiguous
   bool transposed_ = false;
   std::optional<Tensor> bias_;  // [out] contiguous f32
   int64_t in_ = 0, out_ = 0;

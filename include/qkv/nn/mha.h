@@ -75,6 +75,14 @@ class MultiheadAttention {
   MultiheadAttentionResult forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                    const MultiheadAttentionOptions& options = {}) const;
 
+  // Dynamic int8 quantization of every projection (Linear::quantize_dynamic: int8 weights
+  // per output channel, activations per token at run time, int8 GEMMs with int32
+  // accumulation); attention itself stays float32. The float32 parameters are kept
+  // (state_dict() returns them; load_state_dict re-quantizes). As
+  // torch.ao.quantization.quantize_dynamic on a model whose projections are nn.Linear.
+  MultiheadAttention quantize_dynamic() const;
+  bool quantized() const { return quantized_; }
+
   const MultiheadAttentionConfig& config() const { return config_; }
   int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }
   bool training = false;      // dropout only when set
@@ -88,6 +96,7 @@ class MultiheadAttention {
                Tensor& vp) const;
 
   MultiheadAttentionConfig config_;
+  bool quantized_ = false;                // projections int8 (quantize_dynamic)
   std::map<std::string, Tensor> params_;  // PyTorch names -> f32 tensors
   Linear q_, k_, v_, qkv_, kv_, out_;     // kv_/qkv_: packed rows for self/kv-shared attention
 };
@@ -98,6 +107,9 @@ class MultiheadAttention {
 // path), prefix removed. Empty prefix: the only layer with an out_proj.weight (unprefixed keys
 // included). ValueError naming the layers and listing the keys found when there is none, or
 // several and no prefix.
+// layer.quantize_dynamic(), as torch.ao.quantization.quantize_dynamic(model) is called.
+inline MultiheadAttention quantize_dynamic(const MultiheadAttention& layer) { return layer.quantize_dynamic(); }
+
 std::map<std::string, Tensor> mha_state_dict(const std::map<std::string, Tensor>& tensors,
                                              const std::string& prefix = "");
 

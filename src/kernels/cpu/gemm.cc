@@ -80,6 +80,14 @@ int64_t check_gemm_args(const char* op, const GemmShape& s, double alpha, const 
   return count;
 }
 
+void check_int8_depth(const char* op, const GemmShape& s, const GemmBatch& batch) {
+  constexpr int64_t kMaxDepth = 131071;  // 131071 * 128 * 128 < 2^31: no int32 overflow, even for -128 * -128
+  if (s.k > kMaxDepth) {
+    fail<ValueError>(op, ": k=", s.k, " is more than ", kMaxDepth, " for int8 operands (int32 C could overflow) for ",
+                     gemm_args_str(s, batch));
+  }
+}
+
 std::vector<GemmDim> gemm_batch_dims(const GemmBatch& batch) {
   std::vector<GemmDim> dims(batch.shape.size());
   for (size_t d = 0; d < dims.size(); ++d) {

@@ -68,6 +68,10 @@ void scale_gemm_batch(const GemmShape& s, T beta, T* c, const std::vector<GemmDi
                       [&](int64_t, int64_t, int64_t oc) { scale_gemm_output(c + oc, s.m, s.n, s.ldc, beta); });
 }
 
+// int8 gemm: ValueError naming `op` when K is so large that int32 could overflow
+// (K * 128 * 128 > 2^31 - 1, i.e. K > 131071).
+void check_int8_depth(const char* op, const GemmShape& s, const GemmBatch& batch);
+
 // 16-bit A and B where gemm_has_native is false: each batch matrix's stored A and B
 // rows widened to float32 (kernels::convert_rows) into per-thread buffers, then one
 // float32 gemm per matrix (gemm.cc). `dims` as simplify_gemm_batch returns them.

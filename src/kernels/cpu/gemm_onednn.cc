@@ -1,4 +1,5 @@
-// qkv::gemm over oneDNN matmul (f32, bf16 and f16 operands with f32 C; OMP runtime).
+// qkv::gemm over oneDNN matmul (f32, bf16 and f16 operands with f32 C; s8 operands with s32
+// C; OMP runtime).
 //
 // Every call is reduced to a canonical Problem (batch dims simplified, unused
 // leading dimensions canonicalised, thread count included), which keys an LRU
@@ -53,7 +54,8 @@ using dnnl::memory;
 constexpr double kSerialCallFlops = 1 << 22;
 
 struct Problem {
-  memory::data_type ab = memory::data_type::f32;  // A and B; C is always f32
+  memory::data_type ab = memory::data_type::f32;  // A and B
+  memory::data_type c = memory::data_type::f32;   // C: f32, or s32 for s8 operands
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   uint32_t alpha_bits = 0, beta_bits = 0;  // bits, so that -0.0 and NaN are keys too
@@ -66,7 +68,8 @@ struct ProblemHash {
   size_t operator()(const Problem& p) const {
     uint64_t h = 0x9e3779b97f4a7c15ull;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull + (h >> 29); };
-    mix(static_cast<uint64_t>(p.trans_a) | static_cast<uint64_t>(p.trans_b) << 1 | static_cast<uint64_t>(p.ab) << 2);
+    mix(static_cast<uint64_t>(p.trans_a) | static_cast<uint64_t>(p.trans_b) << 1 | static_cast<uint64_t>(p.ab) << 2 |
+        static_cast<uint64_t>(p.c) << 10);
     for (int64_t v : {p.m, p.n, p.k, p.lda, p.ldb, p.ldc}) mix(static_cast<uint64_t>(v));
     mix(p.alpha_bits | static_cast<uint64_t>(p.beta_bits) << 32);
     mix(static_cast<uint64_t>(p.threads));
@@ -96,6 +99,7 @@ Problem make_problem(memory::data_type ab, const GemmShape& s, float alpha, floa
                      int threads) {
   Problem p;
   p.ab = ab;
+  p.c = ab == memory::data_type::s8 ? memory::data_type::s32 : memory::data_type::f32;
   p.trans_a = s.trans_a;
   p.trans_b = s.trans_b;
   p.m = s.m;
@@ -167,7 +171,7 @@ std::optional<Plan> try_plan(const Problem& p, size_t split) {
   try {
     plan.a_md = operand_md(inner, Operand::a, p.m, p.k, p.trans_a ? 1 : p.lda, p.trans_a ? p.lda : 1, p.ab);
     plan.b_md = operand_md(inner, Operand::b, p.k, p.n, p.trans_b ? 1 : p.ldb, p.trans_b ? p.ldb : 1, p.ab);
-    plan.c_md = operand_md(inner, Operand::c, p.m, p.n, p.ldc, 1, memory::data_type::f32);
+    plan.c_md = operand_md(inner, Operand::c, p.m, p.n, p.ldc, 1, p.c);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // see the top of the file
     const float alpha = std::bit_cast<float>(p.alpha_bits), beta = std::bit_cast<float>(p.beta_bits);
@@ -286,7 +290,7 @@ struct Operands {
 
 // One product through the C API: its argument array needs no allocation,
 // unlike the C++ API's unordered_map.
-void execute_one(const Plan& plan, Operands& ops, const void* a, const void* b, float* c) {
+void execute_one(const Plan& plan, Operands& ops, const void* a, const void* b, void* c) {
   // oneDNN never writes A or B; its memory API just has no const handles.
   ops.a.set_data_handle(const_cast<void*>(a));
   ops.b.set_data_handle(const_cast<void*>(b));
@@ -303,8 +307,8 @@ void execute_one(const Plan& plan, Operands& ops, const void* a, const void* b, 
 
 // Runs the plan's primitive on batch matrices [first, last) of plan.outer (AB: the
 // element type of A and B).
-template <class AB>
-void run_outer_range(const Plan& plan, Operands& ops, const AB* a, const AB* b, float* c, int64_t first, int64_t last) {
+template <class AB, class C>
+void run_outer_range(const Plan& plan, Operands& ops, const AB* a, const AB* b, C* c, int64_t first, int64_t last) {
   detail::for_each_gemm_batch(plan.outer, first, last, [&](int64_t oa, int64_t ob, int64_t oc) {
     if (interrupt_requested()) return;  // skips the rest; parallel_for / gemm throws
     execute_one(plan, ops, a + oa, b + ob, c + oc);
@@ -336,8 +340,8 @@ ThreadPlan& thread_plan(Problem&& p, const GemmShape& s, const GemmBatch& batch)
   return slot;
 }
 
-template <class AB>
-void run_plan(ThreadPlan& tp, const AB* a, const AB* b, float* c) {
+template <class AB, class C>
+void run_plan(ThreadPlan& tp, const AB* a, const AB* b, C* c) {
   const Plan& plan = *tp.plan;
   const int64_t count = detail::gemm_batch_count(plan.outer);
   if (!plan.parallel_outer) {
@@ -354,6 +358,7 @@ void run_plan(ThreadPlan& tp, const AB* a, const AB* b, float* c) {
 template <class AB>
 constexpr memory::data_type kOneDnnType = std::is_same_v<AB, float>      ? memory::data_type::f32
                                           : std::is_same_v<AB, bfloat16> ? memory::data_type::bf16
+                                          : std::is_same_v<AB, int8_t>   ? memory::data_type::s8
                                                                          : memory::data_type::f16;
 
 // Every gemm with float32 C: checks, empty and scale-only calls, then oneDNN, or for
@@ -411,6 +416,24 @@ void gemm(const GemmShape& s, float alpha, const bfloat16* a, const bfloat16* b,
 void gemm(const GemmShape& s, float alpha, const float16* a, const float16* b, float beta, float* c,
           const GemmBatch& batch) {
   gemm_f32_out(s, alpha, a, b, beta, c, batch);
+}
+
+void gemm(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch) {
+  const int64_t count = detail::check_gemm_args("gemm", s, 1.0, a, b, 0.0, c, batch);
+  detail::check_int8_depth("gemm", s, batch);
+  if (count == 0 || s.m == 0 || s.n == 0) return;
+  std::vector<GemmDim> dims = detail::simplify_gemm_batch(detail::gemm_batch_dims(batch));
+  if (s.k == 0) {
+    detail::scale_gemm_batch(s, int32_t{0}, c, dims);
+    return;
+  }
+  const int threads = detail::sync_runtime_threads();
+  try {
+    run_plan(thread_plan(make_problem(kOneDnnType<int8_t>, s, 1.0f, 0.0f, std::move(dims), threads), s, batch), a, b,
+             c);
+  } catch (const dnnl::error& e) {
+    fail<Error>("gemm: oneDNN failed (", e.what(), ") for ", detail::gemm_args_str(s, batch));
+  }
 }
 
 bool gemm_has_native(DType operands) {

@@ -77,4 +77,9 @@ void gemm_reference(const GemmShape& s, float alpha, const float16* a, const flo
   reference_batch<float16, float, double>(s, alpha, a, b, beta, c, batch);
 }
 
+void gemm_reference(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch) {
+  detail::check_int8_depth("gemm_reference", s, batch);
+  reference_batch<int8_t, int32_t, int64_t>(s, int32_t{1}, a, b, int32_t{0}, c, batch);
+}
+
 }  // namespace qkv

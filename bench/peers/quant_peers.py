@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Dynamic int8 quantization of the MHA layer (issue 14): qkv f32 vs qkv int8 vs PyTorch.
+
+One invocation prints one Markdown table whose header names the machine (CPU model,
+AVX-512/AMX flags, oneDNN's ISA line). Same weights everywhere: a torch
+nn.MultiheadAttention (batch_first) initialised from a fixed seed. Timed, in this order,
+self-attention forward (need_weights=False) of:
+  qkv f32        qkv.nn.MultiheadAttention.from_state_dict(its state_dict)
+  qkv int8       qkv.nn.quantize_dynamic(that layer)
+  torch f32      the same projections as four nn.Linear + F.scaled_dot_product_attention
+  torch int8     torch.ao.quantization.quantize_dynamic of that module ({nn.Linear}, qint8):
+                 nn.MultiheadAttention itself has no nn.Linear in_proj, so quantize_dynamic
+                 leaves it as it is; the four-Linear module is its quantizable equivalent
+and the relative error ||y - y_f32|| / ||y_f32|| of each against torch's f32 output.
+
+    .venv-fixtures/bin/python bench/peers/quant_peers.py --threads 2
+"""
+import argparse
+import os
+import sys
+import warnings
+
+from precision_peers import machine
+from timing import best_seconds
+
+
+def build(embed, heads, seed):
+    import torch
+    import torch.nn as tnn
+    import torch.nn.functional as F
+
+    torch.manual_seed(seed)
+    mha = tnn.MultiheadAttention(embed, heads, batch_first=True)
+
+    class Projections(tnn.Module):  # nn.MultiheadAttention's math with nn.Linear projections
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.o = (tnn.Linear(embed, embed) for _ in range(4))
+            w, b = mha.in_proj_weight.detach(), mha.in_proj_bias.detach()
+            for i, lin in enumerate((self.q, self.k, self.v)):
+                lin.weight.data, lin.bias.data = w[i * embed:(i + 1) * embed].clone(), b[i * embed:(i + 1) * embed].clone()
+            self.o.weight.data = mha.out_proj.weight.detach().clone()
+            self.o.bias.data = mha.out_proj.bias.detach().clone()
+
+        def forward(self, x):
+            n, l, e = x.shape
+            split = lambda t: t.view(n, l, heads, e // heads).transpose(1, 2)
+            y = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
+            return self.o(y.transpose(1, 2).reshape(n, l, e))
+
+    return mha, Projections().eval()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", default="2")
+    ap.add_argument("--min-time", type=float, default=1.0)
+    ap.add_argument("--shape", default="8,512,768,12", help="B,L,E,H")
+    ap.add_argument("--qkv", default="build/release/bin/qkv", help="the qkv CLI (for the machine line)")
+    a = ap.parse_args()
+    b, l, e, h = map(int, a.shape.split(","))
+    import numpy as np
+    import torch
+    import qkv
+    import qkv.nn
+
+    warnings.filterwarnings("ignore")
+    mha, proj = build(e, h, 0)
+    x = torch.randn(b, l, e, generator=torch.Generator().manual_seed(1))
+    xn = x.numpy()
+    layer = qkv.nn.MultiheadAttention.from_state_dict({k: v.numpy() for k, v in mha.state_dict().items()}, h,
+                                                      batch_first=True)
+    qlayer = qkv.nn.quantize_dynamic(layer)
+    tq = torch.ao.quantization.quantize_dynamic(proj, {torch.nn.Linear}, dtype=torch.qint8)
+    print(f"torch {torch.__version__}, load {os.getloadavg()}", file=sys.stderr)
+    print(f"Machine: {machine(a.qkv)}\n")
+    print(f"(B, L, E, H) = ({b}, {l}, {e}, {h}), self-attention forward, need_weights=False\n")
+    print("| threads | qkv f32 ms | qkv int8 ms | torch f32 ms | torch int8 ms | qkv int8 / qkv f32 "
+          "| qkv int8 / torch int8 | rel. error qkv int8 | rel. error torch int8 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for threads in map(int, a.threads.split(",")):
+        torch.set_num_threads(threads)
+        qkv.set_num_threads(threads)
+        with torch.inference_mode():
+            want = proj(x)
+            t = {"qkv f32": best_seconds(lambda: layer(xn, xn, xn, need_weights=False), a.min_time),
+                 "qkv int8": best_seconds(lambda: qlayer(xn, xn, xn, need_weights=False), a.min_time),
+                 "torch f32": best_seconds(lambda: proj(x), a.min_time),
+                 "torch int8": best_seconds(lambda: tq(x), a.min_time)}
+            got_q = torch.from_numpy(qlayer(xn, xn, xn, need_weights=False)[0])
+            got_t = tq(x)
+        rel = lambda y: float((y - want).norm() / want.norm())
+        ms = {k: v * 1e3 for k, v in t.items()}
+        print(f"| {threads} | {ms['qkv f32']:.1f} | {ms['qkv int8']:.1f} | {ms['torch f32']:.1f} | {ms['torch int8']:.1f} "
+              f"| {ms['qkv f32'] / ms['qkv int8']:.2f}× | {ms['torch int8'] / ms['qkv int8']:.2f}× "
+              f"| {rel(got_q):.2e} | {rel(got_t):.2e} |")
+
+
+if __name__ == "__main__":
+    main()

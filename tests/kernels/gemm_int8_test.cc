@@ -1,0 +1,70 @@
+// qkv::gemm on int8 operands (int32 C) against gemm_reference (int64 accumulation):
+// bit for bit, on the layouts the quantized Linear and attention pass.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/gemm_test_util.h"
+#include "qkv/gemm.h"
+
+namespace qkv {
+namespace {
+
+void expect_int8_matches_reference(const test::Case& c, uint32_t seed) {
+  SCOPED_TRACE(test::describe(c));
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(-128, 127);
+  const GemmShape& s = c.s;
+  auto fill = [&](int64_t span) {
+    std::vector<int8_t> x(static_cast<size_t>(std::max<int64_t>(span, 1)));
+    for (int8_t& e : x) e = static_cast<int8_t>(dist(rng));
+    return x;
+  };
+  const std::vector<int8_t> a = fill(test::matrix_span(s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda));
+  const std::vector<int8_t> b = fill(test::matrix_span(s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb));
+  std::vector<int32_t> got(static_cast<size_t>(std::max<int64_t>(test::matrix_span(s.m, s.n, s.ldc), 1)), -7);
+  std::vector<int32_t> want = got;
+  gemm(s, a.data(), b.data(), got.data());
+  gemm_reference(s, a.data(), b.data(), want.data());
+  EXPECT_EQ(got, want);  // padding between rows (ldc > n) stays -7 in both
+}
+
+TEST(GemmInt8, MatchesTheReferenceExactly) {
+  const int64_t sizes[] = {1, 3, 16, 17, 64, 100, 768};
+  std::mt19937 rng(8);
+  auto pick = [&](auto& arr) { return arr[rng() % std::size(arr)]; };
+  for (int trial = 0; trial < 40; ++trial) {
+    const test::Case c = test::plain(pick(sizes), pick(sizes), pick(sizes), false, rng() & 1, trial % 3 == 0 ? 5 : 0);
+    expect_int8_matches_reference(c, static_cast<uint32_t>(trial));
+  }
+  // The quantized Linear's call: tokens x [M, in] times the [out, in] weight transposed.
+  expect_int8_matches_reference(test::plain(512, 768, 768, false, true), 99);
+}
+
+TEST(GemmInt8, ExtremeValuesDoNotOverflowAtTheDepthLimit) {
+  const int64_t k = 131071;  // -128 * -128 * k < 2^31
+  const std::vector<int8_t> a(static_cast<size_t>(k), -128);
+  int32_t c = 0, r = 0;
+  gemm({false, true, 1, 1, k, k, k, 1}, a.data(), a.data(), &c);
+  gemm_reference({false, true, 1, 1, k, k, k, 1}, a.data(), a.data(), &r);
+  EXPECT_EQ(c, int64_t{128} * 128 * k);
+  EXPECT_EQ(r, c);
+}
+
+TEST(GemmInt8, DepthsThatCouldOverflowAreValueErrors) {
+  const int8_t x = 0;
+  int32_t c = 0;
+  try {
+    gemm({false, true, 1, 1, 131072, 131072, 131072, 1}, &x, &x, &c);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm: k=131072 is more than 131071 for int8 operands"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace qkv
