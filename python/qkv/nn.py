@@ -104,6 +104,18 @@ class MultiheadAttention:
         layer._layer = self._layer.quantize_dynamic()
         return layer
 
+    def quantize_static(self, batches: Sequence[Any], observer: str = "minmax",
+                        percentile: float = 99.99) -> "MultiheadAttention":
+        """A copy with int8 projections whose activation scales are fixed by calibration: the
+        float32 layer runs `batches` (each an array for self-attention, or (query, key, value)),
+        observers record the projections' inputs ('minmax': the largest |x|; 'percentile': that
+        percentile of |x|), and each projection quantizes its input with one scale (docs/nn.md)."""
+        layer = object.__new__(MultiheadAttention)
+        layer.__dict__.update(self.__dict__)
+        items = [tuple(_array(t) for t in b) if isinstance(b, (tuple, list)) else _array(b) for b in batches]
+        layer._layer = self._layer.quantize_static(items, observer, percentile)
+        return layer
+
     @property
     def quantized(self) -> bool:
         return self._layer.quantized

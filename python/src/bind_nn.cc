@@ -5,6 +5,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <map>
 #include <optional>
 #include <string>
@@ -90,6 +91,37 @@ qkv::nn::MultiheadAttention make_torch(nb::handle embed_dim, nb::handle num_head
   return qkv::nn::MultiheadAttention(c);
 }
 
+// mha.quantize_static(batches, observer, percentile): each batch an array (self-attention)
+// or a (query, key, value) sequence.
+qkv::nn::MultiheadAttention quantize_static(const qkv::nn::MultiheadAttention& m, nb::handle batches,
+                                            const std::string& observer, double percentile) {
+  constexpr const char* kWhat = "MultiheadAttention.quantize_static";
+  qkv::nn::CalibrationOptions options;
+  if (observer == "percentile") {
+    options.observer = qkv::nn::ActivationObserver::Kind::percentile;
+  } else if (observer != "minmax") {
+    throw nb::value_error(
+        (std::string(kWhat) + ": observer must be 'minmax' or 'percentile', got '" + observer + "'").c_str());
+  }
+  options.percentile = percentile;
+  std::vector<std::array<Tensor, 3>> tensors;
+  size_t i = 0;
+  for (nb::handle item : nb::iter(batches)) {
+    const std::string name = std::string(kWhat) + ": batches[" + std::to_string(i++) + "]";
+    if (nb::isinstance<nb::tuple>(item) || nb::isinstance<nb::list>(item)) {
+      const nb::sequence seq = nb::borrow<nb::sequence>(item);
+      if (nb::len(seq) != 3) throw nb::value_error((name + " must be an array or (query, key, value)").c_str());
+      tensors.push_back({to_tensor(seq[0], (name + "[0]").c_str()), to_tensor(seq[1], (name + "[1]").c_str()),
+                         to_tensor(seq[2], (name + "[2]").c_str())});
+    } else {
+      const Tensor x = to_tensor(item, name.c_str());
+      tensors.push_back({x, x, x});
+    }
+  }
+  qkv::python::InterruptibleRelease release;
+  return m.quantize_static(tensors, options);
+}
+
 nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, nb::handle key, nb::handle value,
                         nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask, bool average_attn_weights,
                         bool is_causal) {
@@ -130,6 +162,8 @@ void bind_torch_flavour(nb::module_& nn) {
            nb::arg("attn_mask").none() = nb::none(), nb::arg("average_attn_weights") = true,
            nb::arg("is_causal") = false)
       .def("quantize_dynamic", &qkv::nn::MultiheadAttention::quantize_dynamic)
+      .def("quantize_static", &quantize_static, nb::arg("batches"), nb::arg("observer") = "minmax",
+           nb::arg("percentile") = 99.99)
       .def_prop_ro("quantized", &qkv::nn::MultiheadAttention::quantized)
       .def_rw("training", &qkv::nn::MultiheadAttention::training)
       .def_rw("dropout_seed", &qkv::nn::MultiheadAttention::dropout_seed);

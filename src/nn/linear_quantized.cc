@@ -16,10 +16,8 @@ namespace {
 // q[i] = round(x[i] / scale) in [-127, 127], scale = max|x| / 127 (1 when x is all 0, so
 // that q is 0). Round half to even, as torch's quantize_per_channel. A NaN or inf in x
 // gives scale 1 and saturated or undefined q: garbage in, as for torch. Returns the scale.
-float quantize_row(const float* x, int64_t n, int8_t* q) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float scale = amax > 0.0f && std::isfinite(amax) ? amax / 127.0f : 1.0f;
+// q[i] = round(x[i] / scale) clipped to [-127, 127].
+void quantize_with(const float* x, int64_t n, float scale, int8_t* q) {
   const float inv = 1.0f / scale;
   // Round half to even by the 1.5 * 2^23 trick (exact for |r| <= 2^22, in the default
   // rounding mode): unlike std::nearbyint it vectorizes. Measured with
@@ -30,6 +28,13 @@ float quantize_row(const float* x, int64_t n, int8_t* q) {
     const float r = (std::clamp(x[i] * inv, -127.0f, 127.0f) + kMagic) - kMagic;
     q[i] = static_cast<int8_t>(r);
   }
+}
+
+float quantize_row(const float* x, int64_t n, int8_t* q) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float scale = amax > 0.0f && std::isfinite(amax) ? amax / 127.0f : 1.0f;
+  quantize_with(x, n, scale, q);
   return scale;
 }
 
@@ -48,6 +53,17 @@ Linear Linear::quantize_dynamic() const {
       q->scale[static_cast<size_t>(n)] = quantize_row(src + n * in_, in_, dst + n * in_);
   });
   Linear l = *this;
+  l.quant_ = std::move(q);
+  return l;
+}
+
+Linear Linear::quantize_static(float activation_scale) const {
+  if (!(activation_scale > 0.0f) || !std::isfinite(activation_scale)) {
+    fail<ValueError>("Linear: quantize_static needs a positive finite activation scale, got ", activation_scale);
+  }
+  Linear l = quantize_dynamic();
+  auto q = std::make_shared<Int8Weight>(*l.quant_);
+  q->activation_scale = activation_scale;
   l.quant_ = std::move(q);
   return l;
 }
@@ -74,8 +90,16 @@ Tensor Linear::forward_int8(const Tensor& x) const {
   std::vector<float> xs(static_cast<size_t>(rows));                                                     // [rows]
   const float* af = a.data<float>();
   int8_t* q = xq.data<int8_t>();
+  const float fixed = quant_->activation_scale;  // static: one scale; dynamic (0): per token
   parallel_for(0, rows, 16, [&](int64_t lo, int64_t hi) {
-    for (int64_t m = lo; m < hi; ++m) xs[static_cast<size_t>(m)] = quantize_row(af + m * in_, in_, q + m * in_);
+    for (int64_t m = lo; m < hi; ++m) {
+      if (fixed > 0.0f) {
+        quantize_with(af + m * in_, in_, fixed, q + m * in_);
+        xs[static_cast<size_t>(m)] = fixed;
+      } else {
+        xs[static_cast<size_t>(m)] = quantize_row(af + m * in_, in_, q + m * in_);
+      }
+    }
   });
   GemmShape g;
   g.trans_b = true;  // B = W^T from the [out, in] int8 weight
@@ -95,6 +119,46 @@ Tensor Linear::forward_int8(const Tensor& x) const {
     }
   });
   return y;
+}
+
+// ---- calibration -------------------------------------------------------------------------
+
+ActivationObserver::ActivationObserver(Kind kind, double percentile) : kind_(kind), percentile_(percentile) {
+  if (!(percentile > 0.0 && percentile <= 100.0)) {
+    fail<ValueError>("ActivationObserver: percentile must be in (0, 100], got ", percentile);
+  }
+}
+
+void ActivationObserver::observe(const Tensor& x) {
+  constexpr size_t kSample = size_t{1} << 20;
+  const std::vector<float> v = x.to_vector<float>();
+  for (float e : v) {
+    const float a = std::fabs(e);
+    if (!std::isfinite(a)) continue;  // a NaN or inf says nothing about the range
+    amax_ = std::max(amax_, a);
+    ++seen_;
+    if (kind_ != Kind::percentile) continue;
+    if (sample_.size() < kSample) {
+      sample_.push_back(a);
+      continue;
+    }
+    rng_ ^= rng_ << 13, rng_ ^= rng_ >> 7, rng_ ^= rng_ << 17;  // xorshift64: reservoir sampling
+    const uint64_t slot = rng_ % seen_;
+    if (slot < kSample) sample_[slot] = a;
+  }
+}
+
+float ActivationObserver::scale() const {
+  if (seen_ == 0) fail<ValueError>("ActivationObserver: no finite value observed (calibrate with some batches)");
+  float range = amax_;
+  if (kind_ == Kind::percentile && !sample_.empty()) {
+    std::vector<float> s = sample_;
+    const auto rank = static_cast<size_t>(std::ceil(percentile_ / 100.0 * static_cast<double>(s.size()))) - 1;
+    const size_t k = std::min(rank, s.size() - 1);
+    std::nth_element(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(k), s.end());
+    range = s[k];
+  }
+  return range > 0.0f ? range / 127.0f : 1.0f;
 }
 
 }  // namespace qkv::nn

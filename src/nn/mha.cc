@@ -1,6 +1,7 @@
 // qkv::nn::MultiheadAttention (PyTorch flavour): parameters and the forward pass.
 #include "qkv/nn/mha.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "nn/heads.h"
@@ -176,11 +177,47 @@ void MultiheadAttention::rebuild() {
   std::optional<Tensor> ob;
   if (config_.bias) ob = params_.at("out_proj.bias");
   out_ = Linear::torch(params_.at("out_proj.weight"), ob);
-  if (quantized_) {
+  if (quantized_ && static_scales_) {  // one fixed activation scale per projection input
+    const auto [sq, sk, sv, so] = *static_scales_;
+    q_ = q_.quantize_static(sq);
+    k_ = k_.quantize_static(sk);
+    v_ = v_.quantize_static(sv);
+    if (qkv_.defined()) qkv_ = qkv_.quantize_static(std::max({sq, sk, sv}));  // the same x feeds all three
+    if (kv_.defined()) kv_ = kv_.quantize_static(std::max(sk, sv));
+    out_ = out_.quantize_static(so);
+  } else if (quantized_) {
     for (Linear* l : {&q_, &k_, &v_, &qkv_, &kv_, &out_}) {
       if (l->defined()) *l = l->quantize_dynamic();
     }
   }
+}
+
+struct MultiheadAttention::Calibration {
+  ActivationObserver q, k, v, o;  // inputs of the query/key/value projections and of out_proj
+  explicit Calibration(const CalibrationOptions& c)
+      : q(c.observer, c.percentile),
+        k(c.observer, c.percentile),
+        v(c.observer, c.percentile),
+        o(c.observer, c.percentile) {}
+};
+
+MultiheadAttention MultiheadAttention::quantize_static(const std::vector<std::array<Tensor, 3>>& batches,
+                                                       const CalibrationOptions& options) const {
+  if (batches.empty()) fail<ValueError>(kOp, ".quantize_static: no calibration batches");
+  MultiheadAttention observed = *this;
+  observed.quantized_ = false;
+  observed.static_scales_.reset();
+  observed.rebuild();  // float32 projections while observing
+  observed.calibrating_ = std::make_shared<Calibration>(options);
+  MultiheadAttentionOptions o;
+  o.need_weights = false;
+  for (const auto& [query, key, value] : batches) (void)observed.forward(query, key, value, o);
+  const Calibration& c = *observed.calibrating_;
+  MultiheadAttention q = *this;
+  q.quantized_ = true;
+  q.static_scales_ = std::array<float, 4>{c.q.scale(), c.k.scale(), c.v.scale(), c.o.scale()};
+  q.rebuild();
+  return q;
 }
 
 MultiheadAttention MultiheadAttention::quantize_dynamic() const {
@@ -241,6 +278,11 @@ std::optional<Tensor> combined_mask(const MultiheadAttentionOptions& o, bool bat
 void MultiheadAttention::project(const Tensor& q, const Tensor& k, const Tensor& v, bool self, bool kv_shared,
                                  Tensor& qp, Tensor& kp, Tensor& vp) const {
   const int64_t e = config_.embed_dim;
+  if (calibrating_) {  // quantize_static's calibration run
+    calibrating_->q.observe(q);
+    calibrating_->k.observe(k);
+    calibrating_->v.observe(v);
+  }
   if (packed() && self) {
     const Tensor all = qkv_.forward(q);  // [L, N, 3E], one GEMM
     qp = all.slice(-1, 0, e);
@@ -318,7 +360,9 @@ MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const 
   }
   const AttentionResult r = scaled_dot_product_attention(qh, kh, vh, ao);  // output [N, H, L, D]
   MultiheadAttentionResult result;
-  result.output = out_.forward(detail::merge_heads(r.output, bf));  // [L, N, E] or [N, L, E]
+  const Tensor merged = detail::merge_heads(r.output, bf);  // [L, N, E] or [N, L, E]
+  if (calibrating_) calibrating_->o.observe(merged);
+  result.output = out_.forward(merged);
   if (!batched) result.output = result.output.squeeze(1);
   if (o.need_weights) {
     Tensor w = o.average_attn_weights ? mean_heads(*r.weights) : *r.weights;  // [N, L, S'] / [N, H, L, S']

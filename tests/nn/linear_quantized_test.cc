@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -120,6 +121,61 @@ TEST(MultiheadAttentionQuantized, StaysWithinTwoPercentOfFloat32) {
   q2.load_state_dict(MultiheadAttention(c, 11).state_dict());
   EXPECT_TRUE(q2.quantized());
   EXPECT_LT(norm_rel(q2.forward(x, x, x, o).output, MultiheadAttention(c, 11).forward(x, x, x, o).output), 2e-2);
+}
+
+TEST(ActivationObserver, MinMaxAndPercentileScales) {
+  std::vector<float> x(1000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 2 ? -1.0f : 1.0f) * static_cast<float>(i + 1);  // |x| = 1..1000
+  ActivationObserver mm;
+  mm.observe(Tensor::from_vector(std::vector<float>(x.begin(), x.begin() + 500), {500}));
+  mm.observe(Tensor::from_vector(std::vector<float>(x.begin() + 500, x.end()), {5, 100}));
+  EXPECT_EQ(mm.count(), 1000);
+  EXPECT_FLOAT_EQ(mm.scale(), 1000.0f / 127.0f);
+  ActivationObserver pct(ActivationObserver::Kind::percentile, 99.0);
+  pct.observe(Tensor::from_vector(x, {1000}));
+  EXPECT_FLOAT_EQ(pct.scale(), 990.0f / 127.0f);                 // the 990th smallest |x| of 1000
+  EXPECT_THROW((void)ActivationObserver().scale(), ValueError);  // nothing observed
+  EXPECT_THROW(ActivationObserver(ActivationObserver::Kind::percentile, 0.0), ValueError);
+}
+
+TEST(LinearQuantized, StaticScaleClipsAndEqualsDynamicAtTheRowsOwnScale) {
+  const Tensor w = Tensor::randn({24, 32}, 1), x = Tensor::randn({1, 32}, 2);
+  const Linear f = Linear::torch(w, std::nullopt);
+  const auto xv = x.to_vector<float>();
+  float amax = 0.0f;
+  for (float e : xv) amax = std::max(amax, std::fabs(e));
+  // One token whose own max is the static range: the same arithmetic as dynamic.
+  EXPECT_EQ(f.quantize_static(amax / 127.0f).forward(x).to_vector<float>(),
+            f.quantize_dynamic().forward(x).to_vector<float>());
+  // Half the range: the larger half of x clips to +-127, so the result is no longer close.
+  EXPECT_GT(norm_rel(f.quantize_static(amax / 254.0f).forward(x), f.forward(x)), 5e-2);
+  EXPECT_THROW((void)f.quantize_static(0.0f), ValueError);
+}
+
+TEST(MultiheadAttentionQuantized, StaticCalibrationStaysWithinThreePercent) {
+  MultiheadAttentionConfig c;
+  c.embed_dim = 96, c.num_heads = 4, c.batch_first = true;
+  const MultiheadAttention f(c, 7);
+  std::vector<std::array<Tensor, 3>> calib;
+  for (uint64_t i = 0; i < 4; ++i) {
+    const Tensor x = Tensor::randn({2, 64, 96}, 100 + i);
+    calib.push_back({x, x, x});
+  }
+  const Tensor x = Tensor::randn({2, 64, 96}, 8);
+  MultiheadAttentionOptions o;
+  o.need_weights = false;
+  const Tensor want = f.forward(x, x, x, o).output;
+  for (auto kind : {ActivationObserver::Kind::min_max, ActivationObserver::Kind::percentile}) {
+    CalibrationOptions co;
+    co.observer = kind;
+    const MultiheadAttention q = f.quantize_static(calib, co);
+    EXPECT_TRUE(q.quantized());
+    const double rel = norm_rel(q.forward(x, x, x, o).output, want);
+    EXPECT_LT(rel, 3e-2) << static_cast<int>(kind);
+    std::printf("static int8 MultiheadAttention (%s observer) vs f32: relative error %.2e\n",
+                kind == ActivationObserver::Kind::min_max ? "min/max" : "99.99th percentile", rel);
+  }
+  EXPECT_THROW((void)f.quantize_static({}), ValueError);
 }
 
 }  // namespace

@@ -223,3 +223,22 @@ def test_quantize_dynamic_keeps_the_layer_within_two_percent():
     np.testing.assert_array_equal(q.state_dict()["out_proj.weight"], layer.state_dict()["out_proj.weight"])
     with pytest.raises(TypeError, match="quantize_dynamic: expected a qkv.nn.MultiheadAttention, got str"):
         qkv.nn.quantize_dynamic("layer")
+
+
+@pytest.mark.parametrize("observer", ["minmax", "percentile"])
+def test_quantize_static_calibrates_one_scale_per_projection(observer):
+    layer = qkv.nn.MultiheadAttention(64, 4, batch_first=True)
+    rng = np.random.default_rng(4)
+    calib = [rng.standard_normal((2, 40, 64)).astype(np.float32) for _ in range(3)]
+    kv = rng.standard_normal((2, 50, 64)).astype(np.float32)
+    q = layer.quantize_static(calib + [(calib[0], kv, kv)], observer=observer)
+    assert q.quantized
+    x = rng.standard_normal((2, 40, 64)).astype(np.float32)
+    want, _ = layer(x, x, x, need_weights=False)
+    got, _ = q(x, x, x, need_weights=False)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert 0 < rel < 3e-2, rel
+    with pytest.raises(ValueError, match="observer must be 'minmax' or 'percentile', got 'mean'"):
+        layer.quantize_static(calib, observer="mean")
+    with pytest.raises(ValueError, match="no calibration batches"):
+        layer.quantize_static([])

@@ -18,6 +18,29 @@
 
 namespace qkv::nn {
 
+// What static int8 quantization needs from the inputs of a projection during calibration
+// (torch.ao's MinMaxObserver / HistogramObserver roles, symmetric): the largest |x| seen,
+// or a percentile of |x| (clipping rare outliers), from which scale() is that / 127.
+class ActivationObserver {
+ public:
+  enum class Kind { min_max, percentile };
+  // percentile in (0, 100]; ValueError otherwise.
+  explicit ActivationObserver(Kind kind = Kind::min_max, double percentile = 99.99);
+  void observe(const Tensor& x);  // any shape; f16/bf16/f64 read as f32
+  // The int8 scale; ValueError when nothing was observed. Percentiles come from a uniform
+  // reservoir sample of at most 2^20 values (fixed seed: the same data give the same scale).
+  float scale() const;
+  int64_t count() const { return static_cast<int64_t>(seen_); }
+
+ private:
+  Kind kind_;
+  double percentile_;
+  float amax_ = 0.0f;
+  uint64_t seen_ = 0;
+  std::vector<float> sample_;  // |x| values (percentile)
+  uint64_t rng_ = 0x9e3779b97f4a7c15ull;
+};
+
 class Linear {
  public:
   Linear() = default;
@@ -45,6 +68,10 @@ class Linear {
   //   y[m, n] = scale_x[m] * scale_w[n] * acc[m, n] + b[n]   (float32).
   // The bias stays float32. linear_quantized.cc.
   Linear quantize_dynamic() const;
+  // Static int8 quantization: weights as quantize_dynamic, activations with one fixed scale
+  // for every token (from calibration: ActivationObserver::scale()), values beyond it
+  // clipped to +-127. ValueError unless activation_scale > 0 and finite.
+  Linear quantize_static(float activation_scale) const;
   bool quantized() const { return quant_ != nullptr; }
   // The quantized weight [out, in] int8 and its per-channel scales [out] (f32); ValueError
   // unless quantized().
@@ -59,8 +86,9 @@ class Linear {
 
  private:
   struct Int8Weight {
-    Tensor q;                  // [out, in] int8, contiguous
-    std::vector<float> scale;  // [out]
+    Tensor q;                    // [out, in] int8, contiguous
+    std::vector<float> scale;    // [out]
+    float activation_scale = 0;  // static quantization's fixed scale; 0: per token (dynamic)
   };
   Tensor forward_int8(const Tensor& x) const;
 

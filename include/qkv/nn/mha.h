@@ -20,10 +20,13 @@
 // need_weights path gives NaN.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "qkv/nn/linear.h"
 #include "qkv/tensor.h"
@@ -48,6 +51,12 @@ struct MultiheadAttentionOptions {
   std::optional<Tensor> attn_mask;  // [L, S] or [N*H, L, S]; bool True = not allowed, or float
   bool average_attn_weights = true;
   bool is_causal = false;
+};
+
+// quantize_static's observers of the projections' inputs.
+struct CalibrationOptions {
+  ActivationObserver::Kind observer = ActivationObserver::Kind::min_max;
+  double percentile = 99.99;  // for Kind::percentile
 };
 
 struct MultiheadAttentionResult {
@@ -81,6 +90,14 @@ class MultiheadAttention {
   // (state_dict() returns them; load_state_dict re-quantizes). As
   // torch.ao.quantization.quantize_dynamic on a model whose projections are nn.Linear.
   MultiheadAttention quantize_dynamic() const;
+  // Static int8 quantization (seed 002): runs the float32 layer on the calibration
+  // `batches` ({query, key, value} each, the forward's layouts; default options),
+  // observing the inputs of the query, key and value projections and of the output
+  // projection, then quantizes as quantize_dynamic but with one fixed activation scale
+  // per projection from those observers (torch.ao's static quantization, symmetric).
+  // ValueError for no batches; the forward's errors for bad ones.
+  MultiheadAttention quantize_static(const std::vector<std::array<Tensor, 3>>& batches,
+                                     const CalibrationOptions& options = {}) const;
   bool quantized() const { return quantized_; }
 
   const MultiheadAttentionConfig& config() const { return config_; }
@@ -95,10 +112,14 @@ class MultiheadAttention {
   void project(const Tensor& q, const Tensor& k, const Tensor& v, bool self, bool kv_shared, Tensor& qp, Tensor& kp,
                Tensor& vp) const;
 
+  struct Calibration;  // quantize_static's observers (mha.cc)
+
   MultiheadAttentionConfig config_;
-  bool quantized_ = false;                // projections int8 (quantize_dynamic)
-  std::map<std::string, Tensor> params_;  // PyTorch names -> f32 tensors
-  Linear q_, k_, v_, qkv_, kv_, out_;     // kv_/qkv_: packed rows for self/kv-shared attention
+  bool quantized_ = false;                             // projections int8 (quantize_dynamic / quantize_static)
+  std::optional<std::array<float, 4>> static_scales_;  // query, key, value, attention output
+  std::shared_ptr<Calibration> calibrating_;           // set while quantize_static runs batches
+  std::map<std::string, Tensor> params_;               // PyTorch names -> f32 tensors
+  Linear q_, k_, v_, qkv_, kv_, out_;                  // kv_/qkv_: packed rows for self/kv-shared attention
 };
 
 // One MultiheadAttention's state_dict out of a model's (or of what qkv::io::load returns for
