@@ -10,6 +10,7 @@
 #include "array_like.h"
 #include "interrupt.h"
 #include "qkv/attention.h"
+#include "qkv/attention_backward.h"
 #include "tensor_convert.h"
 
 namespace nb = nanobind;
@@ -90,6 +91,34 @@ nb::object sdpa(nb::handle query, nb::handle key, nb::handle value, nb::handle a
   return run(query, key, value, args, "scaled_dot_product_attention", names, &qkv::scaled_dot_product_attention);
 }
 
+// (dq, dk, dv) in q's array type, from the forward's saved out and logsumexp.
+nb::tuple sdpa_backward(nb::handle query, nb::handle key, nb::handle value, nb::handle out, nb::handle grad_out,
+                        nb::handle logsumexp, nb::handle attn_mask, nb::handle dropout_p, nb::handle is_causal,
+                        nb::handle scale, nb::handle enable_gqa, nb::handle seed) {
+  constexpr const char* kOp = "scaled_dot_product_attention_backward";
+  using qkv::python::arg_name;
+  const qkv::Tensor tq = to_tensor(query, arg_name(kOp, "query").c_str());
+  const qkv::Tensor tk = to_tensor(key, arg_name(kOp, "key").c_str());
+  const qkv::Tensor tv = to_tensor(value, arg_name(kOp, "value").c_str());
+  const qkv::Tensor to = to_tensor(out, arg_name(kOp, "out").c_str());
+  const qkv::Tensor tg = to_tensor(grad_out, arg_name(kOp, "grad_out").c_str());
+  const qkv::Tensor tl = to_tensor(logsumexp, arg_name(kOp, "logsumexp").c_str());
+  const Args args{attn_mask,  dropout_p,           is_causal, scale, enable_gqa, nb::handle(Py_False),
+                  nb::none(), nb::handle(Py_False)};
+  qkv::AttentionOptions o = make_options(args, kOp);
+  if (o.dropout_p > 0) {  // the backward must redraw the forward's mask: its seed is required
+    const std::optional<uint64_t> s = qkv::python::seed_arg(seed, arg_name(kOp, "seed"));
+    if (!s) throw nb::value_error("scaled_dot_product_attention_backward: dropout_p > 0 needs the forward's seed");
+    o.seed = *s;
+  }
+  qkv::AttentionGradients g;
+  {
+    qkv::python::InterruptibleRelease release;
+    g = qkv::scaled_dot_product_attention_backward(tq, tk, tv, to, tg, tl, o);
+  }
+  return nb::make_tuple(to_array_like(g.dq, query), to_array_like(g.dk, query), to_array_like(g.dv, query));
+}
+
 constexpr const char* kConventions = R"(
 Shapes: q [..., Hq, Lq, Dk], k [..., Hk, Lk, Dk], v [..., Hk, Lk, Dv]; leading
 dims broadcast (numpy rules). Output [..., Hq, Lq, Dv] in q's dtype (float16 and
@@ -159,6 +188,25 @@ void bind_attention(nb::module_& m) {
                      "names) applies to float32 inputs: 'medium' runs the tile products on bfloat16\n"
                      "operands with float32 accumulation where the CPU has native bf16 (AVX512-BF16,\n"
                      "AMX), else exact float32; 'high' is exact float32 on CPUs.\n") +
+         kConventions)
+            .c_str());
+  m.def("scaled_dot_product_attention_backward", &sdpa_backward, nb::arg("query").none(), nb::arg("key").none(),
+        nb::arg("value").none(), nb::arg("out").none(), nb::arg("grad_out").none(), nb::arg("logsumexp").none(),
+        nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p").none() = 0.0,
+        nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
+        nb::kw_only(), nb::arg("seed").none() = nb::none(),
+        nb::sig("def scaled_dot_product_attention_backward(query: numpy.typing.ArrayLike, "
+                "key: numpy.typing.ArrayLike, value: numpy.typing.ArrayLike, out: numpy.typing.ArrayLike, "
+                "grad_out: numpy.typing.ArrayLike, logsumexp: numpy.typing.ArrayLike, "
+                "attn_mask: numpy.typing.ArrayLike | None = None, dropout_p: float = 0.0, "
+                "is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *, "
+                "seed: int | None = None) -> tuple[typing.Any, typing.Any, typing.Any]"),
+        (std::string("Gradients (dq, dk, dv) of a loss with respect to query, key and value, given its\n"
+                     "gradient grad_out with respect to scaled_dot_product_attention's output: the fused\n"
+                     "FlashAttention-2 backward, from the forward's saved `out` and `logsumexp`\n"
+                     "(scaled_dot_product_attention(..., return_logsumexp=True)) and the same options.\n"
+                     "With dropout_p > 0, seed must be the forward's seed (the mask is redrawn from it).\n"
+                     "dq, dk, dv have the shapes and dtypes of q, k, v (broadcast and GQA readers summed).\n") +
          kConventions)
             .c_str());
 }

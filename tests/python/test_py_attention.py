@@ -251,3 +251,53 @@ def test_matmul_precision_medium_trades_accuracy_for_bf16_tiles():
     assert np.abs(medium - want).max() < 2.0 ** -7 * np.abs(v).max()
     with pytest.raises(ValueError, match="matmul_precision must be 'highest', 'high' or 'medium', got 'low'"):
         qkv.scaled_dot_product_attention(q, k, v, matmul_precision="low")
+
+
+# ---- the backward ----------------------------------------------------------------------------
+
+GRAD_FIXTURES = sorted((FIXTURES.parent / "sdpa_grad").glob("*.safetensors"))
+
+
+def test_grad_fixtures_are_there():
+    assert len(GRAD_FIXTURES) >= 50, "tests/fixtures/sdpa_grad (make fixtures)"
+
+
+@pytest.mark.parametrize("path", GRAD_FIXTURES, ids=lambda p: p.stem)
+def test_backward_matches_torch_autograd(path):
+    # torch's float64 autograd gradients of sum(out * grad_out) (make_sdpa_grad_fixtures.py),
+    # from qkv's own float64 forward's out and logsumexp.
+    t = qkv.load(path)
+    with safe_open(str(path), "np") as f:
+        options = json.loads(f.metadata()["options"])
+    kwargs = dict(attn_mask=t.get("attn_mask"), is_causal=options["is_causal"], scale=options["scale"],
+                  enable_gqa=options["enable_gqa"])
+    out, lse = qkv.scaled_dot_product_attention(t["q"], t["k"], t["v"], return_logsumexp=True, **kwargs)
+    grads = qkv.scaled_dot_product_attention_backward(t["q"], t["k"], t["v"], out, t["grad_out"], lse, **kwargs)
+    for got, name in zip(grads, ("dq", "dk", "dv")):
+        want = t[name]
+        assert got.shape == want.shape and got.dtype == np.float64, name
+        scale = max(np.abs(want).max(), 1.0) if want.size else 1.0
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-10 * scale, err_msg=name)
+
+
+def test_backward_with_dropout_needs_the_forward_seed():
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 2, 6, 4)) for _ in range(3))
+    g = rng.standard_normal((1, 2, 6, 4))
+    out, lse = qkv.scaled_dot_product_attention(q, k, v, dropout_p=0.3, seed=9, return_logsumexp=True)
+    with pytest.raises(ValueError, match="dropout_p > 0 needs the forward's seed"):
+        qkv.scaled_dot_product_attention_backward(q, k, v, out, g, lse, dropout_p=0.3)
+    dq, dk, dv = qkv.scaled_dot_product_attention_backward(q, k, v, out, g, lse, dropout_p=0.3, seed=9)
+    # Central differences of the forward with the same seed (the same mask): the definition.
+    h = 1e-6
+
+    def loss(qq):
+        return float((qkv.scaled_dot_product_attention(qq, k, v, dropout_p=0.3, seed=9) * g).sum())
+
+    fd = np.zeros_like(q)
+    for idx in np.ndindex(q.shape):
+        e = np.zeros_like(q)
+        e[idx] = h
+        fd[idx] = (loss(q + e) - loss(q - e)) / (2 * h)
+    np.testing.assert_allclose(dq, fd, rtol=0, atol=1e-7 * max(1.0, np.abs(fd).max()))
+    assert dk.shape == k.shape and dv.shape == v.shape
