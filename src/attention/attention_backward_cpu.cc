@@ -201,23 +201,8 @@ FlashTiles backward_tiles(const FlashTiles& requested, int64_t lq, int64_t lk) {
 template <class T>
 AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tensor& dout, const Tensor& lse,
                                 const AttentionOptions& options) {
-  Flash<Same<T>> f;
-  f.p = &p;
-  f.tiles = backward_tiles(options.tuning.flash_tiles, p.lq, p.lk);
-  f.causal = options.is_causal;
-  f.dropout_p = options.dropout_p;
-  f.seed = options.seed;
-  f.keep_scale = options.dropout_p < 1.0 ? static_cast<T>(1.0 / (1.0 - options.dropout_p)) : T(0);
-  f.q = p.q.data<T>();
-  f.k = p.k.data<T>();
-  f.v = p.v.data<T>();
-  if (p.mask) {
-    if (p.mask->dtype() == DType::b8) {
-      f.mask_bool = p.mask->data<bool>();
-    } else {
-      f.mask_float = p.mask->data<T>();
-    }
-  }
+  const Flash<Same<T>> f =
+      tiles::make_flash<Same<T>>(p, options, backward_tiles(options.tuning.flash_tiles, p.lq, p.lk));
   const DType dt = dtype_of<T>::value;
   Tensor dq = Tensor::zeros(p.q_in.shape(), dt), dk = Tensor::zeros(p.k_in.shape(), dt),
          dv = Tensor::zeros(p.v_in.shape(), dt);

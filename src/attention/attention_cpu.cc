@@ -58,6 +58,7 @@ using tiles::dropout_tile;
 using tiles::Flash;
 using tiles::gemm_operand;
 using tiles::kNegInf;
+using tiles::make_flash;
 using tiles::Mat;
 using tiles::Rows;
 using tiles::score_tile;
@@ -229,30 +230,15 @@ Shape with(const Shape& batch, std::initializer_list<int64_t> tail) {
 template <class K>
 AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
   using T = typename K::T;
-  using S = typename K::S;
   const DType dt = dtype_of<T>::value;                          // of the output accumulator, lse and weights
   Tensor out = Tensor::empty(with(p.batch, {p.lq, p.dv}), dt);  // [batch..., Lq, Dv]
   std::optional<Tensor> lse, weights;
   if (options.return_logsumexp) lse = Tensor::empty(with(p.batch, {p.lq}), dt);          // [batch..., Lq]
   if (options.return_weights) weights = Tensor::empty(with(p.batch, {p.lq, p.lk}), dt);  // [batch..., Lq, Lk]
 
-  Flash<K> f;
-  f.p = &p;
-  f.causal = options.is_causal;
-  f.tiles = choose_flash_tiles(options.tuning.flash_tiles, flash_tiles_from_env(), p.lq, p.lk, p.dk, p.dv, f.causal);
-  f.dropout_p = options.dropout_p;
-  f.seed = options.seed;
-  f.keep_scale = options.dropout_p < 1.0 ? static_cast<T>(1.0 / (1.0 - options.dropout_p)) : T(0);
-  f.q = p.q.data<S>();
-  f.k = p.k.data<S>();
-  f.v = p.v.data<S>();
-  if (p.mask) {
-    if (p.mask->dtype() == DType::b8) {
-      f.mask_bool = p.mask->data<bool>();
-    } else {
-      f.mask_float = p.mask->data<T>();
-    }
-  }
+  Flash<K> f = make_flash<K>(p, options,
+                             choose_flash_tiles(options.tuning.flash_tiles, flash_tiles_from_env(), p.lq, p.lk, p.dk,
+                                                p.dv, options.is_causal));
   f.out = out.data<T>();
   f.lse = lse ? lse->data<T>() : nullptr;
   f.weights = weights ? weights->data<T>() : nullptr;

@@ -79,6 +79,27 @@ struct Flash {
   T* weights = nullptr;             // [batch, Lq, Lk] or null
 };
 
+// The read-only state of a call over problem p (q, k, v of type S, a bool or T mask),
+// with its options and tiles; the outputs (out, lse, weights) are the caller's to set.
+template <class K>
+Flash<K> make_flash(const Problem& p, const AttentionOptions& options, const FlashTiles& tiles) {
+  using T = typename K::T;
+  using S = typename K::S;
+  Flash<K> f;
+  f.p = &p;
+  f.tiles = tiles;
+  f.causal = options.is_causal;
+  f.dropout_p = options.dropout_p;
+  f.seed = options.seed;
+  f.keep_scale = options.dropout_p < 1.0 ? static_cast<T>(1.0 / (1.0 - options.dropout_p)) : T(0);
+  f.q = p.q.data<S>();
+  f.k = p.k.data<S>();
+  f.v = p.v.data<S>();
+  if (p.mask && p.mask->dtype() == DType::b8) f.mask_bool = p.mask->data<bool>();
+  if (p.mask && p.mask->dtype() != DType::b8) f.mask_float = p.mask->data<T>();
+  return f;
+}
+
 // One work item: `rows` query rows from i0 of flat batch entry b.
 template <class K>
 struct Rows {

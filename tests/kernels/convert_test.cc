@@ -10,21 +10,13 @@
 #include <random>
 #include <vector>
 
+#include "common/simd_targets.h"
 #include "kernels/cpu/convert.h"
-#include "softmax/softmax_cpu.h"  // the Highway target hooks
 
 namespace qkv {
 namespace {
 
-template <class Fn>
-void for_each_target(Fn&& body) {
-  for (int64_t target : kernels::detail::simd_targets()) {
-    kernels::detail::force_simd_target(target);
-    SCOPED_TRACE("target " + kernels::detail::simd_target_name(target));
-    body();
-  }
-  kernels::detail::force_simd_target(0);
-}
+using test::for_each_target;
 
 uint32_t bits(float f) {
   uint32_t u;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/simd_targets.h"
 #include "qkv/softmax.h"
 #include "softmax/softmax_cpu.h"
 
@@ -27,16 +28,7 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 const std::vector<int64_t> kCols = {1,  2,  3,   5,   7,   8,   9,   13,  15,  16,  17,  31,  33,
                                     63, 65, 100, 127, 129, 255, 257, 333, 511, 513, 999, 1000};
 
-// Runs `body` once per SIMD target (AVX3, AVX2, SCALAR, ... as available).
-template <class Fn>
-void for_each_target(Fn&& body) {
-  for (int64_t target : kernels::detail::simd_targets()) {
-    kernels::detail::force_simd_target(target);
-    SCOPED_TRACE("target " + kernels::detail::simd_target_name(target));
-    body();
-  }
-  kernels::detail::force_simd_target(0);
-}
+using test::for_each_target;
 
 // Bound on |float kernel - double reference| for softmax element i of a row:
 // rounding x_i - max in float costs |x_i - max| * 2^-24 relative, exp, the sum
