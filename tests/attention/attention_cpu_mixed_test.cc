@@ -17,12 +17,10 @@
 #include <string>
 
 #include "attention/attention_test_configs.h"
+#include "common/sdpa_fixtures.h"
 #include "kernels/cpu/gemm_internal.h"
 #include "qkv/attention.h"
 #include "qkv/gemm.h"
-#include "qkv/io_tensor_files.h"
-
-#include <nlohmann/json.hpp>
 
 namespace qkv {
 namespace {
@@ -44,25 +42,19 @@ double half_ulp(DType dt) { return dt == DType::bf16 ? 0x1.0p-8 : 0x1.0p-11; }
 Tensor upcast(const Tensor& t) { return t.to(DType::f64); }
 
 TEST_P(MixedPrecision, WithinTwiceTorchsOwnHalfPrecisionError) {
-  namespace fs = std::filesystem;
   int checked = 0;
   double worst = 0.0;
-  for (const auto& entry : fs::directory_iterator(fs::path(QKV_SOURCE_DIR) / "tests" / "fixtures" / "sdpa_half")) {
-    if (entry.path().extension() != ".safetensors") continue;
-    const auto file = io::load_safetensors(entry.path());
-    const auto options = nlohmann::json::parse(file.metadata.at("options"));
-    AttentionOptions o;
-    o.is_causal = options.at("is_causal").get<bool>();
-    o.enable_gqa = options.at("enable_gqa").get<bool>();
-    if (!options.at("scale").is_null()) o.scale = options.at("scale").get<double>();
-    if (auto it = file.tensors.find("attn_mask"); it != file.tensors.end()) o.attn_mask = it->second;
-    const Tensor &q = file.tensors.at("q"), &k = file.tensors.at("k"), &v = file.tensors.at("v");
-    const double torch_error = options.at("torch_error").get<double>();
+  for (const auto& path : sdpa_fixtures::fixture_files(sdpa_fixtures::fixture_dir("sdpa_half"))) {
+    sdpa_fixtures::Fixture f = sdpa_fixtures::load_fixture(path);
+    const AttentionOptions& o = f.attention;
+    f.attention.return_weights = false;
+    const Tensor &q = f.tensor("q"), &k = f.tensor("k"), &v = f.tensor("v");
+    const double torch_error = f.options.at("torch_error").get<double>();
     const Tensor got = scaled_dot_product_attention(q, k, v, o).output;
-    ASSERT_EQ(got.dtype(), q.dtype()) << entry.path();
+    ASSERT_EQ(got.dtype(), q.dtype()) << f.name;
     const Tensor want = attention_reference(upcast(q), upcast(k), upcast(v), o).output;
     const double error = max_abs_diff(got, want);
-    EXPECT_LE(error, 2.0 * torch_error) << entry.path().filename() << " torch " << torch_error;
+    EXPECT_LE(error, 2.0 * torch_error) << f.name << " torch " << torch_error;
     worst = std::max(worst, error / torch_error);
     ++checked;
   }
