@@ -74,6 +74,7 @@ fixtures: build
 	.venv-fixtures/bin/python tests/attention/make_sdpa_fixtures.py tests/fixtures/sdpa
 	.venv-fixtures/bin/python tests/attention/make_sdpa_nonfinite_fixtures.py tests/fixtures/sdpa_nonfinite
 	.venv-fixtures/bin/python tests/attention/make_sdpa_grad_fixtures.py tests/fixtures/sdpa_grad
+	.venv-fixtures/bin/python tests/attention/make_sdpa_half_fixtures.py tests/fixtures/sdpa_half
 	.venv-fixtures/bin/python tests/io/make_io_fixtures.py
 	.venv-fixtures/bin/python tests/io/make_keras_tf_fixtures.py
 	.venv-fixtures/bin/python tests/seed001/train_seed001.py
@@ -82,6 +83,7 @@ fixtures: build
 	.venv-fixtures/bin/python tests/python/make_torch_nn_fixtures.py tests/fixtures/torch_interop
 	.venv-fixtures/bin/python tests/nn/make_seed_fixtures.py tests/fixtures/mha_torch/seeds
 	KERAS_BACKEND=jax .venv-fixtures/bin/python tests/nn/make_keras_mha_fixtures.py tests/fixtures/mha_keras
+	KERAS_BACKEND=jax .venv-fixtures/bin/python tests/nn/make_optim_fixtures.py tests/fixtures/optim
 	.venv-fixtures/bin/python tests/io/check_writers_with_tf.py $(BUILD)/bin/qkv --update
 
 # `make demo` and `make test` of the committed HEAD in a fresh Debian 12 root

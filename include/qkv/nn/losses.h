@@ -1,0 +1,23 @@
+// Training losses (mean reduction, PyTorch's definitions; Keras' from_logits binary
+// cross-entropy is the same) with the gradient of the loss with respect to the first
+// input, for the backward passes. Checked against torch autograd (tests/nn/optim_test.cc).
+#pragma once
+
+#include "qkv/tensor.h"
+
+namespace qkv::nn {
+
+struct LossResult {
+  double loss = 0.0;
+  Tensor grad;  // d loss / d input: the input's shape, float32
+};
+
+// mean(max(x, 0) - x y + log(1 + exp(-|x|))) over every element; grad (sigmoid(x) - y) / N.
+LossResult binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets);
+// logits [N, C], targets [N] integer classes in [0, C): mean of -log softmax(x_n)[y_n];
+// grad (softmax(x_n) - onehot(y_n)) / N. ValueError for a class out of range.
+LossResult cross_entropy(const Tensor& logits, const Tensor& targets);
+// mean((x - y)^2); grad 2 (x - y) / N.
+LossResult mse_loss(const Tensor& input, const Tensor& target);
+
+}  // namespace qkv::nn

@@ -1,0 +1,76 @@
+// Training losses (qkv/nn/losses.h): mean reduction, gradient with respect to the first
+// input, accumulated in double and returned in float32.
+#include "qkv/nn/losses.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "qkv/error.h"
+
+namespace qkv::nn {
+
+namespace {
+
+void same_shape(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) {
+    fail<ShapeError>(op, ": input ", shape_str(a.shape()), " and target ", shape_str(b.shape()), " differ");
+  }
+}
+
+}  // namespace
+
+LossResult binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets) {
+  same_shape("binary_cross_entropy_with_logits", logits, targets);
+  const auto x = logits.to_vector<double>(), y = targets.to_vector<double>();
+  const double n = static_cast<double>(std::max<size_t>(x.size(), 1));
+  std::vector<float> grad(x.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sum += std::max(x[i], 0.0) - x[i] * y[i] + std::log1p(std::exp(-std::fabs(x[i])));  // stable log(1 + e^x) - x y
+    grad[i] = static_cast<float>((1.0 / (1.0 + std::exp(-x[i])) - y[i]) / n);
+  }
+  return {sum / n, Tensor::from_vector(grad, logits.shape())};
+}
+
+LossResult cross_entropy(const Tensor& logits, const Tensor& targets) {
+  if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0)) {
+    fail<ShapeError>("cross_entropy: expected logits [N, C] and targets [N], got ", shape_str(logits.shape()), " and ",
+                     shape_str(targets.shape()));
+  }
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  const auto x = logits.to_vector<double>();
+  const auto y = targets.to_vector<int64_t>();
+  std::vector<float> grad(x.size());
+  double sum = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t label = y[static_cast<size_t>(r)];
+    if (label < 0 || label >= classes)
+      fail<ValueError>("cross_entropy: target ", label, " is not in [0, ", classes, ")");
+    const double* row = x.data() + r * classes;
+    const double mx = *std::max_element(row, row + classes);
+    double z = 0.0;
+    for (int64_t c = 0; c < classes; ++c) z += std::exp(row[c] - mx);
+    sum += std::log(z) + mx - row[label];
+    for (int64_t c = 0; c < classes; ++c) {
+      const double p = std::exp(row[c] - mx) / z;
+      grad[static_cast<size_t>(r * classes + c)] = static_cast<float>((p - (c == label ? 1.0 : 0.0)) / static_cast<double>(rows));
+    }
+  }
+  return {rows ? sum / static_cast<double>(rows) : 0.0, Tensor::from_vector(grad, logits.shape())};
+}
+
+LossResult mse_loss(const Tensor& input, const Tensor& target) {
+  same_shape("mse_loss", input, target);
+  const auto x = input.to_vector<double>(), y = target.to_vector<double>();
+  const double n = static_cast<double>(std::max<size_t>(x.size(), 1));
+  std::vector<float> grad(x.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sum += (x[i] - y[i]) * (x[i] - y[i]);
+    grad[i] = static_cast<float>(2.0 * (x[i] - y[i]) / n);
+  }
+  return {sum / n, Tensor::from_vector(grad, input.shape())};
+}
+
+}  // namespace qkv::nn

@@ -1,0 +1,167 @@
+// qkv::nn optimizers (qkv/nn/optim.h): PyTorch's and Keras 3's update rules, written in
+// float32 in the order the frameworks compute them (torch.optim.SGD/Adam/AdamW's
+// single-tensor paths; keras.optimizers' update_step), so that steps agree to rounding.
+#include "qkv/nn/optim.h"
+
+#include <cmath>
+#include <vector>
+
+#include "qkv/error.h"
+
+namespace qkv::nn {
+
+namespace {
+
+// The parameter's f32 data and its gradient's (checked: present, same shape, f32 param).
+struct Pair {
+  float* p;
+  const float* g;
+  int64_t n;
+};
+
+Pair pair_of(const char* op, const std::string& name, Tensor& param, const NamedTensors& grads,
+             std::vector<Tensor>& keep) {
+  const auto it = grads.find(name);
+  if (it == grads.end()) fail<ValueError>(op, ".step: no gradient for parameter '", name, "'");
+  if (it->second.shape() != param.shape()) {
+    fail<ShapeError>(op, ".step: gradient of '", name, "' has shape ", shape_str(it->second.shape()),
+                     ", the parameter ", shape_str(param.shape()));
+  }
+  if (param.dtype() != DType::f32 || !param.is_contiguous()) {
+    fail<DTypeError>(op, ".step: parameter '", name, "' must be a contiguous float32 tensor (updated in place)");
+  }
+  keep.push_back(it->second.to(DType::f32).contiguous());
+  return {param.data<float>(), keep.back().data<float>(), param.numel()};
+}
+
+// The state buffer `name` of `state` (zeros of the parameter's shape on first use).
+float* buffer(NamedTensors& state, const std::string& name, const Tensor& like, bool* fresh = nullptr) {
+  auto it = state.find(name);
+  if (fresh) *fresh = it == state.end();
+  if (it == state.end()) it = state.emplace(name, Tensor::zeros(like.shape())).first;
+  return it->second.data<float>();
+}
+
+void check_nonnegative(const char* op, const char* what, double x) {
+  if (!(x >= 0.0) || !std::isfinite(x)) fail<ValueError>(op, ": ", what, " must be finite and >= 0, got ", x);
+}
+
+}  // namespace
+
+Sgd::Sgd(const SgdOptions& options) : o_(options) {
+  check_nonnegative("SGD", "lr", o_.lr);
+  check_nonnegative("SGD", "momentum", o_.momentum);
+  check_nonnegative("SGD", "weight_decay", o_.weight_decay);
+  if (o_.nesterov && o_.momentum == 0.0) fail<ValueError>("SGD: nesterov needs a momentum");
+}
+
+void Sgd::step(NamedTensors& params, const NamedTensors& grads) {
+  const auto lr = static_cast<float>(o_.lr), mu = static_cast<float>(o_.momentum);
+  const auto wd = static_cast<float>(o_.weight_decay), damp = static_cast<float>(1.0 - o_.dampening);
+  std::vector<Tensor> keep;
+  for (auto& [name, param] : params) {
+    const Pair x = pair_of("SGD", name, param, grads, keep);
+    bool fresh = false;
+    float* buf = mu != 0.0f ? buffer(momentum_, name, param, &fresh) : nullptr;
+    for (int64_t i = 0; i < x.n; ++i) {
+      if (o_.convention == Convention::keras) {
+        if (wd != 0.0f) x.p[i] -= x.p[i] * wd * lr;  // keras' _apply_weight_decay, before the step
+        if (!buf) {
+          x.p[i] -= x.g[i] * lr;
+          continue;
+        }
+        buf[i] = buf[i] * mu - x.g[i] * lr;
+        x.p[i] += o_.nesterov ? buf[i] * mu - x.g[i] * lr : buf[i];
+        continue;
+      }
+      float d = wd != 0.0f ? x.g[i] + wd * x.p[i] : x.g[i];  // torch: L2 in the gradient
+      if (buf) {
+        buf[i] = fresh ? d : buf[i] * mu + damp * d;
+        d = o_.nesterov ? d + mu * buf[i] : buf[i];
+      }
+      x.p[i] += -lr * d;
+    }
+  }
+}
+
+Adam::Adam(const AdamOptions& options) : o_(options) {
+  check_nonnegative("Adam", "lr", o_.lr);
+  check_nonnegative("Adam", "weight_decay", o_.weight_decay);
+  check_nonnegative("Adam", "eps", o_.eps);
+  if (!(o_.beta1 >= 0.0 && o_.beta1 < 1.0) || !(o_.beta2 >= 0.0 && o_.beta2 < 1.0)) {
+    fail<ValueError>("Adam: betas must be in [0, 1), got ", o_.beta1, ", ", o_.beta2);
+  }
+}
+
+void Adam::step(NamedTensors& params, const NamedTensors& grads) {
+  ++t_;
+  const auto b1 = static_cast<float>(o_.beta1), b2 = static_cast<float>(o_.beta2);
+  const auto lr = static_cast<float>(o_.lr), wd = static_cast<float>(o_.weight_decay);
+  const auto eps = static_cast<float>(o_.eps);
+  const bool keras = o_.convention == Convention::keras, decoupled = keras || o_.decoupled_weight_decay;
+  // torch: bias corrections in double (Python floats), step size lr / bc1, denominator
+  // sqrt(v) / sqrt(bc2) + eps. keras: alpha = lr sqrt(1 - b2^t) / (1 - b1^t) in float32.
+  const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t_));
+  const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t_));
+  const auto step_size = static_cast<float>(o_.lr / bc1), bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const float tf = static_cast<float>(t_);
+  const float alpha = lr * std::sqrt(1.0f - std::pow(b2, tf)) / (1.0f - std::pow(b1, tf));
+  std::vector<Tensor> keep;
+  for (auto& [name, param] : params) {
+    const Pair x = pair_of("Adam", name, param, grads, keep);
+    float* m = buffer(m_, name, param);
+    float* v = buffer(v_, name, param);
+    for (int64_t i = 0; i < x.n; ++i) {
+      if (decoupled && wd != 0.0f) {
+        x.p[i] = keras ? x.p[i] - x.p[i] * wd * lr : x.p[i] * (1.0f - lr * wd);  // AdamW / keras
+      }
+      const float g = !decoupled && wd != 0.0f ? x.g[i] + wd * x.p[i] : x.g[i];  // torch Adam: L2
+      if (keras) {
+        m[i] += (g - m[i]) * (1.0f - b1);
+        v[i] += (g * g - v[i]) * (1.0f - b2);
+        x.p[i] -= m[i] * alpha / (std::sqrt(v[i]) + eps);
+      } else {
+        m[i] += (1.0f - b1) * (g - m[i]);  // torch's lerp
+        v[i] = v[i] * b2 + (1.0f - b2) * g * g;
+        x.p[i] += -step_size * (m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps));
+      }
+    }
+  }
+}
+
+NamedTensors Adam::state() const {
+  NamedTensors s;
+  for (const auto& [name, t] : m_) s.emplace("m/" + name, t.clone());
+  for (const auto& [name, t] : v_) s.emplace("v/" + name, t.clone());
+  return s;
+}
+
+void Adam::load_state(const NamedTensors& state, int64_t steps) {
+  if (steps < 0) fail<ValueError>("Adam.load_state: steps must be >= 0, got ", steps);
+  NamedTensors m, v;
+  for (const auto& [key, t] : state) {
+    const bool is_m = key.rfind("m/", 0) == 0, is_v = key.rfind("v/", 0) == 0;
+    if (!is_m && !is_v) fail<ValueError>("Adam.load_state: unknown key '", key, "' (expected m/<name> or v/<name>)");
+    (is_m ? m : v).emplace(key.substr(2), t.to(DType::f32).contiguous().clone());
+  }
+  m_ = std::move(m), v_ = std::move(v), t_ = steps;
+}
+
+double clip_grad_norm(NamedTensors& grads, double max_norm) {
+  double sum = 0.0;
+  for (auto& [name, g] : grads) {
+    for (double x : g.to_vector<double>()) sum += x * x;
+  }
+  const double norm = std::sqrt(sum);
+  const double scale = max_norm / (norm + 1e-6);
+  if (scale >= 1.0) return norm;
+  for (auto& [name, g] : grads) {
+    Tensor f = g.to(DType::f32).contiguous().clone();
+    float* x = f.data<float>();
+    for (int64_t i = 0; i < f.numel(); ++i) x[i] *= static_cast<float>(scale);
+    g = f.to(g.dtype());
+  }
+  return norm;
+}
+
+}  // namespace qkv::nn

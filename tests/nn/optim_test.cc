@@ -1,0 +1,129 @@
+// qkv::nn optimizers and losses against PyTorch and Keras 3 (tests/fixtures/optim, from
+// tests/nn/make_optim_fixtures.py: torch.optim / keras.optimizers stepping the same float32
+// parameters with the same gradients for 5 steps; torch autograd for the losses).
+// Criterion: every step's parameters within 2e-6 of the parameter's scale (float32
+// arithmetic in the same order; the frameworks' vectorised kernels may round differently).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "common/sdpa_fixtures.h"
+#include "qkv/io_tensor_files.h"
+#include "qkv/nn/losses.h"
+#include "qkv/nn/optim.h"
+
+#include <nlohmann/json.hpp>
+
+namespace qkv::nn {
+namespace {
+
+double max_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  double m = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::fabs(x[i] - y[i]));
+  return m;
+}
+
+// One fixture's optimizer, built from its recorded arguments.
+struct Stepper {
+  std::optional<Sgd> sgd;
+  std::optional<Adam> adam;
+  void step(NamedTensors& p, const NamedTensors& g) { sgd ? sgd->step(p, g) : adam->step(p, g); }
+};
+
+Stepper make_stepper(const nlohmann::json& o) {
+  const bool keras = o.at("framework") == "keras";
+  const std::string kind = o.at("optimizer");
+  const nlohmann::json& a = o.at("args");
+  Stepper s;
+  if (kind == "SGD") {
+    SgdOptions so;
+    so.convention = keras ? Convention::keras : Convention::torch;
+    so.lr = a.value(keras ? "learning_rate" : "lr", 0.01);
+    so.momentum = a.value("momentum", 0.0);
+    so.dampening = a.value("dampening", 0.0);
+    so.weight_decay = a.value("weight_decay", 0.0);
+    so.nesterov = a.value("nesterov", false);
+    s.sgd.emplace(so);
+    return s;
+  }
+  AdamOptions ao;
+  ao.convention = keras ? Convention::keras : Convention::torch;
+  ao.lr = a.value(keras ? "learning_rate" : "lr", 1e-3);
+  if (keras) {
+    ao.beta1 = a.value("beta_1", 0.9), ao.beta2 = a.value("beta_2", 0.999), ao.eps = a.value("epsilon", 1e-7);
+    ao.weight_decay = kind == "AdamW" ? a.value("weight_decay", 0.004) : 0.0;  // keras AdamW's default 0.004
+  } else {
+    if (a.contains("betas")) ao.beta1 = a.at("betas")[0], ao.beta2 = a.at("betas")[1];
+    ao.eps = a.value("eps", 1e-8);
+    ao.weight_decay = a.value("weight_decay", kind == "AdamW" ? 0.01 : 0.0);
+    ao.decoupled_weight_decay = kind == "AdamW";
+  }
+  s.adam.emplace(ao);
+  return s;
+}
+
+TEST(Optimizers, MatchTorchAndKerasStepByStep) {
+  const auto files = sdpa_fixtures::fixture_files(sdpa_fixtures::fixture_dir("optim"));
+  int checked = 0;
+  for (const auto& path : files) {
+    if (path.stem() == "losses") continue;
+    const io::SafetensorsFile f = io::load_safetensors(path);
+    const nlohmann::json o = nlohmann::json::parse(f.metadata.at("options"));
+    Stepper opt = make_stepper(o);
+    NamedTensors params{{"w", f.tensors.at("w0").clone()}, {"b", f.tensors.at("b0").clone()}};
+    const Tensor &gw = f.tensors.at("gw"), &gb = f.tensors.at("gb"), &ws = f.tensors.at("w"), &bs = f.tensors.at("b");
+    for (int64_t t = 0; t < gw.size(0); ++t) {
+      opt.step(params, {{"w", gw.select(0, t)}, {"b", gb.select(0, t)}});
+      EXPECT_LE(max_diff(params.at("w"), ws.select(0, t)), 2e-6) << path.stem() << " step " << t + 1;
+      EXPECT_LE(max_diff(params.at("b"), bs.select(0, t)), 2e-6) << path.stem() << " step " << t + 1;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 13);
+}
+
+TEST(Optimizers, AdamStateRoundTripsAndBadInputsAreErrors) {
+  AdamOptions ao;
+  ao.lr = 0.1;
+  Adam a(ao), b(ao);
+  NamedTensors p1{{"w", Tensor::randn({3, 2}, 1)}}, p2{{"w", p1.at("w").clone()}};
+  const NamedTensors g{{"w", Tensor::randn({3, 2}, 2)}};
+  a.step(p1, g);
+  b.load_state(a.state(), a.steps());
+  p2.at("w").copy_from(p1.at("w"));
+  a.step(p1, g);
+  b.step(p2, g);
+  EXPECT_EQ(max_diff(p1.at("w"), p2.at("w")), 0.0);
+  NamedTensors missing{{"w", Tensor::randn({3, 2}, 1)}, {"b", Tensor::randn({2}, 1)}};
+  EXPECT_THROW(a.step(missing, g), ValueError);                             // no gradient for "b"
+  EXPECT_THROW(a.step(p1, {{"w", Tensor::randn({2, 3}, 3)}}), ShapeError);  // wrong shape
+  EXPECT_THROW(Adam(AdamOptions{.beta1 = 1.0}), ValueError);
+  EXPECT_THROW(Sgd(SgdOptions{.nesterov = true}), ValueError);
+}
+
+TEST(Losses, MatchTorchAutograd) {
+  const io::SafetensorsFile f = io::load_safetensors(sdpa_fixtures::fixture_dir("optim") / "losses.safetensors");
+  auto t = [&](const char* k) { return f.tensors.at(k); };
+  auto scalar = [&](const char* k) { return t(k).to_vector<double>()[0]; };
+  const LossResult bce = binary_cross_entropy_with_logits(t("bce_logits"), t("bce_targets"));
+  EXPECT_NEAR(bce.loss, scalar("bce_loss"), 1e-6 * std::fabs(scalar("bce_loss")));
+  EXPECT_LE(max_diff(bce.grad, t("bce_grad")), 1e-7);
+  const LossResult ce = cross_entropy(t("ce_logits"), t("ce_targets"));
+  EXPECT_NEAR(ce.loss, scalar("ce_loss"), 1e-6 * std::fabs(scalar("ce_loss")));
+  EXPECT_LE(max_diff(ce.grad, t("ce_grad")), 1e-7);
+  const LossResult mse = mse_loss(t("mse_input"), t("mse_target"));
+  EXPECT_NEAR(mse.loss, scalar("mse_loss"), 1e-6 * std::fabs(scalar("mse_loss")));
+  EXPECT_LE(max_diff(mse.grad, t("mse_grad")), 1e-7);
+  NamedTensors grads{{"a", t("clip_g1")}, {"b", t("clip_g2")}};
+  EXPECT_NEAR(clip_grad_norm(grads, 1.0), scalar("clip_norm"), 1e-5 * scalar("clip_norm"));
+  EXPECT_LE(max_diff(grads.at("a"), t("clip_out1")), 1e-7);
+  EXPECT_LE(max_diff(grads.at("b"), t("clip_out2")), 1e-7);
+  EXPECT_THROW(cross_entropy(t("ce_logits"), Tensor::from_vector(std::vector<int64_t>(7, 9), {7})), ValueError);
+  EXPECT_THROW(mse_loss(t("mse_input"), t("ce_logits")), ShapeError);
+}
+
+}  // namespace
+}  // namespace qkv::nn
