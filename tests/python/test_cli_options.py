@@ -27,7 +27,7 @@ def test_version_is_the_one_in_cmakelists(run):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["bogus"], "'bogus' is not a subcommand of qkv (one of: attention, inspect, convert, demo, bench, einsum,"),
+    (["bogus"], "'bogus' is not a subcommand of qkv (one of: attention, inspect, convert, demo, train, bench, einsum,"),
     (["bench", "bogus"], "'bogus' is not a subcommand of qkv bench (one of: attention)"),
     ([], "A subcommand is required"),
     (["bench"], "A subcommand is required"),
@@ -183,3 +183,13 @@ def test_bench_lines_arrive_through_a_pipe_as_printed(qkv_cli):
     assert proc.returncode == 0, err
     # Progress lines went to stderr (stdout is a pipe), one per shape, in order.
     assert err.splitlines() == ["qkv bench: [1/2] attention 1,1,8,8 ...", "qkv bench: [2/2] attention 1,1,16,8 ..."]
+
+
+def test_train_seed001_prints_ten_epochs_beside_keras(qkv_cli):
+    result = subprocess.run([qkv_cli, "train", "seed001"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if re.match(r"^ +\d+ +\d", line)]
+    assert [int(r[0]) for r in rows] == list(range(1, 11))
+    for epoch, qkv_loss, keras_loss, rel in rows:
+        assert abs(float(qkv_loss) - float(keras_loss)) <= 1e-5 * float(keras_loss), (epoch, qkv_loss, keras_loss)
+    assert float(rows[-1][1]) < float(rows[0][1])  # it learns

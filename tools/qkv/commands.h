@@ -15,6 +15,8 @@ void register_attention(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_convert(CLI::App& app);  // convert IN OUT --to torch|keras|same [--format F]
 void demo_seed001();                   // qkv demo: the trained seed-001 model from its TF checkpoint (demo_seed001.cc)
+bool train_seed001_table();            // seed 001 trained in qkv beside Keras' losses (demo_seed001.cc)
+void register_train(CLI::App& app);    // train seed001
 void register_demo(CLI::App& app);
 void register_bench(CLI::App& app);  // bench attention
 void register_einsum(CLI::App& app);

@@ -90,6 +90,7 @@ void run_demo() {
   const AttentionResult causal = scaled_dot_product_attention(q, k, v, options);
   section("causal attention weights (token 0 sees only itself)", *causal.weights);
   demo_seed001();
+  (void)train_seed001_table();
   std::cout << std::flush;
   speed_line();
 }

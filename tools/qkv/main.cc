@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   qkv::cli::register_inspect(app);
   qkv::cli::register_convert(app);
   qkv::cli::register_demo(app);
+  qkv::cli::register_train(app);
   qkv::cli::register_bench(app);
   qkv::cli::register_einsum(app);
   qkv::cli::register_einops(app);
