@@ -1,6 +1,8 @@
 // qkv::nn::Linear: y = x @ W + b through one qkv::gemm call (bias pre-filled, beta = 1).
 #include "qkv/nn/linear.h"
 
+#include <vector>
+
 #include "qkv/gemm.h"
 
 namespace qkv::nn {
@@ -86,6 +88,50 @@ Tensor Linear::forward(const Tensor& x) const {
   g.ldc = out_;
   gemm(g, 1.0f, a.data<float>(), weight_.data<float>(), bias_ ? 1.0f : 0.0f, c);
   return y;
+}
+
+LinearGradients Linear::backward(const Tensor& x, const Tensor& dy) const {
+  require_cpu("Linear.backward", {&x, &dy, &weight_});
+  if (quant_) fail<ValueError>("Linear.backward: the layer is quantized (int8); backward needs the float32 layer");
+  Shape out_shape = x.shape();
+  if (x.dim() < 1 || x.size(-1) != in_) {
+    fail<ShapeError>("Linear.backward: input ", shape_str(x.shape()), " does not end in in_features ", in_);
+  }
+  out_shape.back() = out_;
+  if (dy.shape() != out_shape) {
+    fail<ShapeError>("Linear.backward: dy must have shape ", shape_str(out_shape), ", got ", shape_str(dy.shape()));
+  }
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  LinearGradients g;
+  g.dx = Tensor::zeros(x.shape());                                               // [..., in]
+  g.dweight = Tensor::zeros(transposed_ ? Shape{out_, in_} : Shape{in_, out_});  // as weight_
+  if (bias_) g.dbias = Tensor::zeros({out_});
+  if (rows == 0 || in_ == 0 || out_ == 0) return g;
+  const Tensor a = as_gemm_matrix(x.reshape({rows, in_}));    // [rows, in]
+  const Tensor d = as_gemm_matrix(dy.reshape({rows, out_}));  // [rows, out]
+  const int64_t lda = a.size(0) <= 1 ? in_ : a.stride(0), ldd = d.size(0) <= 1 ? out_ : d.stride(0);
+  const int64_t ldw = weight_.size(0) <= 1 ? weight_.size(1) : weight_.stride(0);
+  // dx [rows, in] = dy [rows, out] W^T: W stored [out, in] (torch) or [in, out] (keras).
+  gemm({false, !transposed_, rows, in_, out_, ldd, ldw, in_}, 1.0f, d.data<float>(), weight_.data<float>(), 0.0f,
+       g.dx.data<float>());
+  // dW: torch [out, in] = dy^T x; keras [in, out] = x^T dy.
+  if (transposed_) {
+    gemm({true, false, out_, in_, rows, ldd, lda, in_}, 1.0f, d.data<float>(), a.data<float>(), 0.0f,
+         g.dweight.data<float>());
+  } else {
+    gemm({true, false, in_, out_, rows, lda, ldd, out_}, 1.0f, a.data<float>(), d.data<float>(), 0.0f,
+         g.dweight.data<float>());
+  }
+  if (g.dbias) {  // db = sum over rows of dy, in double (one rounding per element)
+    std::vector<double> sum(static_cast<size_t>(out_), 0.0);
+    const float* dp = d.data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t n = 0; n < out_; ++n) sum[static_cast<size_t>(n)] += dp[r * ldd + n];
+    }
+    float* db = g.dbias->data<float>();
+    for (int64_t n = 0; n < out_; ++n) db[n] = static_cast<float>(sum[static_cast<size_t>(n)]);
+  }
+  return g;
 }
 
 Tensor Linear::to_torch_layout() const {

@@ -4,7 +4,6 @@
 
 #include "qkv/attention.h"
 #include "qkv/attention_backward.h"
-#include "qkv/einsum.h"
 #include "qkv/nn/linear.h"
 #include "qkv/nn/losses.h"
 
@@ -26,24 +25,25 @@ Tensor merge_heads(const Tensor& t) {
   return t.permute({0, 2, 1, 3}).contiguous().reshape({t.size(0), t.size(2), t.size(1) * t.size(3)});
 }
 
-// d loss / d kernel and d bias of y = x @ kernel + bias (x [B, T, in], dy [B, T, out]),
-// shaped as the layer's kernel and bias (Keras layout: kernel [in..., out...]).
-void linear_grads(const Tensor& x, const Tensor& dy, const Tensor& kernel, const Tensor& bias, const std::string& name,
-                  NamedTensors& grads) {
-  grads[name + "_kernel"] = einsum("bti,bto->io", {x, dy}).reshape(kernel.shape());
-  grads[name + "_bias"] = einsum("bto->o", {dy}).reshape(bias.shape());
+// A projection's weight gradients under the layer's names and shapes (Keras' kernel axes).
+void keep(const LinearGradients& g, const Tensor& kernel, const Tensor& bias, const std::string& name,
+          NamedTensors& grads) {
+  grads[name + "_kernel"] = g.dweight.reshape(kernel.shape());
+  grads[name + "_bias"] = g.dbias->reshape(bias.shape());
 }
 
 }  // namespace
 
 Seed001Step seed001_loss_and_grads(const NamedTensors& w, const Tensor& x, const Tensor& y) {
   const Tensor &wq = weight(w, "query_kernel"), &wk = weight(w, "key_kernel"), &wv = weight(w, "value_kernel");
-  const Tensor &wo = weight(w, "attention_output_kernel"), &wd = weight(w, "dense_kernel");
+  const Tensor &bq = weight(w, "query_bias"), &bk = weight(w, "key_bias"), &bv = weight(w, "value_bias");
+  const Tensor &wo = weight(w, "attention_output_kernel"), &bo = weight(w, "attention_output_bias");
+  const Tensor &wd = weight(w, "dense_kernel"), &bd = weight(w, "dense_bias");
   const int64_t h = wq.size(1);
+  const Linear lq = Linear::keras(wq, bq), lk = Linear::keras(wk, bk), lv = Linear::keras(wv, bv);
+  const Linear lo = Linear::keras(wo, bo, 2), ld = Linear::keras(wd, bd);
   // F1: q, k, v = x Wq + bq, ...                              [B, T, H*K] each
-  const Tensor q = Linear::keras(wq, weight(w, "query_bias")).forward(x);
-  const Tensor k = Linear::keras(wk, weight(w, "key_bias")).forward(x);
-  const Tensor v = Linear::keras(wv, weight(w, "value_bias")).forward(x);
+  const Tensor q = lq.forward(x), k = lk.forward(x), v = lv.forward(x);
   // F2: o = softmax(q k^T / sqrt(K)) v per head                [B, H, T, K]
   AttentionOptions ao;
   ao.return_logsumexp = true;
@@ -52,31 +52,29 @@ Seed001Step seed001_loss_and_grads(const NamedTensors& w, const Tensor& x, const
   // F3: heads merged                                          [B, T, H*K]
   const Tensor oc = merge_heads(att.output);
   // F4: a = oc Wo + bo                                         [B, T, D]
-  const Tensor a = Linear::keras(wo, weight(w, "attention_output_bias"), 2).forward(oc);
+  const Tensor a = lo.forward(oc);
   // F5: z = a Wd + bd                                          [B, T, 1]
-  const Tensor z = Linear::keras(wd, weight(w, "dense_bias")).forward(a);
+  const Tensor z = ld.forward(a);
   // F6: loss = mean BCE(z, y)
   const LossResult bce = binary_cross_entropy_with_logits(z, y);
 
   Seed001Step step;
   step.loss = bce.loss;
   // B6 (F6): dz = (sigmoid(z) - y) / N
-  const Tensor& dz = bce.grad;
   // B5 (F5): dWd = a^T dz, dbd = sum dz, da = dz Wd^T
-  linear_grads(a, dz, wd, weight(w, "dense_bias"), "dense", step.grads);
-  const Tensor da = einsum("bto,io->bti", {dz, wd});
+  const LinearGradients gd = ld.backward(a, bce.grad);
+  keep(gd, wd, bd, "dense", step.grads);
   // B4 (F4): dWo = oc^T da, dbo = sum da, doc = da Wo^T
-  const Tensor wo2 = wo.reshape({wo.size(0) * wo.size(1), wo.size(2)});  // [H*K, D]
-  linear_grads(oc, da, wo, weight(w, "attention_output_bias"), "attention_output", step.grads);
-  const Tensor doc = einsum("bto,io->bti", {da, wo2});
+  const LinearGradients go = lo.backward(oc, gd.dx);
+  keep(go, wo, bo, "attention_output", step.grads);
   // B3 (F3): the merge is a permutation: split the gradient the same way
   // B2 (F2): the fused attention backward from F2's saved output and logsumexp
   const AttentionGradients g =
-      scaled_dot_product_attention_backward(qh, kh, vh, att.output, split_heads(doc, h), *att.logsumexp, ao);
+      scaled_dot_product_attention_backward(qh, kh, vh, att.output, split_heads(go.dx, h), *att.logsumexp, ao);
   // B1 (F1): dW = x^T d(q|k|v), db = sum d(q|k|v)
-  linear_grads(x, merge_heads(g.dq), wq, weight(w, "query_bias"), "query", step.grads);
-  linear_grads(x, merge_heads(g.dk), wk, weight(w, "key_bias"), "key", step.grads);
-  linear_grads(x, merge_heads(g.dv), wv, weight(w, "value_bias"), "value", step.grads);
+  keep(lq.backward(x, merge_heads(g.dq)), wq, bq, "query", step.grads);
+  keep(lk.backward(x, merge_heads(g.dk)), wk, bk, "key", step.grads);
+  keep(lv.backward(x, merge_heads(g.dv)), wv, bv, "value", step.grads);
   return step;
 }
 

@@ -1,6 +1,9 @@
 // qkv::nn::Linear against plain double loops, in both weight layouts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "common/expect.h"
 #include "nn/fixtures.h"
 #include "qkv/nn/linear.h"
@@ -73,6 +76,46 @@ TEST(Linear, ErrorsNameShapes) {
   EXPECT_THROW_WITH(Linear::torch(Tensor::zeros({3, 4}), std::nullopt).forward(Tensor::zeros({2, 5})), qkv::ShapeError,
                     "does not end in in_features 4");
   EXPECT_THROW_WITH(Linear::keras(Tensor::zeros({3, 4}), std::nullopt, 2), qkv::ShapeError, "needs more than 2");
+}
+
+// The backward against loops in double from its definition: with L = sum(y * g) for the
+// forward y = x W^T + b (torch layout), dL/dx = g W, dL/dW = g^T x, dL/db = sum g.
+TEST(LinearBackward, MatchesTheDefinitionInBothLayouts) {
+  const Tensor w = Tensor::randn({5, 7}, 1), b = Tensor::randn({5}, 2);
+  const Tensor x = Tensor::randn({2, 3, 7}, 3), g = Tensor::randn({2, 3, 5}, 4);
+  const Linear torch = Linear::torch(w, b);
+  const Linear keras = Linear::keras(w.transpose(0, 1).contiguous(), b);  // the same map, [in, out]
+  for (const Linear* l : {&torch, &keras}) {
+    const qkv::nn::LinearGradients got = l->backward(x, g);
+    ASSERT_EQ(got.dx.shape(), x.shape());
+    ASSERT_TRUE(got.dbias.has_value());
+    const bool t = l == &torch;
+    double e_dx = 0, e_dw = 0, e_db = 0;
+    for (int64_t r = 0; r < 6; ++r) {
+      for (int64_t i = 0; i < 7; ++i) {
+        double s = 0;
+        for (int64_t o = 0; o < 5; ++o) s += g.item({r / 3, r % 3, o}) * w.item({o, i});
+        e_dx = std::max(e_dx, std::fabs(got.dx.item({r / 3, r % 3, i}) - s));
+      }
+    }
+    for (int64_t o = 0; o < 5; ++o) {
+      double sb = 0;
+      for (int64_t r = 0; r < 6; ++r) sb += g.item({r / 3, r % 3, o});
+      e_db = std::max(e_db, std::fabs(got.dbias->item({o}) - sb));
+      for (int64_t i = 0; i < 7; ++i) {
+        double s = 0;
+        for (int64_t r = 0; r < 6; ++r) s += g.item({r / 3, r % 3, o}) * x.item({r / 3, r % 3, i});
+        const double have = t ? got.dweight.item({o, i}) : got.dweight.item({i, o});
+        e_dw = std::max(e_dw, std::fabs(have - s));
+      }
+    }
+    EXPECT_LT(e_dx, 1e-5) << (t ? "torch" : "keras");
+    EXPECT_LT(e_dw, 1e-5) << (t ? "torch" : "keras");
+    EXPECT_LT(e_db, 1e-5) << (t ? "torch" : "keras");
+  }
+  EXPECT_THROW_WITH(torch.backward(x, Tensor::randn({2, 3, 4}, 5)), qkv::ShapeError,
+                    "Linear.backward: dy must have shape [2, 3, 5], got [2, 3, 4]");
+  EXPECT_THROW(torch.quantize_dynamic().backward(x, g), qkv::ValueError);
 }
 
 }  // namespace

@@ -41,6 +41,14 @@ class ActivationObserver {
   uint64_t rng_ = 0x9e3779b97f4a7c15ull;
 };
 
+// Gradients through a Linear (Linear::backward).
+struct LinearGradients {
+  Tensor dx;                    // [..., in], x's shape, f32
+  Tensor dweight;               // the weight as the layer holds it: torch layout [out, in]; Keras layout [in, out]
+                                // (reshape to the EinsumDense kernel's axes as needed)
+  std::optional<Tensor> dbias;  // [out] when the layer has a bias
+};
+
 class Linear {
  public:
   Linear() = default;
@@ -59,6 +67,12 @@ class Linear {
 
   // x [..., in] (any strides; f32, f16/bf16/f64 are converted) -> y [..., out] f32, contiguous.
   Tensor forward(const Tensor& x) const;
+
+  // Backward of y = forward(x): given dy = d loss / d y [..., out], the gradients with
+  // respect to x, the weight and the bias (forward: y = x W + b, so dx = dy W^T,
+  // dW = x^T dy summed over every leading index, db = sum dy). Float32 layers only
+  // (ValueError for a quantized one); ShapeError naming Linear for mismatched shapes.
+  LinearGradients backward(const Tensor& x, const Tensor& dy) const;
 
   // Dynamic int8 quantization (seed 002; torch.ao.quantization.quantize_dynamic does the
   // same to nn.Linear): the weight becomes int8 per output channel (scale = max|w_n| / 127,

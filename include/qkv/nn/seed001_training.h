@@ -1,7 +1,7 @@
 // Seed 001 trained in qkv (issue 15 item 4): its model, MultiHeadAttention(num_heads=2,
 // key_dim=4) self-attention + Dense(1) with Keras 3's weight layout, forward and backward
 // written side by side from qkv's ops (Linear, scaled_dot_product_attention and its fused
-// backward, einsum), binary cross-entropy from logits, Keras' Adam. Reproduces Keras'
+// backward, Linear and its backward), binary cross-entropy from logits, Keras' Adam. Reproduces Keras'
 // per-epoch losses and final weights (tests/nn/seed001_training_test.cc, fixture from
 // tests/seed001/train_seed001_history.py).
 #pragma once
