@@ -186,13 +186,17 @@ void run_entry(const Backward<T>& bw, int64_t b, Scratch<T>& sc) {
 }
 
 // The tiles of the backward: the call's own (options.tuning), else QKV_FLASH_TILES,
-// else 256 x 256. Measured with BM_FlashBackward (2 threads, AMD EPYC Zen 4, D = 64,
+// else 256 x 256 (causal: below). Measured with BM_FlashBackward (2 threads, AMD EPYC Zen 4, D = 64,
 // two sweeps each, GFLOP/s): 64x128 100-104 at (4, 8, 1024, 64), 128x128 123-132,
 // 256x128 138-140, 256x256 136-153, 512x256 145-153, 256x512 108-115 (and 150-157 at
 // L = 4096), 512x512 118-136. Five products per tile pair make small tiles pay
 // oneDNN's per-call cost five times; 256 x 256 was the best or near it at every shape.
-FlashTiles backward_tiles(const FlashTiles& requested, int64_t lq, int64_t lk) {
-  FlashTiles t = requested.is_auto() ? flash_tiles_from_env().value_or(FlashTiles{256, 256}) : requested;
+// Causal: 128 x 128 (smaller tiles compute less of the masked triangle), measured the
+// same way at causal (1, 8, 512, 64) / (4, 8, 1024, 64) / (1, 16, 4096, 64): 128x128 106-125 /
+// 136 / 140-146 GFLOP/s, 256x256 104-105 / 122-133 / 142-143, 64x64 80-99 / 88-121 / 107-119.
+FlashTiles backward_tiles(const FlashTiles& requested, bool causal, int64_t lq, int64_t lk) {
+  const FlashTiles automatic = causal ? FlashTiles{128, 128} : FlashTiles{256, 256};
+  FlashTiles t = requested.is_auto() ? flash_tiles_from_env().value_or(automatic) : requested;
   t.br = std::max<int64_t>(1, std::min(t.br, lq));
   t.bc = std::max<int64_t>(1, std::min(t.bc, lk));
   return t;
@@ -202,7 +206,7 @@ template <class T>
 AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tensor& dout, const Tensor& lse,
                                 const AttentionOptions& options) {
   const Flash<Same<T>> f =
-      tiles::make_flash<Same<T>>(p, options, backward_tiles(options.tuning.flash_tiles, p.lq, p.lk));
+      tiles::make_flash<Same<T>>(p, options, backward_tiles(options.tuning.flash_tiles, options.is_causal, p.lq, p.lk));
   const DType dt = dtype_of<T>::value;
   Tensor dq = Tensor::zeros(p.q_in.shape(), dt), dk = Tensor::zeros(p.k_in.shape(), dt),
          dv = Tensor::zeros(p.v_in.shape(), dt);
