@@ -30,6 +30,7 @@ Pair pair_of(const char* op, const std::string& name, Tensor& param, const Named
   if (param.dtype() != DType::f32 || !param.is_contiguous()) {
     fail<DTypeError>(op, ".step: parameter '", name, "' must be a contiguous float32 tensor (updated in place)");
   }
+  if (param.is_read_only()) fail<ValueError>(op, ".step: parameter '", name, "' is read-only (updated in place)");
   keep.push_back(it->second.to(DType::f32).contiguous());
   return {param.data<float>(), keep.back().data<float>(), param.numel()};
 }

@@ -101,6 +101,10 @@ TEST(Optimizers, AdamStateRoundTripsAndBadInputsAreErrors) {
   EXPECT_THROW(a.step(missing, g), ValueError);                             // no gradient for "b"
   EXPECT_THROW(a.step(p1, {{"w", Tensor::randn({2, 3}, 3)}}), ShapeError);  // wrong shape
   EXPECT_THROW(Adam(AdamOptions{.beta1 = 1.0}), ValueError);
+  std::vector<float> frozen(6, 1.0f);  // a read-only view is never written
+  NamedTensors ro{{"w", Tensor::from_blob(frozen.data(), {3, 2}, DType::f32, {2, 1}, nullptr, true)}};
+  EXPECT_THROW(a.step(ro, g), ValueError);
+  EXPECT_EQ(frozen, std::vector<float>(6, 1.0f));
   EXPECT_THROW(Sgd(SgdOptions{.nesterov = true}), ValueError);
 }
 
