@@ -300,35 +300,68 @@ void MultiheadAttention::project(const Tensor& q, const Tensor& k, const Tensor&
   }
 }
 
-MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                                                     const MultiheadAttentionOptions& o) const {
+MultiheadAttention::Prepared MultiheadAttention::prepare(const Tensor& query, const Tensor& key,
+                                                         const Tensor& value) const {
   require_cpu(kOp, {&query, &key, &value});
-  const std::vector<Shape> inputs{query.shape(), key.shape(), value.shape()};  // named in out-of-memory errors
-  const AllocationScope scope("MultiheadAttention.forward", {}, inputs, "query, key, value");
-  const int64_t e = config_.embed_dim, h = config_.num_heads, d = head_dim();
+  const int64_t e = config_.embed_dim;
   if (query.dim() != 3 && query.dim() != 2) {
     fail<ShapeError>(kOp, ": query should be unbatched 2D or batched 3D, got ", shape_str(query.shape()));
   }
-  const bool batched = query.dim() == 3;
+  Prepared in;
+  in.batched = query.dim() == 3;
   check_input(query, query.dim(), e, "query");
   check_input(key, query.dim(), config_.kdim.value_or(e), "key");
   check_input(value, query.dim(), config_.vdim.value_or(e), "value");
   // Unbatched inputs become [L, 1, E] (sequence-first).
-  const bool bf = batched && config_.batch_first;
-  const Tensor qi = batched ? query : query.unsqueeze(1);
-  const Tensor ki = batched ? key : key.unsqueeze(1);
-  const Tensor vi = batched ? value : value.unsqueeze(1);
-  const int64_t n = qi.size(bf ? 0 : 1), l = qi.size(bf ? 1 : 0), s = ki.size(bf ? 1 : 0);
-  if (ki.shape().front() != vi.shape().front() || ki.size(1) != vi.size(1) || ki.size(bf ? 0 : 1) != n) {
+  in.bf = in.batched && config_.batch_first;
+  in.qi = in.batched ? query : query.unsqueeze(1);
+  in.ki = in.batched ? key : key.unsqueeze(1);
+  in.vi = in.batched ? value : value.unsqueeze(1);
+  in.n = in.qi.size(in.bf ? 0 : 1), in.l = in.qi.size(in.bf ? 1 : 0), in.s = in.ki.size(in.bf ? 1 : 0);
+  if (in.ki.shape().front() != in.vi.shape().front() || in.ki.size(1) != in.vi.size(1) ||
+      in.ki.size(in.bf ? 0 : 1) != in.n) {
     fail<ShapeError>(kOp, ": key ", shape_str(key.shape()), " and value ", shape_str(value.shape()),
                      " must match each other and query ", shape_str(query.shape()), " in batch and length");
   }
+  in.self = same_tensor(query, key) && same_tensor(key, value);
+  in.kv_shared = same_tensor(key, value);
+  return in;
+}
+
+AttentionOptions MultiheadAttention::attention_options(const MultiheadAttentionOptions& o, const Prepared& in,
+                                                       int64_t extra) const {
+  const int64_t h = config_.num_heads;
+  std::optional<Tensor> mask = combined_mask(o, in.batched, in.n, h, in.l, in.s, extra);  // [1|N, 1|H, L, S']
+  bool causal = false;
+  if (o.is_causal) {
+    if (!o.attn_mask) fail<ValueError>(kOp, ": Need attn_mask if specifying the is_causal hint.");
+    if (!o.key_padding_mask && !o.need_weights) {  // PyTorch then trusts the hint
+      causal = true;
+      mask.reset();
+    }
+  }
+  AttentionOptions ao;
+  ao.attn_mask = mask;
+  ao.is_causal = causal;
+  if (training && config_.dropout > 0) {
+    ao.dropout_p = config_.dropout;
+    ao.seed = dropout_seed;
+  }
+  return ao;
+}
+
+MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                                     const MultiheadAttentionOptions& o) const {
+  const std::vector<Shape> inputs{query.shape(), key.shape(), value.shape()};  // named in out-of-memory errors
+  const AllocationScope scope("MultiheadAttention.forward", {}, inputs, "query, key, value");
+  const Prepared in = prepare(query, key, value);
+  const int64_t h = config_.num_heads, d = head_dim();
   // ---- projections: [L, N, E] (or [N, L, E]) ----
   Tensor qp, kp, vp;
-  project(qi, ki, vi, same_tensor(query, key) && same_tensor(key, value), same_tensor(key, value), qp, kp, vp);
-  const Tensor qh = detail::split_heads(qp, h, bf);  // [N, H, L, D]
-  Tensor kh = detail::split_heads(kp, h, bf);        // [N, H, S, D]
-  Tensor vh = detail::split_heads(vp, h, bf);        // [N, H, S, D]
+  project(in.qi, in.ki, in.vi, in.self, in.kv_shared, qp, kp, vp);
+  const Tensor qh = detail::split_heads(qp, h, in.bf);  // [N, H, L, D]
+  Tensor kh = detail::split_heads(kp, h, in.bf);        // [N, H, S, D]
+  Tensor vh = detail::split_heads(vp, h, in.bf);        // [N, H, S, D]
   int64_t extra = 0;
   if (config_.add_bias_kv) {
     kh = detail::append_key_row(kh, params_.at("bias_k").reshape({h, d}));
@@ -340,33 +373,18 @@ MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const 
     vh = detail::append_key_row(vh, std::nullopt);
     ++extra;
   }
-  std::optional<Tensor> mask = combined_mask(o, batched, n, h, l, s, extra);  // [1|N, 1|H, L, S']
-  bool causal = false;
-  if (o.is_causal) {
-    if (!o.attn_mask) fail<ValueError>(kOp, ": Need attn_mask if specifying the is_causal hint.");
-    if (!o.key_padding_mask && !o.need_weights) {  // PyTorch then trusts the hint
-      causal = true;
-      mask.reset();
-    }
-  }
   // ---- attention ----
-  AttentionOptions ao;
-  ao.attn_mask = mask;
-  ao.is_causal = causal;
+  AttentionOptions ao = attention_options(o, in, extra);
   ao.return_weights = o.need_weights;
-  if (training && config_.dropout > 0) {
-    ao.dropout_p = config_.dropout;
-    ao.seed = dropout_seed;
-  }
   const AttentionResult r = scaled_dot_product_attention(qh, kh, vh, ao);  // output [N, H, L, D]
   MultiheadAttentionResult result;
-  const Tensor merged = detail::merge_heads(r.output, bf);  // [L, N, E] or [N, L, E]
+  const Tensor merged = detail::merge_heads(r.output, in.bf);  // [L, N, E] or [N, L, E]
   if (calibrating_) calibrating_->o.observe(merged);
   result.output = out_.forward(merged);
-  if (!batched) result.output = result.output.squeeze(1);
+  if (!in.batched) result.output = result.output.squeeze(1);
   if (o.need_weights) {
     Tensor w = o.average_attn_weights ? mean_heads(*r.weights) : *r.weights;  // [N, L, S'] / [N, H, L, S']
-    result.weights = batched ? w : w.squeeze(0);
+    result.weights = in.batched ? w : w.squeeze(0);
   }
   return result;
 }

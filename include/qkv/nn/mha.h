@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/attention.h"
 #include "qkv/nn/linear.h"
 #include "qkv/tensor.h"
 
@@ -59,6 +60,12 @@ struct CalibrationOptions {
   double percentile = 99.99;  // for Kind::percentile
 };
 
+// Gradients of a loss through MultiheadAttention::forward (MultiheadAttention::backward).
+struct MultiheadAttentionGradients {
+  Tensor query, key, value;              // d loss / d input, the inputs' shapes (f32)
+  std::map<std::string, Tensor> params;  // d loss / d parameter, by state_dict name and shape
+};
+
 struct MultiheadAttentionResult {
   Tensor output;                  // [L, N, E] / [N, L, E] / [L, E]
   std::optional<Tensor> weights;  // [N, L, S] or [N, H, L, S] (no N when unbatched)
@@ -84,6 +91,17 @@ class MultiheadAttention {
   MultiheadAttentionResult forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                    const MultiheadAttentionOptions& options = {}) const;
 
+  // Backward of forward(query, key, value, options): given grad_output = d loss / d output
+  // (the output's shape), the gradients of the inputs and of every parameter, named as
+  // torch.nn.MultiheadAttention's state_dict (in_proj_weight / q_proj_weight, k_proj_weight,
+  // v_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias). Every option of the
+  // forward but add_bias_kv and add_zero_attn (ValueError naming them): masks and
+  // is_causal are constants, dropout (training) is redrawn from dropout_seed. When query,
+  // key and value are one tensor (self-attention), its gradient is the sum of the three.
+  // Float32 layers only (ValueError when quantized). mha_backward.cc.
+  MultiheadAttentionGradients backward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                       const Tensor& grad_output, const MultiheadAttentionOptions& options = {}) const;
+
   // Dynamic int8 quantization of every projection (Linear::quantize_dynamic: int8 weights
   // per output channel, activations per token at run time, int8 GEMMs with int32
   // accumulation); attention itself stays float32. The float32 parameters are kept
@@ -106,6 +124,17 @@ class MultiheadAttention {
   uint64_t dropout_seed = 0;  // seed of scaled_dot_product_attention's dropout
 
  private:
+  // The checked inputs of a call in the sequence-first (or batch-first) batched layout.
+  struct Prepared {
+    bool batched = true, bf = false, self = false, kv_shared = false;
+    int64_t n = 0, l = 0, s = 0;  // batch, query length, key length
+    Tensor qi, ki, vi;            // [L, N, E] (or [N, L, E])
+  };
+  Prepared prepare(const Tensor& query, const Tensor& key, const Tensor& value) const;
+  // scaled_dot_product_attention's mask, causal flag and dropout for the call (`extra`
+  // appended key rows: bias_kv, zero_attn).
+  AttentionOptions attention_options(const MultiheadAttentionOptions& o, const Prepared& in, int64_t extra) const;
+
   void rebuild();  // Linear views over the parameters
   bool packed() const;
   // q/k/v projections [L, N, E]: one GEMM for self-attention, one for k and v when shared.
