@@ -144,6 +144,20 @@ class MultiheadAttention:
 
     __call__ = forward
 
+    def backward(self, query: Any, key: Any, value: Any, grad_output: Any, key_padding_mask: Any = None,
+                 need_weights: bool = True, attn_mask: Any = None, is_causal: bool = False) -> tuple:
+        """(d_query, d_key, d_value, grads): the gradients of a loss through forward(query, key, value,
+        ...) given grad_output = d loss / d output, and grads = {state_dict name: gradient} for every
+        parameter (docs/nn.md). Same arguments as forward (need_weights and is_causal select the same
+        attention path). When query, key and value are one array, its gradient is the sum of the three.
+        add_bias_kv / add_zero_attn layers raise ValueError."""
+        q, k, v = _array(query), _array(key), _array(value)
+        k = q if key is query else k
+        v = q if value is query else (k if value is key else v)
+        dq, dk, dv, grads = self._layer.backward(q, k, v, _array(grad_output), _array(key_padding_mask),
+                                                 need_weights, _array(attn_mask), is_causal)
+        return _like(dq, query), _like(dk, query), _like(dv, query), {n: _like(g, query) for n, g in grads.items()}
+
 
 class KerasMultiHeadAttention:
     """keras.layers.MultiHeadAttention's semantics (Keras 3) and weights; see docs/nn.md."""

@@ -142,6 +142,28 @@ nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, 
   return nb::make_tuple(to_numpy(r.output), optional_numpy(r.weights));
 }
 
+// (d_query, d_key, d_value, {parameter name: gradient}) as NumPy arrays.
+nb::tuple torch_backward(const qkv::nn::MultiheadAttention& m, nb::handle query, nb::handle key, nb::handle value,
+                         nb::handle grad_output, nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask,
+                         bool is_causal) {
+  const Tensor q = to_tensor(query, "MultiheadAttention.backward: query");
+  const Tensor k = key.is(query) ? q : to_tensor(key, "MultiheadAttention.backward: key");
+  const Tensor v =
+      value.is(key) ? k : (value.is(query) ? q : to_tensor(value, "MultiheadAttention.backward: value"));
+  const Tensor g = to_tensor(grad_output, "MultiheadAttention.backward: grad_output");
+  qkv::nn::MultiheadAttentionOptions o;
+  o.key_padding_mask = to_optional_tensor(key_padding_mask, "MultiheadAttention.backward: key_padding_mask");
+  o.attn_mask = to_optional_tensor(attn_mask, "MultiheadAttention.backward: attn_mask");
+  o.need_weights = need_weights;
+  o.is_causal = is_causal;
+  qkv::nn::MultiheadAttentionGradients r;
+  {
+    qkv::python::InterruptibleRelease release;
+    r = m.backward(q, k, v, g, o);
+  }
+  return nb::make_tuple(to_numpy(r.query), to_numpy(r.key), to_numpy(r.value), to_dict(r.params));
+}
+
 void bind_torch_flavour(nb::module_& nn) {
   nb::class_<qkv::nn::MultiheadAttention>(nn, "_MultiheadAttention")
       .def(nb::new_(&make_torch), nb::arg("embed_dim").none(), nb::arg("num_heads").none(),
@@ -161,6 +183,9 @@ void bind_torch_flavour(nb::module_& nn) {
            nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
            nb::arg("attn_mask").none() = nb::none(), nb::arg("average_attn_weights") = true,
            nb::arg("is_causal") = false)
+      .def("backward", &torch_backward, nb::arg("query"), nb::arg("key"), nb::arg("value"), nb::arg("grad_output"),
+           nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
+           nb::arg("attn_mask").none() = nb::none(), nb::arg("is_causal") = false)
       .def("quantize_dynamic", &qkv::nn::MultiheadAttention::quantize_dynamic)
       .def("quantize_static", &quantize_static, nb::arg("batches"), nb::arg("observer") = "minmax",
            nb::arg("percentile") = 99.99)

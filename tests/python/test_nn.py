@@ -242,3 +242,42 @@ def test_quantize_static_calibrates_one_scale_per_projection(observer):
         layer.quantize_static(calib, observer="mean")
     with pytest.raises(ValueError, match="no calibration batches"):
         layer.quantize_static([])
+
+
+MHA_GRAD = sorted((pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "mha_grad").glob("*.safetensors"))
+
+
+def test_mha_grad_fixtures_are_there():
+    assert len(MHA_GRAD) == 6, "tests/fixtures/mha_grad (make fixtures)"
+
+
+@pytest.mark.parametrize("path", MHA_GRAD, ids=lambda p: p.stem)
+def test_mha_backward_matches_torch_autograd(path):
+    # torch.nn.MultiheadAttention's float64 autograd gradients of sum(out * grad_out)
+    # (tests/nn/make_torch_mha_grad_fixtures.py), the float32 layer within 1e-5 of each scale.
+    t = load_file(str(path))
+    with safe_open(str(path), "np") as f:
+        opts = json.loads(f.metadata()["options"])
+    c = opts["ctor"]
+    sd = {k[len("param/"):]: v for k, v in t.items() if k.startswith("param/")}
+    layer = qkv.nn.MultiheadAttention.from_state_dict(sd, c["num_heads"], batch_first=c.get("batch_first", False))
+    fwd = opts["forward"]
+    q = t["query"]
+    k, v = (q, q) if opts["same_input"] else (t["key"], t["value"])
+    dq, dk, dv, grads = layer.backward(q, k, v, t["grad_out"], key_padding_mask=t.get("key_padding_mask"),
+                                       attn_mask=t.get("attn_mask"), need_weights=fwd.get("need_weights", True),
+                                       is_causal=fwd.get("is_causal", False))
+
+    def close(got, want, what):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max(), err_msg=what)
+
+    if opts["same_input"]:
+        close(dq + dk + dv, t["d_query"], "d_query")
+    else:
+        close(dq, t["d_query"], "d_query")
+        close(dk, t["d_key"], "d_key")
+        close(dv, t["d_value"], "d_value")
+    want = {k[len("dparam/"):]: v for k, v in t.items() if k.startswith("dparam/")}
+    assert sorted(grads) == sorted(want)
+    for name, g in want.items():
+        close(grads[name], g, name)
