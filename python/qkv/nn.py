@@ -19,9 +19,15 @@ LazyMultiHeadAttention = _nn.LazyMultiHeadAttention
 MultiHeadSelfAttention = _nn.MultiHeadSelfAttention
 SelfAttention = _nn.SelfAttention
 SeparateHeadsAttention = _nn.SeparateHeadsAttention
+Adam = _nn.Adam
+SGD = _nn.SGD
+binary_cross_entropy_with_logits = _nn.binary_cross_entropy_with_logits
+cross_entropy = _nn.cross_entropy
+mse_loss = _nn.mse_loss
 
 __all__ = ["MultiheadAttention", "KerasMultiHeadAttention", "SelfAttention", "MultiHeadSelfAttention",
-           "SeparateHeadsAttention", "LazyMultiHeadAttention", "keras_to_torch", "torch_to_keras", "quantize_dynamic"]
+           "SeparateHeadsAttention", "LazyMultiHeadAttention", "keras_to_torch", "torch_to_keras", "quantize_dynamic",
+           "Adam", "SGD", "binary_cross_entropy_with_logits", "cross_entropy", "mse_loss"]
 
 
 def _array(x: Any) -> Any:

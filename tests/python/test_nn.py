@@ -281,3 +281,59 @@ def test_mha_backward_matches_torch_autograd(path):
     assert sorted(grads) == sorted(want)
     for name, g in want.items():
         close(grads[name], g, name)
+
+
+OPTIM = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "optim"
+
+
+@pytest.mark.parametrize("path", sorted(p for p in OPTIM.glob("*.safetensors") if p.stem != "losses"),
+                         ids=lambda p: p.stem)
+def test_optimizers_match_torch_and_keras(path):
+    # torch.optim / keras.optimizers stepping the same parameters (make_optim_fixtures.py).
+    t = load_file(str(path))
+    with safe_open(str(path), "np") as f:
+        o = json.loads(f.metadata()["options"])
+    a, keras = o["args"], o["framework"] == "keras"
+    if o["optimizer"] == "SGD":
+        opt = qkv.nn.SGD(lr=a.get("learning_rate" if keras else "lr"), momentum=a.get("momentum", 0.0),
+                         dampening=a.get("dampening", 0.0), weight_decay=a.get("weight_decay", 0.0),
+                         nesterov=a.get("nesterov", False), convention=o["framework"])
+    elif keras:
+        opt = qkv.nn.Adam(lr=a["learning_rate"], betas=(a.get("beta_1", 0.9), a.get("beta_2", 0.999)),
+                          eps=a.get("epsilon", 1e-7), weight_decay=a.get("weight_decay", 0.0), convention="keras")
+    else:
+        opt = qkv.nn.Adam(lr=a["lr"], betas=tuple(a.get("betas", (0.9, 0.999))), eps=a.get("eps", 1e-8),
+                          weight_decay=a.get("weight_decay", 0.01 if o["optimizer"] == "AdamW" else 0.0),
+                          decoupled_weight_decay=o["optimizer"] == "AdamW")
+    params = {"w": t["w0"], "b": t["b0"]}
+    for step in range(t["gw"].shape[0]):
+        params = opt.step(params, {"w": t["gw"][step], "b": t["gb"][step]})
+        np.testing.assert_allclose(params["w"], t["w"][step], rtol=0, atol=2e-6)
+        np.testing.assert_allclose(params["b"], t["b"][step], rtol=0, atol=2e-6)
+    np.testing.assert_array_equal(t["w0"], load_file(str(path))["w0"])  # the inputs are not touched
+
+
+def test_losses_and_a_training_loop():
+    t = load_file(str(OPTIM / "losses.safetensors"))
+    loss, grad = qkv.nn.binary_cross_entropy_with_logits(t["bce_logits"], t["bce_targets"])
+    assert abs(loss - t["bce_loss"][0]) <= 1e-6 * abs(t["bce_loss"][0])
+    np.testing.assert_allclose(grad, t["bce_grad"], rtol=0, atol=1e-7)
+    loss, grad = qkv.nn.cross_entropy(t["ce_logits"], t["ce_targets"])
+    assert abs(loss - t["ce_loss"][0]) <= 1e-6 * abs(t["ce_loss"][0])
+    np.testing.assert_allclose(grad, t["ce_grad"], rtol=0, atol=1e-7)
+    # A layer trained with its backward and Adam fits a fixed target better step by step.
+    rng = np.random.default_rng(0)
+    layer = qkv.nn.MultiheadAttention(16, 2, batch_first=True)
+    x = rng.standard_normal((2, 6, 16)).astype(np.float32)
+    target = rng.standard_normal((2, 6, 16)).astype(np.float32)
+    opt = qkv.nn.Adam(lr=1e-2)
+    losses = []
+    for _ in range(20):
+        out, _ = layer(x, x, x, need_weights=False)
+        loss, d_out = qkv.nn.mse_loss(out, target)
+        losses.append(loss)
+        _, _, _, grads = layer.backward(x, x, x, d_out, need_weights=False)
+        layer.load_state_dict(opt.step(layer.state_dict(), grads))
+    assert losses[-1] < 0.8 * losses[0], losses
+    with pytest.raises(ValueError, match="convention must be 'torch' or 'keras', got 'jax'"):
+        qkv.nn.Adam(convention="jax")
