@@ -3,7 +3,8 @@
 
 Usage: make_torch_mha_grad_fixtures.py OUTPUT_DIR    (the committed way: `make fixtures`)
 
-Each configuration becomes OUTPUT_DIR/<name>.safetensors: the layer's state_dict (float32,
+Six hand-picked configurations and 44 random ones (50 in all); each becomes
+OUTPUT_DIR/<name>.safetensors: the layer's state_dict (float32,
 "param/<name>"), query/key/value and grad_out (float32; masks as given), and torch's float64
 autograd gradients of sum(output * grad_out) with respect to the inputs ("d_query", "d_key",
 "d_value") and every parameter ("dparam/<name>"), computed on the float64 copy of the same
@@ -86,9 +87,43 @@ def make(name, ctor, dims, fwd, masks, seed):
     save_file(tensors, os.path.join(OUT, name + ".safetensors"), metadata={"options": json.dumps(options)})
 
 
+def random_configs(count):
+    """`count` more configurations drawn from one seeded stream: embed dims and heads, bias,
+    batch-first or not, self or cross attention (kdim/vdim), masks, the causal hint, unbatched."""
+    rng = np.random.default_rng(20261125)
+    out = []
+    for i in range(count):
+        heads = int(rng.choice([1, 2, 4]))
+        e = heads * int(rng.choice([2, 4, 8]))
+        ctor = dict(embed_dim=e, num_heads=heads)
+        if rng.random() < 0.25:
+            ctor["bias"] = False
+        if rng.random() < 0.5:
+            ctor["batch_first"] = True
+        cross = rng.random() < 0.5
+        if cross and rng.random() < 0.5:
+            ctor["kdim"], ctor["vdim"] = int(rng.integers(3, 12)), int(rng.integers(3, 12))
+        l, s = int(rng.integers(1, 8)), int(rng.integers(1, 9))
+        n = None if rng.random() < 0.15 else int(rng.integers(1, 4))
+        masks, fwd = [], {}
+        kind = rng.choice(["none", "key_padding", "float_attn", "bool3d_attn", "causal"])
+        if kind == "causal" and not cross:
+            masks, fwd = ["causal_attn"], dict(is_causal=True, need_weights=False)
+        elif kind == "key_padding" and n is not None and s > 2:
+            masks = ["key_padding"]
+        elif kind == "float_attn":
+            masks = ["float_attn"]
+        elif kind == "bool3d_attn" and n is not None:
+            masks = ["bool3d_attn"]
+        name = f"random_{i:02d}" if cross else f"self_random_{i:02d}"
+        out.append((name, ctor, (l, s if cross else l, n), fwd, tuple(masks)))
+    return out
+
+
 if __name__ == "__main__":
     OUT = sys.argv[1]
     os.makedirs(OUT, exist_ok=True)
-    for i, (name, ctor, dims, fwd, masks) in enumerate(CONFIGS):
+    configs = CONFIGS + random_configs(44)
+    for i, (name, ctor, dims, fwd, masks) in enumerate(configs):
         make(name, ctor, dims, fwd, masks, 100 + i)
-    print(f"wrote {len(CONFIGS)} fixtures to {OUT}")
+    print(f"wrote {len(configs)} fixtures to {OUT}")
