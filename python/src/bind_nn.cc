@@ -125,22 +125,37 @@ qkv::nn::MultiheadAttention quantize_static(const qkv::nn::MultiheadAttention& m
   return m.quantize_static(tensors, options);
 }
 
+// The PyTorch layer's inputs and options as Python gave them: one tensor when query, key and
+// value are one object (self-attention), errors naming `op` ("MultiheadAttention",
+// "MultiheadAttention.backward") and the argument.
+struct TorchCall {
+  Tensor q, k, v;
+  qkv::nn::MultiheadAttentionOptions o;
+};
+
+TorchCall torch_call(const std::string& op, nb::handle query, nb::handle key, nb::handle value,
+                     nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask, bool is_causal) {
+  TorchCall c;
+  c.q = to_tensor(query, (op + ": query").c_str());
+  c.k = key.is(query) ? c.q : to_tensor(key, (op + ": key").c_str());
+  c.v = value.is(key) ? c.k : (value.is(query) ? c.q : to_tensor(value, (op + ": value").c_str()));
+  c.o.key_padding_mask = to_optional_tensor(key_padding_mask, (op + ": key_padding_mask").c_str());
+  c.o.attn_mask = to_optional_tensor(attn_mask, (op + ": attn_mask").c_str());
+  c.o.need_weights = need_weights;
+  c.o.is_causal = is_causal;
+  return c;
+}
+
 nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, nb::handle key, nb::handle value,
                         nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask, bool average_attn_weights,
                         bool is_causal) {
-  const Tensor q = to_tensor(query, "MultiheadAttention: query");
-  const Tensor k = key.is(query) ? q : to_tensor(key, "MultiheadAttention: key");
-  const Tensor v = value.is(key) ? k : (value.is(query) ? q : to_tensor(value, "MultiheadAttention: value"));
-  qkv::nn::MultiheadAttentionOptions o;
-  o.key_padding_mask = to_optional_tensor(key_padding_mask, "MultiheadAttention: key_padding_mask");
-  o.attn_mask = to_optional_tensor(attn_mask, "MultiheadAttention: attn_mask");
-  o.need_weights = need_weights;
-  o.average_attn_weights = average_attn_weights;
-  o.is_causal = is_causal;
+  TorchCall c =
+      torch_call("MultiheadAttention", query, key, value, key_padding_mask, need_weights, attn_mask, is_causal);
+  c.o.average_attn_weights = average_attn_weights;
   qkv::nn::MultiheadAttentionResult r;
   {
     qkv::python::InterruptibleRelease release;
-    r = m.forward(q, k, v, o);
+    r = m.forward(c.q, c.k, c.v, c.o);
   }
   return nb::make_tuple(to_numpy(r.output), optional_numpy(r.weights));
 }
@@ -149,19 +164,13 @@ nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, 
 nb::tuple torch_backward(const qkv::nn::MultiheadAttention& m, nb::handle query, nb::handle key, nb::handle value,
                          nb::handle grad_output, nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask,
                          bool is_causal) {
-  const Tensor q = to_tensor(query, "MultiheadAttention.backward: query");
-  const Tensor k = key.is(query) ? q : to_tensor(key, "MultiheadAttention.backward: key");
-  const Tensor v = value.is(key) ? k : (value.is(query) ? q : to_tensor(value, "MultiheadAttention.backward: value"));
+  const TorchCall c = torch_call("MultiheadAttention.backward", query, key, value, key_padding_mask, need_weights,
+                                 attn_mask, is_causal);
   const Tensor g = to_tensor(grad_output, "MultiheadAttention.backward: grad_output");
-  qkv::nn::MultiheadAttentionOptions o;
-  o.key_padding_mask = to_optional_tensor(key_padding_mask, "MultiheadAttention.backward: key_padding_mask");
-  o.attn_mask = to_optional_tensor(attn_mask, "MultiheadAttention.backward: attn_mask");
-  o.need_weights = need_weights;
-  o.is_causal = is_causal;
   qkv::nn::MultiheadAttentionGradients r;
   {
     qkv::python::InterruptibleRelease release;
-    r = m.backward(q, k, v, g, o);
+    r = m.backward(c.q, c.k, c.v, g, c.o);
   }
   return nb::make_tuple(to_numpy(r.query), to_numpy(r.key), to_numpy(r.value), to_dict(r.params));
 }
