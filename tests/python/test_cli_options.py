@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 import qkv
@@ -193,3 +194,19 @@ def test_train_seed001_prints_ten_epochs_beside_keras(qkv_cli):
     for epoch, qkv_loss, keras_loss, rel in rows:
         assert abs(float(qkv_loss) - float(keras_loss)) <= 1e-5 * float(keras_loss), (epoch, qkv_loss, keras_loss)
     assert float(rows[-1][1]) < float(rows[0][1])  # it learns
+
+
+def test_attention_matmul_precision_medium_stays_within_bf16_rounding(qkv_cli, tmp_path):
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((2, 3, 40, 32)).astype(np.float32)
+    np.save(tmp_path / "q.npy", q)
+    for precision in ("highest", "medium"):
+        result = subprocess.run([qkv_cli, "attention", "--q", tmp_path / "q.npy", "--k", tmp_path / "q.npy", "--v",
+                                 tmp_path / "q.npy", "--matmul-precision", precision, "-o", tmp_path / f"{precision}.npy"],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+    exact, medium = np.load(tmp_path / "highest.npy"), np.load(tmp_path / "medium.npy")
+    assert np.abs(medium - exact).max() <= 2.0 ** -7 * np.abs(q).max()
+    bad = subprocess.run([qkv_cli, "attention", "--q", "x", "--k", "x", "--v", "x", "-o", "y", "--matmul-precision",
+                          "low"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--matmul-precision: low not in {highest,high,medium}" in bad.stderr, bad.stderr

@@ -1,5 +1,5 @@
 // qkv attention --q q.npy --k k.npy --v v.npy [--mask m.npy] [--causal] [--scale S]
-//               [--weights w.npy] -o out.npy
+//               [--matmul-precision medium] [--weights w.npy] -o out.npy
 #include "commands.h"
 #include "qkv/attention.h"
 #include "qkv/io.h"
@@ -13,6 +13,7 @@ struct AttentionArgs {
   std::optional<double> scale;
   double dropout = 0.0;
   uint64_t seed = 0;
+  std::string precision = "highest";  // AttentionOptions::matmul_precision (float32 inputs)
 };
 
 void run_attention(const AttentionArgs& a) {
@@ -23,6 +24,7 @@ void run_attention(const AttentionArgs& a) {
   options.enable_gqa = a.gqa;
   options.dropout_p = a.dropout;
   options.seed = a.seed;
+  options.matmul_precision = matmul_precision_from_name(a.precision);
   options.return_weights = !a.weights.empty();
   const AttentionResult r = scaled_dot_product_attention(load_tensor(a.q), load_tensor(a.k), load_tensor(a.v), options);
   io::save(a.out, {{"output", r.output}});
@@ -45,6 +47,9 @@ void register_attention(CLI::App& app) {
   cmd->add_flag("--gqa", args->gqa, "grouped-query attention: k/v heads divide q heads");
   cmd->add_option("--dropout", args->dropout, "dropout probability on the weights")->check(real_in(0.0, 1.0));
   cmd->add_option("--seed", args->seed, "dropout seed")->check(integer_in(0, UINT64_MAX));
+  cmd->add_option("--matmul-precision", args->precision,
+                  "float32 inputs: highest (default), high, or medium (bf16 tiles where the CPU has native bf16)")
+      ->check(CLI::IsMember({"highest", "high", "medium"}));
   cmd->add_option("--weights", args->weights, "also write the attention weights [..., Lq, Lk] here");
   cmd->add_option("-o,--output", args->out, "output file (.npy or .safetensors)")->required();
   cmd->callback([args] { run_attention(*args); });
