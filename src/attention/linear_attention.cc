@@ -1,0 +1,58 @@
+// linear_attention: checks the call, lays out the operands, runs the CPU kernel.
+#include "qkv/linear_attention.h"
+
+#include "attention/linear_attention_cpu.h"
+#include "qkv/error.h"
+
+namespace qkv::attention {
+
+LinearProblem make_linear_problem(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const LinearAttentionOptions& options, const char* op, DType compute) {
+  require_cpu(op, {&q, &k, &v});
+  auto shapes = [&] {
+    return "(q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape()) + ")";
+  };
+  for (const Tensor* t : {&q, &k, &v}) {
+    if (!is_floating(t->dtype())) fail<DTypeError>(op, ": q, k and v must be floating point ", shapes());
+  }
+  if (q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim()) {
+    fail<ShapeError>(op, ": q, k and v must have the same rank >= 2 ", shapes());
+  }
+  const Shape lead(q.shape().begin(), q.shape().end() - 2);
+  if (Shape(k.shape().begin(), k.shape().end() - 2) != lead || Shape(v.shape().begin(), v.shape().end() - 2) != lead) {
+    fail<ShapeError>(op, ": q, k and v must have the same leading dims ", shapes());
+  }
+  if (k.size(-1) != q.size(-1) || v.size(-2) != k.size(-2)) {
+    fail<ShapeError>(op, ": k must be [..., Lk, D] with q's D and v [..., Lk, Dv] ", shapes());
+  }
+  if (options.is_causal && q.size(-2) != k.size(-2)) {
+    fail<ShapeError>(op, ": is_causal needs Lq == Lk ", shapes());
+  }
+  if (options.chunk < 1) fail<ValueError>(op, ": chunk must be >= 1, got ", options.chunk);
+  LinearProblem p;
+  p.batch = shape_numel(lead);
+  p.lq = q.size(-2), p.lk = k.size(-2), p.d = q.size(-1), p.dv = v.size(-1);
+  p.out_shape = lead;
+  p.out_shape.insert(p.out_shape.end(), {p.lq, p.dv});
+  p.out_dtype = q.dtype();
+  auto dense = [&](const Tensor& t, int64_t l, int64_t n) {
+    return t.to(compute).contiguous().reshape({p.batch, l, n});
+  };
+  p.q = dense(q, p.lq, p.d);
+  p.k = dense(k, p.lk, p.d);
+  p.v = dense(v, p.lk, p.dv);
+  return p;
+}
+
+}  // namespace qkv::attention
+
+namespace qkv {
+
+Tensor linear_attention(const Tensor& q, const Tensor& k, const Tensor& v, const LinearAttentionOptions& options) {
+  constexpr const char* kOp = "linear_attention";
+  const DType compute = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const attention::LinearProblem p = attention::make_linear_problem(q, k, v, options, kOp, compute);
+  return attention::linear_attention_cpu(p, options).reshape(p.out_shape).to(p.out_dtype);
+}
+
+}  // namespace qkv
