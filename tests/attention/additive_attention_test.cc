@@ -2,7 +2,8 @@
 // tests/nn/make_keras_attention_fixtures.py: set scales, value masks, causal masks, a fully
 // masked row that Keras averages), against additive_attention_reference (float64, written
 // apart from the kernel), and Luong's dot-product attention (Keras Attention(score_mode="dot",
-// use_scale=True)) as scaled_dot_product_attention with the learned scale.
+// use_scale=True)) as scaled_dot_product_attention with the learned scale; Keras'
+// score_mode="concat" as additive attention of the scaled inputs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,7 +32,7 @@ double max_diff(const Tensor& a, const Tensor& b) {
 
 TEST(AdditiveAttention, MatchesKeras) {
   const auto files = sdpa_fixtures::fixture_files(sdpa_fixtures::fixture_dir("keras_attention"));
-  ASSERT_EQ(files.size(), 5u);
+  ASSERT_EQ(files.size(), 6u);
   for (const auto& path : files) {
     SCOPED_TRACE(path.stem().string());
     const io::SafetensorsFile f = io::load_safetensors(path);
@@ -46,6 +47,21 @@ TEST(AdditiveAttention, MatchesKeras) {
       a.use_causal_mask = o.at("use_causal_mask").get<bool>();
       EXPECT_LE(max_diff(additive_attention(q, k, v, a), want), 2e-6);
       EXPECT_LE(max_diff(additive_attention_reference(q, k, v, a), want), 2e-6);
+    } else if (o.at("kwargs").value("score_mode", "dot") == "concat") {
+      // Keras Attention(score_mode="concat"): w sum_d tanh(s (q_d + k_d)) is additive attention of
+      // s q and s k with every scale_d = w.
+      const double s = f.tensors.at("scale").to_vector<double>()[0];
+      const double w = f.tensors.at("concat_score_weight").to_vector<double>()[0];
+      auto times = [](const Tensor& t, double x) {
+        std::vector<float> e = t.to_vector<float>();
+        for (float& y : e) y = static_cast<float>(y * x);
+        return Tensor::from_vector(e, t.shape());
+      };
+      AdditiveAttentionOptions a;
+      a.scale =
+          Tensor::from_vector(std::vector<float>(static_cast<size_t>(q.size(-1)), static_cast<float>(w)), {q.size(-1)});
+      if (mask != f.tensors.end()) a.value_mask = mask->second;
+      EXPECT_LE(max_diff(additive_attention(times(q, s), times(k, s), v, a), want), 2e-6);
     } else {  // Luong: scores = scale * q . k, a masked key's weight 0 (no row is fully masked here)
       AttentionOptions a;
       a.scale = f.tensors.at("scale").to_vector<double>()[0];

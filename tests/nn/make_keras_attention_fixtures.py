@@ -23,6 +23,7 @@ CONFIGS = [
     ("additive_causal", "AdditiveAttention", (2, 5, 5, 3), dict(), False, True),
     ("additive_all_masked_row", "AdditiveAttention", (2, 3, 4, 4), dict(), "all_false_first", False),
     ("dot_scaled_value_mask", "Attention", (3, 4, 6, 8), dict(score_mode="dot"), True, False),
+    ("concat_scaled", "Attention", (2, 3, 5, 4), dict(score_mode="concat"), True, False),
 ]
 
 
@@ -37,6 +38,8 @@ def main(out_dir):
         layer.build([q.shape, v.shape, k.shape])
         scale = (rng.standard_normal(d) if kind == "AdditiveAttention" else np.array([0.7])).astype(np.float32)
         layer.scale.assign(scale.reshape(layer.scale.shape))
+        if kwargs.get("score_mode") == "concat":
+            layer.concat_score_weight.assign(np.float32(1.3))
         mask = None
         if masked:
             mask = rng.random((b, tk)) < 0.7
@@ -45,6 +48,8 @@ def main(out_dir):
                 mask[0, :] = False  # Keras: scores - 1e9 everywhere in the row: uniform weights
         out = layer([q, v, k], mask=[None, mask] if mask is not None else None, use_causal_mask=causal)
         tensors = {"query": q, "value": v, "key": k, "scale": scale, "out": np.asarray(out, np.float32)}
+        if kwargs.get("score_mode") == "concat":
+            tensors["concat_score_weight"] = np.array([1.3], np.float32)
         if mask is not None:
             tensors["value_mask"] = mask
         options = {"layer": kind, "kwargs": kwargs, "use_causal_mask": causal}
