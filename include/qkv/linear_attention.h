@@ -16,8 +16,25 @@
 
 namespace qkv {
 
+// The feature map phi of linear attention.
+//   elu:   phi(x) = elu(x) + 1 (Katharopoulos et al.), D features.
+//   favor: Performer's FAVOR+ positive random features (Choromanski et al. 2021), which make
+//          phi(q) . phi(k) an unbiased estimate of exp(q . k / sqrt(D)), i.e. of softmax
+//          attention: phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m) with x' = x / D^(1/4) and W
+//          [m, D] orthogonal Gaussian rows (favor_random_features), the exponents shifted by
+//          their maximum for range (per query row; over all keys), which the ratio cancels.
+enum class LinearFeatureMap { elu, favor };
+
+// FAVOR+'s W [m, D] (float64) from `seed`: blocks of D Gaussian rows made orthonormal
+// (Gram-Schmidt), each row then scaled by the norm of an independent Gaussian D-vector,
+// as the Performer paper does; Philox-based, so the same on every machine.
+Tensor favor_random_features(int64_t d, int64_t m, uint64_t seed);
+
 struct LinearAttentionOptions {
   bool is_causal = false;
+  LinearFeatureMap feature_map = LinearFeatureMap::elu;
+  int64_t num_features = 0;  // favor: m (0: 2 D); elu: unused
+  uint64_t seed = 0;         // favor: W's seed (redraw by changing it)
   // Causal: rows per chunk. Within a chunk the causal part is a small masked [C, C] product;
   // across chunks a running sum of phi(k) v^T carries the prefix (as chunked prefix sums do,
   // which keeps the sums' rounding like the non-causal one's). >= 1 (ValueError otherwise).

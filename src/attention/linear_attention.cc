@@ -1,7 +1,10 @@
 // linear_attention: checks the call, lays out the operands, runs the CPU kernel.
 #include "qkv/linear_attention.h"
 
+#include <cmath>
+#include <vector>
 #include "attention/linear_attention_cpu.h"
+
 #include "qkv/error.h"
 
 namespace qkv::attention {
@@ -29,6 +32,7 @@ LinearProblem make_linear_problem(const Tensor& q, const Tensor& k, const Tensor
     fail<ShapeError>(op, ": is_causal needs Lq == Lk ", shapes());
   }
   if (options.chunk < 1) fail<ValueError>(op, ": chunk must be >= 1, got ", options.chunk);
+  if (options.num_features < 0) fail<ValueError>(op, ": num_features must be >= 0, got ", options.num_features);
   LinearProblem p;
   p.batch = shape_numel(lead);
   p.lq = q.size(-2), p.lk = k.size(-2), p.d = q.size(-1), p.dv = v.size(-1);
@@ -47,6 +51,37 @@ LinearProblem make_linear_problem(const Tensor& q, const Tensor& k, const Tensor
 }  // namespace qkv::attention
 
 namespace qkv {
+
+Tensor favor_random_features(int64_t d, int64_t m, uint64_t seed) {
+  if (d < 1 || m < 1) fail<ValueError>("favor_random_features: d and m must be >= 1, got ", d, ", ", m);
+  std::vector<double> w(static_cast<size_t>(m * d));
+  for (int64_t r0 = 0, block = 0; r0 < m; r0 += d, ++block) {
+    const uint64_t bs = seed * 1000003 + static_cast<uint64_t>(block);
+    const auto g = Tensor::randn({d, d}, bs, DType::f64).to_vector<double>();               // Gaussian block
+    const auto norms = Tensor::randn({d, d}, bs + 500009, DType::f64).to_vector<double>();  // chi(d) draws
+    std::vector<double> q(g);
+    for (int64_t i = 0; i < d; ++i) {  // Gram-Schmidt: rows orthonormal
+      double* qi = q.data() + i * d;
+      for (int64_t j = 0; j < i; ++j) {
+        const double* qj = q.data() + j * d;
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot += qi[c] * qj[c];
+        for (int64_t c = 0; c < d; ++c) qi[c] -= dot * qj[c];
+      }
+      double n = 0;
+      for (int64_t c = 0; c < d; ++c) n += qi[c] * qi[c];
+      n = std::sqrt(n);
+      for (int64_t c = 0; c < d; ++c) qi[c] /= n;
+    }
+    for (int64_t i = 0; i < d && r0 + i < m; ++i) {
+      double len = 0;  // the row's length: the norm of a Gaussian d-vector, as an unstructured row has
+      for (int64_t c = 0; c < d; ++c) len += norms[i * d + c] * norms[i * d + c];
+      len = std::sqrt(len);
+      for (int64_t c = 0; c < d; ++c) w[(r0 + i) * d + c] = q[i * d + c] * len;
+    }
+  }
+  return Tensor::from_vector(w, {m, d});
+}
 
 Tensor linear_attention(const Tensor& q, const Tensor& k, const Tensor& v, const LinearAttentionOptions& options) {
   constexpr const char* kOp = "linear_attention";

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
 #include "common/expect.h"
+#include "qkv/attention.h"
 #include "qkv/linear_attention.h"
 
 namespace qkv {
@@ -91,6 +93,53 @@ TEST(LinearAttention, ErrorsNameTheOpAndShapes) {
   EXPECT_THROW_WITH(linear_attention(q, k, v, bad), ValueError, "chunk must be >= 1");
   EXPECT_EQ(linear_attention(q, k.slice(1, 0, 0), v.slice(1, 0, 0)).to_vector<float>(),
             std::vector<float>(2 * 5 * 3, 0.0f));  // no keys: zeros, as the reference
+}
+
+TEST(LinearAttention, FavorMatchesItsReferenceAndApproachesSoftmax) {
+  // The kernel against the float64 reference on the same random features (same seed) ...
+  std::mt19937_64 rng(21);
+  for (int i = 0; i < 12; ++i) {
+    const int64_t l = 1 + static_cast<int64_t>(rng() % 40), d = 1 + static_cast<int64_t>(rng() % 16);
+    LinearAttentionOptions o;
+    o.feature_map = LinearFeatureMap::favor;
+    o.num_features = 1 + static_cast<int64_t>(rng() % 40);
+    o.seed = rng();
+    o.is_causal = i % 2 == 1;
+    o.chunk = 7;
+    const Tensor q = Tensor::randn({2, l, d}, rng(), DType::f64), k = Tensor::randn({2, l, d}, rng(), DType::f64);
+    const Tensor v = Tensor::randn({2, l, 3}, rng(), DType::f64);
+    EXPECT_LE(max_rel(linear_attention(q, k, v, o), linear_attention_reference(q, k, v, o)), 1e-12) << i;
+  }
+  // ... and, as the number of features grows, towards exact softmax attention (an unbiased
+  // estimate of exp(q . k / sqrt(D)) whose variance falls as 1/m; fixed seeds).
+  // Inputs of norm ~2 (randn / 2 at D = 16): the estimator's variance grows as exp(|q'|^2 + |k'|^2).
+  auto half = [](const Tensor& t) {
+    std::vector<double> x = t.to_vector<double>();
+    for (double& e : x) e *= 0.5;
+    return Tensor::from_vector(x, t.shape());
+  };
+  const Tensor q = half(Tensor::randn({1, 4, 64, 16}, 1, DType::f64)),
+               k = half(Tensor::randn({1, 4, 64, 16}, 2, DType::f64));
+  const Tensor v = Tensor::randn({1, 4, 64, 16}, 3, DType::f64);
+  const Tensor exact = scaled_dot_product_attention(q, k, v).output;
+  std::vector<double> err;
+  for (int64_t m : {8, 256, 8192}) {
+    LinearAttentionOptions o;
+    o.feature_map = LinearFeatureMap::favor, o.num_features = m, o.seed = 7;
+    const auto got = linear_attention(q, k, v, o).to_vector<double>(), want = exact.to_vector<double>();
+    double mean = 0;
+    for (size_t i = 0; i < got.size(); ++i) mean += std::fabs(got[i] - want[i]) / static_cast<double>(got.size());
+    err.push_back(mean);
+  }
+  std::printf("FAVOR+ mean |error| vs softmax attention, m = 8 / 256 / 8192: %.4f / %.4f / %.4f\n", err[0], err[1],
+              err[2]);
+  EXPECT_LT(err[1], 0.7 * err[0]);
+  EXPECT_LT(err[2], 0.5 * err[1]);
+  const Tensor w = favor_random_features(4, 6, 3);  // two blocks: rows 0-3 orthogonal to each other
+  double dot = 0;
+  for (int64_t c = 0; c < 4; ++c) dot += w.item({0, c}) * w.item({1, c});
+  EXPECT_NEAR(dot, 0.0, 1e-12);
+  EXPECT_THROW(favor_random_features(0, 4, 1), ValueError);
 }
 
 }  // namespace
