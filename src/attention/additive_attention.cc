@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "attention/qkv_geometry.h"
 #include "qkv/error.h"
 #include "qkv/parallel.h"
 
@@ -26,40 +27,26 @@ struct Additive {
 
 Additive check(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const AdditiveAttentionOptions& o,
                DType compute) {
-  require_cpu(op, {&q, &k, &v});
-  auto shapes = [&] {
-    return "(q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape()) + ")";
-  };
-  for (const Tensor* t : {&q, &k, &v}) {
-    if (!is_floating(t->dtype())) fail<DTypeError>(op, ": q, k and v must be floating point ", shapes());
-  }
-  if (q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim()) {
-    fail<ShapeError>(op, ": q, k and v must have the same rank >= 2 ", shapes());
-  }
-  const Shape lead(q.shape().begin(), q.shape().end() - 2);
-  if (Shape(k.shape().begin(), k.shape().end() - 2) != lead || Shape(v.shape().begin(), v.shape().end() - 2) != lead ||
-      k.size(-1) != q.size(-1) || v.size(-2) != k.size(-2)) {
-    fail<ShapeError>(op, ": expected q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv] ", shapes());
-  }
+  const attention::QkvGeometry g = attention::check_qkv(op, q, k, v);
   Additive a;
-  a.batch = shape_numel(lead), a.tq = q.size(-2), a.tk = k.size(-2), a.d = q.size(-1), a.dv = v.size(-1);
-  a.out_shape = lead;
-  a.out_shape.insert(a.out_shape.end(), {a.tq, a.dv});
+  a.batch = g.batch, a.tq = g.lq, a.tk = g.lk, a.d = g.d, a.dv = g.dv;
+  a.out_shape = g.out_shape;
   a.out_dtype = q.dtype();
   a.q = q.to(compute).contiguous(), a.k = k.to(compute).contiguous(), a.v = v.to(compute).contiguous();
   a.scale.assign(static_cast<size_t>(a.d), 1.0);
   if (o.scale) {
     if (o.scale->shape() != Shape{a.d}) {
-      fail<ShapeError>(op, ": scale must be [", a.d, "], got ", shape_str(o.scale->shape()), " ", shapes());
+      fail<ShapeError>(op, ": scale must be [", a.d, "], got ", shape_str(o.scale->shape()), " ",
+                       attention::qkv_shapes(q, k, v));
     }
     a.scale = o.scale->to_vector<double>();
   }
   if (o.value_mask) {
-    Shape want = lead;
+    Shape want = g.lead;
     want.push_back(a.tk);
     if (o.value_mask->shape() != want || o.value_mask->dtype() != DType::b8) {
       fail<ShapeError>(op, ": value_mask must be bool ", shape_str(want), ", got ", shape_str(o.value_mask->shape()),
-                       " ", shapes());
+                       " ", attention::qkv_shapes(q, k, v));
     }
     for (double m : o.value_mask->to_vector<double>()) a.mask.push_back(m != 0.0);
   }

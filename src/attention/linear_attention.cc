@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 #include "attention/linear_attention_cpu.h"
+#include "attention/qkv_geometry.h"
 
 #include "qkv/error.h"
 
@@ -11,33 +12,15 @@ namespace qkv::attention {
 
 LinearProblem make_linear_problem(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const LinearAttentionOptions& options, const char* op, DType compute) {
-  require_cpu(op, {&q, &k, &v});
-  auto shapes = [&] {
-    return "(q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape()) + ")";
-  };
-  for (const Tensor* t : {&q, &k, &v}) {
-    if (!is_floating(t->dtype())) fail<DTypeError>(op, ": q, k and v must be floating point ", shapes());
-  }
-  if (q.dim() < 2 || k.dim() != q.dim() || v.dim() != q.dim()) {
-    fail<ShapeError>(op, ": q, k and v must have the same rank >= 2 ", shapes());
-  }
-  const Shape lead(q.shape().begin(), q.shape().end() - 2);
-  if (Shape(k.shape().begin(), k.shape().end() - 2) != lead || Shape(v.shape().begin(), v.shape().end() - 2) != lead) {
-    fail<ShapeError>(op, ": q, k and v must have the same leading dims ", shapes());
-  }
-  if (k.size(-1) != q.size(-1) || v.size(-2) != k.size(-2)) {
-    fail<ShapeError>(op, ": k must be [..., Lk, D] with q's D and v [..., Lk, Dv] ", shapes());
-  }
+  const QkvGeometry g = check_qkv(op, q, k, v);
   if (options.is_causal && q.size(-2) != k.size(-2)) {
-    fail<ShapeError>(op, ": is_causal needs Lq == Lk ", shapes());
+    fail<ShapeError>(op, ": is_causal needs Lq == Lk ", qkv_shapes(q, k, v));
   }
   if (options.chunk < 1) fail<ValueError>(op, ": chunk must be >= 1, got ", options.chunk);
   if (options.num_features < 0) fail<ValueError>(op, ": num_features must be >= 0, got ", options.num_features);
   LinearProblem p;
-  p.batch = shape_numel(lead);
-  p.lq = q.size(-2), p.lk = k.size(-2), p.d = q.size(-1), p.dv = v.size(-1);
-  p.out_shape = lead;
-  p.out_shape.insert(p.out_shape.end(), {p.lq, p.dv});
+  p.batch = g.batch, p.lq = g.lq, p.lk = g.lk, p.d = g.d, p.dv = g.dv;
+  p.out_shape = g.out_shape;
   p.out_dtype = q.dtype();
   auto dense = [&](const Tensor& t, int64_t l, int64_t n) {
     return t.to(compute).contiguous().reshape({p.batch, l, n});

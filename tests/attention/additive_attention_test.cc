@@ -92,7 +92,7 @@ TEST(AdditiveAttention, KernelMatchesTheReference) {
 TEST(AdditiveAttention, ErrorsNameTheOpAndShapes) {
   const Tensor q = Tensor::randn({2, 3, 4}, 1), k = Tensor::randn({2, 5, 4}, 2), v = Tensor::randn({2, 5, 6}, 3);
   EXPECT_THROW_WITH(additive_attention(q, Tensor::randn({2, 5, 3}, 4), v), ShapeError,
-                    "additive_attention: expected q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv]");
+                    "additive_attention: k must be [..., Lk, D] with q's D and v [..., Lk, Dv]");
   AdditiveAttentionOptions o;
   o.scale = Tensor::randn({3}, 5);
   EXPECT_THROW_WITH(additive_attention(q, k, v, o), ShapeError, "additive_attention: scale must be [4], got [3]");
