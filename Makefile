@@ -81,6 +81,7 @@ fixtures: build fixtures-venv
 	.venv-fixtures/bin/python tests/io/make_keras_tf_fixtures.py
 	.venv-fixtures/bin/python tests/seed001/train_seed001.py
 	KERAS_BACKEND=tensorflow .venv-fixtures/bin/python tests/seed001/train_seed001_history.py tests/fixtures/seed001_train
+	KERAS_BACKEND=tensorflow .venv-fixtures/bin/python tests/seed001/continue_seed001.py tests/fixtures/seed001_train
 	.venv-fixtures/bin/python tests/nn/make_torch_mha_fixtures.py tests/fixtures/mha_torch
 	.venv-fixtures/bin/python tests/nn/make_torch_mha_grad_fixtures.py tests/fixtures/mha_grad
 	.venv-fixtures/bin/python tests/python/make_torch_interop_fixtures.py tests/fixtures/torch_interop

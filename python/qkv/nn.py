@@ -27,7 +27,7 @@ mse_loss = _nn.mse_loss
 
 __all__ = ["MultiheadAttention", "KerasMultiHeadAttention", "SelfAttention", "MultiHeadSelfAttention",
            "SeparateHeadsAttention", "LazyMultiHeadAttention", "keras_to_torch", "torch_to_keras", "quantize_dynamic",
-           "Adam", "SGD", "binary_cross_entropy_with_logits", "cross_entropy", "mse_loss"]
+           "Adam", "SGD", "binary_cross_entropy_with_logits", "cross_entropy", "mse_loss", "keras_adam_state"]
 
 
 def _array(x: Any) -> Any:
@@ -263,3 +263,13 @@ def quantize_dynamic(layer: MultiheadAttention) -> MultiheadAttention:
     if not isinstance(layer, MultiheadAttention):
         raise TypeError(f"quantize_dynamic: expected a qkv.nn.MultiheadAttention, got {type(layer).__name__}")
     return layer.quantize_dynamic()
+
+
+def keras_adam_state(path: str, variables: Sequence[tuple[str, str]]) -> tuple[dict, int, float | None]:
+    """Keras' saved Adam state, to resume a Keras training run with qkv.nn.Adam(convention="keras"):
+    (state, iterations, learning_rate) for Adam.load_state(state, iterations). `path` is any file
+    Keras saves the optimizer in (TF checkpoint, .keras, .weights.h5, legacy .h5); `variables` lists
+    the model's trainable variables in Keras' trainable_variables order as (Keras path, qkv name),
+    e.g. [("multi_head_attention/query/kernel", "query_kernel"), ...]; state holds "m/<name>",
+    "v/<name>". OSError/ValueError naming the file and the missing slot (docs/nn.md)."""
+    return _nn._keras_adam_state(str(path), [(str(p), str(n)) for p, n in variables])

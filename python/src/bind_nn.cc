@@ -18,17 +18,17 @@
 #include "qkv/nn/keras_layers.h"
 #include "qkv/nn/keras_mha.h"
 #include "qkv/nn/keras_weights.h"
-#include "qkv/nn/losses.h"
 #include "qkv/nn/mha.h"
-#include "qkv/nn/optim.h"
 #include "qkv/nn/seed_layers.h"
 #include "tensor_convert.h"
 
 namespace nb = nanobind;
 using qkv::Tensor;
+using qkv::python::to_dict;
 using qkv::python::to_numpy;
 using qkv::python::to_optional_tensor;
 using qkv::python::to_tensor;
+using qkv::python::to_tensor_map;
 
 namespace {
 
@@ -57,21 +57,6 @@ struct CtorArgs {
   }
   uint64_t seed(nb::handle v) const { return qkv::python::uint64_arg(v, qkv::python::arg_name(layer, "seed")); }
 };
-
-std::map<std::string, Tensor> to_tensor_map(nb::handle d, const std::string& op) {
-  std::map<std::string, Tensor> out;
-  for (auto [key, value] : nb::borrow<nb::dict>(d)) {
-    const std::string name = nb::cast<std::string>(key);
-    out.emplace(name, to_tensor(value, (op + ": " + name).c_str()));
-  }
-  return out;
-}
-
-nb::dict to_dict(const std::map<std::string, Tensor>& tensors) {
-  nb::dict out;
-  for (const auto& [name, t] : tensors) out[nb::str(name.c_str(), name.size())] = to_numpy(t);
-  return out;
-}
 
 nb::object optional_numpy(const std::optional<Tensor>& t) { return t ? to_numpy(*t) : nb::none(); }
 
@@ -437,90 +422,7 @@ void bind_seed003_004(nb::module_& nn) {
 
 }  // namespace
 
-// ---- training: optimizers and losses (qkv/nn/optim.h, qkv/nn/losses.h) ------------------------
-
-qkv::nn::Convention convention_arg(const std::string& name, const char* op) {
-  if (name == "torch") return qkv::nn::Convention::torch;
-  if (name == "keras") return qkv::nn::Convention::keras;
-  throw nb::value_error((std::string(op) + ": convention must be 'torch' or 'keras', got '" + name + "'").c_str());
-}
-
-// Functional steps: the parameters are copied, stepped and returned (an in-place update of a
-// NumPy array could be lost silently where the binding reads a copy, e.g. a misaligned one).
-template <class Opt>
-nb::dict step_copy(Opt& opt, nb::handle params, nb::handle grads, const char* op) {
-  std::map<std::string, Tensor> p = to_tensor_map(params, (std::string(op) + ".step: params").c_str());
-  for (auto& [name, t] : p) t = t.to(qkv::DType::f32).contiguous().clone();
-  const std::map<std::string, Tensor> g = to_tensor_map(grads, (std::string(op) + ".step: grads").c_str());
-  {
-    qkv::python::InterruptibleRelease release;
-    opt.step(p, g);
-  }
-  return to_dict(p);
-}
-
-nb::tuple loss_tuple(const qkv::nn::LossResult& r) { return nb::make_tuple(r.loss, to_numpy(r.grad)); }
-
-void bind_training(nb::module_& nn) {
-  nb::class_<qkv::nn::Adam>(nn, "Adam")
-      .def(
-          "__init__",
-          [](qkv::nn::Adam* self, double lr, std::pair<double, double> betas, double eps, double weight_decay,
-             bool decoupled_weight_decay, const std::string& convention) {
-            qkv::nn::AdamOptions o;
-            o.lr = lr, o.beta1 = betas.first, o.beta2 = betas.second, o.eps = eps, o.weight_decay = weight_decay;
-            o.decoupled_weight_decay = decoupled_weight_decay;
-            o.convention = convention_arg(convention, "Adam");
-            new (self) qkv::nn::Adam(o);
-          },
-          nb::arg("lr") = 1e-3, nb::arg("betas") = std::make_pair(0.9, 0.999), nb::arg("eps") = 1e-8,
-          nb::arg("weight_decay") = 0.0, nb::arg("decoupled_weight_decay") = false, nb::arg("convention") = "torch")
-      .def(
-          "step",
-          [](qkv::nn::Adam& a, nb::handle params, nb::handle grads) { return step_copy(a, params, grads, "Adam"); },
-          nb::arg("params"), nb::arg("grads"),
-          "One Adam step: returns the updated copies of params ({name: array}) from grads.")
-      .def_prop_ro("steps", &qkv::nn::Adam::steps);
-  nb::class_<qkv::nn::Sgd>(nn, "SGD")
-      .def(
-          "__init__",
-          [](qkv::nn::Sgd* self, double lr, double momentum, double dampening, double weight_decay, bool nesterov,
-             const std::string& convention) {
-            qkv::nn::SgdOptions o;
-            o.lr = lr, o.momentum = momentum, o.dampening = dampening, o.weight_decay = weight_decay;
-            o.nesterov = nesterov;
-            o.convention = convention_arg(convention, "SGD");
-            new (self) qkv::nn::Sgd(o);
-          },
-          nb::arg("lr") = 0.01, nb::arg("momentum") = 0.0, nb::arg("dampening") = 0.0, nb::arg("weight_decay") = 0.0,
-          nb::arg("nesterov") = false, nb::arg("convention") = "torch")
-      .def(
-          "step",
-          [](qkv::nn::Sgd& s, nb::handle params, nb::handle grads) { return step_copy(s, params, grads, "SGD"); },
-          nb::arg("params"), nb::arg("grads"),
-          "One SGD step: returns the updated copies of params ({name: array}) from grads.");
-  nn.def(
-      "binary_cross_entropy_with_logits",
-      [](nb::handle x, nb::handle y) {
-        return loss_tuple(
-            qkv::nn::binary_cross_entropy_with_logits(to_tensor(x, "binary_cross_entropy_with_logits: input"),
-                                                      to_tensor(y, "binary_cross_entropy_with_logits: target")));
-      },
-      nb::arg("input"), nb::arg("target"), "(mean loss, d loss / d input), PyTorch's definition.");
-  nn.def(
-      "cross_entropy",
-      [](nb::handle x, nb::handle y) {
-        return loss_tuple(
-            qkv::nn::cross_entropy(to_tensor(x, "cross_entropy: input"), to_tensor(y, "cross_entropy: target")));
-      },
-      nb::arg("input"), nb::arg("target"), "(mean loss, d loss / d input) for logits [N, C] and classes [N].");
-  nn.def(
-      "mse_loss",
-      [](nb::handle x, nb::handle y) {
-        return loss_tuple(qkv::nn::mse_loss(to_tensor(x, "mse_loss: input"), to_tensor(y, "mse_loss: target")));
-      },
-      nb::arg("input"), nb::arg("target"), "(mean loss, d loss / d input).");
-}
+void bind_training(nb::module_& nn);  // bind_training.cc
 
 void bind_nn(nb::module_& m) {
   nb::module_ nn = m.def_submodule("nn", "Attention layers: PyTorch, Keras and the seed articles' flavours");

@@ -212,4 +212,19 @@ nb::object to_numpy(const Tensor& t) {
   return result;
 }
 
+std::map<std::string, Tensor> to_tensor_map(nb::handle d, const std::string& op) {
+  std::map<std::string, Tensor> out;
+  for (auto [key, value] : nb::borrow<nb::dict>(d)) {
+    const std::string name = nb::cast<std::string>(key);
+    out.emplace(name, to_tensor(value, (op + ": " + name).c_str()));
+  }
+  return out;
+}
+
+nb::dict to_dict(const std::map<std::string, Tensor>& tensors) {
+  nb::dict out;
+  for (const auto& [name, t] : tensors) out[nb::str(name.c_str(), name.size())] = to_numpy(t);
+  return out;
+}
+
 }  // namespace qkv::python

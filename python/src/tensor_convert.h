@@ -21,7 +21,9 @@
 
 #include <nanobind/nanobind.h>
 
+#include <map>
 #include <optional>
+#include <string>
 
 #include "qkv/tensor.h"
 
@@ -37,6 +39,10 @@ std::optional<Tensor> to_optional_tensor(nb::handle obj, const char* what);
 
 // A NumPy array viewing `t` (shares memory; writeable=False when t is read-only).
 nb::object to_numpy(const Tensor& t);
+
+// A dict {name: array} as tensors (errors name `op` and the key), and back as NumPy arrays.
+std::map<std::string, Tensor> to_tensor_map(nb::handle d, const std::string& op);
+nb::dict to_dict(const std::map<std::string, Tensor>& tensors);
 
 // numpy, imported once (lazily: importing _qkv does not import numpy).
 nb::module_ numpy();

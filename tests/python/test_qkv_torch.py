@@ -14,6 +14,16 @@ qt = pytest.importorskip("qkv.torch")
 F = torch.nn.functional
 
 
+def test_the_documented_names_exist():
+    import pathlib
+    import re
+
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md").read_text()
+    names = set(re.findall(r"qkv\.torch\.(\w+)", doc)) | set(re.findall(r"`torch\.(\w+)`, `torch\.(\w+)`", doc)[0])
+    assert names == {"MultiheadAttention", "scaled_dot_product_attention"}
+    assert all(hasattr(qt, n) for n in names) and set(qt.__all__) == names
+
+
 def _randn(*shape, dtype=torch.float32, gen=None):
     return torch.randn(*shape, dtype=dtype, generator=gen).requires_grad_()
 
