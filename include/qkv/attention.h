@@ -56,6 +56,7 @@
 #include <optional>
 #include <string_view>
 
+#include "qkv/attention_mods.h"
 #include "qkv/tensor.h"
 
 namespace qkv {
@@ -107,6 +108,7 @@ struct AttentionOptions {
   bool return_logsumexp = false;                                // also return the row logsumexp (see above)
   AttentionTuning tuning;                                       // kernel knobs (default: automatic)
   MatmulPrecision matmul_precision = MatmulPrecision::highest;  // f32 inputs only (see above)
+  AttentionMods mods;  // score and mask modifiers (qkv/attention_mods.h); default: none
 };
 
 struct AttentionResult {

@@ -18,6 +18,9 @@ AttentionGradients scaled_dot_product_attention_backward(const Tensor& q, const 
                                                          const Tensor& logsumexp, const AttentionOptions& options) {
   const attention::CallScope scope(kOp, q, k, v, options);  // names the call in out-of-memory errors
   const attention::Problem p = attention::make_problem(q, k, v, options, kOp);
+  if (options.mods.score_mod || options.mods.masked_fill) {
+    fail<ValueError>(kOp, ": mods.score_mod and mods.masked_fill have no backward (qkv/attention_mods.h)");
+  }
   Shape out_shape = p.batch, lse_shape = p.batch;  // [batch..., Lq, Dv], [batch..., Lq]
   out_shape.insert(out_shape.end(), {p.lq, p.dv});
   lse_shape.push_back(p.lq);

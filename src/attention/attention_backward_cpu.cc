@@ -39,6 +39,7 @@ namespace {
 
 using tiles::as_kernel_mask;
 using tiles::dropout_tile;
+using tiles::empty_tile;
 using tiles::Flash;
 using tiles::kNegInf;
 using tiles::Mat;
@@ -70,14 +71,16 @@ struct Scratch {
   std::vector<T> d;           // [Lq] D_i
   std::vector<T> dq, dk, dv;  // [Lq, Dk], [Lk, Dk], [Lk, Dv] of the entry
   std::vector<T> unused;      // score_tile's widening buffer (T operands: never used)
-  Scratch(const FlashTiles& t, const Problem& p, bool dropout)
+  std::vector<T> cap;         // [Br, Bc] softcap's derivative (mods.softcap only)
+  Scratch(const FlashTiles& t, const Problem& p, bool dropout, bool softcap)
       : s(n(t.br * t.bc)),
         w(n(dropout ? t.br * t.bc : 0)),
         ds(n(t.br * t.bc)),
         d(n(p.lq)),
         dq(n(p.lq * p.dk)),
         dk(n(p.lk * p.dk)),
-        dv(n(p.lk * p.dv)) {}
+        dv(n(p.lk * p.dv)),
+        cap(n(softcap ? t.br * t.bc : 0)) {}
   static size_t n(int64_t x) { return static_cast<size_t>(x); }
 };
 
@@ -104,8 +107,9 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
   const T* dout = bw.dout + (r.b * p.lq + r.i0) * p.dv;  // dO_i [rows, Dv]
   T* s = sc.s.data();                                    // [rows, cols]
   T* ds = sc.ds.data();                                  // [rows, cols]
-  // Forward (attention_cpu.cc score_tile): S = scale Q_i K_j^T + bias.
-  score_tile(f, r, Mat<T>{r.q, qs}, j0, cols, s, lds, sc.unused);
+  // Forward (attention_cpu.cc score_tile): S = cap(scale Q_i K_j^T) + bias.
+  T* cap = sc.cap.empty() ? nullptr : sc.cap.data();  // d cap / d (scale Q K^T)
+  score_tile(f, r, Mat<T>{r.q, qs}, j0, cols, s, lds, sc.unused, kNegInf<T>, cap);
   // Forward softmax_tile/finish_rows: P = exp(S - m) / l = exp(S - L); a row with L = -inf
   // had every key masked: weight 0, no gradient.
   for (int64_t x = 0; x < r.rows; ++x) {
@@ -132,6 +136,9 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
     T* dsx = ds + x * lds;
     const T* px = s + x * lds;
     for (int64_t c = 0; c < cols; ++c) dsx[c] = px[c] * (dsx[c] - d[x]);
+    if (cap) {  // forward score_mods' softcap: d/ds c tanh(s / c) = 1 - tanh^2
+      for (int64_t c = 0; c < cols; ++c) dsx[c] *= cap[x * lds + c];
+    }
   }
   // Forward score_tile, S = scale Q_i K_j^T: dK_j += scale dS^T Q_i, dQ_i += scale dS K_j.
   gemm_acc<T>(true, false, cols, p.dk, r.rows, scale, ds, lds, r.q, qs, sc.dk.data() + j0 * p.dk, p.dk);
@@ -174,6 +181,7 @@ void run_entry(const Backward<T>& bw, int64_t b, Scratch<T>& sc) {
     for (r.i0 = first; r.i0 < p.lq; r.i0 += f.tiles.br) {
       r.rows = std::min(f.tiles.br, p.lq - r.i0);
       r.q = f.q + q_base + r.i0 * p.q.stride(-2);
+      if (empty_tile(f, r, j0, cols)) continue;  // the forward skipped it: no gradient
       tile_pair(bw, r, j0, cols, sc);
     }
   }
@@ -205,8 +213,10 @@ FlashTiles backward_tiles(const FlashTiles& requested, bool causal, int64_t lq, 
 template <class T>
 AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tensor& dout, const Tensor& lse,
                                 const AttentionOptions& options) {
-  const Flash<Same<T>> f =
-      tiles::make_flash<Same<T>>(p, options, backward_tiles(options.tuning.flash_tiles, options.is_causal, p.lq, p.lk));
+  const Flash<Same<T>> f = tiles::make_flash<Same<T>>(
+      p, options,
+      mod_tiles(backward_tiles(options.tuning.flash_tiles, options.is_causal, p.lq, p.lk),
+                options.tuning.flash_tiles.is_auto() && !flash_tiles_from_env(), options.mods, p.lq, p.lk));
   const DType dt = dtype_of<T>::value;
   Tensor dq = Tensor::zeros(p.q_in.shape(), dt), dk = Tensor::zeros(p.k_in.shape(), dt),
          dv = Tensor::zeros(p.v_in.shape(), dt);
@@ -215,7 +225,7 @@ AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tenso
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(get_num_threads(), p.batch_size);
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch<T> sc(f.tiles, p, f.dropout_p > 0.0);
+    Scratch<T> sc(f.tiles, p, f.dropout_p > 0.0, f.mods.softcap > 0.0);
     for (int64_t b = next++; b < p.batch_size && !interrupt_requested(); b = next++) run_entry(bw, b, sc);
   });
   check_interrupt(p.op);

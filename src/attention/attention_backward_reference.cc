@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "attention/attention_backward_reference.h"
+#include "attention/mods_reference.h"
 #include "qkv/parallel.h"
 #include "qkv/random.h"
 
@@ -65,7 +66,8 @@ AttentionGradients reference_attention_backward(const Problem& p_in, const Tenso
   const Tensor dout = f64_contiguous(grad_out);  // [batch..., Lq, Dv]
   Grad dq(p.q_in), dk(p.k_in), dv(p.v_in);
   const double keep_scale = options.dropout_p < 1.0 ? 1.0 / (1.0 - options.dropout_p) : 0.0;
-  std::vector<double> s(static_cast<size_t>(p.lk)), w(s.size()), dp(s.size());
+  std::vector<double> s(static_cast<size_t>(p.lk)), w(s.size()), dp(s.size()), cap(s.size(), 1.0);
+  const ReferenceMods mods(options.mods, p.lq, p.lk, p.heads_q);  // qkv/attention_mods.h
   const auto* qd = p.q.data<double>();
   const auto* kd = p.k.data<double>();
   const auto* vd = p.v.data<double>();
@@ -83,10 +85,12 @@ AttentionGradients reference_attention_backward(const Problem& p_in, const Tenso
         double dot = 0.0;
         for (int64_t d = 0; d < p.dk; ++d) dot += qi[d] * kd[ko + j * p.k.stride(-2) + d];
         s[j] = p.dk == 0 ? 0.0 : dot * p.scale;
+        if (mods.active()) s[j] = mods.score(s[j], b, i, j, &cap[j]);  // cap: d score / d (scale q.k)
         if (p.mask) {
           const double m = p.mask->data<double>()[mo + i * p.mask->stride(-2) + j * p.mask->stride(-1)];
           s[j] += bool_mask ? (m != 0.0 ? 0.0 : kNegInf) : m;
         }
+        if (mods.active() && !mods.allowed(b, i, j)) s[j] = mods.masked();
       }
       softmax_row(s, w, keys);  // w = p_i
       double row_d = 0.0;       // D_i = sum_j p_ij dP_ij
@@ -107,7 +111,7 @@ AttentionGradients reference_attention_backward(const Problem& p_in, const Tenso
       }
       double* dqi = dq.at(qo + i * p.q.stride(-2));
       for (int64_t j = 0; j < keys && p.dk > 0; ++j) {
-        const double ds = w[j] * (dp[j] - row_d) * p.scale;  // scale dS_ij
+        const double ds = w[j] * (dp[j] - row_d) * cap[j] * p.scale;  // scale dS_ij (through softcap)
         const double* kj = kd + ko + j * p.k.stride(-2);
         double* dkj = dk.at(ko + j * p.k.stride(-2));
         for (int64_t d = 0; d < p.dk; ++d) {

@@ -37,6 +37,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -55,6 +56,7 @@ namespace {
 using tiles::as_kernel_input;
 using tiles::as_kernel_mask;
 using tiles::dropout_tile;
+using tiles::empty_tile;
 using tiles::Flash;
 using tiles::gemm_operand;
 using tiles::kNegInf;
@@ -147,14 +149,39 @@ void value_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, c
   gemm(g, T(1), pm.data, v.data, T(1), r.o);
 }
 
+// o [Dv] = the mean of the entry's V rows: uniform weights over every key (a row that
+// masked_fill left without an allowed key; qkv/attention_mods.h).
+template <class K, class T = typename K::T>
+void uniform_row(const Flash<K>& f, const Rows<K>& r, T* o) {
+  const Problem& p = *f.p;
+  std::fill(o, o + p.dv, T(0));
+  std::vector<T> row(static_cast<size_t>(p.dv));
+  for (int64_t j = 0; j < p.lk; ++j) {
+    const auto* vj = r.v + j * p.v.stride(-2);  // [Dv]
+    if constexpr (std::is_same_v<typename K::S, T>) {
+      std::copy(vj, vj + p.dv, row.begin());
+    } else {
+      kernels::widen(vj, p.dv, row.data());
+    }
+    for (int64_t c = 0; c < p.dv; ++c) o[c] += row[static_cast<size_t>(c)];
+  }
+  kernels::scale(o, p.dv, T(1) / static_cast<T>(p.lk));
+}
+
 // o /= l, and lse = m + log(l). Fully masked rows (l == 0) keep o, the sum of
 // 0 * v (0, or NaN where v has a NaN or inf, as PyTorch), and get lse -inf.
 template <class K, class T = typename K::T>
 void finish_rows(const Flash<K>& f, const Rows<K>& r, const T* m, const T* l) {
   const Problem& p = *f.p;
+  const std::optional<double>& fill = f.mods.mods->masked_fill;
   for (int64_t x = 0; x < r.rows; ++x) {
     T* o = r.o + x * p.dv;  // [Dv]
     if (l[x] != T(0)) kernels::scale(o, p.dv, T(1) / l[x]);
+    if (l[x] == T(0) && fill && p.lk > 0) {  // masked_fill: no allowed key, every score `fill`
+      uniform_row(f, r, o);
+      if (f.lse) f.lse[r.b * p.lq + r.i0 + x] = static_cast<T>(*fill + std::log(static_cast<double>(p.lk)));
+      continue;
+    }
     if (f.lse) {
       const T lse = l[x] == T(0) ? kNegInf<T> : static_cast<T>(m[x] + std::log(static_cast<double>(l[x])));
       f.lse[r.b * p.lq + r.i0 + x] = lse;
@@ -169,8 +196,10 @@ void weight_rows(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Scratch<K>& sc) 
   using T = typename K::T;
   const Problem& p = *f.p;
   T* w = f.weights + (r.b * p.lq + r.i0) * p.lk;  // [rows, Lk]
+  const std::optional<double>& fill = f.mods.mods->masked_fill;
+  const T masked = fill ? static_cast<T>(*fill) : kNegInf<T>;  // masked_fill: its softmax, exactly
   for (int64_t j0 = 0; j0 < r.kv_end; j0 += f.tiles.bc) {
-    score_tile(f, r, q, j0, std::min(f.tiles.bc, r.kv_end - j0), w + j0, p.lk, sc.kg);
+    score_tile(f, r, q, j0, std::min(f.tiles.bc, r.kv_end - j0), w + j0, p.lk, sc.kg, masked);
   }
   kernels::softmax_rows(w, r.rows, r.kv_end, p.lk);  // fully masked rows give zeros
   // Keys after the row's own causal end are not in the row: weight 0, even in a NaN row.
@@ -193,8 +222,12 @@ void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
   // Key tiles end at kv_end and go backwards: only the tile at the first keys
   // may be partial (with causal masking, a multiple of Br wide), and the masked
   // part of the diagonal stays within the last Br columns.
-  for (int64_t hi = r.kv_end; hi > 0; hi -= f.tiles.bc) {
-    const int64_t j0 = std::max<int64_t>(0, hi - f.tiles.bc), cols = hi - j0;
+  // Under mask modifiers the tiles start at multiples of Bc instead (aligned with their blocks).
+  const int64_t first_end =
+      f.mods.masking && r.kv_end > 0 ? (r.kv_end - 1) / f.tiles.bc * f.tiles.bc + f.tiles.bc : r.kv_end;
+  for (int64_t hi = first_end; hi > 0; hi -= f.tiles.bc) {
+    const int64_t j0 = std::max<int64_t>(0, hi - f.tiles.bc), cols = std::min(hi, r.kv_end) - j0;
+    if (empty_tile(f, r, j0, cols)) continue;  // no key of the tile is allowed: nothing to add
     score_tile(f, r, q, j0, cols, sc.s.data(), lds, sc.kg);
     softmax_tile(sc.s.data(), lds, r.rows, cols, sc.m.data(), sc.l.data(), r.o, p.dv);
     if (f.dropout_p > 0.0) dropout_tile(f, r, j0, cols, sc.s.data(), lds);
@@ -236,9 +269,11 @@ AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
   if (options.return_logsumexp) lse = Tensor::empty(with(p.batch, {p.lq}), dt);          // [batch..., Lq]
   if (options.return_weights) weights = Tensor::empty(with(p.batch, {p.lq, p.lk}), dt);  // [batch..., Lq, Lk]
 
-  Flash<K> f = make_flash<K>(p, options,
-                             choose_flash_tiles(options.tuning.flash_tiles, flash_tiles_from_env(), p.lq, p.lk, p.dk,
-                                                p.dv, options.is_causal));
+  const bool automatic = options.tuning.flash_tiles.is_auto() && !flash_tiles_from_env();
+  const FlashTiles tiles = mod_tiles(
+      choose_flash_tiles(options.tuning.flash_tiles, flash_tiles_from_env(), p.lq, p.lk, p.dk, p.dv, options.is_causal),
+      automatic, options.mods, p.lq, p.lk);
+  Flash<K> f = make_flash<K>(p, options, tiles);
   f.out = out.data<T>();
   f.lse = lse ? lse->data<T>() : nullptr;
   f.weights = weights ? weights->data<T>() : nullptr;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "attention/flash_tiles.h"
+#include "attention/mods.h"
 #include "attention/problem.h"
 #include "kernels/cpu/convert.h"
 #include "qkv/gemm.h"
@@ -69,6 +71,7 @@ struct Flash {
   double dropout_p = 0.0;
   uint64_t seed = 0;
   T keep_scale = 1;
+  ModPlan mods;                     // options.mods prepared (inactive when none is set)
   const S* q = nullptr;             // p->q [batch..., Lq, Dk] element 0
   const S* k = nullptr;             // p->k [kv batch..., Lk, Dk]
   const S* v = nullptr;             // p->v [kv batch..., Lk, Dv]
@@ -92,6 +95,7 @@ Flash<K> make_flash(const Problem& p, const AttentionOptions& options, const Fla
   f.dropout_p = options.dropout_p;
   f.seed = options.seed;
   f.keep_scale = options.dropout_p < 1.0 ? static_cast<T>(1.0 / (1.0 - options.dropout_p)) : T(0);
+  f.mods = make_mod_plan(options.mods, p.lq, p.lk, p.heads_q);
   f.q = p.q.data<S>();
   f.k = p.k.data<S>();
   f.v = p.v.data<S>();
@@ -147,11 +151,54 @@ void add_mask(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* 
   }
 }
 
-// s [rows, cols] = scale * Q K[j0:j0+cols]^T + bias (mask, causal); q: the item's Q rows;
-// k_buffer: [Bc, Dk] where K tiles are widened (K::kWiden).
+// The score modifiers on s [rows, cols] of rows i0.., keys j0.. (qkv/attention_mods.h's
+// order); cap_grad, when given, gets softcap's derivative 1 - tanh^2 for the backward.
+template <class K, class T = typename K::T>
+void score_mods(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds, T* cap_grad) {
+  const ModPlan& m = f.mods;
+  for (int64_t x = 0; x < r.rows; ++x) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const double v = s[x * lds + c];
+      if (cap_grad) {
+        const double t = std::tanh(v / m.softcap);
+        cap_grad[x * lds + c] = static_cast<T>(1.0 - t * t);
+      }
+      s[x * lds + c] = static_cast<T>(m.score(v, r.b, r.i0 + x, j0 + c));
+    }
+  }
+}
+
+// The mask modifiers: keys a row may not see get `masked` (-inf, or masked_fill's value).
+template <class K, class T = typename K::T>
+void mask_mods(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds, T masked) {
+  const ModPlan& m = f.mods;
+  const TileClass cls = m.classify(r.i0, r.i0 + r.rows, j0, j0 + cols);
+  if (cls == TileClass::full) return;
+  for (int64_t x = 0; x < r.rows; ++x) {
+    T* row = s + x * lds;  // [cols]
+    if (cls == TileClass::empty) {
+      std::fill(row, row + cols, masked);
+      continue;
+    }
+    thread_local std::vector<char> ok;  // [cols]: the row's allowed keys
+    ok.resize(static_cast<size_t>(cols));
+    m.row_allowed(r.b, r.i0 + x, j0, cols, ok.data());
+    for (int64_t c = 0; c < cols; ++c) row[c] = ok[static_cast<size_t>(c)] ? row[c] : masked;
+  }
+}
+
+// Whether the mask modifiers leave no key of rows r x keys [j0, j0 + cols): the kernels skip it.
+template <class K>
+bool empty_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols) {
+  return f.mods.masking && f.mods.classify(r.i0, r.i0 + r.rows, j0, j0 + cols) == TileClass::empty;
+}
+
+// s [rows, cols] = scale * Q K[j0:j0+cols]^T + bias (score mods, mask, mask mods, causal);
+// q: the item's Q rows; k_buffer: [Bc, Dk] where K tiles are widened (K::kWiden). Keys a
+// mask modifier hides get `masked`; cap_grad: see score_mods.
 template <class K, class T = typename K::T, class G = typename K::G>
 void score_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
-                std::vector<G>& k_buffer) {
+                std::vector<G>& k_buffer, T masked = kNegInf<T>, T* cap_grad = nullptr) {
   const Problem& p = *f.p;
   const Mat<G> k = gemm_operand(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), k_buffer);  // [cols, Dk]
   GemmShape g;
@@ -168,7 +215,9 @@ void score_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64
   if (alpha == T(0)) {
     for (int64_t x = 0; x < r.rows; ++x) kernels::scale(s + x * lds, cols, T(0));
   }
+  if (f.mods.scoring) score_mods(f, r, j0, cols, s, lds, cap_grad);
   if (p.mask) add_mask(f, r, j0, cols, s, lds);
+  if (f.mods.masking) mask_mods(f, r, j0, cols, s, lds, masked);
   if (f.causal && j0 + cols - 1 > r.i0) {  // the tile crosses the diagonal
     for (int64_t x = 0; x < r.rows; ++x) {
       const int64_t first = std::max<int64_t>(0, r.i0 + x + 1 - j0);  // keys j > i are masked

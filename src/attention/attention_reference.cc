@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "attention/attention_reference.h"
+#include "attention/mods_reference.h"
 #include "qkv/parallel.h"
 #include "qkv/random.h"
 
@@ -87,6 +88,7 @@ AttentionResult attention::reference_attention(const Problem& p, const Attention
   const double keep_scale = options.dropout_p < 1.0 ? 1.0 / (1.0 - options.dropout_p) : 0.0;
 
   std::vector<double> row(static_cast<size_t>(p.lk));
+  const attention::ReferenceMods mods(options.mods, p.lq, p.lk, p.heads_q);  // qkv/attention_mods.h
   // An empty operand (Lk == 0, Dv == 0) has a null data(): no offset may be added to it.
   auto at = [](const std::vector<double>& x, int64_t offset) { return x.empty() ? x.data() : x.data() + offset; };
   for (int64_t b = 0; b < p.batch_size; ++b) {
@@ -105,8 +107,10 @@ AttentionResult attention::reference_attention(const Problem& p, const Attention
           dot += qb[i * p.q.stride(-2) + d * p.q.stride(-1)] * kb[j * p.k.stride(-2) + d * p.k.stride(-1)];
         }
         // Dk == 0: the empty dot product is 0 whatever the scale (inf by default), as PyTorch.
-        const double score = p.dk == 0 ? 0.0 : dot * p.scale;
+        double score = p.dk == 0 ? 0.0 : dot * p.scale;
+        if (mods.active()) score = mods.score(score, b, i, j);
         row[j] = score + (p.mask ? mask_bias(*p.mask, mask.data(), mask_base, i, j) : 0.0);
+        if (mods.active() && !mods.allowed(b, i, j)) row[j] = mods.masked();
       }
       double* w = weights.data() + (b * p.lq + i) * p.lk;
       lse[static_cast<size_t>(b * p.lq + i)] = softmax_row(row.data(), w, keys);

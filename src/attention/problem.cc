@@ -1,5 +1,7 @@
 #include "attention/problem.h"
 
+#include "attention/mods.h"
+
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -144,6 +146,7 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   p.v_in = v;
   p.mask_in = options.attn_mask;
   if (p.mask_in) check_mask(*p.mask_in, with_rows(p.batch, p.lq, p.lk), p);
+  check_mods(options.mods, options, p.lq, p.lk, p.heads_q, op);
   expand_operands(p);
   return p;
 }

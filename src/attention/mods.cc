@@ -1,0 +1,303 @@
+// AttentionMods: the patterns, the checks, and the kernels' plan (attention/mods.h).
+#include "attention/mods.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "qkv/error.h"
+#include "qkv/random.h"
+
+namespace qkv {
+
+bool AttentionMods::any_mask() const {
+  return window_left || window_right || dilation != 1 || prefix > 0 || !global_tokens.empty() || block_pattern ||
+         random_blocks > 0 || document_ids || key_document_ids || static_cast<bool>(mask_mod);
+}
+
+bool AttentionMods::any() const {
+  return any_mask() || softcap != 0.0 || alibi_slopes || relative_bias || static_cast<bool>(score_mod) ||
+         masked_fill.has_value();
+}
+
+AttentionMods AttentionMods::causal(Align align) {
+  AttentionMods m;
+  m.align = align;
+  m.window_right = 0;
+  return m;
+}
+
+AttentionMods AttentionMods::sliding_window(int64_t left, int64_t right, Align align) {
+  AttentionMods m;
+  m.align = align;
+  m.window_left = left;
+  m.window_right = right;
+  return m;
+}
+
+AttentionMods AttentionMods::prefix_lm(int64_t prefix) {
+  AttentionMods m = causal();
+  m.prefix = prefix;
+  return m;
+}
+
+AttentionMods AttentionMods::longformer(int64_t left, int64_t right, std::vector<int64_t> global_tokens) {
+  AttentionMods m = sliding_window(left, right);
+  m.global_tokens = std::move(global_tokens);
+  return m;
+}
+
+AttentionMods AttentionMods::bigbird(int64_t block, int64_t window_blocks, int64_t random, uint64_t seed,
+                                     int64_t length) {
+  AttentionMods m;
+  m.block_size = block;
+  m.window_left = m.window_right = window_blocks;
+  for (int64_t t = 0; t < std::min(block, length); ++t) m.global_tokens.push_back(t);               // first block
+  for (int64_t t = std::max(block, length - block); t < length; ++t) m.global_tokens.push_back(t);  // last
+  m.random_blocks = random;
+  m.random_seed = seed;
+  return m;
+}
+
+std::vector<int64_t> random_key_blocks(uint64_t seed, int64_t qb, int64_t key_blocks, int64_t count) {
+  std::vector<int64_t> all(static_cast<size_t>(std::max<int64_t>(key_blocks, 0)));
+  std::iota(all.begin(), all.end(), int64_t{0});
+  const int64_t n = std::min(count, key_blocks);
+  // A partial Fisher-Yates shuffle on Philox draws: counter (qb, step).
+  for (int64_t s = 0; s < n; ++s) {
+    const double u = random::uniform(seed, (static_cast<uint64_t>(qb) << 32) + static_cast<uint64_t>(s));
+    const int64_t pick = s + std::min<int64_t>(key_blocks - s - 1, static_cast<int64_t>(u * double(key_blocks - s)));
+    std::swap(all[static_cast<size_t>(s)], all[static_cast<size_t>(pick)]);
+  }
+  all.resize(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+namespace attention {
+
+namespace {
+
+void check_vector(const std::optional<Tensor>& t, const char* name, int64_t n, bool integer, const char* op) {
+  if (!t) return;
+  if (integer ? !(t->dtype() == DType::i32 || t->dtype() == DType::i64) : !is_floating(t->dtype())) {
+    fail<DTypeError>(op, ": mods.", name, " must be ", integer ? "int32 or int64" : "floating point", ", got ",
+                     dtype_name(t->dtype()));
+  }
+  if (t->dim() != 1 || t->size(0) != n) {
+    fail<ShapeError>(op, ": mods.", name, " must have shape [", n, "], got ", shape_str(t->shape()));
+  }
+}
+
+std::vector<double> doubles(const Tensor& t) { return t.contiguous().to_vector<double>(); }
+
+}  // namespace
+
+void check_mods(const AttentionMods& m, const AttentionOptions& o, int64_t lq, int64_t lk, int64_t heads_q,
+                const char* op) {
+  if (!m.any()) return;
+  if ((m.window_left && *m.window_left < 0) || (m.window_right && *m.window_right < 0) || m.dilation < 1 ||
+      m.block_size < 1 || m.prefix < 0 || m.random_blocks < 0 || m.softcap < 0.0 || !std::isfinite(m.softcap)) {
+    fail<ValueError>(op,
+                     ": mods: window sides, prefix and random_blocks must be >= 0, dilation and block_size >= 1, "
+                     "softcap finite and >= 0");
+  }
+  if (m.block_size > 1 && m.align == AttentionMods::Align::bottom_right) {
+    fail<ValueError>(op, ": mods: block_size > 1 needs Align::top_left");
+  }
+  for (int64_t g : m.global_tokens) {
+    if (g < 0 || g >= std::max(lq, lk)) {
+      fail<ValueError>(op, ": mods.global_tokens: position ", g, " is outside [0, ", std::max(lq, lk), ")");
+    }
+  }
+  const int64_t qb = (lq + m.block_size - 1) / m.block_size, kb = (lk + m.block_size - 1) / m.block_size;
+  if (m.block_pattern && (m.block_pattern->dtype() != DType::b8 || m.block_pattern->shape() != Shape{qb, kb})) {
+    fail<ShapeError>(op, ": mods.block_pattern must be bool [", qb, ", ", kb, "] (blocks of ", m.block_size, "), got ",
+                     dtype_name(m.block_pattern->dtype()), " ", shape_str(m.block_pattern->shape()));
+  }
+  check_vector(m.document_ids, "document_ids", lq, true, op);
+  check_vector(m.key_document_ids, "key_document_ids", lk, true, op);
+  if (m.key_document_ids && !m.document_ids) fail<ValueError>(op, ": mods.key_document_ids needs document_ids");
+  if (m.document_ids && !m.key_document_ids && lq != lk) {
+    fail<ValueError>(op, ": mods.document_ids with Lq ", lq, " != Lk ", lk, " needs key_document_ids");
+  }
+  check_vector(m.alibi_slopes, "alibi_slopes", heads_q, false, op);
+  if (m.relative_bias) {
+    const Tensor& r = *m.relative_bias;
+    if (!is_floating(r.dtype()) || r.dim() != 2 || (r.size(0) != 1 && r.size(0) != heads_q) ||
+        r.size(1) != lq + lk - 1) {
+      fail<ShapeError>(op, ": mods.relative_bias must be floating [", heads_q, " or 1, ", lq + lk - 1,
+                       "] (Lq + Lk - 1), got ", dtype_name(r.dtype()), " ", shape_str(r.shape()));
+    }
+  }
+  if (m.masked_fill && (!std::isfinite(*m.masked_fill) || o.attn_mask || o.is_causal)) {
+    fail<ValueError>(op,
+                     ": mods.masked_fill must be finite and cannot be combined with attn_mask or is_causal "
+                     "(express the mask through mods)");
+  }
+}
+
+ModPlan make_mod_plan(const AttentionMods& m, int64_t lq, int64_t lk, int64_t heads_q) {
+  ModPlan p;
+  p.mods = &m;
+  p.active = m.any();
+  p.masking = m.any_mask();
+  p.scoring = m.softcap > 0.0 || m.alibi_slopes || m.relative_bias || m.score_mod;
+  p.lq = lq, p.lk = lk, p.heads = std::max<int64_t>(heads_q, 1);
+  p.offset = m.align == AttentionMods::Align::bottom_right ? lk - lq : 0;
+  p.unit = m.block_size;
+  constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max() / 4;
+  p.window = m.window_left || m.window_right || m.dilation > 1;
+  p.left = m.window_left.value_or(kUnbounded);
+  p.right = m.window_right.value_or(kUnbounded);
+  p.dilation = m.dilation;
+  p.prefix = m.prefix;
+  if (!m.global_tokens.empty()) {
+    p.global_q.assign(static_cast<size_t>(lq), 0);
+    p.global_k.assign(static_cast<size_t>(lk), 0);
+    for (int64_t g : m.global_tokens) {
+      if (g < lq) p.global_q[static_cast<size_t>(g)] = 1;
+      if (g < lk) p.global_k[static_cast<size_t>(g)] = 1;
+    }
+    for (int64_t i = 0; i < lq; ++i)
+      if (p.global_q[static_cast<size_t>(i)]) p.global_q_sorted.push_back(i);
+    for (int64_t j = 0; j < lk; ++j)
+      if (p.global_k[static_cast<size_t>(j)]) p.global_k_sorted.push_back(j);
+  }
+  p.q_blocks = (lq + p.unit - 1) / p.unit, p.k_blocks = (lk + p.unit - 1) / p.unit;
+  p.has_blocks = m.block_pattern || m.random_blocks > 0;
+  if (p.has_blocks) {
+    p.blocks.assign(static_cast<size_t>(p.q_blocks * p.k_blocks), 0);
+    if (m.block_pattern) {
+      const auto pattern = m.block_pattern->contiguous().to_vector<double>();
+      for (size_t x = 0; x < pattern.size(); ++x) p.blocks[x] = pattern[x] != 0.0;
+    }
+    for (int64_t qb = 0; qb < p.q_blocks && m.random_blocks > 0; ++qb) {
+      for (int64_t kb : random_key_blocks(m.random_seed, qb, p.k_blocks, m.random_blocks)) {
+        p.blocks[static_cast<size_t>(qb * p.k_blocks + kb)] = 1;
+      }
+    }
+  }
+  p.or_terms = p.window || p.prefix > 0 || !m.global_tokens.empty() || p.has_blocks;
+  if (m.document_ids) {
+    const auto q = doubles(*m.document_ids);
+    p.q_doc.assign(q.begin(), q.end());
+    const auto k = m.key_document_ids ? doubles(*m.key_document_ids) : q;
+    p.k_doc.assign(k.begin(), k.end());
+  }
+  if (m.alibi_slopes) p.alibi = doubles(*m.alibi_slopes);
+  if (m.relative_bias) {
+    p.relative = doubles(*m.relative_bias);
+    p.relative_heads = m.relative_bias->size(0);
+  }
+  p.softcap = m.softcap;
+  return p;
+}
+
+FlashTiles mod_tiles(const FlashTiles& tiles, bool automatic, const AttentionMods& mods, int64_t lq, int64_t lk) {
+  if (!automatic || !mods.any_mask()) return tiles;
+  // Measured (attention_mods_bench, L = 16384, 2 threads, medians of 3): causal window of 512
+  // keys 168 / 161 / 154 / 189 ms at 64x64 / 64x128 / 128x128 / 128x256; BigBird (blocks of
+  // 64) 199 / 243 / 346 / 547 ms: tiles of one block are never partial.
+  const int64_t u = mods.block_size, t = u == 1 ? 128 : (u >= 64 ? u : 64 / u * u);
+  return {std::max<int64_t>(1, std::min(t, lq)), std::max<int64_t>(1, std::min(t, lk))};
+}
+
+namespace {
+
+// Whether any of the sorted positions falls in [a, b).
+bool any_in(const std::vector<int64_t>& sorted, int64_t a, int64_t b) {
+  const auto it = std::lower_bound(sorted.begin(), sorted.end(), a);
+  return it != sorted.end() && *it < b;
+}
+
+// The window term over rows [i0, i1) x keys [j0, j1): {any allowed, all allowed}.
+std::pair<bool, bool> window_term(const ModPlan& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const int64_t qb0 = floor_div(i0 + p.offset, p.unit), qb1 = floor_div(i1 - 1 + p.offset, p.unit);
+  const int64_t kb0 = j0 / p.unit, kb1 = (j1 - 1) / p.unit;
+  const int64_t lo = std::max(kb0 - qb1, -p.left), hi = std::min(kb1 - qb0, p.right);  // deltas met and allowed
+  if (lo > hi) return {false, false};
+  bool any = true;
+  if (p.dilation > 1) {  // a multiple of the dilation in [lo, hi]
+    const int64_t first = floor_div(lo + p.dilation - 1, p.dilation) * p.dilation;
+    any = first <= hi;
+  }
+  const bool all = p.dilation == 1 && kb0 - qb1 >= -p.left && kb1 - qb0 <= p.right;
+  return {any, all};
+}
+
+}  // namespace
+
+void ModPlan::row_allowed(int64_t entry, int64_t i, int64_t j0, int64_t cols, char* out) const {
+  const int64_t j1 = j0 + cols;
+  auto set = [&](int64_t a, int64_t b) {  // keys [a, b) allowed
+    a = std::max(a, j0), b = std::min(b, j1);
+    if (a < b) std::fill(out + (a - j0), out + (b - j0), char{1});
+  };
+  std::fill(out, out + cols, static_cast<char>(or_terms ? 0 : 1));
+  if (or_terms) {
+    if (!global_q.empty() && global_q[static_cast<size_t>(i)]) set(j0, j1);
+    if (window) {  // key blocks [qb - left, qb + right] met by this tile, every dilation-th
+      const int64_t qb = floor_div(i + offset, unit);
+      const int64_t lo = std::max(j0 / unit, qb - left), hi = std::min((j1 - 1) / unit, qb + right);
+      if (dilation == 1) {
+        if (lo <= hi) set(lo * unit, (hi + 1) * unit);
+      } else {
+        for (int64_t kb = lo; kb <= hi; ++kb) {
+          if ((kb - qb) % dilation == 0) set(kb * unit, (kb + 1) * unit);
+        }
+      }
+    }
+    if (prefix > 0) set(0, prefix);
+    if (!global_k_sorted.empty()) {
+      for (auto it = std::lower_bound(global_k_sorted.begin(), global_k_sorted.end(), j0);
+           it != global_k_sorted.end() && *it < j1; ++it) {
+        out[*it - j0] = 1;
+      }
+    }
+    if (has_blocks) {
+      const int64_t qb = i / unit;
+      for (int64_t kb = j0 / unit; kb <= (j1 - 1) / unit; ++kb) {
+        if (blocks[static_cast<size_t>(qb * k_blocks + kb)]) set(kb * unit, (kb + 1) * unit);
+      }
+    }
+  }
+  if (!q_doc.empty()) {
+    const int64_t d = q_doc[static_cast<size_t>(i)];
+    for (int64_t c = 0; c < cols; ++c) out[c] = out[c] && k_doc[static_cast<size_t>(j0 + c)] == d;
+  }
+  if (mods->mask_mod) {
+    for (int64_t c = 0; c < cols; ++c) out[c] = out[c] && mods->mask_mod(entry / heads, entry % heads, i, j0 + c);
+  }
+}
+
+TileClass ModPlan::classify(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+  if (!masking || i0 >= i1 || j0 >= j1) return TileClass::full;
+  bool doc_all = true;
+  if (!q_doc.empty()) {
+    const auto [qmin, qmax] = std::minmax_element(q_doc.begin() + i0, q_doc.begin() + i1);
+    const auto [kmin, kmax] = std::minmax_element(k_doc.begin() + j0, k_doc.begin() + j1);
+    if (*qmax < *kmin || *kmax < *qmin) return TileClass::empty;
+    doc_all = *qmin == *qmax && *kmin == *kmax && *qmin == *kmin;
+  }
+  bool any = !or_terms, all = !or_terms;
+  if (window) {
+    const auto [a, f] = window_term(*this, i0, i1, j0, j1);
+    any = any || a, all = all || f;
+  }
+  if (prefix > 0) any = any || j0 < prefix, all = all || j1 <= prefix;
+  if (!global_q.empty()) any = any || any_in(global_q_sorted, i0, i1) || any_in(global_k_sorted, j0, j1);
+  if (has_blocks && !any) {
+    for (int64_t qb = i0 / unit; qb <= (i1 - 1) / unit && !any; ++qb) {
+      for (int64_t kb = j0 / unit; kb <= (j1 - 1) / unit && !any; ++kb) {
+        any = blocks[static_cast<size_t>(qb * k_blocks + kb)] != 0;
+      }
+    }
+  }
+  if (!any) return TileClass::empty;
+  return all && doc_all && !mods->mask_mod ? TileClass::full : TileClass::partial;
+}
+
+}  // namespace attention
+}  // namespace qkv

@@ -1,0 +1,92 @@
+// AttentionMods (qkv/attention_mods.h) prepared for the fused kernels: checked once per
+// call (check_mods, from make_problem), then turned into a ModPlan whose element test
+// and tile classification the forward and backward tiles use (attention_cpu_tiles.h).
+// The float64 reference does not use this file: it applies the definitions on its own.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "qkv/attention.h"
+
+namespace qkv::attention {
+
+class Problem;
+
+// ShapeError / ValueError / DTypeError naming `op` for modifiers that do not fit the call.
+void check_mods(const AttentionMods& mods, const AttentionOptions& options, int64_t lq, int64_t lk, int64_t heads_q,
+                const char* op);
+
+enum class TileClass { empty, partial, full };
+
+// floor(a / b) for b > 0.
+inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+struct ModPlan {
+  const AttentionMods* mods = nullptr;
+  bool active = false, masking = false, scoring = false;
+  int64_t lq = 0, lk = 0, heads = 1;
+  int64_t offset = 0;  // d(i) - i
+  int64_t unit = 1;
+  bool window = false;
+  int64_t left = 0, right = 0, dilation = 1;  // left/right: INT64 bounds when unbounded
+  int64_t prefix = 0;
+  bool or_terms = false;                 // any term of the OR group is set
+  std::vector<char> global_q, global_k;  // [Lq], [Lk]
+  std::vector<int64_t> global_k_sorted, global_q_sorted;
+  int64_t q_blocks = 0, k_blocks = 0;
+  std::vector<char> blocks;  // [q_blocks, k_blocks]: block_pattern | random blocks
+  bool has_blocks = false;
+  std::vector<int64_t> q_doc, k_doc;  // [Lq], [Lk] when set
+  std::vector<double> alibi;          // [Hq] when set
+  std::vector<double> relative;       // [Hb, Lq + Lk - 1] when set
+  int64_t relative_heads = 0;
+  double softcap = 0.0;
+
+  // Whether key j is allowed for query i of flat batch entry `entry` (heads included).
+  bool allowed(int64_t entry, int64_t i, int64_t j) const {
+    if (!q_doc.empty() && q_doc[static_cast<size_t>(i)] != k_doc[static_cast<size_t>(j)]) return false;
+    if (mods->mask_mod && !mods->mask_mod(entry / heads, entry % heads, i, j)) return false;
+    if (!or_terms) return true;
+    if (window) {
+      const int64_t delta = floor_div(j, unit) - floor_div(i + offset, unit);
+      if (delta >= -left && delta <= right && delta % dilation == 0) return true;
+    }
+    if (j < prefix) return true;
+    if (!global_q.empty() && (global_q[static_cast<size_t>(i)] || global_k[static_cast<size_t>(j)])) return true;
+    return has_blocks && blocks[static_cast<size_t>((i / unit) * k_blocks + j / unit)];
+  }
+
+  // The score after the score modifiers (softcap, ALiBi, relative bias, score_mod).
+  double score(double s, int64_t entry, int64_t i, int64_t j) const {
+    const int64_t h = entry % heads;
+    if (softcap > 0.0) s = softcap * std::tanh(s / softcap);
+    if (!alibi.empty()) s += alibi[static_cast<size_t>(h)] * static_cast<double>(j - (i + offset));
+    if (!relative.empty()) {
+      const int64_t hb = relative_heads == 1 ? 0 : h;
+      s += relative[static_cast<size_t>(hb * (lq + lk - 1) + j - i + lq - 1)];
+    }
+    if (mods->score_mod) s = mods->score_mod(s, entry / heads, h, i, j);
+    return s;
+  }
+
+  // out[c] = allowed(entry, i, j0 + c) for c < cols, by ranges (the window, prefix, global
+  // and block terms set whole runs; documents and mask_mod go element by element).
+  void row_allowed(int64_t entry, int64_t i, int64_t j0, int64_t cols, char* out) const;
+
+  // Rows [i0, i1) x keys [j0, j1) of entry `entry`: no allowed key, all allowed, or mixed
+  // (conservative: `partial` whenever it cannot tell).
+  TileClass classify(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const;
+};
+
+// Automatic tiles under mask modifiers: square, 128 for token masks (a causal call's size: the
+// mask leaves few keys per row, so big key tiles would be mostly partial), one block (or a
+// multiple of a block under 64) with block_size > 1, so that BigBird-style blocks fall into
+// whole tiles (empty or full). `tiles` is
+// returned as it is when the caller or QKV_FLASH_TILES chose it, or without mask modifiers.
+FlashTiles mod_tiles(const FlashTiles& tiles, bool automatic, const AttentionMods& mods, int64_t lq, int64_t lk);
+
+ModPlan make_mod_plan(const AttentionMods& mods, int64_t lq, int64_t lk, int64_t heads_q);
+
+}  // namespace qkv::attention
