@@ -11,6 +11,7 @@ import importlib as _importlib
 
 from ._qkv import *  # noqa: F401,F403  (every public binding; see python/src/module.cc)
 from ._qkv import __version__  # noqa: F401
+from .mods import AttentionMods  # noqa: F401  (mods= of scaled_dot_product_attention)
 # qkv.nn (the layers, python/qkv/nn.py) and qkv.einops (einops' API) after a plain
 # `import qkv`. Not `from . import nn`: the star import above already bound `nn` to the
 # extension's submodule qkv._qkv.nn, and `from . import` takes an existing attribute

@@ -9,6 +9,7 @@
 #include "args.h"
 #include "array_like.h"
 #include "interrupt.h"
+#include "mods_arg.h"
 #include "qkv/attention.h"
 #include "qkv/attention_backward.h"
 #include "tensor_convert.h"
@@ -31,6 +32,7 @@ uint64_t seed_or_random(std::optional<uint64_t> seed) {
 struct Args {
   nb::handle attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, seed, return_logsumexp;
   nb::handle matmul_precision = nb::none();  // sdpa only
+  nb::handle mods = nb::none();              // a qkv.AttentionMods or None
 };
 
 qkv::AttentionOptions make_options(const Args& a, const char* op) {
@@ -49,6 +51,7 @@ qkv::AttentionOptions make_options(const Args& a, const char* op) {
     const std::string name = str_arg(a.matmul_precision, arg_name(op, "matmul_precision"));
     o.matmul_precision = qkv::matmul_precision_from_name(name);
   }
+  o.mods = qkv::python::mods_arg(a.mods, op);
   return o;
 }
 
@@ -76,25 +79,26 @@ nb::object run(nb::handle q, nb::handle k, nb::handle v, const Args& args, const
 
 nb::object attention_reference(nb::handle q, nb::handle k, nb::handle v, nb::handle attn_mask, nb::handle dropout_p,
                                nb::handle is_causal, nb::handle scale, nb::handle enable_gqa, nb::handle return_weights,
-                               nb::handle seed) {
+                               nb::handle seed, nb::handle mods) {
   static const char* names[3] = {"q", "k", "v"};
-  const Args args{attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, seed, nb::handle(Py_False)};
+  const Args args{attn_mask,  dropout_p, is_causal, scale, enable_gqa, return_weights, seed, nb::handle(Py_False),
+                  nb::none(), mods};
   return run(q, k, v, args, "attention_reference", names, &qkv::attention_reference);
 }
 
 nb::object sdpa(nb::handle query, nb::handle key, nb::handle value, nb::handle attn_mask, nb::handle dropout_p,
                 nb::handle is_causal, nb::handle scale, nb::handle enable_gqa, nb::handle seed,
-                nb::handle return_weights, nb::handle return_logsumexp, nb::handle matmul_precision) {
+                nb::handle return_weights, nb::handle return_logsumexp, nb::handle matmul_precision, nb::handle mods) {
   static const char* names[3] = {"query", "key", "value"};
-  const Args args{attn_mask,      dropout_p, is_causal,        scale,           enable_gqa,
-                  return_weights, seed,      return_logsumexp, matmul_precision};
+  const Args args{attn_mask, dropout_p,        is_causal,        scale, enable_gqa, return_weights,
+                  seed,      return_logsumexp, matmul_precision, mods};
   return run(query, key, value, args, "scaled_dot_product_attention", names, &qkv::scaled_dot_product_attention);
 }
 
 // (dq, dk, dv) in q's array type, from the forward's saved out and logsumexp.
 nb::tuple sdpa_backward(nb::handle query, nb::handle key, nb::handle value, nb::handle out, nb::handle grad_out,
                         nb::handle logsumexp, nb::handle attn_mask, nb::handle dropout_p, nb::handle is_causal,
-                        nb::handle scale, nb::handle enable_gqa, nb::handle seed) {
+                        nb::handle scale, nb::handle enable_gqa, nb::handle seed, nb::handle mods) {
   constexpr const char* kOp = "scaled_dot_product_attention_backward";
   using qkv::python::arg_name;
   const qkv::Tensor tq = to_tensor(query, arg_name(kOp, "query").c_str());
@@ -103,8 +107,9 @@ nb::tuple sdpa_backward(nb::handle query, nb::handle key, nb::handle value, nb::
   const qkv::Tensor to = to_tensor(out, arg_name(kOp, "out").c_str());
   const qkv::Tensor tg = to_tensor(grad_out, arg_name(kOp, "grad_out").c_str());
   const qkv::Tensor tl = to_tensor(logsumexp, arg_name(kOp, "logsumexp").c_str());
-  const Args args{attn_mask,  dropout_p,           is_causal, scale, enable_gqa, nb::handle(Py_False),
-                  nb::none(), nb::handle(Py_False)};
+  const Args args{
+      attn_mask,  dropout_p, is_causal, scale, enable_gqa, nb::handle(Py_False), nb::none(), nb::handle(Py_False),
+      nb::none(), mods};
   qkv::AttentionOptions o = make_options(args, kOp);
   if (o.dropout_p > 0) {  // the backward must redraw the forward's mask: its seed is required
     const std::optional<uint64_t> s = qkv::python::seed_arg(seed, arg_name(kOp, "seed"));
@@ -134,6 +139,9 @@ attention_reference computes in float64). Conventions are PyTorch's:
               1/(1-dropout_p); the draw depends only on (seed, element index),
               and seed=None draws a fresh seed.
 A row whose every key is masked gives weights 0 and output 0 (not NaN).
+  mods        a qkv.AttentionMods: sliding windows, prefix-LM, global tokens,
+              BigBird blocks, documents, ALiBi, relative bias, soft-capping,
+              masked_fill (help(qkv.AttentionMods)); empty tiles are skipped.
 
 Inputs: NumPy arrays or any CPU DLPack producer (torch tensors, ...), read in
 place without copying; float32, float64, float16, bfloat16 (ml_dtypes). Results
@@ -151,11 +159,12 @@ void bind_attention(nb::module_& m) {
         nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p").none() = 0.0,
         nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
         nb::arg("return_weights").none() = false, nb::arg("seed").none() = nb::none(),
+        nb::arg("mods").none() = nb::none(),
         nb::sig("def attention_reference(q: numpy.typing.ArrayLike, k: numpy.typing.ArrayLike, "
                 "v: numpy.typing.ArrayLike, attn_mask: numpy.typing.ArrayLike | None = None, "
                 "dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, "
-                "enable_gqa: bool = False, return_weights: bool = False, seed: int | None = None) "
-                "-> typing.Any"),
+                "enable_gqa: bool = False, return_weights: bool = False, seed: int | None = None, "
+                "mods: typing.Any = None) -> typing.Any"),
         (std::string("Scaled dot-product attention by the float64 reference (the oracle of every\n"
                      "qkv kernel): plain loops, single-threaded. Returns the output, or\n"
                      "(output, weights) with return_weights=True, weights [..., Hq, Lq, Lk] being\n"
@@ -168,12 +177,13 @@ void bind_attention(nb::module_& m) {
         nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
         nb::kw_only(), nb::arg("seed").none() = nb::none(), nb::arg("return_weights").none() = false,
         nb::arg("return_logsumexp").none() = false, nb::arg("matmul_precision").none() = "highest",
+        nb::arg("mods").none() = nb::none(),
         nb::sig("def scaled_dot_product_attention(query: numpy.typing.ArrayLike, "
                 "key: numpy.typing.ArrayLike, value: numpy.typing.ArrayLike, "
                 "attn_mask: numpy.typing.ArrayLike | None = None, dropout_p: float = 0.0, "
                 "is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *, "
                 "seed: int | None = None, return_weights: bool = False, return_logsumexp: bool = False, "
-                "matmul_precision: str = 'highest') "
+                "matmul_precision: str = 'highest', mods: typing.Any = None) "
                 "-> typing.Any"),
         (std::string("torch.nn.functional.scaled_dot_product_attention, same arguments (plus the\n"
                      "keywords seed, return_weights, return_logsumexp, matmul_precision):\n"
@@ -194,13 +204,13 @@ void bind_attention(nb::module_& m) {
         nb::arg("value").none(), nb::arg("out").none(), nb::arg("grad_out").none(), nb::arg("logsumexp").none(),
         nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p").none() = 0.0,
         nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
-        nb::kw_only(), nb::arg("seed").none() = nb::none(),
+        nb::kw_only(), nb::arg("seed").none() = nb::none(), nb::arg("mods").none() = nb::none(),
         nb::sig("def scaled_dot_product_attention_backward(query: numpy.typing.ArrayLike, "
                 "key: numpy.typing.ArrayLike, value: numpy.typing.ArrayLike, out: numpy.typing.ArrayLike, "
                 "grad_out: numpy.typing.ArrayLike, logsumexp: numpy.typing.ArrayLike, "
                 "attn_mask: numpy.typing.ArrayLike | None = None, dropout_p: float = 0.0, "
                 "is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *, "
-                "seed: int | None = None) -> tuple[typing.Any, typing.Any, typing.Any]"),
+                "seed: int | None = None, mods: typing.Any = None) -> tuple[typing.Any, typing.Any, typing.Any]"),
         (std::string("Gradients (dq, dk, dv) of a loss with respect to query, key and value, given its\n"
                      "gradient grad_out with respect to scaled_dot_product_attention's output: the fused\n"
                      "FlashAttention-2 backward, from the forward's saved `out` and `logsumexp`\n"
