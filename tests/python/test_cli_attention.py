@@ -99,3 +99,43 @@ def test_demo_runs(run):
     result = run("demo")
     assert result.returncode == 0, result.stderr
     assert "attention weights" in result.stdout
+
+
+def dense_window(lq, lk, w, causal):
+    i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
+    return (j >= i - w) & (j <= i) if causal else np.abs(j - i) <= w
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_variant_window_admits_exactly_what_help_says(run, tmp_path, causal):
+    """--help: |j - i| <= W, or i - W <= j <= i with --causal; checked against a dense numpy mask."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 40, 8)) for _ in range(3))
+    extra = ["--variant", "window", "--window", "5"] + (["--causal"] if causal else [])
+    out, w = run_attention(run, tmp_path, q, k, v, *extra, weights=True)
+    mask = dense_window(40, 40, 5, causal)
+    np.testing.assert_array_equal(w[0] > 0, mask)
+    np.testing.assert_allclose(out, sdpa_float64(q, k, v, mask=mask)[0], atol=1e-12)
+    assert "|j - i| <= W" in run("attention", "--help").stdout
+
+
+def test_variants_longformer_prefix_bigbird_and_linear(run, tmp_path):
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((1, 64, 8)) for _ in range(3))
+    _, w = run_attention(run, tmp_path, q, k, v, "--variant", "longformer", "--window", "2", "--globals", "0,33",
+                         weights=True)
+    mask = dense_window(64, 64, 2, False)
+    mask[[0, 33], :] = True
+    mask[:, [0, 33]] = True
+    np.testing.assert_array_equal(w[0] > 0, mask)
+    _, w = run_attention(run, tmp_path, q, k, v, "--variant", "prefix-lm", "--prefix", "7", weights=True)
+    i, j = np.arange(64)[:, None], np.arange(64)[None, :]
+    np.testing.assert_array_equal(w[0] > 0, (j <= i) | (j < 7))
+    _, w = run_attention(run, tmp_path, q, k, v, "--variant", "bigbird", "--block", "16", "--random", "1",
+                         weights=True)
+    blocks = (w[0].reshape(4, 16, 4, 16) > 0).any(axis=(1, 3))
+    assert blocks[0].all() and blocks[:, 0].all() and blocks[3].all() and blocks[:, 3].all()
+    out = run_attention(run, tmp_path, q, k, v, "--variant", "linear", "--causal")
+    phi = lambda x: np.where(x > 0, x + 1, np.exp(x))  # noqa: E731  elu + 1
+    s = np.tril(phi(q[0]) @ phi(k[0]).T)
+    np.testing.assert_allclose(out[0], (s @ v[0]) / s.sum(1, keepdims=True), atol=1e-12)

@@ -1,8 +1,10 @@
 // qkv attention --q q.npy --k k.npy --v v.npy [--mask m.npy] [--causal] [--scale S]
-//               [--matmul-precision medium] [--weights w.npy] -o out.npy
+//               [--matmul-precision medium] [--variant window --window W ...] [--weights w.npy]
+//               -o out.npy
 #include "commands.h"
 #include "qkv/attention.h"
 #include "qkv/io.h"
+#include "qkv/linear_attention.h"
 
 namespace qkv::cli {
 
@@ -14,22 +16,66 @@ struct AttentionArgs {
   double dropout = 0.0;
   uint64_t seed = 0;
   std::string precision = "highest";  // AttentionOptions::matmul_precision (float32 inputs)
+  // --variant and its settings (qkv/attention_mods.h, qkv/linear_attention.h)
+  std::string variant = "full", align = "top-left";
+  int64_t window = 0, prefix = 0, block = 64, window_blocks = 1, random = 2, features = 0;
+  std::vector<int64_t> globals;
+  uint64_t random_seed = 0;
+  double softcap = 0.0;
 };
 
+// The mods of --variant (window, prefix-lm, longformer, bigbird) and --softcap.
+AttentionMods variant_mods(const AttentionArgs& a, int64_t lk) {
+  const auto align = a.align == "bottom-right" ? AttentionMods::Align::bottom_right : AttentionMods::Align::top_left;
+  AttentionMods m;
+  if (a.variant == "window" || a.variant == "longformer") {
+    m = AttentionMods::sliding_window(a.window, a.causal ? 0 : a.window, align);
+    m.global_tokens = a.globals;
+  } else if (a.variant == "prefix-lm") {
+    m = AttentionMods::prefix_lm(a.prefix);
+  } else if (a.variant == "bigbird") {
+    m = AttentionMods::bigbird(a.block, a.window_blocks, a.random, a.random_seed, lk);
+  }
+  m.softcap = a.softcap;
+  return m;
+}
+
 void run_attention(const AttentionArgs& a) {
+  const Tensor q = load_tensor(a.q), k = load_tensor(a.k), v = load_tensor(a.v);
+  if (a.variant == "linear") {  // phi = elu + 1, or FAVOR+ with --features
+    if (!a.mask.empty() || !a.weights.empty()) fail<Error>("attention: --variant linear takes no --mask or --weights");
+    LinearAttentionOptions lo;
+    lo.is_causal = a.causal;
+    if (a.features > 0) lo.feature_map = LinearFeatureMap::favor, lo.num_features = a.features, lo.seed = a.seed;
+    io::save(a.out, {{"output", linear_attention(q, k, v, lo)}});
+    return;
+  }
   AttentionOptions options;
   if (!a.mask.empty()) options.attn_mask = load_tensor(a.mask);
-  options.is_causal = a.causal;
+  const bool mods = a.variant != "full";
+  options.is_causal = a.causal && !mods;  // with a variant, --causal is its window's right side 0
   options.scale = a.scale;
   options.enable_gqa = a.gqa;
   options.dropout_p = a.dropout;
   options.seed = a.seed;
   options.matmul_precision = matmul_precision_from_name(a.precision);
   options.return_weights = !a.weights.empty();
-  const AttentionResult r = scaled_dot_product_attention(load_tensor(a.q), load_tensor(a.k), load_tensor(a.v), options);
+  options.mods = variant_mods(a, k.dim() >= 2 ? k.size(-2) : 0);
+  const AttentionResult r = scaled_dot_product_attention(q, k, v, options);
   io::save(a.out, {{"output", r.output}});
   if (r.weights) io::save(a.weights, {{"weights", *r.weights}});
 }
+
+constexpr const char* kVariantHelp =
+    "full (default): every key (or --mask / --causal). "
+    "window: query i attends to keys j with |j - i| <= W (2W + 1 keys, --window W), or with --causal to "
+    "i - W <= j <= i (W + 1 keys); --align bottom-right measures from j = i + Lk - Lq. "
+    "longformer: window plus --globals (those positions attend to, and are attended by, every position). "
+    "prefix-lm: causal plus the first --prefix keys for every query. "
+    "bigbird: blocks of --block tokens, each query block attends to --window-blocks blocks on each side, "
+    "--random random key blocks (--random-seed) and the first and last block (global). "
+    "linear: linear attention, phi = elu + 1, or Performer FAVOR+ with --features M (seeded by --seed); "
+    "--causal for causal";
 }  // namespace
 
 void register_attention(CLI::App& app) {
@@ -50,6 +96,24 @@ void register_attention(CLI::App& app) {
   cmd->add_option("--matmul-precision", args->precision,
                   "float32 inputs: highest (default), high, or medium (bf16 tiles where the CPU has native bf16)")
       ->check(CLI::IsMember({"highest", "high", "medium"}));
+  cmd->add_option("--variant", args->variant, kVariantHelp)
+      ->check(CLI::IsMember({"full", "window", "longformer", "prefix-lm", "bigbird", "linear"}));
+  cmd->add_option("--window", args->window, "window/longformer: W (see --variant)")->check(integer_in(0));
+  cmd->add_option("--align", args->align, "window diagonal: top-left (j = i, default) or bottom-right")
+      ->check(CLI::IsMember({"top-left", "bottom-right"}));
+  cmd->add_option("--globals", args->globals, "longformer: global positions (e.g. --globals 0 5)")
+      ->delimiter(',')
+      ->check(integer_in(0));
+  cmd->add_option("--prefix", args->prefix, "prefix-lm: keys every query sees")->check(integer_in(0));
+  cmd->add_option("--block", args->block, "bigbird: block size (default 64)")->check(integer_in(1));
+  cmd->add_option("--window-blocks", args->window_blocks, "bigbird: blocks on each side (default 1)")
+      ->check(integer_in(0));
+  cmd->add_option("--random", args->random, "bigbird: random key blocks per query block (default 2)")
+      ->check(integer_in(0));
+  cmd->add_option("--random-seed", args->random_seed, "bigbird: seed of the random blocks")
+      ->check(integer_in(0, UINT64_MAX));
+  cmd->add_option("--softcap", args->softcap, "scores c * tanh(s / c) (Gemma 2's soft-capping)")->check(real_in(0.0));
+  cmd->add_option("--features", args->features, "linear: FAVOR+ random features M (0: elu + 1)")->check(integer_in(0));
   cmd->add_option("--weights", args->weights, "also write the attention weights [..., Lq, Lk] here");
   cmd->add_option("-o,--output", args->out, "output file (.npy or .safetensors)")->required();
   cmd->callback([args] { run_attention(*args); });
