@@ -13,6 +13,7 @@
   AREA(io)                     \
   AREA(einops)                 \
   AREA(attention)              \
+  AREA(variants)               \
   AREA(einsum)                 \
   AREA(nn)
 
