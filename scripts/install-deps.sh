@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libbenchmark-dev                 # tests and benchmarks
   libcli11-dev nlohmann-json3-dev               # CLI parsing, JSON headers
   libhdf5-dev zlib1g-dev                        # Keras .h5 weights, .keras zips
+  libpng-dev                                    # heatmaps (qkv heatmap, qkv.plot)
 )
 missing=()
 for p in "${packages[@]}"; do

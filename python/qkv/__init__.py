@@ -19,3 +19,4 @@ from .mods import AttentionMods  # noqa: F401  (mods= of scaled_dot_product_atte
 nn = _importlib.import_module(".nn", __name__)
 einops = _importlib.import_module(".einops", __name__)
 attention = _importlib.import_module(".attention", __name__)  # the attention family: qkv.attention.window, ...
+plot = _importlib.import_module(".plot", __name__)  # heatmaps (PNG)

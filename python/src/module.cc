@@ -14,6 +14,7 @@
   AREA(einops)                 \
   AREA(attention)              \
   AREA(variants)               \
+  AREA(plot)                   \
   AREA(einsum)                 \
   AREA(nn)
 

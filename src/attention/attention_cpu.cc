@@ -219,19 +219,30 @@ void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
   std::fill(sc.m.begin(), sc.m.begin() + r.rows, kNegInf<T>);
   std::fill(sc.l.begin(), sc.l.begin() + r.rows, T(0));
   std::fill(r.o, r.o + r.rows * p.dv, T(0));
-  // Key tiles end at kv_end and go backwards: only the tile at the first keys
-  // may be partial (with causal masking, a multiple of Br wide), and the masked
-  // part of the diagonal stays within the last Br columns.
-  // Under mask modifiers the tiles start at multiples of Bc instead (aligned with their blocks).
-  const int64_t first_end =
-      f.mods.masking && r.kv_end > 0 ? (r.kv_end - 1) / f.tiles.bc * f.tiles.bc + f.tiles.bc : r.kv_end;
-  for (int64_t hi = first_end; hi > 0; hi -= f.tiles.bc) {
-    const int64_t j0 = std::max<int64_t>(0, hi - f.tiles.bc), cols = std::min(hi, r.kv_end) - j0;
-    if (empty_tile(f, r, j0, cols)) continue;  // no key of the tile is allowed: nothing to add
+  auto tile = [&](int64_t j0, int64_t cols) {
+    if (empty_tile(f, r, j0, cols)) return;  // no key of the tile is allowed: nothing to add
     score_tile(f, r, q, j0, cols, sc.s.data(), lds, sc.kg);
     softmax_tile(sc.s.data(), lds, r.rows, cols, sc.m.data(), sc.l.data(), r.o, p.dv);
     if (f.dropout_p > 0.0) dropout_tile(f, r, j0, cols, sc.s.data(), lds);
     value_tile(f, r, j0, cols, sc.s.data(), lds, sc);
+  };
+  // Under mask modifiers: the tiles the mask may leave keys in (aligned at multiples of Bc).
+  thread_local std::vector<int64_t> candidates;
+  if (f.mods.masking && f.mods.candidate_tiles(r.i0, r.i0 + r.rows, f.tiles.bc, candidates)) {
+    for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+      if (*it < r.kv_end) tile(*it, std::min(f.tiles.bc, r.kv_end - *it));
+    }
+  } else {
+    // Key tiles end at kv_end and go backwards: only the tile at the first keys may be
+    // partial (with causal masking, a multiple of Br wide), and the masked part of the
+    // diagonal stays within the last Br columns. Under mask modifiers they start at
+    // multiples of Bc instead (aligned with their blocks).
+    const int64_t first_end =
+        f.mods.masking && r.kv_end > 0 ? (r.kv_end - 1) / f.tiles.bc * f.tiles.bc + f.tiles.bc : r.kv_end;
+    for (int64_t hi = first_end; hi > 0; hi -= f.tiles.bc) {
+      const int64_t j0 = std::max<int64_t>(0, hi - f.tiles.bc);
+      tile(j0, std::min(hi, r.kv_end) - j0);
+    }
   }
   finish_rows(f, r, sc.m.data(), sc.l.data());
   if (f.weights) weight_rows(f, r, q, sc);

@@ -61,18 +61,17 @@ AttentionMods AttentionMods::bigbird(int64_t block, int64_t window_blocks, int64
 }
 
 std::vector<int64_t> random_key_blocks(uint64_t seed, int64_t qb, int64_t key_blocks, int64_t count) {
-  std::vector<int64_t> all(static_cast<size_t>(std::max<int64_t>(key_blocks, 0)));
-  std::iota(all.begin(), all.end(), int64_t{0});
-  const int64_t n = std::min(count, key_blocks);
-  // A partial Fisher-Yates shuffle on Philox draws: counter (qb, step).
-  for (int64_t s = 0; s < n; ++s) {
+  // Floyd's sampling of n distinct values of [0, key_blocks) in O(n^2), on Philox draws with
+  // counter (qb, step): no O(key_blocks) work per query block (BigBird at L = 1M has 16384).
+  const int64_t n = std::max<int64_t>(0, std::min(count, key_blocks));
+  std::vector<int64_t> out;
+  for (int64_t s = key_blocks - n; s < key_blocks; ++s) {
     const double u = random::uniform(seed, (static_cast<uint64_t>(qb) << 32) + static_cast<uint64_t>(s));
-    const int64_t pick = s + std::min<int64_t>(key_blocks - s - 1, static_cast<int64_t>(u * double(key_blocks - s)));
-    std::swap(all[static_cast<size_t>(s)], all[static_cast<size_t>(pick)]);
+    const int64_t t = std::min(s, static_cast<int64_t>(u * static_cast<double>(s + 1)));  // in [0, s]
+    out.push_back(std::find(out.begin(), out.end(), t) == out.end() ? t : s);
   }
-  all.resize(static_cast<size_t>(std::max<int64_t>(n, 0)));
-  std::sort(all.begin(), all.end());
-  return all;
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 namespace attention {
@@ -166,19 +165,17 @@ ModPlan make_mod_plan(const AttentionMods& m, int64_t lq, int64_t lk, int64_t he
       if (p.global_k[static_cast<size_t>(j)]) p.global_k_sorted.push_back(j);
   }
   p.q_blocks = (lq + p.unit - 1) / p.unit, p.k_blocks = (lk + p.unit - 1) / p.unit;
-  p.has_blocks = m.block_pattern || m.random_blocks > 0;
-  if (p.has_blocks) {
-    p.blocks.assign(static_cast<size_t>(p.q_blocks * p.k_blocks), 0);
-    if (m.block_pattern) {
-      const auto pattern = m.block_pattern->contiguous().to_vector<double>();
-      for (size_t x = 0; x < pattern.size(); ++x) p.blocks[x] = pattern[x] != 0.0;
-    }
-    for (int64_t qb = 0; qb < p.q_blocks && m.random_blocks > 0; ++qb) {
-      for (int64_t kb : random_key_blocks(m.random_seed, qb, p.k_blocks, m.random_blocks)) {
-        p.blocks[static_cast<size_t>(qb * p.k_blocks + kb)] = 1;
-      }
-    }
+  if (m.block_pattern) {
+    const auto pattern = m.block_pattern->contiguous().to_vector<double>();
+    p.pattern.assign(pattern.size(), 0);
+    for (size_t x = 0; x < pattern.size(); ++x) p.pattern[x] = pattern[x] != 0.0;
   }
+  p.random_per_row = std::min(m.random_blocks, p.k_blocks);
+  for (int64_t qb = 0; qb < p.q_blocks && p.random_per_row > 0; ++qb) {
+    const auto row = random_key_blocks(m.random_seed, qb, p.k_blocks, m.random_blocks);
+    p.random.insert(p.random.end(), row.begin(), row.end());
+  }
+  p.has_blocks = !p.pattern.empty() || p.random_per_row > 0;
   p.or_terms = p.window || p.prefix > 0 || !m.global_tokens.empty() || p.has_blocks;
   if (m.document_ids) {
     const auto q = doubles(*m.document_ids);
@@ -259,7 +256,7 @@ void ModPlan::row_allowed(int64_t entry, int64_t i, int64_t j0, int64_t cols, ch
     if (has_blocks) {
       const int64_t qb = i / unit;
       for (int64_t kb = j0 / unit; kb <= (j1 - 1) / unit; ++kb) {
-        if (blocks[static_cast<size_t>(qb * k_blocks + kb)]) set(kb * unit, (kb + 1) * unit);
+        if (block_allowed(qb, kb)) set(kb * unit, (kb + 1) * unit);
       }
     }
   }
@@ -270,6 +267,38 @@ void ModPlan::row_allowed(int64_t entry, int64_t i, int64_t j0, int64_t cols, ch
   if (mods->mask_mod) {
     for (int64_t c = 0; c < cols; ++c) out[c] = out[c] && mods->mask_mod(entry / heads, entry % heads, i, j0 + c);
   }
+}
+
+bool ModPlan::candidate_tiles(int64_t i0, int64_t i1, int64_t bc, std::vector<int64_t>& out) const {
+  out.clear();
+  if (!or_terms || any_in(global_q_sorted, i0, i1)) return false;
+  auto add = [&](int64_t a, int64_t b) {  // the tiles of keys [a, b)
+    a = std::max<int64_t>(a, 0), b = std::min(b, lk);
+    for (int64_t t = a / bc * bc; t < b; t += bc) out.push_back(t);
+  };
+  if (window) {
+    const int64_t qb0 = floor_div(i0 + offset, unit), qb1 = floor_div(i1 - 1 + offset, unit);
+    const int64_t lo = std::max<int64_t>(qb0 - left, 0), hi = std::min(qb1 + right, k_blocks);
+    if (lo <= hi) add(lo * unit, (hi + 1) * unit);
+  }
+  if (prefix > 0) add(0, prefix);
+  for (int64_t g : global_k_sorted) add(g, g + 1);
+  if (has_blocks) {
+    for (int64_t qb = i0 / unit; qb <= (i1 - 1) / unit; ++qb) {
+      if (!pattern.empty()) {
+        for (int64_t kb = 0; kb < k_blocks; ++kb) {
+          if (pattern[static_cast<size_t>(qb * k_blocks + kb)]) add(kb * unit, (kb + 1) * unit);
+        }
+      }
+      for (int64_t x = 0; x < random_per_row; ++x) {
+        const int64_t kb = random[static_cast<size_t>(qb * random_per_row + x)];
+        add(kb * unit, (kb + 1) * unit);
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return true;
 }
 
 TileClass ModPlan::classify(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
@@ -291,7 +320,7 @@ TileClass ModPlan::classify(int64_t i0, int64_t i1, int64_t j0, int64_t j1) cons
   if (has_blocks && !any) {
     for (int64_t qb = i0 / unit; qb <= (i1 - 1) / unit && !any; ++qb) {
       for (int64_t kb = j0 / unit; kb <= (j1 - 1) / unit && !any; ++kb) {
-        any = blocks[static_cast<size_t>(qb * k_blocks + kb)] != 0;
+        any = block_allowed(qb, kb);
       }
     }
   }

@@ -4,6 +4,7 @@
 // The float64 reference does not use this file: it applies the definitions on its own.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -36,8 +37,15 @@ struct ModPlan {
   std::vector<char> global_q, global_k;  // [Lq], [Lk]
   std::vector<int64_t> global_k_sorted, global_q_sorted;
   int64_t q_blocks = 0, k_blocks = 0;
-  std::vector<char> blocks;  // [q_blocks, k_blocks]: block_pattern | random blocks
+  std::vector<char> pattern;    // [q_blocks, k_blocks] when block_pattern is given
+  std::vector<int64_t> random;  // [q_blocks, random_per_row]: each query block's random key blocks, sorted
+  int64_t random_per_row = 0;
   bool has_blocks = false;
+  bool block_allowed(int64_t qb, int64_t kb) const {
+    if (!pattern.empty() && pattern[static_cast<size_t>(qb * k_blocks + kb)]) return true;
+    const auto row = random.begin() + qb * random_per_row;
+    return random_per_row > 0 && std::binary_search(row, row + random_per_row, kb);
+  }
   std::vector<int64_t> q_doc, k_doc;  // [Lq], [Lk] when set
   std::vector<double> alibi;          // [Hq] when set
   std::vector<double> relative;       // [Hb, Lq + Lk - 1] when set
@@ -55,7 +63,7 @@ struct ModPlan {
     }
     if (j < prefix) return true;
     if (!global_q.empty() && (global_q[static_cast<size_t>(i)] || global_k[static_cast<size_t>(j)])) return true;
-    return has_blocks && blocks[static_cast<size_t>((i / unit) * k_blocks + j / unit)];
+    return has_blocks && block_allowed(i / unit, j / unit);
   }
 
   // The score after the score modifiers (softcap, ALiBi, relative bias, score_mod).
@@ -74,6 +82,12 @@ struct ModPlan {
   // out[c] = allowed(entry, i, j0 + c) for c < cols, by ranges (the window, prefix, global
   // and block terms set whole runs; documents and mask_mod go element by element).
   void row_allowed(int64_t entry, int64_t i, int64_t j0, int64_t cols, char* out) const;
+
+  // The key tiles (starts: multiples of bc below lk) that may hold an allowed key for rows
+  // [i0, i1), from the OR terms (documents and mask_mod only remove keys); false when every
+  // tile must be looked at (no OR term, a global query in the rows). The forward walks these
+  // instead of all Lk / bc tiles: at L = 1M that classification alone was quadratic.
+  bool candidate_tiles(int64_t i0, int64_t i1, int64_t bc, std::vector<int64_t>& out) const;
 
   // Rows [i0, i1) x keys [j0, j1) of entry `entry`: no allowed key, all allowed, or mixed
   // (conservative: `partial` whenever it cannot tell).

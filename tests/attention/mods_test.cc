@@ -93,6 +93,8 @@ std::vector<Case> cases() {
       {"causal_bottom_right", 2, 40, 90, [](AttentionMods& m) { m = AttentionMods::causal(Align::bottom_right); }},
       {"window_16_0", 2, 100, 100, [](AttentionMods& m) { m = AttentionMods::sliding_window(15, 0); }},
       {"window_8_8", 1, 64, 100, [](AttentionMods& m) { m = AttentionMods::sliding_window(8, 8); }},
+      // rows [16, 32) reach key 32, the first of the next 32-key tile: the tile walk must include it
+      {"window_tile_edge", 1, 64, 64, [](AttentionMods& m) { m = AttentionMods::sliding_window(3, 1); }},
       {"window_br", 2, 50, 120,
        [](AttentionMods& m) { m = AttentionMods::sliding_window(20, 3, Align::bottom_right); }},
       {"dilated", 2, 64, 64, [](AttentionMods& m) { m.window_left = 24, m.window_right = 0, m.dilation = 4; }},
@@ -138,7 +140,7 @@ std::vector<Case> cases() {
   };
 }
 
-// Every mask configuration: kernel (small tiles: empty, full and partial ones) vs reference
+// Every mask configuration: kernel (16 x 32 tiles: empty, full and partial ones) vs reference
 // vs the dense oracle, f32 and f64, output, weights and logsumexp.
 TEST(AttentionMods, KernelMatchesReferenceAndTheDenseOracle) {
   for (const Case& c : cases()) {

@@ -20,7 +20,8 @@ void register_train(CLI::App& app);    // train seed001
 void register_demo(CLI::App& app);
 void register_bench(CLI::App& app);  // bench attention
 void register_einsum(CLI::App& app);
-void register_einops(CLI::App& app);  // rearrange, reduce, repeat, pack, unpack, parse-shape
+void register_einops(CLI::App& app);   // rearrange, reduce, repeat, pack, unpack, parse-shape
+void register_heatmap(CLI::App& app);  // heatmap WEIGHTS -o OUT.png
 
 // Numeric values (options.cc): every numeric option checks its value with one of these,
 // e.g. ->check(integer_in(1, 4096)); a bad value is a usage error (exit 2) saying

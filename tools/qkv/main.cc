@@ -91,6 +91,7 @@ int main(int argc, char** argv) {
   qkv::cli::register_bench(app);
   qkv::cli::register_einsum(app);
   qkv::cli::register_einops(app);
+  qkv::cli::register_heatmap(app);
   std::signal(SIGINT, on_sigint);
   try {
     check_subcommand_names(app, argc, argv);
