@@ -239,6 +239,36 @@ class KerasMultiHeadAttention:
             return _like(r[0], query), _like(r[1], query)
         return _like(r, query)
 
+    def backward(self, query: Any, value: Any, grad_output: Any, key: Any = None, query_mask: Any = None,
+                 value_mask: Any = None, key_mask: Any = None, attention_mask: Any = None,
+                 return_attention_scores: bool = False, use_causal_mask: bool = False,
+                 training: bool | None = None) -> tuple:
+        """(d_query, d_value, d_key or None, grads): the gradients of a loss through
+        layer(query, value, key=key, ...) given grad_output = d loss / d output, and grads =
+        {Keras weight name ("query/kernel", ..., "attention_output/bias"): gradient}. Same arguments
+        as the call (return_attention_scores selects Keras' path for fully masked rows); masks are
+        constants, dropout (training) is redrawn from dropout_seed. Without key the value is also
+        the key and d_value holds both uses; when query and value are one array its gradient is
+        d_query + d_value (docs/nn.md)."""
+        if training is not None:
+            self._layer.training = bool(training)
+        q = _array(query)
+        v = q if value is query else _array(value)
+        dq, dv, dk, grads = self._layer.backward(q, v, _array(grad_output), _array(key), _array(query_mask),
+                                                 _array(value_mask), _array(key_mask), _array(attention_mask),
+                                                 return_attention_scores, use_causal_mask)
+        return (_like(dq, query), _like(dv, query), None if dk is None else _like(dk, query),
+                {n: _like(g, query) for n, g in grads.items()})
+
+    @property
+    def dropout_seed(self) -> int:
+        """The seed of the attention dropout (training); backward redraws the same mask from it."""
+        return self._layer.dropout_seed
+
+    @dropout_seed.setter
+    def dropout_seed(self, seed: int) -> None:
+        self._layer.dropout_seed = int(seed)
+
 
 def keras_to_torch(weights: Mapping[str, Any]) -> dict:
     """Keras MultiHeadAttention / Dense weights in PyTorch's layout, as `qkv convert --to torch`

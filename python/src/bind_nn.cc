@@ -213,11 +213,9 @@ qkv::nn::KerasMultiHeadAttention make_keras(nb::handle num_heads, nb::handle key
   return qkv::nn::KerasMultiHeadAttention(c);
 }
 
-nb::object keras_call(qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb::handle value, nb::handle key,
-                      nb::handle query_mask, nb::handle value_mask, nb::handle key_mask, nb::handle attention_mask,
-                      bool return_attention_scores, bool use_causal_mask) {
-  const Tensor q = to_tensor(query, "KerasMultiHeadAttention: query");
-  const Tensor v = value.is(query) ? q : to_tensor(value, "KerasMultiHeadAttention: value");
+qkv::nn::KerasMultiHeadAttentionOptions keras_options(nb::handle key, nb::handle query_mask, nb::handle value_mask,
+                                                      nb::handle key_mask, nb::handle attention_mask,
+                                                      bool return_attention_scores, bool use_causal_mask) {
   qkv::nn::KerasMultiHeadAttentionOptions o;
   o.key = to_optional_tensor(key, "KerasMultiHeadAttention: key");
   o.query_mask = to_optional_tensor(query_mask, "KerasMultiHeadAttention: query_mask");
@@ -226,6 +224,16 @@ nb::object keras_call(qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb:
   o.attention_mask = to_optional_tensor(attention_mask, "KerasMultiHeadAttention: attention_mask");
   o.return_attention_scores = return_attention_scores;
   o.use_causal_mask = use_causal_mask;
+  return o;
+}
+
+nb::object keras_call(qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb::handle value, nb::handle key,
+                      nb::handle query_mask, nb::handle value_mask, nb::handle key_mask, nb::handle attention_mask,
+                      bool return_attention_scores, bool use_causal_mask) {
+  const Tensor q = to_tensor(query, "KerasMultiHeadAttention: query");
+  const Tensor v = value.is(query) ? q : to_tensor(value, "KerasMultiHeadAttention: value");
+  const qkv::nn::KerasMultiHeadAttentionOptions o =
+      keras_options(key, query_mask, value_mask, key_mask, attention_mask, return_attention_scores, use_causal_mask);
   qkv::nn::KerasMultiHeadAttentionResult r;
   {
     qkv::python::InterruptibleRelease release;
@@ -233,6 +241,25 @@ nb::object keras_call(qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb:
   }
   if (!return_attention_scores) return to_numpy(r.output);
   return nb::make_tuple(to_numpy(r.output), to_numpy(*r.scores));
+}
+
+// (d_query, d_value, d_key or None, {Keras weight name: gradient}) as NumPy arrays.
+nb::tuple keras_backward(const qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb::handle value,
+                         nb::handle grad_output, nb::handle key, nb::handle query_mask, nb::handle value_mask,
+                         nb::handle key_mask, nb::handle attention_mask, bool return_attention_scores,
+                         bool use_causal_mask) {
+  const Tensor q = to_tensor(query, "KerasMultiHeadAttention.backward: query");
+  const Tensor v = value.is(query) ? q : to_tensor(value, "KerasMultiHeadAttention.backward: value");
+  const Tensor g = to_tensor(grad_output, "KerasMultiHeadAttention.backward: grad_output");
+  const qkv::nn::KerasMultiHeadAttentionOptions o =
+      keras_options(key, query_mask, value_mask, key_mask, attention_mask, return_attention_scores, use_causal_mask);
+  qkv::nn::KerasMultiHeadAttentionGradients r;
+  {
+    qkv::python::InterruptibleRelease release;
+    r = m.backward(q, v, g, o);
+  }
+  return nb::make_tuple(to_numpy(r.query), to_numpy(r.value), r.key ? nb::object(to_numpy(*r.key)) : nb::none(),
+                        to_dict(r.weights));
 }
 
 void bind_keras_flavour(nb::module_& nn) {
@@ -266,7 +293,13 @@ void bind_keras_flavour(nb::module_& nn) {
            nb::arg("query_mask").none() = nb::none(), nb::arg("value_mask").none() = nb::none(),
            nb::arg("key_mask").none() = nb::none(), nb::arg("attention_mask").none() = nb::none(),
            nb::arg("return_attention_scores") = false, nb::arg("use_causal_mask") = false)
-      .def_rw("training", &qkv::nn::KerasMultiHeadAttention::training);
+      .def("backward", &keras_backward, nb::arg("query"), nb::arg("value"), nb::arg("grad_output"),
+           nb::arg("key").none() = nb::none(), nb::arg("query_mask").none() = nb::none(),
+           nb::arg("value_mask").none() = nb::none(), nb::arg("key_mask").none() = nb::none(),
+           nb::arg("attention_mask").none() = nb::none(), nb::arg("return_attention_scores") = false,
+           nb::arg("use_causal_mask") = false)
+      .def_rw("training", &qkv::nn::KerasMultiHeadAttention::training)
+      .def_rw("dropout_seed", &qkv::nn::KerasMultiHeadAttention::dropout_seed);
   // One MHA layer's weights out of qkv.load's dict of any weight file, and the config they imply.
   nn.def(
       "_keras_mha_weights",

@@ -16,6 +16,17 @@ struct KerasAxes {
   std::vector<int64_t> attention;  // input axes, in the given order
 };
 
+// The checked axes of a call (keras_mha.cc): `given` is the config's attention_axes (empty:
+// Keras' default); ShapeError (naming `op`) for unequal ranks or batch axes, ValueError for
+// an axis that is not a token axis.
+KerasAxes keras_axes(const std::vector<int64_t>& given, const Tensor& query, const Tensor& value, const Tensor& key,
+                     const char* op);
+// x [B, A.., N*D] (projected) -> [batch axes..., N, T, D], the attended axes flattened into T.
+Tensor to_attention_layout(const Tensor& x, int64_t heads, const KerasAxes& axes);
+// Its inverse: x [batch axes..., N, T, D] -> [B, A.., N*D], `input` the shape of the input
+// whose axes T flattens (its last size is ignored).
+Tensor from_attention_layout(const Tensor& x, const Shape& input, const KerasAxes& axes);
+
 // The combined Keras mask (bool, True = attend), reshaped for scaled_dot_product_attention:
 // [mask batch..., 1 (heads), T, S] with the mask batch dims aligned to the left of
 // [batch axes..., N] as Keras' expand_dims at the heads axis does. nullopt when no mask.

@@ -148,11 +148,31 @@ KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& que
   return std::as_const(*this).forward(query, value, options);
 }
 
-namespace {
+namespace detail {
 
-// x [B, A1.., Ak, N*D] (projected) -> [batch axes..., N, T, D] with T the attended axes
-// flattened (a view when the layout allows, else one copy).
-Tensor to_attention_layout(const Tensor& x, int64_t heads, const detail::KerasAxes& axes) {
+KerasAxes keras_axes(const std::vector<int64_t>& given, const Tensor& query, const Tensor& value, const Tensor& key,
+                     const char* op) {
+  const int64_t rank = query.dim();
+  if (rank < 3 || value.dim() != rank || key.dim() != rank) {
+    fail<ShapeError>(op, ": query ", shape_str(query.shape()), ", value ", shape_str(value.shape()), " and key ",
+                     shape_str(key.shape()), " must have the same rank, at least 3 ([B, T, dim])");
+  }
+  KerasAxes axes;
+  axes.attention = attention_axes(given, query.shape());
+  for (int64_t a = 0; a < rank - 1; ++a) {
+    if (!std::count(axes.attention.begin(), axes.attention.end(), a)) axes.batch.push_back(a);
+  }
+  for (int64_t a : axes.batch) {
+    if (value.size(a) != query.size(a) || key.size(a) != query.size(a)) {
+      fail<ShapeError>(op, ": query ", shape_str(query.shape()), ", value ", shape_str(value.shape()), " and key ",
+                       shape_str(key.shape()), " differ on axis ", a, ", which is not an attention axis");
+    }
+  }
+  return axes;
+}
+
+// A view when the layout allows, else one copy.
+Tensor to_attention_layout(const Tensor& x, int64_t heads, const KerasAxes& axes) {
   Shape split = x.shape();
   const int64_t d = split.back() / heads;
   split.back() = heads;
@@ -172,7 +192,24 @@ Tensor to_attention_layout(const Tensor& x, int64_t heads, const detail::KerasAx
   return p.reshape(flat);
 }
 
-}  // namespace
+// Unflatten the attended axes, undo the permutation, merge the heads.
+Tensor from_attention_layout(const Tensor& x, const Shape& input, const KerasAxes& axes) {
+  const int64_t rank = static_cast<int64_t>(input.size());
+  Shape unflat(x.shape().begin(), x.shape().end() - 2);  // [batch.., N]
+  for (int64_t a : axes.attention) unflat.push_back(input[static_cast<size_t>(a)]);
+  unflat.push_back(x.size(-1));
+  std::vector<int64_t> order(axes.batch.begin(), axes.batch.end());
+  order.push_back(rank - 1);
+  order.insert(order.end(), axes.attention.begin(), axes.attention.end());
+  order.push_back(rank);
+  std::vector<int64_t> inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+  Shape merged(input.begin(), input.end() - 1);
+  merged.push_back(x.size(-3) * x.size(-1));
+  return x.contiguous().view(unflat).permute(inverse).reshape(merged);  // [B, A.., N*D]
+}
+
+}  // namespace detail
 
 KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& query, const Tensor& value,
                                                                const KerasMultiHeadAttentionOptions& o) const {
@@ -183,25 +220,11 @@ KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& que
   const Tensor& key = o.key ? *o.key : value;
   require_cpu(kOp, {&query, &value, &key});
   const int64_t rank = query.dim();
-  if (rank < 3 || value.dim() != rank || key.dim() != rank) {
-    fail<ShapeError>(kOp, ": query ", shape_str(query.shape()), ", value ", shape_str(value.shape()), " and key ",
-                     shape_str(key.shape()), " must have the same rank, at least 3 ([B, T, dim])");
-  }
-  detail::KerasAxes axes;
-  axes.attention = attention_axes(config_.attention_axes, query.shape());
-  for (int64_t a = 0; a < rank - 1; ++a) {
-    if (!std::count(axes.attention.begin(), axes.attention.end(), a)) axes.batch.push_back(a);
-  }
-  for (int64_t a : axes.batch) {
-    if (value.size(a) != query.size(a) || key.size(a) != query.size(a)) {
-      fail<ShapeError>(kOp, ": query ", shape_str(query.shape()), ", value ", shape_str(value.shape()), " and key ",
-                       shape_str(key.shape()), " differ on axis ", a, ", which is not an attention axis");
-    }
-  }
+  const detail::KerasAxes axes = detail::keras_axes(config_.attention_axes, query, value, key, kOp);
   const int64_t n = config_.num_heads;
-  const Tensor q = to_attention_layout(query_.forward(query), n, axes);  // [batch.., N, T, kd]
-  const Tensor k = to_attention_layout(key_.forward(key), n, axes);      // [batch.., N, S, kd]
-  const Tensor v = to_attention_layout(value_.forward(value), n, axes);  // [batch.., N, S, vd]
+  const Tensor q = detail::to_attention_layout(query_.forward(query), n, axes);  // [batch.., N, T, kd]
+  const Tensor k = detail::to_attention_layout(key_.forward(key), n, axes);      // [batch.., N, S, kd]
+  const Tensor v = detail::to_attention_layout(value_.forward(value), n, axes);  // [batch.., N, S, vd]
   AttentionOptions ao;
   ao.attn_mask = detail::keras_attention_mask(query, value, o, axes);  // [mb.., 1, T, S] bool
   ao.scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim));
@@ -218,19 +241,7 @@ KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& que
   // averages the values on its fused dot_product_attention path (the rest): follow it.
   const bool keras_fused_path = !o.return_attention_scores && rank == 3 && config_.dropout == 0;
   if (ao.attn_mask && keras_fused_path) detail::fill_fully_masked_rows(*ao.attn_mask, v, out, scores);
-  // Back to [B, A.., N, vd]: unflatten the attended axes, undo the permutation.
-  Shape unflat(out.shape().begin(), out.shape().end() - 2);  // [batch.., N]
-  for (int64_t a : axes.attention) unflat.push_back(query.size(a));
-  unflat.push_back(out.size(-1));
-  std::vector<int64_t> order(axes.batch.begin(), axes.batch.end());
-  order.push_back(rank - 1);
-  order.insert(order.end(), axes.attention.begin(), axes.attention.end());
-  order.push_back(rank);
-  std::vector<int64_t> inverse(order.size());
-  for (size_t i = 0; i < order.size(); ++i) inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
-  Shape merged(query.shape().begin(), query.shape().end() - 1);
-  merged.push_back(n * out.size(-1));
-  const Tensor heads = out.view(unflat).permute(inverse).reshape(merged);  // [B, A.., N*vd]
+  const Tensor heads = detail::from_attention_layout(out, query.shape(), axes);  // [B, A.., N*vd]
   Shape out_shape(query.shape().begin(), query.shape().end() - 1);
   out_shape.insert(out_shape.end(), config_.output_shape.begin(), config_.output_shape.end());
   KerasMultiHeadAttentionResult result;

@@ -1,5 +1,5 @@
 // qkv::nn::KerasMultiHeadAttention: Keras 3 keras.layers.MultiHeadAttention's semantics,
-// inference only.
+// forward and backward (KerasMultiHeadAttention::backward: the gradients Keras' autodiff gives).
 //
 // Weights (Keras' names and get_weights() order, use_bias = false drops the biases):
 //   query/kernel [dim_q, N, key_dim], query/bias [N, key_dim]; key/kernel [dim_k, N, key_dim],
@@ -63,6 +63,15 @@ struct KerasMultiHeadAttentionOptions {
   bool use_causal_mask = false;
 };
 
+// Gradients of a loss through KerasMultiHeadAttention::forward (KerasMultiHeadAttention::backward),
+// float32, each input's gradient the one of its role.
+struct KerasMultiHeadAttentionGradients {
+  Tensor query;                           // query's shape
+  Tensor value;                           // value's shape; with no key given, the value's use as key added
+  std::optional<Tensor> key;              // key's shape, when options.key is given
+  std::map<std::string, Tensor> weights;  // by Keras name and shape ("query/kernel" [dim_q, N, key_dim], ...)
+};
+
 struct KerasMultiHeadAttentionResult {
   Tensor output;                 // [B, T..., *output_shape]
   std::optional<Tensor> scores;  // [batch axes..., N, T..., S...]
@@ -93,6 +102,18 @@ class KerasMultiHeadAttention {
                                         const KerasMultiHeadAttentionOptions& options = {});
   KerasMultiHeadAttentionResult forward(const Tensor& query, const Tensor& value,
                                         const KerasMultiHeadAttentionOptions& options = {}) const;
+
+  // Backward of forward(query, value, options): given grad_output = d loss / d output (the
+  // output's shape, ShapeError otherwise), the gradients of query, value, key (when given) and
+  // of every weight under its Keras name (kKerasMhaWeightNames; no biases without use_bias).
+  // Every forward option: masks and use_causal_mask are constants, dropout (training) is
+  // redrawn from dropout_seed, attention_axes (one or several), output_shape; a fully masked
+  // row follows the forward (on Keras' fused path its output is the mean of the values, so
+  // only the values get its gradient). When query and value are one tensor (self-attention)
+  // its gradient is query + value (+ key when passed as key too), as in
+  // MultiheadAttention::backward. The layer must be built. keras_mha_backward.cc.
+  KerasMultiHeadAttentionGradients backward(const Tensor& query, const Tensor& value, const Tensor& grad_output,
+                                            const KerasMultiHeadAttentionOptions& options = {}) const;
 
   const KerasMultiHeadAttentionConfig& config() const { return config_; }
   bool training = false;
