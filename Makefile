@@ -76,6 +76,7 @@ fixtures: build fixtures-venv
 	.venv-fixtures/bin/python tests/attention/make_sdpa_fixtures.py tests/fixtures/sdpa
 	.venv-fixtures/bin/python tests/attention/make_sdpa_nonfinite_fixtures.py tests/fixtures/sdpa_nonfinite
 	.venv-fixtures/bin/python tests/attention/make_sdpa_grad_fixtures.py tests/fixtures/sdpa_grad
+	.venv-fixtures/bin/python tests/attention/make_flex_fixtures.py tests/fixtures/flex
 	.venv-fixtures/bin/python tests/attention/make_sdpa_half_fixtures.py tests/fixtures/sdpa_half
 	.venv-fixtures/bin/python tests/io/make_io_fixtures.py
 	.venv-fixtures/bin/python tests/io/make_keras_tf_fixtures.py

@@ -132,3 +132,28 @@ def test_bigbird_pattern_blocks_and_errors():
         qkv.scaled_dot_product_attention(q, q, q, mods=M(align="left"))
     with pytest.raises(ValueError, match="mods.alibi_slopes must have shape"):
         qkv.scaled_dot_product_attention(q, q, q, mods=M(alibi_slopes=np.ones(3)))
+
+
+FLEX = sorted((__import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "flex").glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("path", FLEX, ids=[p.stem for p in FLEX])
+def test_mods_match_pytorch_flex_attention(path):
+    """PyTorch FlexAttention's output and logsumexp (tests/attention/make_flex_fixtures.py: its
+    mask_mod / score_mod functions, create_block_mask) from qkv's equivalent built-in modifiers."""
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(path), "np") as f:
+        fields = json.loads(f.metadata()["qkv_mods"])
+        t = {name: f.get_tensor(name) for name in f.keys()}
+    fields = {k: (t[v] if isinstance(v, str) and v in t else v) for k, v in fields.items()}
+    mods = M(**fields)
+    out, lse = qkv.scaled_dot_product_attention(t["q"], t["k"], t["v"], mods=mods, return_logsumexp=True)
+    np.testing.assert_allclose(out, t["out"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(lse, t["lse"], rtol=0, atol=1e-12)
+    ref = qkv.attention_reference(t["q"], t["k"], t["v"], mods=mods)
+    np.testing.assert_allclose(ref, t["out"], rtol=0, atol=1e-12)
+    out32 = qkv.scaled_dot_product_attention(*(t[n].astype(np.float32) for n in "qkv"), mods=mods)
+    np.testing.assert_allclose(out32, t["out"], rtol=0, atol=2e-5)
