@@ -24,6 +24,21 @@ namespace {
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 
+// fn(q, k, v, options) on the arrays as tensors (errors naming `op` and the argument), without
+// the GIL, as q's array type.
+template <class Options, class Fn>
+nb::object run(const char* op, nb::handle q, nb::handle k, nb::handle v, const Options& o, Fn fn) {
+  using qkv::python::arg_name;
+  const qkv::Tensor tq = to_tensor(q, arg_name(op, "q").c_str()), tk = to_tensor(k, arg_name(op, "k").c_str()),
+                    tv = to_tensor(v, arg_name(op, "v").c_str());
+  qkv::Tensor out;
+  {
+    qkv::python::InterruptibleRelease release;
+    out = fn(tq, tk, tv, o);
+  }
+  return to_array_like(out, q);
+}
+
 nb::object linear(nb::handle q, nb::handle k, nb::handle v, nb::handle is_causal, nb::handle feature_map,
                   nb::handle num_features, nb::handle seed, nb::handle chunk) {
   using namespace qkv::python;
@@ -38,14 +53,7 @@ nb::object linear(nb::handle q, nb::handle k, nb::handle v, nb::handle is_causal
   o.num_features = int_arg(num_features, arg_name(kOp, "num_features"), 0, kMax);
   o.seed = uint64_arg(seed, arg_name(kOp, "seed"));
   o.chunk = int_arg(chunk, arg_name(kOp, "chunk"), 1, kMax);
-  const qkv::Tensor tq = to_tensor(q, arg_name(kOp, "q").c_str()), tk = to_tensor(k, arg_name(kOp, "k").c_str()),
-                    tv = to_tensor(v, arg_name(kOp, "v").c_str());
-  qkv::Tensor out;
-  {
-    InterruptibleRelease release;
-    out = qkv::linear_attention(tq, tk, tv, o);
-  }
-  return to_array_like(out, q);
+  return run(kOp, q, k, v, o, &qkv::linear_attention);
 }
 
 nb::object additive(nb::handle q, nb::handle k, nb::handle v, nb::handle scale, nb::handle value_mask,
@@ -56,14 +64,7 @@ nb::object additive(nb::handle q, nb::handle k, nb::handle v, nb::handle scale, 
   o.scale = to_optional_tensor(scale, arg_name(kOp, "scale").c_str());
   o.value_mask = to_optional_tensor(value_mask, arg_name(kOp, "value_mask").c_str());
   o.use_causal_mask = bool_arg(use_causal_mask, arg_name(kOp, "use_causal_mask"));
-  const qkv::Tensor tq = to_tensor(q, arg_name(kOp, "q").c_str()), tk = to_tensor(k, arg_name(kOp, "k").c_str()),
-                    tv = to_tensor(v, arg_name(kOp, "v").c_str());
-  qkv::Tensor out;
-  {
-    InterruptibleRelease release;
-    out = qkv::additive_attention(tq, tk, tv, o);
-  }
-  return to_array_like(out, q);
+  return run(kOp, q, k, v, o, &qkv::additive_attention);
 }
 
 }  // namespace
