@@ -88,6 +88,7 @@ fixtures: build fixtures-venv
 	.venv-fixtures/bin/python tests/python/make_torch_interop_fixtures.py tests/fixtures/torch_interop
 	.venv-fixtures/bin/python tests/python/make_torch_nn_fixtures.py tests/fixtures/torch_interop
 	.venv-fixtures/bin/python tests/nn/make_seed_fixtures.py tests/fixtures/mha_torch/seeds
+	.venv-fixtures/bin/python tests/nn/make_seed_grad_fixtures.py tests/fixtures/seed_grad
 	KERAS_BACKEND=jax .venv-fixtures/bin/python tests/nn/make_keras_mha_fixtures.py tests/fixtures/mha_keras
 	KERAS_BACKEND=jax .venv-fixtures/bin/python tests/nn/make_keras_mha_grad_fixtures.py tests/fixtures/mha_keras_grad
 	KERAS_BACKEND=jax .venv-fixtures/bin/python tests/nn/make_optim_fixtures.py tests/fixtures/optim

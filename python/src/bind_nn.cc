@@ -359,6 +359,38 @@ auto self_attention_call(std::string layer) {
   };
 }
 
+// backward(x, grad_output, mask=None) -> (d x, {parameter name: gradient}) as NumPy arrays.
+template <class Layer>
+auto self_attention_backward(std::string layer) {
+  return [op = layer + ".backward"](const Layer& m, nb::handle x, nb::handle grad_output, nb::handle mask) {
+    const Tensor t = to_tensor(x, (op + ": x").c_str());
+    const Tensor g = to_tensor(grad_output, (op + ": grad_output").c_str());
+    const auto mk = to_optional_tensor(mask, (op + ": mask").c_str());
+    qkv::nn::SelfAttentionGradients r;
+    {
+      qkv::python::InterruptibleRelease release;
+      r = m.backward(t, g, mk);
+    }
+    return nb::make_tuple(to_numpy(r.x), to_dict(r.params));
+  };
+}
+
+// backward(q, k, v, grad_output) -> (d q, d k, d v, {parameter name: gradient}) as NumPy arrays.
+template <class Layer>
+auto qkv_layer_backward(std::string layer) {
+  return [op = layer + ".backward"](const Layer& m, nb::handle q, nb::handle k, nb::handle v, nb::handle grad_output) {
+    const Tensor tq = to_tensor(q, (op + ": q").c_str()), tk = to_tensor(k, (op + ": k").c_str()),
+                 tv = to_tensor(v, (op + ": v").c_str());
+    const Tensor g = to_tensor(grad_output, (op + ": grad_output").c_str());
+    qkv::nn::MultiheadAttentionGradients r;
+    {
+      qkv::python::InterruptibleRelease release;
+      r = m.backward(tq, tk, tv, g);
+    }
+    return nb::make_tuple(to_numpy(r.query), to_numpy(r.key), to_numpy(r.value), to_dict(r.params));
+  };
+}
+
 // Seed 000: SelfAttention and MultiHeadSelfAttention (x -> x).
 void bind_seed000(nb::module_& nn) {
   using namespace qkv::nn;
@@ -372,7 +404,10 @@ void bind_seed000(nb::module_& nn) {
         nb::arg("dim").none(), nb::arg("seed").none() = 0,
         nb::sig("def __init__(self, dim: int, seed: int = 0) -> None"))
       .def("__call__", self_attention_call<SelfAttention>("SelfAttention"), nb::arg("x"),
-           nb::arg("mask").none() = nb::none());
+           nb::arg("mask").none() = nb::none())
+      .def("backward", self_attention_backward<SelfAttention>("SelfAttention"), nb::arg("x"), nb::arg("grad_output"),
+           nb::arg("mask").none() = nb::none(),
+           "(d x, {state_dict name: gradient}) of sum(forward(x, mask) * grad_output).");
   bind_state(sa);
   nb::class_<MultiHeadSelfAttention> mh(nn, "MultiHeadSelfAttention",
                                         "Seed 000's MHSA: to_qvk 'b t (d k h) -> k b h t d', W_0.");
@@ -387,7 +422,10 @@ void bind_seed000(nb::module_& nn) {
         nb::arg("seed").none() = 0,
         nb::sig("def __init__(self, dim: int, heads: int = 8, dim_head: int | None = None, seed: int = 0) -> None"))
       .def("__call__", self_attention_call<MultiHeadSelfAttention>("MultiHeadSelfAttention"), nb::arg("x"),
-           nb::arg("mask").none() = nb::none());
+           nb::arg("mask").none() = nb::none())
+      .def("backward", self_attention_backward<MultiHeadSelfAttention>("MultiHeadSelfAttention"), nb::arg("x"),
+           nb::arg("grad_output"), nb::arg("mask").none() = nb::none(),
+           "(d x, {state_dict name: gradient}) of sum(forward(x, mask) * grad_output).");
   bind_state(mh);
 }
 
@@ -423,7 +461,10 @@ void bind_seed003_004(nb::module_& nn) {
             }
             return nb::make_tuple(qkv::python::to_array_like(r.output, q), qkv::python::to_array_like(r.scores, q));
           },
-          nb::arg("q"), nb::arg("k"), nb::arg("v"));
+          nb::arg("q"), nb::arg("k"), nb::arg("v"))
+      .def("backward", qkv_layer_backward<SeparateHeadsAttention>("SeparateHeadsAttention"), nb::arg("q"), nb::arg("k"),
+           nb::arg("v"), nb::arg("grad_output"),
+           "(d q, d k, d v, {state_dict name: gradient}); grad_output is the output's (scores not differentiated).");
   bind_state(sh);
   nb::class_<LazyMultiHeadAttention> lz(nn, "LazyMultiHeadAttention",
                                         "Seed 004's layer: LazyLinear q/k/v projections fixed at the first call.");
@@ -449,6 +490,8 @@ void bind_seed003_004(nb::module_& nn) {
             return qkv::python::to_array_like(r, q);
           },
           nb::arg("q"), nb::arg("k"), nb::arg("v"))
+      .def("backward", qkv_layer_backward<LazyMultiHeadAttention>("LazyMultiHeadAttention"), nb::arg("q"), nb::arg("k"),
+           nb::arg("v"), nb::arg("grad_output"), "(d q, d k, d v, {state_dict name: gradient}).")
       .def_prop_ro("materialized", &LazyMultiHeadAttention::materialized);
   bind_state(lz);
 }

@@ -4,9 +4,15 @@
 #include <cmath>
 
 #include "nn/heads.h"
+#include "nn/seed_layers_internal.h"
 #include "qkv/attention.h"
 
 namespace qkv::nn {
+
+using detail::check_3d;
+using detail::check_qkv_agree;
+using detail::rows_dk_to_kd;
+using detail::seed_mask;
 
 namespace {
 
@@ -21,27 +27,6 @@ Tensor load(const std::map<std::string, Tensor>& sd, const std::string& layer, c
   auto it = sd.find(name);
   if (it == sd.end()) fail<ValueError>(layer, ": state_dict has no \"", name, "\"");
   return parameter(it->second, shape, (layer + ": " + name).c_str()).contiguous();
-}
-
-// x [B, T, dim] must be 3-D with `dim` features.
-void check_3d(const Tensor& x, int64_t dim, const char* layer, const char* what) {
-  if (x.dim() != 3 || x.size(2) != dim) {
-    fail<ShapeError>(layer, ": ", what, " must be [B, T, ", dim, "], got ", shape_str(x.shape()));
-  }
-}
-
-// mask [T, T], True = masked (masked_fill(mask, -inf)) -> additive f32.
-std::optional<Tensor> seed_mask(const std::optional<Tensor>& mask, int64_t t, const char* layer) {
-  if (!mask) return std::nullopt;
-  if (mask->shape() != Shape{t, t}) {
-    fail<ShapeError>(layer, ": mask must be [", t, ", ", t, "] (tokens, tokens), got ", shape_str(mask->shape()));
-  }
-  return detail::additive_mask(*mask, true, layer);
-}
-
-// Rows of a [k*n, in] weight ordered (d k) -> ordered (k d) (einops 'b t (d k) -> k b t d').
-Tensor rows_dk_to_kd(const Tensor& w, int64_t d, int64_t k) {
-  return w.view({d, k, w.size(1)}).permute({1, 0, 2}).contiguous().view({k * d, w.size(1)});
 }
 
 }  // namespace
@@ -163,10 +148,7 @@ SeparateHeadsAttentionResult SeparateHeadsAttention::forward(const Tensor& q, co
   check_3d(q, e_, layer, "q");
   check_3d(k, e_, layer, "k");
   check_3d(v, e_, layer, "v");
-  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || v.size(1) != k.size(1)) {
-    fail<ShapeError>(layer, ": q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()),
-                     " disagree in batch or key length");
-  }
+  check_qkv_agree(q, k, v, layer);
   AttentionOptions o;
   o.scale = scale_.value_or(1.0 / std::sqrt(static_cast<double>(dkq_)));
   o.is_causal = causal_;  // triu(ones(Lq, Lk), 1) filled with -inf: top-left aligned
@@ -228,9 +210,7 @@ void LazyMultiHeadAttention::rebuild() {
   wo_ = Linear::torch(params_.at("W_o.weight"), params_.at("W_o.bias"));
 }
 
-Tensor LazyMultiHeadAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v) {
-  const std::vector<Shape> shapes{q.shape(), k.shape(), v.shape()};  // named in out-of-memory errors
-  const AllocationScope scope("LazyMultiHeadAttention.forward", {}, shapes, "q, k, v");
+void LazyMultiHeadAttention::check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) const {
   const Tensor* inputs[] = {&q, &k, &v};
   for (int i = 0; i < 3; ++i) {
     const Tensor& x = *inputs[i];
@@ -243,6 +223,13 @@ Tensor LazyMultiHeadAttention::forward(const Tensor& q, const Tensor& k, const T
       }
     }
   }
+}
+
+Tensor LazyMultiHeadAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const std::vector<Shape> shapes{q.shape(), k.shape(), v.shape()};  // named in out-of-memory errors
+  const AllocationScope scope("LazyMultiHeadAttention.forward", {}, shapes, "q, k, v");
+  check_inputs(q, k, v);
+  const Tensor* inputs[] = {&q, &k, &v};
   if (!materialized()) {  // LazyLinear: the input sizes of this first call become the layer's
     for (int i = 0; i < 3; ++i) {
       const int64_t in = inputs[i]->size(2);
@@ -254,10 +241,7 @@ Tensor LazyMultiHeadAttention::forward(const Tensor& q, const Tensor& k, const T
     }
     rebuild();
   }
-  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || v.size(1) != k.size(1)) {
-    fail<ShapeError>(kLazy, ": q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()),
-                     " disagree in batch or key length");
-  }
+  check_qkv_agree(q, k, v, kLazy);
   // 'batch seq (heads eachhead) -> batch heads seq eachhead' as views, attention per
   // (batch, head), '(batch heads) numq eachhead -> batch numq (heads eachhead)', W_o.
   const Tensor out = scaled_dot_product_attention(detail::split_heads(wq_.forward(q), heads_, true),
@@ -266,5 +250,40 @@ Tensor LazyMultiHeadAttention::forward(const Tensor& q, const Tensor& k, const T
                          .output;  // [B, H, Lq, D/H]
   return wo_.forward(detail::merge_heads(out, true));
 }
+
+// ---- shared with the backward (seed_layers_internal.h) ------------------------------------
+
+namespace detail {
+
+void check_3d(const Tensor& x, int64_t dim, const char* layer, const char* what) {
+  if (x.dim() != 3 || x.size(2) != dim) {
+    fail<ShapeError>(layer, ": ", what, " must be [B, T, ", dim, "], got ", shape_str(x.shape()));
+  }
+}
+
+void check_qkv_agree(const Tensor& q, const Tensor& k, const Tensor& v, const char* layer) {
+  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || v.size(1) != k.size(1)) {
+    fail<ShapeError>(layer, ": q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()),
+                     " disagree in batch or key length");
+  }
+}
+
+std::optional<Tensor> seed_mask(const std::optional<Tensor>& mask, int64_t t, const char* layer) {
+  if (!mask) return std::nullopt;
+  if (mask->shape() != Shape{t, t}) {
+    fail<ShapeError>(layer, ": mask must be [", t, ", ", t, "] (tokens, tokens), got ", shape_str(mask->shape()));
+  }
+  return additive_mask(*mask, true, layer);
+}
+
+Tensor rows_dk_to_kd(const Tensor& w, int64_t d, int64_t k) {
+  return w.view({d, k, w.size(1)}).permute({1, 0, 2}).contiguous().view({k * d, w.size(1)});
+}
+
+Tensor rows_kd_to_dk(const Tensor& w, int64_t d, int64_t k) {
+  return w.view({k, d, w.size(1)}).permute({1, 0, 2}).contiguous().view({d * k, w.size(1)});
+}
+
+}  // namespace detail
 
 }  // namespace qkv::nn

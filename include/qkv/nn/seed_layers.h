@@ -1,5 +1,9 @@
-// The attention layers the seed articles build, with their parameter names, inference only.
+// The attention layers the seed articles build, with their parameter names.
 // All project through nn::Linear and attend through qkv::scaled_dot_product_attention.
+// Each has backward(inputs..., grad_output): the gradients of a loss L with respect to the
+// inputs and to every parameter (by state_dict name and shape, PyTorch's layout), given
+// grad_output = dL/d output; the forward is recomputed (seed_layers_backward.cc) and
+// differentiated as PyTorch's autograd does it (masks are constants). Float32.
 #pragma once
 
 #include <cstdint>
@@ -8,9 +12,18 @@
 #include <string>
 
 #include "qkv/nn/linear.h"
+#include "qkv/nn/mha.h"
 #include "qkv/tensor.h"
 
 namespace qkv::nn {
+
+// Gradients through a layer with one input x (SelfAttention, MultiHeadSelfAttention). The
+// layers with q, k, v inputs return MultiheadAttentionGradients (qkv/nn/mha.h: query, key,
+// value, params).
+struct SelfAttentionGradients {
+  Tensor x;                              // d loss / d x, x's shape [B, T, dim]
+  std::map<std::string, Tensor> params;  // d loss / d parameter, by state_dict name and shape
+};
 
 // Seed 000's single-head SelfAttention: to_qvk Linear(dim, 3*dim, bias=False), split by
 // rearrange(qkv, 'b t (d k) -> k b t d', k=3), scores * dim**-0.5, optional mask [T, T]
@@ -22,6 +35,10 @@ class SelfAttention {
   void load_state_dict(const std::map<std::string, Tensor>& state_dict);
   std::map<std::string, Tensor> state_dict() const;
   Tensor forward(const Tensor& x, const std::optional<Tensor>& mask = std::nullopt) const;
+  // grad_output [B, T, dim]; params {"to_qvk.weight"} in its (d k) row order. ShapeError
+  // naming "SelfAttention.backward" for a grad_output of another shape.
+  SelfAttentionGradients backward(const Tensor& x, const Tensor& grad_output,
+                                  const std::optional<Tensor>& mask = std::nullopt) const;
 
  private:
   int64_t dim_;
@@ -41,6 +58,9 @@ class MultiHeadSelfAttention {
   void load_state_dict(const std::map<std::string, Tensor>& state_dict);
   std::map<std::string, Tensor> state_dict() const;
   Tensor forward(const Tensor& x, const std::optional<Tensor>& mask = std::nullopt) const;
+  // grad_output [B, T, dim]; params {"to_qvk.weight" ((d k h) rows), "W_0.weight"}.
+  SelfAttentionGradients backward(const Tensor& x, const Tensor& grad_output,
+                                  const std::optional<Tensor>& mask = std::nullopt) const;
 
  private:
   int64_t dim_, heads_, dim_head_;
@@ -68,6 +88,10 @@ class SeparateHeadsAttention {
   std::map<std::string, Tensor> state_dict() const;
   // q [B, Lq, E], k [B, Lk, E], v [B, Lk, E].
   SeparateHeadsAttentionResult forward(const Tensor& q, const Tensor& k, const Tensor& v) const;
+  // grad_output [B, Lq, E] is the gradient of the output only (the scores are not
+  // differentiated). Returns d q, d k, d v and W_q/W_k/W_v/W_o.weight's gradients.
+  MultiheadAttentionGradients backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& grad_output) const;
 
  private:
   void rebuild();
@@ -94,8 +118,14 @@ class LazyMultiHeadAttention {
   // q [B, Lq, d_q], k [B, Lk, d_k], v [B, Lk, d_v] -> [B, Lq, D]. Initialises the lazy
   // weights (PyTorch's kaiming-uniform bounds, from the seed) on the first call.
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v);
+  // grad_output [B, Lq, D]: d q, d k, d v and the gradients of every weight and bias
+  // ("W_k.bias"'s is exactly 0: it shifts whole score rows, which softmax ignores).
+  // ValueError before the layer is materialized (a forward call or load_state_dict).
+  MultiheadAttentionGradients backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& grad_output) const;
 
  private:
+  void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) const;
   void rebuild();
   int64_t hidden_, heads_;
   uint64_t seed_;
