@@ -156,7 +156,8 @@ class MultiheadAttention:
         ...) given grad_output = d loss / d output, and grads = {state_dict name: gradient} for every
         parameter (docs/nn.md). Same arguments as forward (need_weights and is_causal select the same
         attention path). When query, key and value are one array, its gradient is the sum of the three.
-        add_bias_kv / add_zero_attn layers raise ValueError."""
+        With add_bias_kv, grads has "bias_k" and "bias_v" ([1, 1, E]); add_zero_attn's zero row has no
+        parameter."""
         q, k, v = _array(query), _array(key), _array(value)
         k = q if key is query else k
         v = q if value is query else (k if value is key else v)

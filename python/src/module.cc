@@ -15,6 +15,7 @@
   AREA(attention)              \
   AREA(variants)               \
   AREA(plot)                   \
+  AREA(decode)                 \
   AREA(einsum)                 \
   AREA(nn)
 

@@ -248,19 +248,21 @@ MHA_GRAD = sorted((pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "m
 
 
 def test_mha_grad_fixtures_are_there():
-    assert len(MHA_GRAD) == 50, "tests/fixtures/mha_grad (make fixtures)"
+    assert len(MHA_GRAD) == 61, "tests/fixtures/mha_grad (make fixtures)"
 
 
 @pytest.mark.parametrize("path", MHA_GRAD, ids=lambda p: p.stem)
 def test_mha_backward_matches_torch_autograd(path):
     # torch.nn.MultiheadAttention's float64 autograd gradients of sum(out * grad_out)
-    # (tests/nn/make_torch_mha_grad_fixtures.py), the float32 layer within 1e-5 of each scale.
+    # (tests/nn/make_torch_mha_grad_fixtures.py), the float32 layer within 1e-5 of each scale;
+    # add_bias_kv is read from the state_dict (bias_k, bias_v), add_zero_attn given.
     t = load_file(str(path))
     with safe_open(str(path), "np") as f:
         opts = json.loads(f.metadata()["options"])
     c = opts["ctor"]
     sd = {k[len("param/"):]: v for k, v in t.items() if k.startswith("param/")}
-    layer = qkv.nn.MultiheadAttention.from_state_dict(sd, c["num_heads"], batch_first=c.get("batch_first", False))
+    layer = qkv.nn.MultiheadAttention.from_state_dict(sd, c["num_heads"], batch_first=c.get("batch_first", False),
+                                                      add_zero_attn=c.get("add_zero_attn", False))
     fwd = opts["forward"]
     q = t["query"]
     k, v = (q, q) if opts["same_input"] else (t["key"], t["value"])

@@ -1,0 +1,63 @@
+// One decode step (qkv::decode_attention, Lq = 1) against a KV cache: time and the bandwidth
+// it achieves (bytes of K and V read per step / time), beside memcpy's on the same machine.
+// Hq = 32, Hk = 8, D = 128 (a Llama-style GQA layer), B = 1 and 8, cache f32 or bf16.
+//
+//   QKV_NUM_THREADS=2 build/release/decode_bench --benchmark_min_time=0.5
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "bench_main.h"
+#include "qkv/kv_cache.h"
+#include "qkv/parallel.h"
+
+namespace {
+
+constexpr int64_t kHq = 32, kHk = 8, kDim = 128;
+
+// state.range: cache length, batch, dtype (0 f32, 1 bf16).
+void BM_DecodeStep(benchmark::State& state) {
+  const int64_t len = state.range(0), b = state.range(1);
+  const qkv::DType dtype = state.range(2) == 0 ? qkv::DType::f32 : qkv::DType::bf16;
+  qkv::KVCache cache({b, kHk, kDim, len, kDim, dtype});
+  const int64_t step = 4096;  // filled in slices: the random tensors stay small
+  for (int64_t at = 0; at < len; at += step) {
+    const int64_t n = std::min(step, len - at);
+    cache.append(qkv::Tensor::randn({b, kHk, n, kDim}, at), qkv::Tensor::randn({b, kHk, n, kDim}, at + 1));
+  }
+  const qkv::Tensor q = qkv::Tensor::randn({b, kHq, 1, kDim}, 7);  // [B, Hq, 1, D]
+  for (auto _ : state) {
+    qkv::AttentionResult r = qkv::decode_attention(q, cache);
+    benchmark::DoNotOptimize(r.output.raw_data());
+  }
+  const double bytes = 2.0 * static_cast<double>(b * kHk * len * kDim) * static_cast<double>(qkv::itemsize(dtype));
+  state.counters["bytes"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_DecodeStep)
+    ->ArgNames({"len", "B", "bf16"})
+    ->ArgsProduct({{1024, 8192, 32768, 131072}, {1}, {0, 1}})
+    ->ArgsProduct({{1024, 8192, 16384}, {8}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// memcpy of 256 MB split over the threads (parallel_for), counting the bytes read, as the
+// decode step counts the cache bytes it reads.
+void BM_Memcpy(benchmark::State& state) {
+  const int64_t n = int64_t{256} << 20, parts = 64;
+  std::vector<char> a(static_cast<size_t>(n), 1), b(static_cast<size_t>(n), 0);
+  for (auto _ : state) {
+    qkv::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+      std::memcpy(b.data() + p0 * (n / parts), a.data() + p0 * (n / parts),
+                  static_cast<size_t>((p1 - p0) * (n / parts)));
+    });
+    benchmark::DoNotOptimize(b.data());
+  }
+  state.counters["bytes"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+int main(int argc, char** argv) { return qkv::bench::run_benchmarks(argc, argv); }

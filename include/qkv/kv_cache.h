@@ -1,0 +1,85 @@
+// Generation: a key/value cache and attention of a few new queries against it (issue 17).
+//
+// qkv::KVCache holds K [B, Hk, capacity, D] and V [B, Hk, capacity, Dv], allocated once, in
+// f32, bf16 or f16, with one length per sequence (ragged batches: sequence b's keys are
+// positions [0, length(b))). append(k, v) writes each sequence's new positions after its
+// current length, without reallocating (ValueError past the capacity).
+//
+// qkv::decode_attention(q, cache) is attention for the last Lq positions of each sequence
+// (Lq = 1 when decoding token by token, a few for speculative decoding; the new keys and
+// values must have been appended first): q [B, Hq, Lq, D], Hq a multiple of Hk (GQA/MQA: query
+// head h reads cache head h / (Hq / Hk), by index, never copied); query t of sequence b is at
+// position p = length(b) - Lq + t and attends keys j <= p (causal, the default) — with a
+// window W > 0, only the W keys p - W < j <= p (a sliding window as ONNX Runtime's
+// local_window_size + 1 / Mistral's) — scores scale q.k (1/sqrt(D) by default), softcap c > 0:
+// c tanh(s / c). Rows with no key (length(b) < Lq - t) give 0.
+//
+// The kernel (src/attention/decode_cpu.cc) splits every sequence's keys into chunks: work
+// items are (sequence, cache head, chunk), so that B·Hk smaller than the thread count still
+// keeps every thread busy (split-KV, as llama.cpp and FlashDecoding do); each item computes the
+// Hq / Hk query heads of its cache head together (one qkv::gemm for scores, one for P V), and
+// the partial outputs are merged by their logsumexp. Only keys [0, length(b)) are read: ragged
+// batches do no padding work. decode_attention_reference (float64 loops) is its oracle.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "qkv/attention.h"
+#include "qkv/tensor.h"
+
+namespace qkv {
+
+struct KVCacheConfig {
+  int64_t batch = 1;
+  int64_t kv_heads = 1;
+  int64_t head_dim = 0;
+  int64_t capacity = 0;      // positions per sequence
+  int64_t value_dim = 0;     // 0: head_dim
+  DType dtype = DType::f32;  // f32, bf16, f16
+};
+
+class KVCache {
+ public:
+  explicit KVCache(const KVCacheConfig& config);  // ValueError / DTypeError for bad sizes or dtypes
+
+  // Writes k [B, Hk, T, D] and v [B, Hk, T, Dv] (any float dtype, converted to the cache's)
+  // after each sequence's length; `counts` (B values in [0, T]) appends only the first
+  // counts[b] positions of sequence b (ragged steps). ShapeError / ValueError naming
+  // "KVCache.append" and the shapes; nothing is written when a check fails.
+  void append(const Tensor& k, const Tensor& v, const std::vector<int64_t>& counts = {});
+
+  const std::vector<int64_t>& lengths() const { return lengths_; }
+  int64_t length(int64_t b) const { return lengths_.at(static_cast<size_t>(b)); }
+  // Sets sequence b's length (<= capacity): truncation, or keys written by hand.
+  void set_length(int64_t b, int64_t length);
+  void reset();  // every length 0
+
+  const KVCacheConfig& config() const { return config_; }
+  int64_t value_dim() const { return config_.value_dim; }
+  // The storage, [B, Hk, capacity, D] / [.., Dv] (positions past a sequence's length are stale).
+  const Tensor& keys() const { return k_; }
+  const Tensor& values() const { return v_; }
+
+ private:
+  KVCacheConfig config_;
+  Tensor k_, v_;
+  std::vector<int64_t> lengths_;
+};
+
+struct DecodeOptions {
+  std::optional<double> scale;  // default 1/sqrt(D)
+  bool causal = true;           // query t sees keys j <= its position (else every key of the sequence)
+  int64_t window = 0;           // > 0: only the last `window` keys up to the position
+  double softcap = 0.0;         // > 0: scores c tanh(s / c)
+  int64_t chunk = 0;            // keys per work item; 0: automatic (docs/decode.md)
+  bool return_logsumexp = false;
+};
+
+// Output [B, Hq, Lq, Dv] in q's dtype (f32 for 16-bit q); logsumexp [B, Hq, Lq] f32 when asked.
+AttentionResult decode_attention(const Tensor& q, const KVCache& cache, const DecodeOptions& options = {});
+// The oracle: float64 loops over each sequence's keys, one thread.
+AttentionResult decode_attention_reference(const Tensor& q, const KVCache& cache, const DecodeOptions& options = {});
+
+}  // namespace qkv

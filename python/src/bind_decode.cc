@@ -1,0 +1,75 @@
+// qkv.KVCache and qkv.decode_attention (qkv/kv_cache.h): generation against a key/value cache.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "array_like.h"
+#include "interrupt.h"
+#include "qkv/kv_cache.h"
+#include "tensor_convert.h"
+
+namespace nb = nanobind;
+using qkv::python::to_array_like;
+using qkv::python::to_tensor;
+
+namespace {
+
+qkv::KVCache make_cache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t capacity,
+                        std::optional<int64_t> value_dim, const std::string& dtype) {
+  return qkv::KVCache({batch, kv_heads, head_dim, capacity, value_dim.value_or(0), qkv::dtype_from_name(dtype)});
+}
+
+void append(qkv::KVCache& cache, nb::handle k, nb::handle v, std::optional<std::vector<int64_t>> counts) {
+  const qkv::Tensor tk = to_tensor(k, "KVCache.append: k"), tv = to_tensor(v, "KVCache.append: v");
+  qkv::python::InterruptibleRelease release;
+  cache.append(tk, tv, counts.value_or(std::vector<int64_t>{}));
+}
+
+nb::object decode(nb::handle q, const qkv::KVCache& cache, std::optional<double> scale, bool causal, int64_t window,
+                  double softcap, int64_t chunk, bool return_logsumexp) {
+  const qkv::Tensor tq = to_tensor(q, "decode_attention: q");
+  qkv::DecodeOptions o;
+  o.scale = scale, o.causal = causal, o.window = window, o.softcap = softcap, o.chunk = chunk;
+  o.return_logsumexp = return_logsumexp;
+  qkv::AttentionResult r;
+  {
+    qkv::python::InterruptibleRelease release;
+    r = qkv::decode_attention(tq, cache, o);
+  }
+  if (!return_logsumexp) return to_array_like(r.output, q);
+  return nb::make_tuple(to_array_like(r.output, q), to_array_like(*r.logsumexp, q));
+}
+
+}  // namespace
+
+void bind_decode(nb::module_& m) {
+  nb::class_<qkv::KVCache>(m, "KVCache",
+                           "Keys [B, Hk, capacity, D] and values [B, Hk, capacity, Dv], allocated once (float32,\n"
+                           "bfloat16 or float16), one length per sequence; append(k, v) writes after each\n"
+                           "sequence's length (counts: how many of the T new positions each sequence takes).")
+      .def(nb::new_(&make_cache), nb::arg("batch"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("capacity"),
+           nb::arg("value_dim").none() = nb::none(), nb::arg("dtype") = "float32")
+      .def("append", &append, nb::arg("k"), nb::arg("v"), nb::arg("counts").none() = nb::none(),
+           "k [B, Hk, T, D], v [B, Hk, T, Dv] (arrays or tensors); counts: B values in [0, T].")
+      .def_prop_ro("lengths", [](const qkv::KVCache& c) { return c.lengths(); })
+      .def("set_length", &qkv::KVCache::set_length, nb::arg("sequence"), nb::arg("length"))
+      .def("reset", &qkv::KVCache::reset)
+      .def_prop_ro("capacity", [](const qkv::KVCache& c) { return c.config().capacity; })
+      .def_prop_ro("keys", [](const qkv::KVCache& c) { return qkv::python::to_numpy(c.keys()); })
+      .def_prop_ro("values", [](const qkv::KVCache& c) { return qkv::python::to_numpy(c.values()); });
+  m.def("decode_attention", &decode, nb::arg("q"), nb::arg("cache"), nb::kw_only(),
+        nb::arg("scale").none() = nb::none(), nb::arg("causal") = true, nb::arg("window") = 0, nb::arg("softcap") = 0.0,
+        nb::arg("chunk") = 0, nb::arg("return_logsumexp") = false,
+        "Attention of the last Lq positions of each sequence (q [B, Hq, Lq, D], Hq a multiple of Hk)\n"
+        "against the cache, after their keys and values were appended: query t is at position\n"
+        "length - Lq + t and sees keys j <= it (causal), only the last `window` of them when\n"
+        "window > 0; scores scale q.k (1/sqrt(D)), softcap c > 0: c tanh(s / c). Split-KV over the\n"
+        "threads, partials merged by logsumexp (docs/decode.md). Output [B, Hq, Lq, Dv] in q's\n"
+        "array type; with return_logsumexp, (output, lse [B, Hq, Lq]).");
+}

@@ -1,0 +1,175 @@
+// decode_attention's CPU kernel (qkv/kv_cache.h): split-KV over (sequence, cache head, key
+// chunk) work items, the query heads of a cache head together, partials merged by logsumexp.
+//
+// Item (b, hk, c) reads keys [c0, c1) of cache head hk of sequence b once and computes, for the
+// G = Hq / Hk query heads h = hk G .. hk G + G - 1 and the Lq new queries (G Lq rows, contiguous
+// in q [B, Hq, Lq, D]):
+//   S = scale Q K[c0:c1]^T  [G Lq, C]  (qkv::gemm), softcap, keys outside each row's range -inf
+//   m = rowmax(S), P = exp(S - m), l = rowsum(P), O = P V[c0:c1]  [G Lq, Dv]  (qkv::gemm)
+// then every (b, hq, t) merges its chunks: M = max_c m_c, L = sum_c l_c e^(m_c - M),
+// out = sum_c O_c e^(m_c - M) / L, lse = M + log L. bf16/f16 caches are widened chunk by chunk
+// into the worker's scratch (the step is bandwidth-bound: the cache is read once either way).
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention/decode_cpu.h"
+#include "kernels/cpu/convert.h"
+#include "qkv/gemm.h"
+#include "qkv/parallel.h"
+#include "qkv/softmax.h"
+
+namespace qkv::attention {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Item {
+  int64_t b, hk, c0, c1, slot;  // keys [c0, c1); partials at slot
+};
+
+// Keys per item: the caller's, else enough chunks for 4 items per thread over B Hk sequences
+// of the longest length, between 256 keys (smaller GEMMs would cost more than they save) and
+// 1024 (a chunk's K and V, widened to f32 for 16-bit caches, stay in L2: whole-sequence chunks
+// of a bf16 cache at 32k keys ran at 2.6 GB/s against 12 for f32, the widened copy spilling).
+int64_t chunk_size(const DecodeCall& d, const KVCache& cache, int64_t requested) {
+  if (requested > 0) return requested;
+  int64_t longest = 1;
+  for (int64_t n : cache.lengths()) longest = std::max(longest, n);
+  const int64_t per_seq = std::max<int64_t>(1, (4 * get_num_threads() + d.b * d.hk - 1) / (d.b * d.hk));
+  return std::clamp<int64_t>((longest + per_seq - 1) / per_seq, 256, 1024);
+}
+
+// Rows [n, Dx] of cache tensor `t` (f32 [B, Hk, capacity, Dx] or 16-bit) at (b, hk, c0) as f32.
+const float* rows_f32(const Tensor& t, int64_t b, int64_t hk, int64_t c0, int64_t n, std::vector<float>& buffer) {
+  const int64_t dx = t.size(3), offset = ((b * t.size(1) + hk) * t.size(2) + c0) * dx;
+  if (t.dtype() == DType::f32) return t.data<float>() + offset;
+  buffer.resize(static_cast<size_t>(n * dx));
+  if (t.dtype() == DType::bf16) {
+    kernels::widen(t.data<bfloat16>() + offset, n * dx, buffer.data());
+  } else {
+    kernels::widen(t.data<float16>() + offset, n * dx, buffer.data());
+  }
+  return buffer.data();
+}
+
+struct Partials {
+  int64_t rows = 0, dv = 0;
+  std::vector<float> m, l, o;  // [slots, rows], [slots, rows], [slots, rows, Dv]
+};
+
+struct Scratch {
+  std::vector<float> k, v, s;
+};
+
+void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const DecodeOptions& o, const Item& it,
+              Partials& out, Scratch& sc) {
+  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
+  const float* qrows = q + (it.b * d.hq + it.hk * d.group) * d.lq * d.dk;     // [G Lq, D]
+  const float* k = rows_f32(cache.keys(), it.b, it.hk, it.c0, cols, sc.k);    // [C, D]
+  const float* v = rows_f32(cache.values(), it.b, it.hk, it.c0, cols, sc.v);  // [C, Dv]
+  sc.s.resize(static_cast<size_t>(rows * cols));
+  GemmShape g;  // S = scale Q K^T
+  g.trans_b = true, g.m = rows, g.n = cols, g.k = d.dk, g.lda = d.dk, g.ldb = d.dk, g.ldc = cols;
+  gemm(g, static_cast<float>(d.scale), qrows, k, 0.0f, sc.s.data());
+  const int64_t length = cache.length(it.b);
+  float* m = out.m.data() + it.slot * rows;
+  float* l = out.l.data() + it.slot * rows;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* s = sc.s.data() + r * cols;  // [C]
+    const KeyRange keys = decode_keys(o, length, d.lq, r % d.lq);
+    if (o.softcap > 0.0) {
+      const auto c = static_cast<float>(o.softcap);
+      for (int64_t j = 0; j < cols; ++j) s[j] = c * std::tanh(s[j] / c);
+    }
+    const int64_t lo = std::clamp(keys.first - it.c0, int64_t{0}, cols), hi = std::clamp(keys.last - it.c0, lo, cols);
+    std::fill(s, s + lo, kNegInf);
+    std::fill(s + hi, s + cols, kNegInf);
+    m[r] = lo < hi ? kernels::max_value(s + lo, hi - lo) : kNegInf;
+    if (m[r] == kNegInf) {
+      std::fill(s, s + cols, 0.0f);
+      l[r] = 0.0f;
+    } else {
+      l[r] = kernels::exp_shift_sum(s, cols, m[r]);  // exp(-inf) = 0 outside the range
+    }
+  }
+  GemmShape pv;  // O = P V
+  pv.m = rows, pv.n = d.dv, pv.k = cols, pv.lda = cols, pv.ldb = d.dv, pv.ldc = d.dv;
+  gemm(pv, 1.0f, sc.s.data(), v, 0.0f, out.o.data() + it.slot * rows * d.dv);
+}
+
+// out [B, Hq, Lq, Dv] and lse [B, Hq, Lq] from the partials of each (b, hk)'s chunks.
+void merge(const DecodeCall& d, const std::vector<Item>& items, const Partials& p, float* out, float* lse) {
+  const int64_t rows = d.group * d.lq;
+  std::vector<double> acc(static_cast<size_t>(d.dv));
+  size_t first = 0;
+  while (first < items.size()) {  // items of one (b, hk) are adjacent
+    size_t last = first;
+    while (last < items.size() && items[last].b == items[first].b && items[last].hk == items[first].hk) ++last;
+    for (int64_t r = 0; r < rows; ++r) {
+      float big = kNegInf;
+      for (size_t x = first; x < last; ++x) big = std::max(big, p.m[items[x].slot * rows + r]);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      double total = 0.0;
+      for (size_t x = first; x < last && big != kNegInf; ++x) {
+        const double w = std::exp(static_cast<double>(p.m[items[x].slot * rows + r]) - big);
+        total += w * p.l[items[x].slot * rows + r];
+        const float* o = p.o.data() + (items[x].slot * rows + r) * d.dv;
+        for (int64_t c = 0; c < d.dv; ++c) acc[c] += w * o[c];
+      }
+      const int64_t row = (items[first].b * d.hq + items[first].hk * d.group) * d.lq + r;  // in [B, Hq, Lq]
+      for (int64_t c = 0; c < d.dv; ++c) out[row * d.dv + c] = total > 0 ? static_cast<float>(acc[c] / total) : 0.0f;
+      if (lse) lse[row] = total > 0 ? static_cast<float>(big + std::log(total)) : kNegInf;
+    }
+    first = last;
+  }
+}
+
+}  // namespace
+
+KeyRange decode_keys(const DecodeOptions& o, int64_t length, int64_t lq, int64_t t) {
+  const int64_t position = length - lq + t;  // of query t
+  KeyRange r{0, o.causal ? std::min(length, position + 1) : length};
+  if (o.window > 0) r.first = std::max<int64_t>(0, position - o.window + 1);
+  r.last = std::max(r.last, r.first);
+  return r;
+}
+
+AttentionResult decode_attention_cpu(const DecodeCall& d, const Tensor& q, const KVCache& cache,
+                                     const DecodeOptions& o) {
+  const Tensor qf = q.to(DType::f32).contiguous();  // [B, Hq, Lq, D]
+  const int64_t chunk = chunk_size(d, cache, o.chunk);
+  std::vector<Item> items;
+  for (int64_t b = 0; b < d.b; ++b) {
+    for (int64_t hk = 0; hk < d.hk; ++hk) {
+      for (int64_t c0 = 0; c0 < std::max<int64_t>(cache.length(b), 1); c0 += chunk) {  // >= 1 item per row
+        items.push_back({b, hk, c0, std::min(cache.length(b), c0 + chunk), static_cast<int64_t>(items.size())});
+      }
+    }
+  }
+  Partials p;
+  p.rows = d.group * d.lq, p.dv = d.dv;
+  p.m.resize(items.size() * p.rows), p.l.resize(items.size() * p.rows), p.o.resize(items.size() * p.rows * d.dv);
+  std::atomic<int64_t> next{0};
+  const auto n = static_cast<int64_t>(items.size());
+  parallel_for(0, std::min<int64_t>(get_num_threads(), n), 1, [&](int64_t, int64_t) {
+    Scratch sc;
+    for (int64_t x = next++; x < n && !interrupt_requested(); x = next++) {
+      run_item(d, qf.data<float>(), cache, o, items[static_cast<size_t>(x)], p, sc);
+    }
+  });
+  check_interrupt("decode_attention");
+  Tensor out = Tensor::empty({d.b, d.hq, d.lq, d.dv}, DType::f32);  // [B, Hq, Lq, Dv]
+  std::optional<Tensor> lse;
+  if (o.return_logsumexp) lse = Tensor::empty({d.b, d.hq, d.lq}, DType::f32);
+  merge(d, items, p, out.data<float>(), lse ? lse->data<float>() : nullptr);
+  AttentionResult r;
+  r.output = q.dtype() == DType::f64 ? out.to(DType::f64) : out;
+  r.logsumexp = lse;
+  return r;
+}
+
+}  // namespace qkv::attention

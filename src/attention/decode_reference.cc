@@ -1,0 +1,59 @@
+// decode_attention_reference (qkv/kv_cache.h): float64 loops, one thread; each row's keys
+// written out from the definition (not decode_cpu.cc's decode_keys).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention/decode_cpu.h"
+#include "qkv/parallel.h"
+
+namespace qkv {
+
+AttentionResult decode_attention_reference(const Tensor& q, const KVCache& cache, const DecodeOptions& o) {
+  const attention::DecodeCall d = attention::check_decode(q, cache, o, "decode_attention_reference");
+  const std::vector<double> qd = q.contiguous().to_vector<double>();               // [B, Hq, Lq, D]
+  const std::vector<double> kd = cache.keys().contiguous().to_vector<double>();    // [B, Hk, cap, D]
+  const std::vector<double> vd = cache.values().contiguous().to_vector<double>();  // [B, Hk, cap, Dv]
+  const int64_t cap = cache.config().capacity;
+  std::vector<double> out(static_cast<size_t>(d.b * d.hq * d.lq * d.dv), 0.0);
+  std::vector<double> lse(static_cast<size_t>(d.b * d.hq * d.lq), -std::numeric_limits<double>::infinity());
+  for (int64_t b = 0; b < d.b; ++b) {
+    const int64_t n = cache.length(b);
+    for (int64_t h = 0; h < d.hq; ++h) {
+      check_interrupt("decode_attention_reference");
+      const int64_t hk = h / d.group;
+      for (int64_t t = 0; t < d.lq; ++t) {
+        const int64_t pos = n - d.lq + t, row = (b * d.hq + h) * d.lq + t;
+        std::vector<int64_t> keys;  // j <= pos (causal), pos - window < j (window), j < n
+        for (int64_t j = 0; j < n; ++j) {
+          if ((!o.causal || j <= pos) && (o.window == 0 || j > pos - o.window)) keys.push_back(j);
+        }
+        std::vector<double> s;
+        for (int64_t j : keys) {
+          double dot = 0.0;
+          for (int64_t c = 0; c < d.dk; ++c) dot += qd[row * d.dk + c] * kd[((b * d.hk + hk) * cap + j) * d.dk + c];
+          double x = dot * d.scale;
+          if (o.softcap > 0.0) x = o.softcap * std::tanh(x / o.softcap);
+          s.push_back(x);
+        }
+        if (s.empty()) continue;
+        const double mx = *std::max_element(s.begin(), s.end());
+        double sum = 0.0;
+        for (double& x : s) sum += (x = std::exp(x - mx));
+        for (size_t x = 0; x < keys.size(); ++x) {
+          const double w = s[x] / sum;
+          for (int64_t c = 0; c < d.dv; ++c)
+            out[row * d.dv + c] += w * vd[((b * d.hk + hk) * cap + keys[x]) * d.dv + c];
+        }
+        lse[row] = mx + std::log(sum);
+      }
+    }
+  }
+  AttentionResult r;
+  r.output = Tensor::from_vector(out, {d.b, d.hq, d.lq, d.dv}).to(q.dtype() == DType::f64 ? DType::f64 : DType::f32);
+  if (o.return_logsumexp) r.logsumexp = Tensor::from_vector(lse, {d.b, d.hq, d.lq}).to(DType::f32);
+  return r;
+}
+
+}  // namespace qkv

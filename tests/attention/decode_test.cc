@@ -1,0 +1,147 @@
+// KVCache and decode_attention (qkv/kv_cache.h): the split-KV kernel against its float64
+// reference, both against whole-sequence attention (attention_reference with bottom-right
+// causal / window mods over each sequence's keys), token-by-token generation against the full
+// causal forward, ragged appends, and errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/expect.h"
+#include "common/thread_guard.h"
+#include "qkv/attention.h"
+#include "qkv/kv_cache.h"
+
+namespace qkv {
+namespace {
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  EXPECT_EQ(x.size(), y.size());
+  double err = 0.0;
+  for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) err = std::max(err, std::fabs(x[i] - y[i]));
+  return err;
+}
+
+// A cache of `lengths` random keys/values per sequence (appended in two ragged steps).
+KVCache filled(const std::vector<int64_t>& lengths, int64_t hk, int64_t d, int64_t dv, DType dtype, uint64_t seed) {
+  const auto b = static_cast<int64_t>(lengths.size());
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  KVCache cache({b, hk, d, longest + 8, dv, dtype});
+  std::vector<int64_t> first, second;
+  for (int64_t n : lengths) first.push_back(n / 2), second.push_back(n - n / 2);
+  const int64_t t = longest - longest / 2 + 1;
+  cache.append(Tensor::randn({b, hk, t, d}, seed), Tensor::randn({b, hk, t, dv}, seed + 1), first);
+  cache.append(Tensor::randn({b, hk, t, d}, seed + 2), Tensor::randn({b, hk, t, dv}, seed + 3), second);
+  EXPECT_EQ(cache.lengths(), lengths);
+  return cache;
+}
+
+// Whole-sequence attention of sequence b's queries over its keys: the independent oracle.
+Tensor whole_sequence(const Tensor& q, const KVCache& cache, int64_t b, const DecodeOptions& o) {
+  const int64_t n = cache.length(b);
+  const Tensor k = cache.keys().select(0, b).slice(1, 0, n).to(DType::f64);  // [Hk, n, D]
+  const Tensor v = cache.values().select(0, b).slice(1, 0, n).to(DType::f64);
+  AttentionOptions a;
+  a.enable_gqa = true;
+  a.scale = o.scale;
+  a.mods.align = AttentionMods::Align::bottom_right;  // query t is at position n - Lq + t
+  if (o.causal) a.mods.window_right = 0;
+  if (o.window > 0) a.mods.window_left = o.window - 1;
+  a.mods.softcap = o.softcap;
+  return attention_reference(q.select(0, b).to(DType::f64), k, v, a).output;  // [Hq, Lq, Dv]
+}
+
+struct Config {
+  std::vector<int64_t> lengths;
+  int64_t hk, group, lq;
+  DecodeOptions o;
+  DType dtype;
+};
+
+TEST(Decode, KernelMatchesReferenceAndWholeSequenceAttention) {
+  const std::vector<Config> configs = {
+      {{300, 1, 37, 5}, 2, 1, 1, {}, DType::f32},
+      {{300, 1, 37, 5}, 2, 4, 1, {}, DType::bf16},
+      {{129, 64, 3}, 1, 8, 3, {}, DType::f16},
+      {{200, 50}, 2, 2, 4, DecodeOptions{std::nullopt, true, 7}, DType::f32},
+      {{200, 50}, 2, 2, 2, DecodeOptions{0.3, false}, DType::f32},
+      {{90, 91}, 1, 4, 1, DecodeOptions{std::nullopt, true, 0, 1.5}, DType::f32},
+      {{513, 2}, 2, 2, 2, DecodeOptions{std::nullopt, true, 0, 0.0, 7}, DType::f32},  // 7-key chunks
+      {{1000}, 1, 1, 1, DecodeOptions{std::nullopt, true, 0, 0.0, 1}, DType::f32},    // one key per chunk
+  };
+  for (size_t c = 0; c < configs.size(); ++c) {
+    const Config& cf = configs[c];
+    SCOPED_TRACE("config " + std::to_string(c));
+    const KVCache cache = filled(cf.lengths, cf.hk, 16, 8, cf.dtype, 10 * c);
+    const auto b = static_cast<int64_t>(cf.lengths.size());
+    const Tensor q = Tensor::randn({b, cf.hk * cf.group, cf.lq, 16}, 100 + c);
+    DecodeOptions o = cf.o;
+    o.return_logsumexp = true;
+    const AttentionResult got = decode_attention(q, cache, o), ref = decode_attention_reference(q, cache, o);
+    EXPECT_LE(max_abs_diff(got.output, ref.output), 2e-6);
+    EXPECT_LE(max_abs_diff(*got.logsumexp, *ref.logsumexp), 2e-5);
+    for (int64_t s = 0; s < b; ++s) {
+      if (cache.length(s) < cf.lq) continue;  // rows without keys: 0 here, the oracle's safe softmax too
+      EXPECT_LE(max_abs_diff(ref.output.select(0, s), whole_sequence(q, cache, s, o)), 1e-6) << "sequence " << s;
+    }
+  }
+}
+
+TEST(Decode, ResultsDoNotDependOnChunksOrThreads) {
+  const KVCache cache = filled({700, 3, 64}, 2, 32, 32, DType::f32, 7);
+  const Tensor q = Tensor::randn({3, 8, 1, 32}, 8);
+  const Tensor want = decode_attention_reference(q, cache).output;
+  for (int64_t chunk : {0, 1, 16, 100, 4096}) {
+    for (int threads : {1, 2, 3}) {
+      const test::ThreadCountGuard guard;
+      set_num_threads(threads);
+      DecodeOptions o;
+      o.chunk = chunk;
+      EXPECT_LE(max_abs_diff(decode_attention(q, cache, o).output, want), 2e-6) << chunk << " " << threads;
+    }
+  }
+}
+
+// 64 tokens appended one by one: each step's decode equals row t of the full causal forward.
+TEST(Decode, TokenByTokenGenerationMatchesTheFullForward) {
+  const int64_t steps = 64, hk = 2, hq = 4, d = 16;
+  const Tensor q = Tensor::randn({1, hq, steps, d}, 1), k = Tensor::randn({1, hk, steps, d}, 2),
+               v = Tensor::randn({1, hk, steps, d}, 3);
+  AttentionOptions causal;
+  causal.is_causal = causal.enable_gqa = true;
+  const Tensor full = scaled_dot_product_attention(q, k, v, causal).output;  // [1, Hq, steps, D]
+  KVCache cache({1, hk, d, steps});
+  double worst = 0.0;
+  for (int64_t t = 0; t < steps; ++t) {
+    cache.append(k.slice(2, t, t + 1), v.slice(2, t, t + 1));
+    const Tensor step = decode_attention(q.slice(2, t, t + 1), cache).output;  // [1, Hq, 1, D]
+    worst = std::max(worst, max_abs_diff(step, full.slice(2, t, t + 1)));
+  }
+  EXPECT_LE(worst, 2e-6);
+}
+
+TEST(Decode, CacheErrorsNameTheCallAndLeaveTheCacheAlone) {
+  KVCache cache({2, 2, 4, 5});
+  EXPECT_THROW_WITH(cache.append(Tensor::zeros({2, 2, 6, 4}), Tensor::zeros({2, 2, 6, 4})), ValueError,
+                    "KVCache.append: sequence 0 would hold 6 positions, past the capacity 5");
+  EXPECT_EQ(cache.lengths(), (std::vector<int64_t>{0, 0}));
+  EXPECT_THROW_WITH(cache.append(Tensor::zeros({2, 1, 1, 4}), Tensor::zeros({2, 1, 1, 4})), ShapeError,
+                    "KVCache.append: k must be [2, 2, T, 4] and v [2, 2, T, 4], got k [2, 1, 1, 4], v [2, 1, 1, 4]");
+  EXPECT_THROW_WITH(cache.append(Tensor::zeros({2, 2, 3, 4}), Tensor::zeros({2, 2, 3, 4}), {1, 4}), ValueError,
+                    "KVCache.append: counts[1] = 4 is outside [0, 3]");
+  cache.append(Tensor::ones({2, 2, 3, 4}), Tensor::ones({2, 2, 3, 4}), {1, 3});
+  EXPECT_EQ(cache.lengths(), (std::vector<int64_t>{1, 3}));
+  EXPECT_THROW_WITH(decode_attention(Tensor::zeros({2, 3, 1, 4}), cache), ShapeError,
+                    "decode_attention: q must be [2, Hq, Lq, 4] with Hq a multiple of the cache's 2 heads");
+  EXPECT_THROW_WITH(KVCache({1, 1, 4, 4, 0, DType::i8}), DTypeError, "KVCache: dtype must be float32");
+  cache.reset();
+  EXPECT_EQ(cache.lengths(), (std::vector<int64_t>{0, 0}));
+  const Tensor out = decode_attention(Tensor::ones({2, 2, 1, 4}), cache).output;  // no keys: zeros
+  EXPECT_EQ(max_abs_diff(out, Tensor::zeros({2, 2, 1, 4})), 0.0);
+}
+
+}  // namespace
+}  // namespace qkv

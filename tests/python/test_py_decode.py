@@ -1,0 +1,64 @@
+"""qkv.KVCache and qkv.decode_attention against NumPy (float64 softmax attention over each
+sequence's cached keys) and against the full causal forward, token by token."""
+import numpy as np
+import pytest
+
+import qkv
+
+rng = np.random.default_rng(5)
+
+
+def numpy_decode(q, keys, values, lengths, causal=True, window=0, softcap=0.0):
+    b, hq, lq, d = q.shape
+    hk = keys.shape[1]
+    out = np.zeros((b, hq, lq, values.shape[-1]))
+    for s in range(b):
+        n = lengths[s]
+        for h in range(hq):
+            k, v = keys[s, h // (hq // hk), :n].astype(np.float64), values[s, h // (hq // hk), :n].astype(np.float64)
+            for t in range(lq):
+                pos = n - lq + t
+                j = np.arange(n)
+                ok = (j <= pos if causal else np.ones(n, bool)) & ((j > pos - window) if window else True)
+                if not ok.any():
+                    continue
+                sc = k @ q[s, h, t] / np.sqrt(d)
+                if softcap:
+                    sc = softcap * np.tanh(sc / softcap)
+                w = np.exp(sc[ok] - sc[ok].max())
+                out[s, h, t] = (w / w.sum()) @ v[ok]
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("lq,window,softcap", [(1, 0, 0.0), (3, 0, 0.0), (2, 9, 0.0), (1, 0, 2.0)])
+def test_decode_matches_numpy(dtype, lq, window, softcap):
+    lengths = [0, 1, 40, 257]
+    cache = qkv.KVCache(4, 2, 16, 300, dtype=dtype)
+    k, v = rng.standard_normal((4, 2, 257, 16)), rng.standard_normal((4, 2, 257, 16))
+    cache.append(k, v, counts=lengths)
+    assert cache.lengths == lengths
+    q = rng.standard_normal((4, 8, lq, 16)).astype(np.float32)
+    want = numpy_decode(q, cache.keys.astype(np.float64), cache.values.astype(np.float64), lengths,
+                        window=window, softcap=softcap)
+    got = qkv.decode_attention(q, cache, window=window, softcap=softcap, chunk=32)
+    np.testing.assert_allclose(got, want, atol=3e-6)
+
+
+def test_generation_step_by_step_equals_the_full_causal_forward():
+    q, k, v = (rng.standard_normal((2, 4, 32, 8)).astype(np.float32) for _ in range(3))
+    full = qkv.scaled_dot_product_attention(q, k, v, is_causal=True)
+    cache = qkv.KVCache(2, 4, 8, 32)
+    for t in range(32):
+        cache.append(k[:, :, t:t + 1], v[:, :, t:t + 1])
+        np.testing.assert_allclose(qkv.decode_attention(q[:, :, t:t + 1], cache), full[:, :, t:t + 1], atol=2e-6)
+
+
+def test_errors():
+    cache = qkv.KVCache(1, 2, 4, 3)
+    with pytest.raises(ValueError, match="KVCache.append: sequence 0 would hold 4 positions, past the capacity 3"):
+        cache.append(np.zeros((1, 2, 4, 4)), np.zeros((1, 2, 4, 4)))
+    with pytest.raises(ValueError, match=r"decode_attention: q must be \[1, Hq, Lq, 4\]"):
+        qkv.decode_attention(np.zeros((1, 3, 1, 4)), cache)
+    with pytest.raises(TypeError):
+        qkv.KVCache(1, 2, 4, 3, dtype="int8")
