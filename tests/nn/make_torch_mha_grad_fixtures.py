@@ -3,7 +3,8 @@
 
 Usage: make_torch_mha_grad_fixtures.py OUTPUT_DIR    (the committed way: `make fixtures`)
 
-Six hand-picked configurations and 44 random ones (50 in all); each becomes
+Six hand-picked configurations and 44 random ones, then 11 with add_bias_kv and/or add_zero_attn
+(61 in all); each becomes
 OUTPUT_DIR/<name>.safetensors: the layer's state_dict (float32,
 "param/<name>"), query/key/value and grad_out (float32; masks as given), and torch's float64
 autograd gradients of sum(output * grad_out) with respect to the inputs ("d_query", "d_key",
@@ -54,6 +55,11 @@ def make(name, ctor, dims, fwd, masks, seed):
         kwargs["attn_mask"] = torch.randn(l, s)
     if "causal_attn" in masks:
         kwargs["attn_mask"] = torch.triu(torch.ones(l, s, dtype=torch.bool), 1)
+    if "key_padding_all" in masks:  # batch 0 pads every key: only the bias_kv / zero_attn keys are left
+        kpm = torch.zeros(n, s, dtype=torch.bool)
+        kpm[0, :] = True
+        kpm[1:, -1] = True
+        kwargs["key_padding_mask"] = kpm
     if "bool3d_attn" in masks:
         m = torch.rand(n * ctor["num_heads"], l, s) < 0.3
         m[..., 0] = False  # every row keeps a key
@@ -124,10 +130,37 @@ def random_configs(count):
     return out
 
 
+# Appended after the 50 above (their files and seeds unchanged): add_bias_kv (parameters bias_k,
+# bias_v [1, 1, E]) and add_zero_attn (a zero key/value row; the masks get an allowed column).
+EXTRA_CONFIGS = [
+    ("self_bias_kv_batch_first", dict(embed_dim=16, num_heads=4, add_bias_kv=True, batch_first=True), (5, 5, 2),
+     {}, ()),
+    ("zero_attn_kdim_vdim_masks", dict(embed_dim=12, num_heads=3, add_zero_attn=True, kdim=7, vdim=5), (4, 6, 3),
+     {}, ("key_padding", "float_attn")),
+    ("bias_kv_zero_attn_no_bias_masks", dict(embed_dim=8, num_heads=2, bias=False, add_bias_kv=True,
+                                             add_zero_attn=True), (4, 7, 2), {}, ("key_padding", "bool3d_attn")),
+    ("bias_kv_kdim_vdim_batch_first", dict(embed_dim=8, num_heads=2, add_bias_kv=True, kdim=6, vdim=9,
+                                           batch_first=True), (3, 5, 2), {}, ("float_attn",)),
+    ("unbatched_bias_kv_zero_attn", dict(embed_dim=8, num_heads=2, add_bias_kv=True, add_zero_attn=True), (3, 5, None),
+     {}, ("float_attn",)),
+    ("causal_bias_kv", dict(embed_dim=8, num_heads=2, add_bias_kv=True, batch_first=True), (6, 6, 2),
+     dict(is_causal=True, need_weights=False), ("causal_attn",)),
+    ("causal_zero_attn_weights", dict(embed_dim=8, num_heads=2, add_zero_attn=True), (5, 5, 2),
+     dict(is_causal=True), ("causal_attn",)),
+    ("zero_attn_padded_row", dict(embed_dim=8, num_heads=2, add_zero_attn=True, batch_first=True), (3, 4, 2), {},
+     ("key_padding_all",)),
+    ("bias_kv_padded_row_kdim", dict(embed_dim=8, num_heads=4, add_bias_kv=True, kdim=5, vdim=5), (2, 4, 3), {},
+     ("key_padding_all", "float_attn")),
+    ("self_zero_attn_bool3d", dict(embed_dim=12, num_heads=2, add_zero_attn=True), (4, 4, 2), {}, ("bool3d_attn",)),
+    ("bias_kv_zero_attn_one_key", dict(embed_dim=4, num_heads=1, add_bias_kv=True, add_zero_attn=True), (1, 1, 1),
+     {}, ()),
+]
+
+
 if __name__ == "__main__":
     OUT = sys.argv[1]
     os.makedirs(OUT, exist_ok=True)
-    configs = CONFIGS + random_configs(44)
+    configs = CONFIGS + random_configs(44) + EXTRA_CONFIGS
     for i, (name, ctor, dims, fwd, masks) in enumerate(configs):
         make(name, ctor, dims, fwd, masks, 100 + i)
     print(f"wrote {len(configs)} fixtures to {OUT}")

@@ -1,8 +1,10 @@
 // MultiheadAttention::backward against torch.nn.MultiheadAttention's float64 autograd
 // (tests/fixtures/mha_grad, from tests/nn/make_torch_mha_grad_fixtures.py): self-attention
 // batch-first, cross-attention with kdim/vdim (separate projection weights), key padding +
-// float attn masks without bias, the is_causal hint, unbatched inputs, a 3-D bool mask, and 44
-// random configurations of those options (one key, one query, no batch dim among them).
+// float attn masks without bias, the is_causal hint, unbatched inputs, a 3-D bool mask, 44
+// random configurations of those options (one key, one query, no batch dim among them), and 11
+// with add_bias_kv and/or add_zero_attn (masks, kdim/vdim, batch_first, unbatched, the causal
+// hint, a batch entry whose keys are all padded, one key).
 // Criterion: every gradient within 1e-5 of its largest magnitude (float32 layer against
 // float64 torch; issue 15's f32 criterion; measured worst 3.1e-7).
 #include <gtest/gtest.h>
@@ -38,8 +40,8 @@ double relative_error(const Tensor& got, const Tensor& want, double floor) {
 
 TEST(MultiheadAttentionBackward, MatchesTorchAutograd) {
   const auto files = sdpa_fixtures::fixture_files(sdpa_fixtures::fixture_dir("mha_grad"));
-  ASSERT_EQ(files.size(), 50u);
-  double worst = 0.0;
+  ASSERT_EQ(files.size(), 61u);
+  double worst = 0.0, worst_extra = 0.0;  // all; those with add_bias_kv / add_zero_attn
   for (const auto& path : files) {
     SCOPED_TRACE(path.stem().string());
     const io::SafetensorsFile f = io::load_safetensors(path);
@@ -50,6 +52,8 @@ TEST(MultiheadAttentionBackward, MatchesTorchAutograd) {
     cfg.num_heads = c.at("num_heads");
     cfg.bias = c.value("bias", true);
     cfg.batch_first = c.value("batch_first", false);
+    cfg.add_bias_kv = c.value("add_bias_kv", false);
+    cfg.add_zero_attn = c.value("add_zero_attn", false);
     if (c.contains("kdim")) cfg.kdim = c.at("kdim").get<int64_t>();
     if (c.contains("vdim")) cfg.vdim = c.at("vdim").get<int64_t>();
     std::map<std::string, Tensor> sd;
@@ -77,6 +81,7 @@ TEST(MultiheadAttentionBackward, MatchesTorchAutograd) {
       const double e = relative_error(got, want, floor);
       EXPECT_LE(e, 1e-5) << what;
       worst = std::max(worst, e);
+      if (cfg.add_bias_kv || cfg.add_zero_attn) worst_extra = std::max(worst_extra, e);
     };
     if (same) {  // one tensor in three roles: torch's gradient is the sum
       const Tensor sum = Tensor::from_vector(
@@ -103,16 +108,21 @@ TEST(MultiheadAttentionBackward, MatchesTorchAutograd) {
     }
     EXPECT_EQ(params, static_cast<int>(g.params.size()));
   }
-  std::printf("MultiheadAttention.backward vs torch float64 autograd: worst %.2e of each gradient's scale\n", worst);
+  std::printf(
+      "MultiheadAttention.backward vs torch float64 autograd: worst %.2e of each gradient's scale (%.2e with "
+      "add_bias_kv / add_zero_attn)\n",
+      worst, worst_extra);
 }
 
-TEST(MultiheadAttentionBackward, UnsupportedOptionsAndShapesAreErrors) {
+TEST(MultiheadAttentionBackward, BadShapesAndQuantizedLayersAreErrors) {
   MultiheadAttentionConfig c;
-  c.embed_dim = 8, c.num_heads = 2, c.add_bias_kv = true;
+  c.embed_dim = 8, c.num_heads = 2, c.add_bias_kv = true, c.add_zero_attn = true;
   const Tensor x = Tensor::randn({3, 1, 8}, 1);
-  EXPECT_THROW((void)MultiheadAttention(c).backward(x, x, x, x), ValueError);
-  c.add_bias_kv = false;
   const MultiheadAttention m(c);
+  const MultiheadAttentionGradients g = m.backward(x, x, x, x);
+  EXPECT_EQ(g.params.at("bias_k").shape(), (Shape{1, 1, 8}));
+  EXPECT_EQ(g.params.at("bias_v").shape(), (Shape{1, 1, 8}));
+  EXPECT_EQ(g.params.size(), 6u);  // + in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias
   EXPECT_THROW((void)m.backward(x, x, x, Tensor::randn({3, 1, 4}, 2)), ShapeError);
   EXPECT_THROW((void)m.quantize_dynamic().backward(x, x, x, x), ValueError);
 }

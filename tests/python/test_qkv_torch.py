@@ -174,6 +174,8 @@ MHA_CASES = [
     ({"batch_first": True}, {"attn_mask": "float3d", "need_weights": False}),
     ({}, {"attn_mask": "causal", "is_causal": True, "need_weights": False}),
     ({}, {"unbatched": True, "attn_mask": "bool"}),
+    ({"add_bias_kv": True, "batch_first": True}, {"key_padding_mask": "bool"}),
+    ({"add_bias_kv": True, "add_zero_attn": True, "kdim": 6, "vdim": 5}, {"attn_mask": "bool"}),
 ]
 
 

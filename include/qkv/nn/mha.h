@@ -1,4 +1,4 @@
-// qkv::nn::MultiheadAttention: torch.nn.MultiheadAttention's semantics, inference only.
+// qkv::nn::MultiheadAttention: torch.nn.MultiheadAttention's semantics, forward and backward.
 //
 // Parameters and their state_dict names are PyTorch's:
 //   in_proj_weight [3E, E] (rows q | k | v) and in_proj_bias [3E] when kdim == vdim == E,
@@ -94,11 +94,13 @@ class MultiheadAttention {
   // Backward of forward(query, key, value, options): given grad_output = d loss / d output
   // (the output's shape), the gradients of the inputs and of every parameter, named as
   // torch.nn.MultiheadAttention's state_dict (in_proj_weight / q_proj_weight, k_proj_weight,
-  // v_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias). Every option of the
-  // forward but add_bias_kv and add_zero_attn (ValueError naming them): masks and
-  // is_causal are constants, dropout (training) is redrawn from dropout_seed. When query,
-  // key and value are one tensor (self-attention), its gradient is the sum of the three.
-  // Float32 layers only (ValueError when quantized). mha_backward.cc.
+  // v_proj_weight, in_proj_bias, bias_k, bias_v [1, 1, E], out_proj.weight, out_proj.bias).
+  // Every option of the forward: masks and is_causal are constants, dropout (training) is
+  // redrawn from dropout_seed; add_bias_kv's bias_k/bias_v get the sum over the batch of
+  // their appended key/value row's gradient; add_zero_attn's zero row is a constant (no
+  // parameter) that takes part in every softmax. When query, key and value are one tensor
+  // (self-attention), its gradient is the sum of the three. Float32 layers only
+  // (ValueError when quantized). mha_backward.cc.
   MultiheadAttentionGradients backward(const Tensor& query, const Tensor& key, const Tensor& value,
                                        const Tensor& grad_output, const MultiheadAttentionOptions& options = {}) const;
 
