@@ -12,6 +12,7 @@
 #include "array_like.h"
 #include "interrupt.h"
 #include "qkv/kv_cache.h"
+#include "qkv/rotary.h"
 #include "tensor_convert.h"
 
 namespace nb = nanobind;
@@ -46,9 +47,33 @@ nb::object decode(nb::handle q, const qkv::KVCache& cache, std::optional<double>
   return nb::make_tuple(to_array_like(r.output, q), to_array_like(*r.logsumexp, q));
 }
 
+nb::object rotary(nb::handle x, nb::handle positions, int64_t offset, double base, const std::string& layout,
+                  int64_t rotary_dim) {
+  qkv::RotaryOptions o;
+  if (layout != "neox" && layout != "gptj") {
+    throw nb::value_error(("apply_rotary: layout must be 'neox' or 'gptj', got '" + layout + "'").c_str());
+  }
+  o.layout = layout == "gptj" ? qkv::RotaryLayout::gptj : qkv::RotaryLayout::neox;
+  o.base = base, o.offset = offset, o.rotary_dim = rotary_dim;
+  o.positions = qkv::python::to_optional_tensor(positions, "apply_rotary: positions");
+  const qkv::Tensor tx = to_tensor(x, "apply_rotary: x");
+  qkv::Tensor out;
+  {
+    qkv::python::InterruptibleRelease release;
+    out = qkv::apply_rotary(tx, o);
+  }
+  return to_array_like(out, x);
+}
+
 }  // namespace
 
 void bind_decode(nb::module_& m) {
+  m.def("apply_rotary", &rotary, nb::arg("x"), nb::arg("positions").none() = nb::none(), nb::kw_only(),
+        nb::arg("offset") = 0, nb::arg("base") = 10000.0, nb::arg("layout") = "neox", nb::arg("rotary_dim") = 0,
+        "Rotary position embeddings on x [..., T, D]: pair i of the first rotary_dim features (0: all)\n"
+        "turns by position * base^(-2i / rotary_dim); layout 'neox' pairs (x[i], x[i + rotary_dim/2])\n"
+        "(Llama, GPT-NeoX), 'gptj' pairs (x[2i], x[2i+1]). Positions offset + t, or integer [T] / [B, T]\n"
+        "(for x [B, H, T, D]). Returns x's dtype and array type.");
   nb::class_<qkv::KVCache>(m, "KVCache",
                            "Keys [B, Hk, capacity, D] and values [B, Hk, capacity, Dv], allocated once (float32,\n"
                            "bfloat16 or float16), one length per sequence; append(k, v) writes after each\n"

@@ -62,3 +62,34 @@ def test_errors():
         qkv.decode_attention(np.zeros((1, 3, 1, 4)), cache)
     with pytest.raises(TypeError):
         qkv.KVCache(1, 2, 4, 3, dtype="int8")
+
+
+def llama_rope(x, pos, base, rd):
+    """Hugging Face Llama's apply_rotary_pos_emb (rotate_half), in NumPy."""
+    inv = 1.0 / base ** (np.arange(0, rd, 2) / rd)
+    emb = np.concatenate([np.outer(pos, inv)] * 2, -1)
+    xr = x[..., :rd]
+    half = np.concatenate([-xr[..., rd // 2:], xr[..., :rd // 2]], -1)
+    return np.concatenate([xr * np.cos(emb) + half * np.sin(emb), x[..., rd:]], -1)
+
+
+def gptj_rope(x, pos, base, rd):
+    """Hugging Face GPT-J's rotate_every_two, in NumPy."""
+    inv = 1.0 / base ** (np.arange(0, rd, 2) / rd)
+    ang = np.repeat(np.outer(pos, inv), 2, -1)
+    xr = x[..., :rd]
+    every_two = np.stack([-xr[..., 1::2], xr[..., ::2]], -1).reshape(xr.shape)
+    return np.concatenate([xr * np.cos(ang) + every_two * np.sin(ang), x[..., rd:]], -1)
+
+
+@pytest.mark.parametrize("layout,rd", [("neox", 0), ("neox", 8), ("gptj", 0), ("gptj", 12)])
+def test_rotary_matches_hugging_face_formulas(layout, rd):
+    x = rng.standard_normal((2, 3, 9, 16))
+    pos = np.arange(9) + 40
+    want = (llama_rope if layout == "neox" else gptj_rope)(x, pos, 10000.0, rd or 16)
+    np.testing.assert_allclose(qkv.apply_rotary(x, offset=40, layout=layout, rotary_dim=rd), want, atol=1e-12)
+    np.testing.assert_allclose(qkv.apply_rotary(x, pos, layout=layout, rotary_dim=rd), want, atol=1e-12)
+    ragged = qkv.apply_rotary(x, np.stack([pos, pos - 40]), layout=layout, rotary_dim=rd)
+    np.testing.assert_allclose(ragged[0], want[0], atol=1e-12)
+    with pytest.raises(ValueError, match="apply_rotary: layout must be 'neox' or 'gptj'"):
+        qkv.apply_rotary(x, layout="llama")
