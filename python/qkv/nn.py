@@ -138,9 +138,17 @@ class MultiheadAttention:
         return self.train(False)
 
     def forward(self, query: Any, key: Any, value: Any, key_padding_mask: Any = None, need_weights: bool = True,
-                attn_mask: Any = None, average_attn_weights: bool = True, is_causal: bool = False) -> tuple:
+                attn_mask: Any = None, average_attn_weights: bool = True, is_causal: bool = False,
+                cache: Any = None) -> tuple:
         """(attn_output, attn_output_weights or None), as torch: output [L, N, E] ([N, L, E] with
-        batch_first), weights [N, L, S] averaged over heads or [N, H, L, S]."""
+        batch_first), weights [N, L, S] averaged over heads or [N, H, L, S]. With cache=qkv.KVCache
+        ([N, H, capacity, E/H]): self-attention of the new tokens `query` (key and value must be
+        the same array) appended to the cache, causal over everything cached (prefill, then
+        decode token by token; docs/decode.md); returns (output, None)."""
+        if cache is not None:
+            if key is not query or value is not query:
+                raise ValueError("MultiheadAttention.forward: with a cache, key and value must be the query itself")
+            return _like(self._layer.forward_cached(_array(query), cache), query), None
         q, k, v = _array(query), _array(key), _array(value)
         k = q if key is query else k
         v = q if value is query else (k if value is key else v)
@@ -171,13 +179,15 @@ class KerasMultiHeadAttention:
 
     def __init__(self, num_heads: int, key_dim: int, value_dim: int | None = None, use_bias: bool = True,
                  output_shape: int | Sequence[int] | None = None,
-                 attention_axes: int | Sequence[int] | None = None, dropout: float = 0.0) -> None:
+                 attention_axes: int | Sequence[int] | None = None, dropout: float = 0.0,
+                 sliding_window: int | None = None, use_gate: bool = False) -> None:
         # None, an int or a sequence of ints: the binding checks them (errors name the argument)
         self._layer = _nn._KerasMultiHeadAttention(num_heads, key_dim, value_dim, use_bias, output_shape,
-                                                   attention_axes, dropout)
+                                                   attention_axes, dropout, sliding_window, use_gate)
         self.num_heads, self.key_dim = num_heads, key_dim
         self.value_dim = value_dim if value_dim is not None else key_dim
         self.use_bias, self.output_shape, self.attention_axes = use_bias, output_shape, attention_axes
+        self.sliding_window, self.use_gate = sliding_window, use_gate
 
     def _new_from_weights(cls, weights: Sequence[Any] | Mapping[str, Any], num_heads: int | None = None,
                           key_dim: int | None = None, *, layer: str | None = None,
@@ -186,11 +196,12 @@ class KerasMultiHeadAttention:
         weights: the list of layer.get_weights(), or a dict: qkv.load of any weight file (Keras 3
         .weights.h5 / .keras, tf.keras .h5, TF checkpoint, safetensors; the one MultiHeadAttention
         layer, or the one named `layer`) or variable paths ("mha/query/kernel", ...). With a dict,
-        num_heads, key_dim, value_dim, use_bias and output_shape default to what the kernels say.
+        num_heads, key_dim, value_dim, use_bias, output_shape and use_gate default to what the kernels
+        say.
         layer.from_weights(weights): loads into this layer, returns it."""
         if isinstance(weights, Mapping):
             found, implied = _nn._keras_mha_weights(_arrays(weights), layer or "")
-            for name in ("value_dim", "use_bias", "output_shape"):
+            for name in ("value_dim", "use_bias", "output_shape", "use_gate"):
                 kwargs.setdefault(name, implied[name])
             num_heads = implied["num_heads"] if num_heads is None else num_heads
             key_dim = implied["key_dim"] if key_dim is None else key_dim

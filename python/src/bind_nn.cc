@@ -15,6 +15,7 @@
 #include "args.h"
 #include "array_like.h"
 #include "interrupt.h"
+#include "qkv/kv_cache.h"
 #include "qkv/nn/keras_layers.h"
 #include "qkv/nn/keras_mha.h"
 #include "qkv/nn/keras_weights.h"
@@ -182,6 +183,18 @@ void bind_torch_flavour(nb::module_& nn) {
       .def("backward", &torch_backward, nb::arg("query"), nb::arg("key"), nb::arg("value"), nb::arg("grad_output"),
            nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
            nb::arg("attn_mask").none() = nb::none(), nb::arg("is_causal") = false)
+      .def(
+          "forward_cached",
+          [](const qkv::nn::MultiheadAttention& m, nb::handle x, qkv::KVCache& cache) {
+            const Tensor t = to_tensor(x, "MultiheadAttention.forward: query");
+            qkv::nn::MultiheadAttentionResult r;
+            {
+              qkv::python::InterruptibleRelease release;
+              r = m.forward(t, cache);
+            }
+            return to_numpy(r.output);
+          },
+          nb::arg("x"), nb::arg("cache"))
       .def("quantize_dynamic", &qkv::nn::MultiheadAttention::quantize_dynamic)
       .def("quantize_static", &quantize_static, nb::arg("batches"), nb::arg("observer") = "minmax",
            nb::arg("percentile") = 99.99)
@@ -200,7 +213,7 @@ void bind_torch_flavour(nb::module_& nn) {
 
 qkv::nn::KerasMultiHeadAttention make_keras(nb::handle num_heads, nb::handle key_dim, nb::handle value_dim,
                                             nb::handle use_bias, nb::handle output_shape, nb::handle attention_axes,
-                                            nb::handle dropout) {
+                                            nb::handle dropout, nb::handle sliding_window, nb::handle use_gate) {
   const CtorArgs a{"KerasMultiHeadAttention"};
   qkv::nn::KerasMultiHeadAttentionConfig c;
   c.num_heads = a.size(num_heads, "num_heads");
@@ -210,6 +223,8 @@ qkv::nn::KerasMultiHeadAttention make_keras(nb::handle num_heads, nb::handle key
   c.output_shape = a.sizes(output_shape, "output_shape");
   c.attention_axes = a.sizes(attention_axes, "attention_axes");
   c.dropout = a.real(dropout, "dropout");
+  c.sliding_window = a.optional_size(sliding_window, "sliding_window");
+  c.use_gate = a.flag(use_gate, "use_gate");
   return qkv::nn::KerasMultiHeadAttention(c);
 }
 
@@ -267,7 +282,8 @@ void bind_keras_flavour(nb::module_& nn) {
       .def(nb::new_(&make_keras), nb::arg("num_heads").none(), nb::arg("key_dim").none(),
            nb::arg("value_dim").none() = nb::none(), nb::arg("use_bias").none() = true,
            nb::arg("output_shape").none() = nb::none(), nb::arg("attention_axes").none() = nb::none(),
-           nb::arg("dropout").none() = 0.0)
+           nb::arg("dropout").none() = 0.0, nb::arg("sliding_window").none() = nb::none(),
+           nb::arg("use_gate").none() = false)
       .def("set_weights",
            [](qkv::nn::KerasMultiHeadAttention& m, nb::handle weights) {
              std::vector<Tensor> ws;
@@ -311,6 +327,7 @@ void bind_keras_flavour(nb::module_& nn) {
         config["key_dim"] = c.key_dim;
         config["value_dim"] = c.value_dim ? nb::cast(*c.value_dim) : nb::none();
         config["use_bias"] = c.use_bias;
+        config["use_gate"] = c.use_gate;
         config["output_shape"] = c.output_shape.empty() ? nb::none() : nb::cast(c.output_shape);
         return nb::make_tuple(to_dict(w), config);
       },

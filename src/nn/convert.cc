@@ -52,6 +52,10 @@ bool keras_has_biases(const std::map<std::string, Tensor>& w, const std::string&
 }  // namespace
 
 std::map<std::string, Tensor> keras_mha_to_torch(const std::map<std::string, Tensor>& w, const std::string& layer) {
+  if (w.count(std::string(kKerasMhaGatePart) + "/kernel")) {
+    fail<ValueError>("keras_to_torch: ", label(layer),
+                     " has a gate (Keras' use_gate); torch.nn.MultiheadAttention has no such layer");
+  }
   const Tensor& qk = need(w, layer, "query/kernel");  // [E, N, H]
   if (qk.dim() != 3)
     fail<ValueError>("keras_to_torch: ", label(layer), ": query kernel ", shape_str(qk.shape()), " is not [E, N, H]");
@@ -229,9 +233,9 @@ std::map<std::string, Tensor> keras_to_torch_state_dict(const KerasMultiHeadAtte
                      " attention_axes");
   }
   const std::vector<Tensor> w = layer.get_weights();  // get_weights() order, biases only with use_bias
+  const std::vector<std::string> names = keras_mha_weight_names(c.use_bias, c.use_gate);
   std::map<std::string, Tensor> named;
-  const size_t step = c.use_bias ? 1 : 2;
-  for (size_t i = 0; i < w.size(); ++i) named[kKerasMhaWeightNames[i * step]] = w[i];
+  for (size_t i = 0; i < w.size(); ++i) named[names[i]] = w[i];  // a gate: ValueError in keras_mha_to_torch
   return keras_mha_to_torch(named, "");
 }
 

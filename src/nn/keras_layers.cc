@@ -28,7 +28,8 @@ std::string join(const std::vector<std::string>& parts, size_t n) {
   return out;
 }
 
-// "query_dense" / "_query_dense" / "query" -> "query"; "" when not an MHA sublayer.
+// "query_dense" / "_query_dense" / "query" -> "query"; "" when not an MHA sublayer. Keras
+// 3.15's use_gate adds "_gate_dense" (Keras 3 paths keep its underscore) / "gate".
 std::string mha_part(std::string s) {
   if (s.starts_with("_")) s.erase(0, 1);
   if (s == "output_dense") return "attention_output";
@@ -36,7 +37,7 @@ std::string mha_part(std::string s) {
   for (const char* p : kKerasMhaParts) {
     if (s == p) return s;
   }
-  return "";
+  return s == kKerasMhaGatePart ? s : "";
 }
 
 // (layer, weight) of one variable name or path; weight "" when it is not a layer weight.
@@ -139,6 +140,7 @@ std::map<std::string, Tensor> keras3_paths(const LayerWeights& layers) {
       const std::string idx = var == "kernel" ? "0" : var == "bias" ? "1" : var;
       const std::string sub = part.empty() || part == "vars" ? ""
                               : part == "attention_output"   ? "/output_dense"
+                              : part == kKerasMhaGatePart    ? "/_gate_dense"  // as Keras 3.15 saves it
                                                              : "/" + part + "_dense";
       out["layers/" + layer + sub + "/vars/" + idx] = t;
     }

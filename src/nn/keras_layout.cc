@@ -96,7 +96,7 @@ int64_t mha_layer(const std::string& name, const std::map<std::string, Tensor>& 
   c["value_dim"] = v.size(2);
   c["dropout"] = 0.0;
   c["use_bias"] = w.count("query/bias") != 0;
-  c["use_gate"] = false;
+  c["use_gate"] = w.count(std::string(kKerasMhaGatePart) + "/kernel") != 0;
   c["output_shape"] = out == dim ? ojson(nullptr) : ojson::array({out});
   c["attention_axes"] = nullptr;
   c["sliding_window"] = nullptr;
@@ -152,7 +152,7 @@ std::vector<std::string> keras_weight_order(const std::map<std::string, Tensor>&
   auto take = [&](const std::string& n) {
     if (weights.count(n) && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
   };
-  for (const char* part : kKerasMhaParts) {
+  for (const char* part : {"query", "key", kKerasMhaGatePart, "value", "attention_output"}) {
     take(std::string(part) + "/kernel");
     take(std::string(part) + "/bias");
   }
@@ -223,8 +223,8 @@ TfKerasCheckpoint tf_keras_checkpoint_keys(const LayerWeights& layers, const std
     for (const auto& [w, t] : weights) {
       const auto slash = w.rfind('/');
       const std::string part = slash == std::string::npos ? "" : w.substr(0, slash);
-      const bool sub =
-          std::find(std::begin(kKerasMhaParts), std::end(kKerasMhaParts), part) != std::end(kKerasMhaParts);
+      const bool sub = part == kKerasMhaGatePart || std::find(std::begin(kKerasMhaParts), std::end(kKerasMhaParts),
+                                                              part) != std::end(kKerasMhaParts);
       const std::string path = sub ? tf_keras_sublayer(part) + "/" + w.substr(slash + 1) : w;
       const std::string key = base + path + "/.ATTRIBUTES/VARIABLE_VALUE";
       out.tensors[key] = t;

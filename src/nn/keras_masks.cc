@@ -1,6 +1,8 @@
 #include "nn/keras_masks.h"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 
 #include "qkv/error.h"
 
@@ -40,16 +42,42 @@ Tensor causal_mask(int64_t t, int64_t s) {
   return m;
 }
 
+// [1, T, S]: |row - col| < w (Keras' _compute_sliding_window_mask over axis 1).
+Tensor sliding_window_mask(int64_t t, int64_t s, int64_t w) {
+  Tensor m = Tensor::empty({1, t, s}, DType::b8);
+  bool* p = m.data<bool>();
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = 0; j < s; ++j) p[i * s + j] = (i > j ? i - j : j - i) < w;
+  }
+  return m;
+}
+
+// Keras builds the window from axis 1's lengths whatever the attention axes: it is the
+// window over the attended axis only when that is axis 1 alone (on others Keras raises, or
+// masks axis-1 positions of another axis when the lengths happen to agree).
+void check_window_axes(const KerasAxes& axes, const Tensor& query, int64_t w) {
+  if (axes.attention == std::vector<int64_t>{1}) return;
+  std::string list;
+  for (int64_t a : axes.attention) list += (list.empty() ? "" : ", ") + std::to_string(a);
+  fail<ValueError>("KerasMultiHeadAttention: sliding_window=", w, " with attention over the axes (", list,
+                   ") of a query ", shape_str(query.shape()),
+                   " is not supported: Keras 3.15 builds the window from axis 1's lengths only (it raises or masks "
+                   "the wrong axis there); use attention_axes=(1,) or no sliding_window");
+}
+
 }  // namespace
 
 std::optional<Tensor> keras_attention_mask(const Tensor& query, const Tensor& value,
-                                           const KerasMultiHeadAttentionOptions& o, const KerasAxes& axes) {
+                                           const KerasMultiHeadAttentionOptions& o, const KerasAxes& axes,
+                                           std::optional<int64_t> sliding_window) {
+  if (sliding_window) check_window_axes(axes, query, *sliding_window);
   std::optional<Tensor> m;
   auto add = [&](const Tensor& t) { m = m ? and_broadcast(*m, t) : t; };
   if (o.query_mask) add(as_bool(*o.query_mask).unsqueeze(-1));  // [B, T, 1]
   if (o.value_mask) add(as_bool(*o.value_mask).unsqueeze(-2));  // [B, 1, S]
   if (o.key_mask) add(as_bool(*o.key_mask).unsqueeze(-2));      // [B, 1, S]
   if (o.use_causal_mask) add(causal_mask(query.size(1), value.size(1)));
+  if (sliding_window) add(sliding_window_mask(query.size(1), value.size(1), *sliding_window));
   if (o.attention_mask) add(as_bool(*o.attention_mask));
   if (!m) return std::nullopt;
   const int64_t k = static_cast<int64_t>(axes.attention.size());
@@ -105,6 +133,25 @@ void fill_fully_masked_rows(const Tensor& mask, const Tensor& v, const Tensor& o
     if (scores)
       std::fill(scores->data<float>() + r * s, scores->data<float>() + (r + 1) * s, 1.0f / static_cast<float>(s));
   }
+}
+
+Tensor keras_gate(const Linear& gate, const Tensor& query) {
+  Tensor g = gate.forward(query).contiguous();  // f32 [B, A.., N*vd]
+  float* p = g.data<float>();
+  for (int64_t i = 0; i < g.numel(); ++i) p[i] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(p[i]))));
+  return g;
+}
+
+Tensor multiply(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) {
+    fail<ShapeError>("KerasMultiHeadAttention: ", shape_str(a.shape()), " * ", shape_str(b.shape()));
+  }
+  Tensor out = a.to(DType::f32).contiguous().clone();
+  const Tensor y = b.to(DType::f32).contiguous();
+  float* p = out.data<float>();
+  const float* q = y.data<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) p[i] *= q[i];
+  return out;
 }
 
 }  // namespace qkv::nn::detail

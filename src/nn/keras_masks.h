@@ -30,8 +30,16 @@ Tensor from_attention_layout(const Tensor& x, const Shape& input, const KerasAxe
 // The combined Keras mask (bool, True = attend), reshaped for scaled_dot_product_attention:
 // [mask batch..., 1 (heads), T, S] with the mask batch dims aligned to the left of
 // [batch axes..., N] as Keras' expand_dims at the heads axis does. nullopt when no mask.
+// sliding_window w adds Keras' band [1, T, S] |row - col| < w over axis 1 (ValueError unless
+// axis 1 is the only attention axis).
 std::optional<Tensor> keras_attention_mask(const Tensor& query, const Tensor& value,
-                                           const KerasMultiHeadAttentionOptions& options, const KerasAxes& axes);
+                                           const KerasMultiHeadAttentionOptions& options, const KerasAxes& axes,
+                                           std::optional<int64_t> sliding_window = std::nullopt);
+
+// use_gate: sigmoid(gate.forward(query)) [B, A.., N*vd], f32 contiguous.
+Tensor keras_gate(const Linear& gate, const Tensor& query);
+// a * b elementwise (one shape), f32 contiguous.
+Tensor multiply(const Tensor& a, const Tensor& b);
 
 // Rows of `mask` (broadcast to [batch..., N, T, S]) with no key left get Keras' uniform
 // softmax: out[.., t, :] = mean over keys of v, scores[.., t, :] = 1/S.

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
+#include <string>
 #include <utility>
 
 #include "nn/keras_masks.h"
@@ -15,7 +17,6 @@ namespace qkv::nn {
 namespace {
 
 constexpr const char* kOp = "KerasMultiHeadAttention";
-const auto& kNames = kKerasMhaWeightNames;
 
 Tensor glorot(const Shape& shape, uint64_t seed) {
   const int64_t rfs = shape_numel(Shape(shape.begin(), shape.end() - 2));
@@ -65,58 +66,85 @@ KerasMultiHeadAttention::KerasMultiHeadAttention(const KerasMultiHeadAttentionCo
   if (!(config.dropout >= 0 && config.dropout <= 1)) {  // NaN too; Keras' Dropout refuses the same
     fail<ValueError>(kOp, ": dropout must be in [0, 1], got ", config.dropout);
   }
+  if (config.sliding_window && *config.sliding_window <= 0) {  // Keras' own check
+    fail<ValueError>(kOp, ": sliding_window must be None or a positive integer, got ", *config.sliding_window);
+  }
+}
+
+std::vector<std::string> keras_mha_weight_names(bool use_bias, bool use_gate) {
+  std::vector<std::string> out;
+  for (const std::string part : {"query", "key", "gate", "value", "attention_output"}) {
+    if (part == "gate" && !use_gate) continue;
+    out.push_back(part + "/kernel");
+    if (use_bias) out.push_back(part + "/bias");
+  }
+  return out;
 }
 
 void KerasMultiHeadAttention::set_weights(const std::vector<Tensor>& weights) {
-  const bool bias = config_.use_bias;
-  if (weights.size() != (bias ? 8u : 4u)) {
-    fail<ValueError>(kOp, ": expected ", bias ? 8 : 4, " weights (get_weights() order), got ", weights.size());
+  const std::vector<std::string> names = keras_mha_weight_names(config_.use_bias, config_.use_gate);
+  if (weights.size() != names.size()) {
+    std::string list;
+    for (const std::string& name : names) list += (list.empty() ? "" : ", ") + name;
+    fail<ValueError>(kOp, ": expected ", names.size(), " weights (get_weights() order: ", list, "), got ",
+                     weights.size());
   }
+  std::map<std::string, const Tensor*> w;
+  for (size_t i = 0; i < names.size(); ++i) w[names[i]] = &weights[i];
   const int64_t n = config_.num_heads, kd = config_.key_dim, vd = config_.value_dim.value_or(kd);
-  auto w = [&](int i) -> const Tensor& { return weights[static_cast<size_t>(bias ? i : i / 2)]; };
-  auto kernel = [&](int i, int64_t d) {
-    const Tensor& k = w(i);
-    const std::string what = std::string(kOp) + ": " + kNames[i];
+  auto kernel = [&](const std::string& part, int64_t d) {
+    const Tensor& k = *w.at(part + "/kernel");
+    const std::string what = std::string(kOp) + ": " + part + "/kernel";
     if (k.dim() != 3) fail<ShapeError>(what, ": expected [dim, ", n, ", ", d, "], got ", shape_str(k.shape()));
     return parameter(k, {k.size(0), n, d}, what.c_str());
   };
-  const Tensor qk = kernel(0, kd), kk = kernel(2, kd), vk = kernel(4, vd);
-  const Tensor& ok = w(6);
+  auto bias = [&](const std::string& part, const Shape& shape) -> std::optional<Tensor> {
+    if (!config_.use_bias) return std::nullopt;
+    return parameter(*w.at(part + "/bias"), shape, (std::string(kOp) + ": " + part + "/bias").c_str());
+  };
+  const Tensor qk = kernel("query", kd), kk = kernel("key", kd), vk = kernel("value", vd);
+  const Tensor& ok = *w.at("attention_output/kernel");
   Shape out_shape = config_.output_shape;
   if (out_shape.empty() && ok.dim() >= 3) out_shape.assign(ok.shape().begin() + 2, ok.shape().end());
   Shape ok_shape{n, vd};
   ok_shape.insert(ok_shape.end(), out_shape.begin(), out_shape.end());
   const Tensor okp = parameter(ok, ok_shape, "KerasMultiHeadAttention: attention_output/kernel");
-  std::vector<std::optional<Tensor>> b(4);
-  if (bias) {
-    b[0] = parameter(w(1), {n, kd}, "KerasMultiHeadAttention: query/bias");
-    b[1] = parameter(w(3), {n, kd}, "KerasMultiHeadAttention: key/bias");
-    b[2] = parameter(w(5), {n, vd}, "KerasMultiHeadAttention: value/bias");
-    b[3] = parameter(w(7), out_shape, "KerasMultiHeadAttention: attention_output/bias");
+  Linear gate;
+  if (config_.use_gate) {
+    const Tensor gk = kernel("gate", vd);
+    if (gk.size(0) != qk.size(0)) {
+      fail<ShapeError>(kOp, ": gate/kernel ", shape_str(gk.shape()), " must take the query's ", qk.size(0),
+                       " features (query/kernel ", shape_str(qk.shape()), ")");
+    }
+    gate = Linear::keras(gk, bias("gate", {n, vd}));
   }
-  query_ = Linear::keras(qk, b[0]);
-  key_ = Linear::keras(kk, b[1]);
-  value_ = Linear::keras(vk, b[2]);
-  output_ = Linear::keras(okp, b[3], 2);
+  query_ = Linear::keras(qk, bias("query", {n, kd}));
+  key_ = Linear::keras(kk, bias("key", {n, kd}));
+  value_ = Linear::keras(vk, bias("value", {n, vd}));
+  output_ = Linear::keras(okp, bias("attention_output", out_shape), 2);
+  gate_ = gate;
   config_.output_shape = out_shape;
   weights_.clear();
-  for (int i = 0; i < 8; ++i) {
-    if (i % 2 == 1 && !bias) continue;
-    weights_.push_back(w(i).to(DType::f32).contiguous());
-  }
+  for (const Tensor& t : weights) weights_.push_back(t.to(DType::f32).contiguous());
 }
 
 void KerasMultiHeadAttention::load_weights(const std::map<std::string, Tensor>& weights, const std::string& layer) {
   const std::map<std::string, Tensor> w = keras_mha_weights(weights, layer);
+  if (!config_.use_gate && w.count("gate/kernel")) {
+    fail<ValueError>(kOp, ": the weights have a gate (gate/kernel ", shape_str(w.at("gate/kernel").shape()),
+                     "): use_gate=True for a layer with one");
+  }
   std::vector<Tensor> list;
-  for (int i = 0; i < 8; ++i) {
-    if (i % 2 == 1 && !config_.use_bias) continue;
-    const auto it = w.find(kNames[i]);
+  for (const std::string& name : keras_mha_weight_names(config_.use_bias, config_.use_gate)) {
+    const auto it = w.find(name);
     if (it == w.end()) {
       std::string found;
-      for (const auto& [name, t] : w) found += (found.empty() ? "" : ", ") + name + " " + shape_str(t.shape());
-      fail<ValueError>(kOp, ": no weight named \"", kNames[i], "\" (or \".../", kNames[i], "\"); the layer has ", found,
-                       config_.use_bias && i % 2 == 1 ? " (use_bias=False for a layer without biases)" : "");
+      for (const auto& [have, t] : w) found += (found.empty() ? "" : ", ") + have + " " + shape_str(t.shape());
+      const bool bias = name.ends_with("/bias");
+      fail<ValueError>(kOp, ": no weight named \"", name, "\" (or \".../", name, "\"); the layer has ", found,
+                       bias                        ? " (use_bias=False for a layer without biases)"
+                       : name.starts_with("gate/") ? " (use_gate=False for a layer without a gate)"
+                                                   : "");
     }
     list.push_back(it->second);
   }
@@ -131,11 +159,16 @@ void KerasMultiHeadAttention::build(int64_t query_dim, int64_t value_dim, int64_
   Shape out_shape = config_.output_shape.empty() ? Shape{query_dim} : config_.output_shape;
   Shape ok_shape{n, vd};
   ok_shape.insert(ok_shape.end(), out_shape.begin(), out_shape.end());
-  std::vector<Tensor> w{glorot({query_dim, n, kd}, seed),     Tensor::zeros({n, kd}),
-                        glorot({key_dim, n, kd}, seed + 1),   Tensor::zeros({n, kd}),
-                        glorot({value_dim, n, vd}, seed + 2), Tensor::zeros({n, vd}),
-                        glorot(ok_shape, seed + 3),           Tensor::zeros(out_shape)};
-  if (!config_.use_bias) w = {w[0], w[2], w[4], w[6]};
+  std::vector<Tensor> w{glorot({query_dim, n, kd}, seed), Tensor::zeros({n, kd}), glorot({key_dim, n, kd}, seed + 1),
+                        Tensor::zeros({n, kd})};
+  if (config_.use_gate) w.insert(w.end(), {glorot({query_dim, n, vd}, seed + 4), Tensor::zeros({n, vd})});
+  w.insert(w.end(), {glorot({value_dim, n, vd}, seed + 2), Tensor::zeros({n, vd}), glorot(ok_shape, seed + 3),
+                     Tensor::zeros(out_shape)});
+  if (!config_.use_bias) {
+    std::vector<Tensor> kernels;
+    for (size_t i = 0; i < w.size(); i += 2) kernels.push_back(w[i]);
+    w = kernels;
+  }
   set_weights(w);
 }
 
@@ -226,7 +259,7 @@ KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& que
   const Tensor k = detail::to_attention_layout(key_.forward(key), n, axes);      // [batch.., N, S, kd]
   const Tensor v = detail::to_attention_layout(value_.forward(value), n, axes);  // [batch.., N, S, vd]
   AttentionOptions ao;
-  ao.attn_mask = detail::keras_attention_mask(query, value, o, axes);  // [mb.., 1, T, S] bool
+  ao.attn_mask = detail::keras_attention_mask(query, value, o, axes, config_.sliding_window);  // [mb.., 1, T, S]
   ao.scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim));
   ao.return_weights = o.return_attention_scores;
   if (training && config_.dropout > 0) {
@@ -241,7 +274,8 @@ KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& que
   // averages the values on its fused dot_product_attention path (the rest): follow it.
   const bool keras_fused_path = !o.return_attention_scores && rank == 3 && config_.dropout == 0;
   if (ao.attn_mask && keras_fused_path) detail::fill_fully_masked_rows(*ao.attn_mask, v, out, scores);
-  const Tensor heads = detail::from_attention_layout(out, query.shape(), axes);  // [B, A.., N*vd]
+  Tensor heads = detail::from_attention_layout(out, query.shape(), axes);                   // [B, A.., N*vd]
+  if (config_.use_gate) heads = detail::multiply(heads, detail::keras_gate(gate_, query));  // Keras' use_gate
   Shape out_shape(query.shape().begin(), query.shape().end() - 1);
   out_shape.insert(out_shape.end(), config_.output_shape.begin(), config_.output_shape.end());
   KerasMultiHeadAttentionResult result;

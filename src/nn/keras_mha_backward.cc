@@ -4,6 +4,8 @@
 // reshaped back to Keras' axes); attention is the fused scaled_dot_product_attention_backward.
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "nn/keras_masks.h"
@@ -65,6 +67,21 @@ Tensor sum(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+// B5g: use_gate's gated = heads * gate, gate = sigmoid(z), z = gate_dense.forward(query), all
+// [B, A.., N*vd]. Given dgated, puts the gate dense's gradients (dz = dgated * heads * gate *
+// (1 - gate)) into `weights`, turns dgated into d heads (dgated * gate), returns d query.
+Tensor gate_backward(const Linear& gate_dense, const Tensor& query, Tensor& dgated, const Tensor& heads,
+                     const Tensor& gate, std::map<std::string, Tensor>& weights, int64_t heads_n, int64_t vd) {
+  Tensor dz = detail::multiply(dgated, heads);
+  float* p = dz.data<float>();
+  const float* s = gate.data<float>();
+  for (int64_t i = 0; i < dz.numel(); ++i) p[i] *= s[i] * (1.0f - s[i]);
+  const LinearGradients gg = gate_dense.backward(query, dz);
+  put_weights(weights, "gate", gg, {query.size(-1), heads_n, vd}, {heads_n, vd});
+  dgated = detail::multiply(dgated, gate);
+  return gg.dx;
+}
+
 }  // namespace
 
 KerasMultiHeadAttentionGradients KerasMultiHeadAttention::backward(const Tensor& query, const Tensor& value,
@@ -84,7 +101,7 @@ KerasMultiHeadAttentionGradients KerasMultiHeadAttention::backward(const Tensor&
                v = detail::to_attention_layout(vp, n, axes);
   // F3: attention with the forward's mask, scale and dropout (same seed)
   AttentionOptions ao;
-  ao.attn_mask = detail::keras_attention_mask(query, value, o, axes);  // [mb.., 1, T, S] bool
+  ao.attn_mask = detail::keras_attention_mask(query, value, o, axes, config_.sliding_window);  // [mb.., 1, T, S]
   ao.scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim));
   ao.return_logsumexp = true;
   if (training && config_.dropout > 0) {
@@ -100,19 +117,26 @@ KerasMultiHeadAttentionGradients KerasMultiHeadAttention::backward(const Tensor&
     detail::fill_fully_masked_rows(*ao.attn_mask, v, out, std::nullopt);
   }
   // F5: heads merged back to the query's layout                 [B, A.., N*vd]
-  const Tensor heads = detail::from_attention_layout(out, query.shape(), axes);
-  // F6: output projection: output = heads W_o + b_o, viewed as [B, A.., *output_shape] (not needed)
-
+  const Tensor heads = detail::from_attention_layout(out, query.shape(), axes).contiguous();
+  // F5g (use_gate): gated = heads * gate, gate = sigmoid(query W_g + b_g)   [B, A.., N*vd]
+  const Tensor gate = config_.use_gate ? detail::keras_gate(gate_, query) : Tensor();
+  const Tensor gated = config_.use_gate ? detail::multiply(heads, gate) : heads;
+  // F6: output projection: output = gated W_o + b_o, viewed as [B, A.., *output_shape] (not needed)
   KerasMultiHeadAttentionGradients g;
   const int64_t kd = config_.key_dim, vd = config_.value_dim.value_or(kd);
-  // B6 (F6): the output dense's gradients, and d heads            [B, A.., N*vd]
+  // B6 (F6): the output dense's gradients, and d gated            [B, A.., N*vd]
   const Tensor dy = grad_output.reshape(Shape{shape_numel(heads.shape()) / heads.size(-1), output_.out_features()});
-  const LinearGradients go = output_.backward(heads.reshape({dy.size(0), heads.size(-1)}), dy);
+  const LinearGradients go = output_.backward(gated.reshape({dy.size(0), heads.size(-1)}), dy);
   Shape ok_shape{n, vd};
   ok_shape.insert(ok_shape.end(), config_.output_shape.begin(), config_.output_shape.end());
   put_weights(g.weights, "attention_output", go, ok_shape, Shape(config_.output_shape));
+  // B5g (F5g): the gate dense's gradients; d heads = d gated * gate
+  Tensor dheads = go.dx.view(heads.shape());
+  const std::optional<Tensor> dquery_gate =
+      config_.use_gate ? std::optional(gate_backward(gate_, query, dheads, heads, gate, g.weights, n, vd))
+                       : std::nullopt;
   // B5 (F5): the merge is a permutation: split the gradient the same way  [batch.., N, T, vd]
-  const Tensor dout = detail::to_attention_layout(go.dx.view(heads.shape()), n, axes).contiguous();
+  const Tensor dout = detail::to_attention_layout(dheads, n, axes).contiguous();
   // B3 (F3): the fused attention backward from F3's output and logsumexp (fully masked rows: 0)
   const AttentionGradients ga = scaled_dot_product_attention_backward(q, k, v, r.output, dout, *r.logsumexp, ao);
   Tensor dv = ga.dv.contiguous();  // [batch.., N, S, vd]
@@ -134,8 +158,8 @@ KerasMultiHeadAttentionGradients KerasMultiHeadAttention::backward(const Tensor&
   // sums to 0), so its gradient is exactly 0; B1's sum of dk would be float32 noise around it.
   if (gk.dbias) g.weights["key/bias"] = Tensor::zeros({n, kd});
   put_weights(g.weights, "value", gv, {value.size(-1), n, vd}, {n, vd});
-  g.query = gq.dx;
-  g.value = o.key ? gv.dx : sum(gv.dx, gk.dx);  // no key: the value is also the key, both uses add
+  g.query = dquery_gate ? sum(gq.dx, *dquery_gate) : gq.dx;  // use_gate: the query also feeds the gate
+  g.value = o.key ? gv.dx : sum(gv.dx, gk.dx);               // no key: the value is also the key, both uses add
   if (o.key) g.key = gk.dx;
   return g;
 }

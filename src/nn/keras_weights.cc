@@ -29,6 +29,7 @@ KerasMultiHeadAttentionConfig keras_mha_config(const std::map<std::string, Tenso
   c.key_dim = q->size(2);
   if (v->size(2) != c.key_dim) c.value_dim = v->size(2);
   c.use_bias = find(w, "query/bias") != nullptr;
+  c.use_gate = find(w, "gate/kernel") != nullptr;  // Keras 3.15's use_gate
   const Shape out(o->shape().begin() + 2, o->shape().end());
   if (out != Shape{q->size(0)}) c.output_shape = out;
   return c;
@@ -52,7 +53,7 @@ std::string listing(const std::map<std::string, Tensor>& tensors) {
 std::map<std::string, Tensor> keras_mha_weights(const std::map<std::string, Tensor>& tensors,
                                                 const std::string& layer) {
   LayerWeights layers = keras_layer_weights(tensors);
-  for (const char* n : kKerasMhaWeightNames) {  // one layer's get_weights by name: the layer ""
+  for (const std::string& n : keras_mha_weight_names(true, true)) {  // one layer's weights by name: layer ""
     if (tensors.count(n)) layers[""][n] = tensors.at(n);
   }
   std::vector<std::string> hits;

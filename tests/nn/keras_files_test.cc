@@ -122,4 +122,53 @@ TEST(LayerFiles, SeveralLayersNeedANameAndMissingOnesListWhatWasFound) {
                     "no <prefix>out_proj.weight); the keys: dense.weight [1, 3]");
 }
 
+// Keras 3.15's use_gate: Keras' own weight file of a gated layer (its gate saved as
+// layers/multi_head_attention/_gate_dense/vars/0) loads into a layer whose use_gate comes from the
+// weights and gives Keras' output (mha_keras/gate_window: gate, sliding_window=3, causal, masks),
+// and every Keras format qkv writes keeps the gate (between key and value in Keras' order).
+TEST(LayerFiles, KerasGateWeightsLoadAndRoundTrip) {
+  const Fixture fx = load_fixture(fixture_dir("mha_keras") / "gate_window.safetensors");
+  const auto check = [&](const std::map<std::string, Tensor>& tensors) {
+    const auto w = nn::keras_mha_weights(tensors);
+    nn::KerasMultiHeadAttentionConfig c = nn::keras_mha_config(w);
+    EXPECT_TRUE(c.use_gate);
+    c.sliding_window = fx.options.at("sliding_window").get<int64_t>();  // not in weight files (a call option)
+    nn::KerasMultiHeadAttention layer(c);
+    layer.load_weights(w);
+    nn::KerasMultiHeadAttentionOptions o;
+    o.value_mask = fx.at("input.value_mask");
+    o.attention_mask = fx.at("input.attention_mask");
+    o.use_causal_mask = true;
+    o.return_attention_scores = true;
+    const auto r = layer.forward(fx.at("input.query"), fx.at("input.value"), o);
+    EXPECT_LE(relative_error(r.output, fx.at("expected.output")), kTolerance);
+    EXPECT_LE(relative_error(*r.scores, fx.at("expected.scores")), kTolerance);
+  };
+  const auto keras_file = io::load(fixture_dir("mha_keras") / "gate_window.weights.h5");
+  ASSERT_EQ(keras_file.count("layers/multi_head_attention/_gate_dense/vars/0"), 1u);
+  check(keras_file);
+  const nn::LayerWeights layers = nn::keras_layer_weights(keras_file);
+  ASSERT_EQ(layers.at("multi_head_attention").size(), 10u);
+  const auto order = nn::keras_weight_order(layers.at("multi_head_attention"));
+  EXPECT_EQ(order.at(4), "gate/kernel");
+  EXPECT_EQ(order.at(6), "value/kernel");
+  EXPECT_NE(nn::keras_model_config(layers).find("\"use_gate\":true"), std::string::npos);
+  const auto dir = qkv::io::testing::temp_path("gate");
+  fs::create_directories(dir);
+  io::save_keras_weights_h5(dir / "m.weights.h5", nn::keras3_paths(layers));
+  nn::save_keras_legacy_h5(dir / "m.h5", layers);
+  io::save_keras_archive(dir / "m.keras", nn::keras3_paths(layers), nn::keras_model_config(layers));
+  const nn::TfKerasCheckpoint ck = nn::tf_keras_checkpoint_keys(layers);
+  io::save_tf_checkpoint(dir / "ck", ck.tensors, ck.full_names);
+  io::save_safetensors(dir / "m.safetensors", nn::keras3_paths(layers));
+  EXPECT_EQ(nn::keras3_paths(layers).count("layers/multi_head_attention/_gate_dense/vars/1"),
+            1u);  // as Keras 3.15 saves it
+  for (const char* name : {"m.weights.h5", "m.h5", "m.keras", "ck", "m.safetensors"}) {
+    SCOPED_TRACE(name);
+    check(io::load(dir / name));
+  }
+  // PyTorch's layer has no gate: the conversion refuses it.
+  EXPECT_THROW_WITH(nn::keras_to_torch(layers), qkv::ValueError, "has a gate (Keras' use_gate)");
+}
+
 }  // namespace

@@ -2,7 +2,8 @@
 // keras.layers.MultiHeadAttention in float64; tests/fixtures/mha_keras_grad from
 // tests/nn/make_keras_mha_grad_fixtures.py): self and cross attention, key given or not, each
 // kind of mask, causal, output_shape, attention_axes over one and two axes, use_bias=False,
-// value_dim != key_dim, fully masked rows on both of Keras' paths. Criterion: every gradient
+// value_dim != key_dim, fully masked rows on both of Keras' paths, Keras 3.15's sliding_window and
+// use_gate (the gate's kernel and bias, and the query through the gate). Criterion: every gradient
 // within 1e-5 of its largest magnitude (float32 layer against float64 Keras, whose fused path runs
 // its softmax in float32). Dropout, which Keras draws from another generator, is checked against
 // central differences of the forward at the same seed.
@@ -37,6 +38,8 @@ KerasMultiHeadAttentionConfig config_of(const nlohmann::json& o) {
   c.use_bias = o.at("use_bias");
   if (!o.at("output_shape").is_null()) c.output_shape = o.at("output_shape").get<std::vector<int64_t>>();
   if (!o.at("attention_axes").is_null()) c.attention_axes = o.at("attention_axes").get<std::vector<int64_t>>();
+  if (o.contains("sliding_window")) c.sliding_window = o.at("sliding_window").get<int64_t>();  // Keras 3.15
+  c.use_gate = o.value("use_gate", false);
   return c;
 }
 

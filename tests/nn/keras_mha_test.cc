@@ -33,6 +33,8 @@ KerasMultiHeadAttentionConfig config_of(const nlohmann::json& o) {
   c.use_bias = o.at("use_bias");
   if (!o.at("output_shape").is_null()) c.output_shape = o.at("output_shape").get<std::vector<int64_t>>();
   if (!o.at("attention_axes").is_null()) c.attention_axes = o.at("attention_axes").get<std::vector<int64_t>>();
+  if (o.contains("sliding_window")) c.sliding_window = o.at("sliding_window").get<int64_t>();  // Keras 3.15
+  c.use_gate = o.value("use_gate", false);
   return c;
 }
 
@@ -188,6 +190,59 @@ TEST(KerasMha, BuildsAtFirstCallAndReportsBadInputs) {
   KerasMultiHeadAttention bad(c);
   EXPECT_THROW_WITH(bad.forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 6}, 2)), qkv::ValueError,
                     "attention axis 3");
+}
+
+// Keras 3.15's sliding_window and use_gate (the fixtures window_* and gate_* check the numbers):
+// the gate sits between key and value in get_weights(), and the combinations qkv refuses say why.
+TEST(KerasMha, SlidingWindowAndGateOptions) {
+  KerasMultiHeadAttentionConfig c;
+  c.num_heads = 2;
+  c.key_dim = 3;
+  c.value_dim = 5;
+  c.sliding_window = 0;
+  EXPECT_THROW_WITH(KerasMultiHeadAttention{c}, qkv::ValueError, "sliding_window must be None or a positive integer");
+  c.sliding_window = 2;
+  c.use_gate = true;
+  KerasMultiHeadAttention layer(c);
+  layer.build(6, 4, 4);
+  const auto w = layer.get_weights();
+  ASSERT_EQ(w.size(), 10u);
+  EXPECT_EQ(qkv::nn::keras_mha_weight_names(true, true).at(4), "gate/kernel");
+  EXPECT_EQ(w.at(4).shape(), (qkv::Shape{6, 2, 5}));  // the query's features -> [N, value_dim]
+  EXPECT_EQ(w.at(5).shape(), (qkv::Shape{2, 5}));
+  EXPECT_EQ(w.at(6).shape(), (qkv::Shape{4, 2, 5}));  // value/kernel
+  EXPECT_THROW_WITH(layer.set_weights({w.begin(), w.begin() + 8}), qkv::ValueError,
+                    "expected 10 weights (get_weights() order: query/kernel, query/bias, key/kernel, key/bias, "
+                    "gate/kernel, gate/bias, value/kernel");
+  std::vector<Tensor> bad = w;
+  bad[4] = Tensor::randn({4, 2, 5}, 3);
+  EXPECT_THROW_WITH(layer.set_weights(bad), qkv::ShapeError, "gate/kernel [4, 2, 5] must take the query's 6 features");
+  c.use_bias = false;
+  KerasMultiHeadAttention no_bias(c);
+  no_bias.build(6, 4, 4);
+  EXPECT_EQ(no_bias.get_weights().size(), 5u);
+  // Gate weights into a layer without use_gate, and the converse, are errors naming the option.
+  std::map<std::string, Tensor> named;
+  const auto names = qkv::nn::keras_mha_weight_names(true, true);
+  for (size_t i = 0; i < names.size(); ++i) named[names[i]] = w[i];
+  KerasMultiHeadAttentionConfig plain;
+  plain.num_heads = 2, plain.key_dim = 3, plain.value_dim = 5;
+  EXPECT_THROW_WITH(KerasMultiHeadAttention(plain).load_weights(named), qkv::ValueError, "use_gate=True");
+  named.erase("gate/kernel");
+  EXPECT_THROW_WITH(layer.load_weights(named), qkv::ValueError, "use_gate=False for a layer without a gate");
+  EXPECT_THROW_WITH(qkv::nn::keras_to_torch_state_dict(layer), qkv::ValueError, "has a gate");
+  // Keras builds the window from axis 1's lengths: qkv takes it only over axis 1 alone.
+  KerasMultiHeadAttentionConfig two_axes = plain;
+  two_axes.sliding_window = 2;
+  KerasMultiHeadAttention image(two_axes);
+  const Tensor x = Tensor::randn({1, 3, 4, 6}, 1);
+  EXPECT_THROW_WITH(image.forward(x, x), qkv::ValueError,
+                    "sliding_window=2 with attention over the axes (1, 2) of a query [1, 3, 4, 6] is not supported");
+  EXPECT_THROW_WITH((void)image.backward(x, x, Tensor::randn({1, 3, 4, 6}, 2)), qkv::ValueError,
+                    "use attention_axes=(1,) or no sliding_window");
+  two_axes.attention_axes = {1};
+  KerasMultiHeadAttention rows(two_axes);
+  EXPECT_EQ(rows.forward(x, x).output.shape(), x.shape());
 }
 
 }  // namespace

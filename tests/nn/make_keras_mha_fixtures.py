@@ -12,7 +12,8 @@ Every configuration becomes OUTPUT_DIR/<name>.safetensors holding
                     jax_enable_x64) on the float64 upcast of the stored float32 numbers
   expected.scores   (when return_attention_scores) the returned attention scores
 and `__metadata__["options"]`: JSON with the layer arguments (num_heads, key_dim,
-value_dim, use_bias, output_shape, attention_axes), the call flags
+value_dim, use_bias, output_shape, attention_axes; sliding_window and use_gate only when
+set), the call flags
 (return_attention_scores, use_causal_mask), which Keras code path ran, the Keras,
 backend and JAX versions and a description.
 
@@ -54,7 +55,7 @@ from fixture_set import write_fixture_set  # noqa: E402
 def config(name, desc, **kw):
     c = dict(name=name, description=desc, num_heads=2, key_dim=4, value_dim=None, use_bias=True,
              output_shape=None, attention_axes=None, q=(2, 5, 8), v=(2, 7, 8), k=None, self_attention=False,
-             scores=False, causal=False, masks=(), const=None)
+             scores=False, causal=False, masks=(), const=None, sliding_window=None, use_gate=False)
     c.update(kw)
     return c
 
@@ -110,7 +111,47 @@ CONFIGS = [
            f"input {c:g}", q=(2, 2, 3), self_attention=True, const=c)
     for c in (0.1, 1.0, 10.0, 100.0, 1000.0)
 ] + [config("seed001_toy", "seed 001: the toy batch [[[1,2,3],[4,5,6]],[[1,1,1],[2,2,6]]]", q=(2, 2, 3),
-            self_attention=True, const="toy", scores=True)]
+            self_attention=True, const="toy", scores=True)] + [
+    # Keras 3.15's sliding_window (a band |row - col| < w over axis 1, AND-ed with every mask) and
+    # use_gate (a sigmoid EinsumDense "gate" on the query multiplying the attention output).
+    config("window_self", "sliding_window=2, self-attention (fused path)", sliding_window=2, self_attention=True,
+           q=(2, 7, 8)),
+    config("window_self_scores", "sliding_window=3, self-attention, scores", sliding_window=3, self_attention=True,
+           q=(2, 7, 8), scores=True),
+    config("window_1", "sliding_window=1 (the diagonal only), scores", sliding_window=1, self_attention=True,
+           q=(2, 5, 8), scores=True),
+    config("window_causal", "sliding_window=3 with use_causal_mask, self-attention", sliding_window=3, causal=True,
+           self_attention=True, q=(2, 8, 8)),
+    config("window_causal_scores", "sliding_window=2 with use_causal_mask, scores", sliding_window=2, causal=True,
+           q=(2, 6, 8), v=(2, 6, 8), scores=True),
+    config("window_masks", "sliding_window=3 with query, value and attention masks, scores", sliding_window=3,
+           q=(2, 6, 8), v=(2, 6, 8), masks=("query", "value", "attention"), scores=True),
+    config("window_masks_fused", "sliding_window=2 with value and attention masks", sliding_window=2, q=(2, 6, 8),
+           v=(2, 6, 8), masks=("value", "attention")),
+    config("window_cross", "sliding_window=3, cross-attention T=5 < S=9", sliding_window=3, q=(2, 5, 8),
+           v=(2, 9, 8)),
+    config("window_cross_rows", "sliding_window=2, T=9 > S=4: rows 5.. have no key (fused: mean of the values)",
+           sliding_window=2, q=(2, 9, 8), v=(2, 4, 8)),
+    config("window_cross_rows_scores", "sliding_window=2, T=9 > S=4, scores (einsum: zero rows)", sliding_window=2,
+           q=(2, 9, 8), v=(2, 4, 8), scores=True),
+    config("window_axes_1_rank4", "[B, H, W, C], attention_axes=(1,), sliding_window=2, scores", q=(2, 5, 3, 6),
+           v=(2, 6, 3, 6), attention_axes=(1,), sliding_window=2, scores=True),
+    config("gate_self", "use_gate, self-attention", use_gate=True, self_attention=True),
+    config("gate_cross_scores", "use_gate, cross-attention, scores", use_gate=True, scores=True),
+    config("gate_no_bias", "use_gate, use_bias=False", use_gate=True, use_bias=False),
+    config("gate_output_shape", "use_gate, value_dim=3, output_shape=(3, 2)", use_gate=True, value_dim=3,
+           output_shape=(3, 2)),
+    config("gate_value_dim_key", "use_gate, value_dim=6, key given, value and key masks, scores", use_gate=True,
+           value_dim=6, k=(2, 7, 5), masks=("value", "key"), scores=True),
+    config("gate_axes_12", "use_gate, [B, H, W, C], attention_axes=(1, 2), scores", use_gate=True, q=(2, 3, 4, 6),
+           v=(2, 2, 5, 6), attention_axes=(1, 2), scores=True),
+    config("gate_window", "use_gate, sliding_window=3, causal, value and attention masks, scores", use_gate=True,
+           sliding_window=3, causal=True, q=(2, 7, 8), v=(2, 7, 8), masks=("value", "attention"), scores=True),
+    config("gate_window_fused", "use_gate, sliding_window=2, cross-attention T=6 < S=8", use_gate=True,
+           sliding_window=2, q=(2, 6, 8), v=(2, 8, 8)),
+    config("gate_window_no_bias_rows", "use_gate, use_bias=False, sliding_window=2, T=8 > S=4 (rows with no key)",
+           use_gate=True, use_bias=False, sliding_window=2, q=(2, 8, 8), v=(2, 4, 8)),
+]
 
 
 def masks_for(c, rng, q, v):
@@ -163,7 +204,7 @@ def run(c, seed):
     layer = keras.layers.MultiHeadAttention(
         num_heads=c["num_heads"], key_dim=c["key_dim"], value_dim=c["value_dim"], use_bias=c["use_bias"],
         output_shape=c["output_shape"], attention_axes=c["attention_axes"], dropout=0.1 if explicit else 0.0,
-        dtype="float64", name="mha")
+        sliding_window=c["sliding_window"], use_gate=c["use_gate"], dtype="float64", name="mha")
     layer.build(q.shape, v.shape, None if k is None else k.shape)
     weights = [(rng.standard_normal(w.shape) / np.sqrt(w.shape[0])).astype(np.float32) for w in layer.get_weights()]
     if c["use_bias"]:
@@ -196,6 +237,10 @@ def run(c, seed):
     options["attention_axes"] = c["attention_axes"]
     options["return_attention_scores"] = c["scores"]
     options["use_causal_mask"] = c["causal"]
+    if c["sliding_window"] is not None:  # only when set: the older files stay byte-identical
+        options["sliding_window"] = c["sliding_window"]
+    if c["use_gate"]:
+        options["use_gate"] = True
     options["keras_path"] = "einsum (dropout=0.1, training=False)" if explicit else "default"
     options["keras"] = keras.__version__
     options["backend"] = keras.backend.backend()
@@ -249,6 +294,22 @@ def write_axes_errors(out_dir):
         f.write("\n")
 
 
+def write_gate_weights_file(out_dir, first_seed):
+    """OUTPUT_DIR/gate_window.weights.h5: Keras' own weight file (model.save_weights of a Functional
+    model around the layer) of the gate_window configuration's layer, with its gate sublayer (saved
+    as layers/multi_head_attention/_gate_dense/vars/0): qkv loads it into a layer with use_gate and
+    gets gate_window.safetensors' expected output. A rerun writes a byte-identical file."""
+    i = next(i for i, c in enumerate(CONFIGS) if c["name"] == "gate_window")
+    c = CONFIGS[i]
+    tensors, _ = run(c, first_seed + i)
+    layer = keras.layers.MultiHeadAttention(c["num_heads"], c["key_dim"], use_gate=True,
+                                            sliding_window=c["sliding_window"], name="mha")
+    inp, val = keras.Input(c["q"][1:]), keras.Input(c["v"][1:])
+    model = keras.Model([inp, val], layer(inp, val))
+    layer.set_weights([tensors[var.path] for var in layer.weights])
+    model.save_weights(os.path.join(out_dir, "gate_window.weights.h5"))
+
+
 def main():
     main_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "fixtures",
                                                                   "mha_keras")
@@ -263,7 +324,9 @@ def main():
     write_fixture_set(CONFIGS, run, 2000, "mha_keras",
                       ["# Keras 3 MultiHeadAttention fixtures", "",
                        f"Written by tests/nn/make_keras_mha_fixtures.py with Keras {keras.__version__} on "
-                       f"{keras.backend.backend()} {jax.__version__} (float64)."], save_file)
+                       f"{keras.backend.backend()} {jax.__version__} (float64). gate_window.weights.h5: "
+                       "Keras' weight file of gate_window's layer."], save_file)
+    write_gate_weights_file(main_dir, 2000)
 
 
 if __name__ == "__main__":

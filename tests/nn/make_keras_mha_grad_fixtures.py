@@ -11,7 +11,8 @@ Every configuration becomes OUTPUT_DIR/<name>.safetensors holding
                     projection of the output
   grad.query, grad.value, grad.key (when given)   d loss / d input by role, float64
   grad.mha/query/kernel, ...                       d loss / d variable, float64
-and `__metadata__["options"]` (one key): JSON with the layer arguments, the call flags,
+and `__metadata__["options"]` (one key): JSON with the layer arguments (sliding_window and use_gate
+only when set), the call flags,
 which Keras code path ran, the versions and a description.
 
 The gradients are jax.grad of keras.layers.MultiHeadAttention.stateless_call run in float64
@@ -52,7 +53,7 @@ from fixture_set import write_fixture_set  # noqa: E402
 def config(name, desc, **kw):
     c = dict(name=name, description=desc, num_heads=2, key_dim=4, value_dim=None, use_bias=True,
              output_shape=None, attention_axes=None, q=(2, 5, 8), v=(2, 7, 8), k=None, self_attention=False,
-             scores=False, causal=False, masks=())
+             scores=False, causal=False, masks=(), sliding_window=None, use_gate=False)
     c.update(kw)
     return c
 
@@ -102,6 +103,35 @@ CONFIGS = [
     config("one_head", "num_heads=1", num_heads=1, key_dim=8),
     config("wide", "N=4, key_dim=8, value_dim=6, output_shape=10, masks", num_heads=4, key_dim=8, value_dim=6,
            q=(3, 9, 16), v=(3, 11, 12), output_shape=10, masks=("value", "attention")),
+    # Keras 3.15's sliding_window (a constant band mask) and use_gate (a sigmoid EinsumDense on the
+    # query multiplying the attention output: gate/kernel and gate/bias get gradients, and so does
+    # the query through it).
+    config("window_self", "sliding_window=2, self-attention (fused path)", sliding_window=2, self_attention=True,
+           q=(2, 6, 8)),
+    config("window_causal_scores", "sliding_window=3, causal, scores (einsum path)", sliding_window=3, causal=True,
+           q=(2, 7, 8), v=(2, 7, 8), scores=True),
+    config("window_masks", "sliding_window=2 with value and attention masks", sliding_window=2, q=(2, 6, 8),
+           v=(2, 6, 8), masks=("value", "attention")),
+    config("window_cross", "sliding_window=3, cross-attention T=5 < S=9", sliding_window=3, q=(2, 5, 8),
+           v=(2, 9, 8)),
+    config("window_cross_rows", "sliding_window=2, T=8 > S=4: rows with no key (fused: mean of the values)",
+           sliding_window=2, q=(2, 8, 8), v=(2, 4, 8)),
+    config("window_cross_rows_einsum", "sliding_window=2, T=8 > S=4, scores (einsum: zero rows)", sliding_window=2,
+           q=(2, 8, 8), v=(2, 4, 8), scores=True),
+    config("window_axes_1_rank4", "[B, H, W, C], attention_axes=(1,), sliding_window=2", q=(2, 5, 3, 6),
+           v=(2, 6, 3, 6), attention_axes=(1,), sliding_window=2),
+    config("gate_self", "use_gate, self-attention (fused path)", use_gate=True, self_attention=True),
+    config("gate_no_bias", "use_gate, use_bias=False, cross-attention", use_gate=True, use_bias=False),
+    config("gate_output_shape", "use_gate, value_dim=3, output_shape=(3, 2) (einsum path)", use_gate=True,
+           value_dim=3, output_shape=(3, 2)),
+    config("gate_key_masks", "use_gate, key given, query/value/key/attention masks, causal", use_gate=True,
+           causal=True, q=(2, 6, 8), v=(2, 6, 8), k=(2, 6, 8), masks=("query", "value", "key", "attention")),
+    config("gate_axes_12", "use_gate, [B, H, W, C], attention_axes=(1, 2)", use_gate=True, q=(2, 3, 4, 6),
+           v=(2, 2, 5, 6), attention_axes=(1, 2)),
+    config("gate_window", "use_gate, sliding_window=3, causal, value and attention masks, scores", use_gate=True,
+           sliding_window=3, causal=True, q=(2, 7, 8), v=(2, 7, 8), masks=("value", "attention"), scores=True),
+    config("gate_window_rows", "use_gate, sliding_window=2, T=8 > S=4 (rows with no key, fused path)",
+           use_gate=True, sliding_window=2, q=(2, 8, 8), v=(2, 4, 8)),
 ]
 
 
@@ -146,7 +176,8 @@ def run(c, seed):
     layer = keras.layers.MultiHeadAttention(
         num_heads=c["num_heads"], key_dim=c["key_dim"], value_dim=c["value_dim"], use_bias=c["use_bias"],
         output_shape=c["output_shape"], attention_axes=c["attention_axes"],
-        dropout=0.1 if einsum_for_dims else 0.0, dtype="float64", name="mha")
+        dropout=0.1 if einsum_for_dims else 0.0, sliding_window=c["sliding_window"], use_gate=c["use_gate"],
+        dtype="float64", name="mha")
     layer.build(q.shape, v.shape, None if k is None else k.shape)
     train = layer.trainable_variables  # get_weights() order, without the dropout's seed state
     weights = [(rng.standard_normal(w.shape) / np.sqrt(w.shape[0])).astype(np.float32) for w in train]
@@ -194,6 +225,10 @@ def run(c, seed):
     options["attention_axes"] = c["attention_axes"]
     options["return_attention_scores"] = c["scores"]
     options["use_causal_mask"] = c["causal"]
+    if c["sliding_window"] is not None:  # only when set: the older files stay byte-identical
+        options["sliding_window"] = c["sliding_window"]
+    if c["use_gate"]:
+        options["use_gate"] = True
     fused = not c["scores"] and len(c["q"]) == 3 and not einsum_for_dims
     options["keras_path"] = "dot_product_attention" if fused else "einsum"
     if einsum_for_dims:

@@ -64,7 +64,8 @@ def test_keras_multi_head_attention_matches_keras(path):
     weights = {k: v for k, v in t.items() if k.startswith("mha/")}
     layer = qkv.nn.KerasMultiHeadAttention.from_weights(
         weights, o["num_heads"], o["key_dim"], value_dim=o["value_dim"], use_bias=o["use_bias"],
-        output_shape=o["output_shape"], attention_axes=o["attention_axes"])
+        output_shape=o["output_shape"], attention_axes=o["attention_axes"],
+        sliding_window=o.get("sliding_window"), use_gate=o.get("use_gate", False))  # Keras 3.15's two
     q = t["input.query"]
     r = layer(q, t.get("input.value", q), key=t.get("input.key"), query_mask=t.get("input.query_mask"),
               value_mask=t.get("input.value_mask"), key_mask=t.get("input.key_mask"),

@@ -34,11 +34,13 @@ def layer_of(t, o, **kw):
     weights = {k: v for k, v in t.items() if k.startswith("mha/")}
     return qkv.nn.KerasMultiHeadAttention.from_weights(
         weights, o["num_heads"], o["key_dim"], value_dim=o["value_dim"], use_bias=o["use_bias"],
-        output_shape=o["output_shape"], attention_axes=o["attention_axes"], **kw)
+        output_shape=o["output_shape"], attention_axes=o["attention_axes"],
+        sliding_window=o.get("sliding_window"), use_gate=o.get("use_gate", False), **kw)
 
 
 def test_fixture_count():
-    assert len(FILES) >= 30
+    assert len(FILES) >= 44
+    assert sum("grad.mha/gate/kernel" in load(p)[0] for p in FILES) >= 7  # use_gate (Keras 3.15)
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)

@@ -21,6 +21,9 @@ namespace qkv::nn {
 // The sublayers of a Keras MultiHeadAttention layer, in Keras' weight order; its weights are
 // "<part>/kernel" and "<part>/bias".
 inline constexpr const char* kKerasMhaParts[] = {"query", "key", "value", "attention_output"};
+// Keras 3.15's optional sublayer (use_gate): "gate/kernel", "gate/bias", listed between key and
+// value (Keras 3 paths layers/<layer>/_gate_dense/vars/0). PyTorch's layer has no such part.
+inline constexpr const char* kKerasMhaGatePart = "gate";
 
 // The model variables of a weight file grouped by layer: layer name -> weight ->
 // tensor, weights named as tf.keras names them: "kernel", "bias" (Dense,

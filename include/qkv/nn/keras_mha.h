@@ -4,7 +4,9 @@
 // Weights (Keras' names and get_weights() order, use_bias = false drops the biases):
 //   query/kernel [dim_q, N, key_dim], query/bias [N, key_dim]; key/kernel [dim_k, N, key_dim],
 //   key/bias; value/kernel [dim_v, N, value_dim], value/bias [N, value_dim];
-//   attention_output/kernel [N, value_dim, *output_shape], attention_output/bias [*output_shape].
+//   attention_output/kernel [N, value_dim, *output_shape], attention_output/bias [*output_shape];
+//   with use_gate also gate/kernel [dim_q, N, value_dim], gate/bias [N, value_dim], which Keras
+//   lists between key and value (keras_mha_weight_names).
 // Inputs: query [B, T..., dim_q], value [B, S..., dim_v], key (default value) [B, S..., dim_k].
 // attention_axes: the axes attended over (default: every axis but the batch and the last);
 //   a negative axis a means rank + a of the inputs, as Keras 3 reads it (-2 is the last
@@ -19,6 +21,12 @@
 //   with no key left follows Keras 3.15: zeros where Keras takes its einsum path (scores
 //   returned, dropout, or attention over several axes), the mean of the values where it
 //   takes its fused dot_product_attention path (its -1e9 fill makes the softmax uniform).
+// sliding_window w (Keras 3.15): the mask [1, T, S] |row - col| < w over axis 1, AND-ed with the
+//   others (with use_causal_mask: a causal window of w keys); ValueError unless the attention
+//   is over axis 1 alone (Keras builds it from axis 1's lengths: on other axes it raises or
+//   masks the wrong axis).
+// use_gate (Keras 3.15, Gated Attention): the attention output [.., N, value_dim] is multiplied
+//   by sigmoid(gate(query)), a fourth EinsumDense like the query's, before the output dense.
 // The query is scaled by 1/sqrt(key_dim) (as the score scale). Output [B, T..., *output_shape]
 // (default output_shape = dim_q); scores [batch axes..., N, T..., S...] when asked for.
 // Projections are nn::Linear (qkv::gemm), attention is qkv::scaled_dot_product_attention.
@@ -36,7 +44,8 @@
 
 namespace qkv::nn {
 
-// Keras' weight names in get_weights() order (no biases without use_bias).
+// Keras' weight names in get_weights() order (no biases without use_bias) of a layer without
+// use_gate (keras_mha_weight_names gives them with the gate).
 inline constexpr const char* kKerasMhaWeightNames[8] = {"query/kernel",
                                                         "query/bias",
                                                         "key/kernel",
@@ -54,7 +63,13 @@ struct KerasMultiHeadAttentionConfig {
   std::vector<int64_t> output_shape;    // empty: the query's feature size
   std::vector<int64_t> attention_axes;  // empty: Keras' None (all but batch and features)
   double dropout = 0.0;
+  std::optional<int64_t> sliding_window;  // > 0; none: full attention
+  bool use_gate = false;
 };
+
+// The weight names of a layer in get_weights() order: query, key, gate (use_gate), value,
+// attention_output; "<part>/kernel" then "<part>/bias" (use_bias).
+std::vector<std::string> keras_mha_weight_names(bool use_bias, bool use_gate = false);
 
 struct KerasMultiHeadAttentionOptions {
   std::optional<Tensor> key;  // default: value
@@ -81,14 +96,16 @@ class KerasMultiHeadAttention {
  public:
   explicit KerasMultiHeadAttention(const KerasMultiHeadAttentionConfig& config);
 
-  // Keras' get_weights() order (query kernel, bias, key kernel, bias, value kernel, bias,
-  // output kernel, bias; no biases without use_bias). Builds the layer.
+  // Keras' get_weights() order (query kernel, bias, key kernel, bias, [gate kernel, bias,]
+  // value kernel, bias, output kernel, bias; no biases without use_bias: keras_mha_weight_names).
+  // Builds the layer.
   void set_weights(const std::vector<Tensor>& weights);
   // By name: "query/kernel", "key/bias", "attention_output/kernel", ... under any prefix or
   // key scheme of a weight file (Keras 3 paths "layers/mha/query_dense/vars/0", variable paths
   // "mha/query/kernel", tf.keras and TF checkpoint keys): the tensors qkv::io::load returns.
   // `layer` picks one of several MultiHeadAttention layers (nn::keras_mha_weights in
-  // qkv/nn/keras_weights.h). ValueError for a missing weight, listing those found.
+  // qkv/nn/keras_weights.h). ValueError for a missing weight, listing those found, and for
+  // gate weights on a layer without use_gate.
   void load_weights(const std::map<std::string, Tensor>& weights, const std::string& layer = "");
   std::vector<Tensor> get_weights() const;
   // Glorot-uniform kernels, zero biases (Keras' defaults), for the given input feature sizes.
@@ -105,7 +122,8 @@ class KerasMultiHeadAttention {
 
   // Backward of forward(query, value, options): given grad_output = d loss / d output (the
   // output's shape, ShapeError otherwise), the gradients of query, value, key (when given) and
-  // of every weight under its Keras name (kKerasMhaWeightNames; no biases without use_bias).
+  // of every weight under its Keras name (keras_mha_weight_names). The sliding window is a
+  // constant mask; the gate's kernel and bias get gradients and the query its share through it.
   // Every forward option: masks and use_causal_mask are constants, dropout (training) is
   // redrawn from dropout_seed, attention_axes (one or several), output_shape; a fully masked
   // row follows the forward (on Keras' fused path its output is the mean of the values, so
@@ -121,15 +139,16 @@ class KerasMultiHeadAttention {
 
  private:
   KerasMultiHeadAttentionConfig config_;
-  std::vector<Tensor> weights_;  // get_weights() order, f32
-  Linear query_, key_, value_, output_;
+  std::vector<Tensor> weights_;                 // get_weights() order, f32
+  Linear query_, key_, value_, output_, gate_;  // gate_ only with use_gate
 };
 
 // The PyTorch state_dict of the same layer (in_proj_weight = each kernel reshaped to
 // [dim, N*key_dim] and transposed, ...; no biases without use_bias), through
 // nn::keras_mha_to_torch (qkv/nn/keras_layers.h). ValueError unless the layouts coincide: a
 // built layer, equal input sizes, N * key_dim == dim == N * value_dim, default output_shape,
-// one attention axis over [B, T, E] inputs.
+// one attention axis over [B, T, E] inputs, no gate (PyTorch's layer has none; a sliding
+// window is a call-time mask and converts as the weights do).
 std::map<std::string, Tensor> keras_to_torch_state_dict(const KerasMultiHeadAttention& layer);
 // The Keras weights (get_weights() order) of a PyTorch layer without bias_kv/zero_attn
 // (nn::torch_mha_to_keras).
