@@ -93,3 +93,21 @@ def test_rotary_matches_hugging_face_formulas(layout, rd):
     np.testing.assert_allclose(ragged[0], want[0], atol=1e-12)
     with pytest.raises(ValueError, match="apply_rotary: layout must be 'neox' or 'gptj'"):
         qkv.apply_rotary(x, layout="llama")
+
+
+def test_mha_layer_prefill_and_decode_with_a_cache():
+    mha = qkv.nn.MultiheadAttention(16, 4, batch_first=True)
+    x = rng.standard_normal((2, 40, 16)).astype(np.float32)
+    mask = np.triu(np.ones((40, 40), bool), 1)  # torch's convention: True = not allowed
+    full, _ = mha(x, x, x, attn_mask=mask, need_weights=False)
+    cache = qkv.KVCache(2, 4, 4, 40)
+    first = x[:, :8]
+    out, w = mha(first, first, first, cache=cache)
+    assert w is None
+    np.testing.assert_allclose(out, full[:, :8], atol=2e-6)
+    for t in range(8, 40):
+        step = x[:, t:t + 1]
+        np.testing.assert_allclose(mha(step, step, step, cache=cache)[0], full[:, t:t + 1], atol=2e-6)
+    assert cache.lengths == [40, 40]
+    with pytest.raises(ValueError, match="with a cache, key and value must be the query itself"):
+        mha(first, x[:, :8].copy(), first, cache=cache)

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "qkv/attention.h"
+#include "qkv/kv_cache.h"
 #include "qkv/nn/linear.h"
 #include "qkv/tensor.h"
 
@@ -90,6 +91,15 @@ class MultiheadAttention {
 
   MultiheadAttentionResult forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                    const MultiheadAttentionOptions& options = {}) const;
+
+  // Self-attention of new tokens x ([L, N, E], [N, L, E] with batch_first, or [L, E]) against
+  // `cache` (qkv/kv_cache.h; [N, H, capacity, E/H]): their keys and values are appended, then
+  // each new token attends every cached position up to its own (causal, offset by what the
+  // cache held: prefill with L tokens, then decode one at a time). Equal to forward(x, x, x)
+  // with a causal attn_mask over the whole sequence so far. Eval only; ValueError for
+  // add_bias_kv / add_zero_attn / quantized layers, ShapeError for a cache of other sizes.
+  // Output as forward's (no weights). mha_cached.cc.
+  MultiheadAttentionResult forward(const Tensor& x, KVCache& cache) const;
 
   // Backward of forward(query, key, value, options): given grad_output = d loss / d output
   // (the output's shape), the gradients of the inputs and of every parameter, named as
