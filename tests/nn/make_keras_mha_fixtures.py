@@ -302,6 +302,7 @@ def write_gate_weights_file(out_dir, first_seed):
     i = next(i for i, c in enumerate(CONFIGS) if c["name"] == "gate_window")
     c = CONFIGS[i]
     tensors, _ = run(c, first_seed + i)
+    keras.backend.clear_session()  # the sublayers' auto names (dropout_<n>) no longer depend on what ran before
     layer = keras.layers.MultiHeadAttention(c["num_heads"], c["key_dim"], use_gate=True,
                                             sliding_window=c["sliding_window"], name="mha")
     inp, val = keras.Input(c["q"][1:]), keras.Input(c["v"][1:])
