@@ -17,10 +17,13 @@ namespace {
 
 constexpr int64_t kHq = 32, kHk = 8, kDim = 128;
 
-// state.range: cache length, batch, dtype (0 f32, 1 bf16).
+// state.range: cache length, batch, dtype (0 f32, 1 bf16, 2 bf16 with matmul_precision medium:
+// bf16 GEMMs on the cache in place where the CPU has them).
 void BM_DecodeStep(benchmark::State& state) {
   const int64_t len = state.range(0), b = state.range(1);
   const qkv::DType dtype = state.range(2) == 0 ? qkv::DType::f32 : qkv::DType::bf16;
+  qkv::DecodeOptions o;
+  if (state.range(2) == 2) o.matmul_precision = qkv::MatmulPrecision::medium;
   qkv::KVCache cache({b, kHk, kDim, len, kDim, dtype});
   const int64_t step = 4096;  // filled in slices: the random tensors stay small
   for (int64_t at = 0; at < len; at += step) {
@@ -29,16 +32,16 @@ void BM_DecodeStep(benchmark::State& state) {
   }
   const qkv::Tensor q = qkv::Tensor::randn({b, kHq, 1, kDim}, 7);  // [B, Hq, 1, D]
   for (auto _ : state) {
-    qkv::AttentionResult r = qkv::decode_attention(q, cache);
+    qkv::AttentionResult r = qkv::decode_attention(q, cache, o);
     benchmark::DoNotOptimize(r.output.raw_data());
   }
   const double bytes = 2.0 * static_cast<double>(b * kHk * len * kDim) * static_cast<double>(qkv::itemsize(dtype));
   state.counters["bytes"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_DecodeStep)
-    ->ArgNames({"len", "B", "bf16"})
-    ->ArgsProduct({{1024, 8192, 32768, 131072}, {1}, {0, 1}})
-    ->ArgsProduct({{1024, 8192, 16384}, {8}, {0, 1}})
+    ->ArgNames({"len", "B", "cache"})
+    ->ArgsProduct({{1024, 8192, 32768, 131072}, {1}, {0, 1, 2}})
+    ->ArgsProduct({{1024, 8192, 16384}, {8}, {0, 1, 2}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -56,6 +56,11 @@ const float* rows_f32(const Tensor& t, int64_t b, int64_t hk, int64_t c0, int64_
   return buffer.data();
 }
 
+bool native_bf16(const KVCache& cache, const DecodeOptions& o) {
+  return cache.config().dtype == DType::bf16 && o.matmul_precision == MatmulPrecision::medium &&
+         gemm_has_native(DType::bf16);
+}
+
 struct Partials {
   int64_t rows = 0, dv = 0;
   std::vector<float> m, l, o;  // [slots, rows], [slots, rows], [slots, rows, Dv]
@@ -63,18 +68,44 @@ struct Partials {
 
 struct Scratch {
   std::vector<float> k, v, s;
+  std::vector<bfloat16> qb, pb;  // native bf16 GEMMs: q rows, P rounded to bf16
 };
+
+// The two GEMMs on the bf16 cache in place (matmul_precision medium on native-bf16 CPUs):
+// S = scale Q K^T with q rounded to bf16, then (after the softmax) O = P V with P rounded.
+void scores_bf16(const DecodeCall& d, const float* qrows, const Tensor& keys, const Item& it, Scratch& sc) {
+  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
+  sc.qb.resize(static_cast<size_t>(rows * d.dk));
+  kernels::narrow(qrows, rows * d.dk, sc.qb.data());
+  const bfloat16* k = keys.data<bfloat16>() + ((it.b * keys.size(1) + it.hk) * keys.size(2) + it.c0) * d.dk;
+  GemmShape g;
+  g.trans_b = true, g.m = rows, g.n = cols, g.k = d.dk, g.lda = d.dk, g.ldb = d.dk, g.ldc = cols;
+  gemm(g, static_cast<float>(d.scale), sc.qb.data(), k, 0.0f, sc.s.data());
+}
+void values_bf16(const DecodeCall& d, const Tensor& values, const Item& it, Scratch& sc, float* o) {
+  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
+  sc.pb.resize(static_cast<size_t>(rows * cols));
+  kernels::narrow(sc.s.data(), rows * cols, sc.pb.data());
+  const bfloat16* v = values.data<bfloat16>() + ((it.b * values.size(1) + it.hk) * values.size(2) + it.c0) * d.dv;
+  GemmShape pv;
+  pv.m = rows, pv.n = d.dv, pv.k = cols, pv.lda = cols, pv.ldb = d.dv, pv.ldc = d.dv;
+  gemm(pv, 1.0f, sc.pb.data(), v, 0.0f, o);
+}
 
 void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const DecodeOptions& o, const Item& it,
               Partials& out, Scratch& sc) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
-  const float* qrows = q + (it.b * d.hq + it.hk * d.group) * d.lq * d.dk;     // [G Lq, D]
-  const float* k = rows_f32(cache.keys(), it.b, it.hk, it.c0, cols, sc.k);    // [C, D]
-  const float* v = rows_f32(cache.values(), it.b, it.hk, it.c0, cols, sc.v);  // [C, Dv]
+  const float* qrows = q + (it.b * d.hq + it.hk * d.group) * d.lq * d.dk;  // [G Lq, D]
+  const bool native = native_bf16(cache, o);
   sc.s.resize(static_cast<size_t>(rows * cols));
-  GemmShape g;  // S = scale Q K^T
-  g.trans_b = true, g.m = rows, g.n = cols, g.k = d.dk, g.lda = d.dk, g.ldb = d.dk, g.ldc = cols;
-  gemm(g, static_cast<float>(d.scale), qrows, k, 0.0f, sc.s.data());
+  if (native) {
+    scores_bf16(d, qrows, cache.keys(), it, sc);
+  } else {
+    const float* k = rows_f32(cache.keys(), it.b, it.hk, it.c0, cols, sc.k);  // [C, D]
+    GemmShape g;                                                              // S = scale Q K^T
+    g.trans_b = true, g.m = rows, g.n = cols, g.k = d.dk, g.lda = d.dk, g.ldb = d.dk, g.ldc = cols;
+    gemm(g, static_cast<float>(d.scale), qrows, k, 0.0f, sc.s.data());
+  }
   const int64_t length = cache.length(it.b);
   float* m = out.m.data() + it.slot * rows;
   float* l = out.l.data() + it.slot * rows;
@@ -96,9 +127,15 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
       l[r] = kernels::exp_shift_sum(s, cols, m[r]);  // exp(-inf) = 0 outside the range
     }
   }
-  GemmShape pv;  // O = P V
+  float* o_part = out.o.data() + it.slot * rows * d.dv;  // [G Lq, Dv]
+  if (native) {
+    values_bf16(d, cache.values(), it, sc, o_part);
+    return;
+  }
+  const float* v = rows_f32(cache.values(), it.b, it.hk, it.c0, cols, sc.v);  // [C, Dv]
+  GemmShape pv;                                                               // O = P V
   pv.m = rows, pv.n = d.dv, pv.k = cols, pv.lda = cols, pv.ldb = d.dv, pv.ldc = d.dv;
-  gemm(pv, 1.0f, sc.s.data(), v, 0.0f, out.o.data() + it.slot * rows * d.dv);
+  gemm(pv, 1.0f, sc.s.data(), v, 0.0f, o_part);
 }
 
 // out [B, Hq, Lq, Dv] and lse [B, Hq, Lq] from the partials of each (b, hk)'s chunks.

@@ -12,6 +12,7 @@
 #include "common/expect.h"
 #include "common/thread_guard.h"
 #include "qkv/attention.h"
+#include "qkv/gemm.h"
 #include "qkv/kv_cache.h"
 
 namespace qkv {
@@ -141,6 +142,27 @@ TEST(Decode, CacheErrorsNameTheCallAndLeaveTheCacheAlone) {
   EXPECT_EQ(cache.lengths(), (std::vector<int64_t>{0, 0}));
   const Tensor out = decode_attention(Tensor::ones({2, 2, 1, 4}), cache).output;  // no keys: zeros
   EXPECT_EQ(max_abs_diff(out, Tensor::zeros({2, 2, 1, 4})), 0.0);
+}
+
+}  // namespace
+}  // namespace qkv
+
+namespace qkv {
+namespace {
+
+// matmul_precision medium on a bf16 cache: bf16 GEMMs where the CPU has them (q and P rounded to
+// bf16); within bf16's rounding of the float64 reference, and exact f32 elsewhere.
+TEST(Decode, MediumPrecisionOnABf16Cache) {
+  const KVCache cache = filled({2000, 333}, 2, 64, 64, DType::bf16, 21);
+  const Tensor q = Tensor::randn({2, 8, 1, 64}, 22);
+  DecodeOptions o;
+  o.matmul_precision = MatmulPrecision::medium;
+  const Tensor want = decode_attention_reference(q, cache, o).output;
+  const double medium = max_abs_diff(decode_attention(q, cache, o).output, want);
+  EXPECT_LE(medium, 1e-2);
+  if (gemm_has_native(DType::bf16)) EXPECT_GT(medium, 1e-6);  // the bf16 GEMMs ran (q, P rounded)
+  o.matmul_precision = MatmulPrecision::highest;
+  EXPECT_LE(max_abs_diff(decode_attention(q, cache, o).output, want), 2e-6);
 }
 
 }  // namespace
