@@ -33,11 +33,12 @@ void append(qkv::KVCache& cache, nb::handle k, nb::handle v, std::optional<std::
 }
 
 nb::object decode(nb::handle q, const qkv::KVCache& cache, std::optional<double> scale, bool causal, int64_t window,
-                  double softcap, int64_t chunk, bool return_logsumexp) {
+                  double softcap, int64_t chunk, bool return_logsumexp, const std::string& matmul_precision) {
   const qkv::Tensor tq = to_tensor(q, "decode_attention: q");
   qkv::DecodeOptions o;
   o.scale = scale, o.causal = causal, o.window = window, o.softcap = softcap, o.chunk = chunk;
   o.return_logsumexp = return_logsumexp;
+  o.matmul_precision = qkv::matmul_precision_from_name(matmul_precision);
   qkv::AttentionResult r;
   {
     qkv::python::InterruptibleRelease release;
@@ -90,11 +91,12 @@ void bind_decode(nb::module_& m) {
       .def_prop_ro("values", [](const qkv::KVCache& c) { return qkv::python::to_numpy(c.values()); });
   m.def("decode_attention", &decode, nb::arg("q"), nb::arg("cache"), nb::kw_only(),
         nb::arg("scale").none() = nb::none(), nb::arg("causal") = true, nb::arg("window") = 0, nb::arg("softcap") = 0.0,
-        nb::arg("chunk") = 0, nb::arg("return_logsumexp") = false,
+        nb::arg("chunk") = 0, nb::arg("return_logsumexp") = false, nb::arg("matmul_precision") = "highest",
         "Attention of the last Lq positions of each sequence (q [B, Hq, Lq, D], Hq a multiple of Hk)\n"
         "against the cache, after their keys and values were appended: query t is at position\n"
         "length - Lq + t and sees keys j <= it (causal), only the last `window` of them when\n"
         "window > 0; scores scale q.k (1/sqrt(D)), softcap c > 0: c tanh(s / c). Split-KV over the\n"
         "threads, partials merged by logsumexp (docs/decode.md). Output [B, Hq, Lq, Dv] in q's\n"
-        "array type; with return_logsumexp, (output, lse [B, Hq, Lq]).");
+        "array type; with return_logsumexp, (output, lse [B, Hq, Lq]). matmul_precision 'medium' reads a\n"
+        "bfloat16 cache in place with native bf16 GEMMs (q and P rounded) where the CPU has them.");
 }

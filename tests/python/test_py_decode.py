@@ -111,3 +111,13 @@ def test_mha_layer_prefill_and_decode_with_a_cache():
     assert cache.lengths == [40, 40]
     with pytest.raises(ValueError, match="with a cache, key and value must be the query itself"):
         mha(first, x[:, :8].copy(), first, cache=cache)
+
+
+def test_medium_precision_on_a_bf16_cache_stays_close():
+    cache = qkv.KVCache(1, 2, 32, 600, dtype="bfloat16")
+    cache.append(rng.standard_normal((1, 2, 600, 32)), rng.standard_normal((1, 2, 600, 32)))
+    q = rng.standard_normal((1, 4, 1, 32)).astype(np.float32)
+    exact = qkv.decode_attention(q, cache)
+    np.testing.assert_allclose(qkv.decode_attention(q, cache, matmul_precision="medium"), exact, atol=1e-2)
+    with pytest.raises(ValueError, match="matmul_precision must be 'highest', 'high' or 'medium'"):
+        qkv.decode_attention(q, cache, matmul_precision="low")
