@@ -121,3 +121,16 @@ def test_medium_precision_on_a_bf16_cache_stays_close():
     np.testing.assert_allclose(qkv.decode_attention(q, cache, matmul_precision="medium"), exact, atol=1e-2)
     with pytest.raises(ValueError, match="matmul_precision must be 'highest', 'high' or 'medium'"):
         qkv.decode_attention(q, cache, matmul_precision="low")
+
+
+def test_cli_bench_decode_reports_time_and_bandwidth(run):
+    import json
+
+    out = run("bench", "decode", "--cache-len", "64", "--cache-len", "128", "--heads", "4", "--kv-heads", "2",
+              "--head-dim", "16", "--dtype", "bfloat16", "--min-time", "0", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["cache_len"] for r in rows] == [64, 128]
+    assert all(r["dtype"] == "bfloat16" and r["ms"] > 0 and r["gb_per_s"] > 0 for r in rows)
+    bad = run("bench", "decode", "--heads", "4", "--kv-heads", "3", "--min-time", "0")
+    assert bad.returncode == 1 and "decode_attention: q must be" in bad.stderr

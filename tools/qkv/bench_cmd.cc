@@ -201,6 +201,7 @@ void register_bench(CLI::App& app) {
     if (args->shapes.empty()) args->shapes = {"1,8,1024,64"};
     run_bench_attention(*args);
   });
+  register_bench_decode(bench);
 }
 
 }  // namespace qkv::cli

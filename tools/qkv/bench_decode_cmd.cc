@@ -1,0 +1,84 @@
+// qkv bench decode: one decode step (decode_attention, Lq = 1) against a KV cache on this machine:
+// time and bandwidth (bytes of K and V read per step / time). bench/decode_bench.cc has the
+// table with memcpy beside it; bench/peers/decode_peers.py puts PyTorch beside it.
+//
+//   qkv bench decode --cache-len 32768 [--cache-len ...] [--batch 1] [--heads 32 --kv-heads 8
+//                    --head-dim 128] [--dtype bfloat16] [--matmul-precision medium] [--threads 2]
+//                    [--min-time 1] [--json]
+#include <cstdio>
+#include <vector>
+
+#include "commands.h"
+#include "qkv/kv_cache.h"
+#include "qkv/parallel.h"
+#include "timing.h"
+
+namespace qkv::cli {
+
+namespace {
+
+struct DecodeArgs {
+  std::vector<int64_t> lengths;
+  int64_t batch = 1, heads = 32, kv_heads = 8, head_dim = 128;
+  std::string dtype = "float32", precision = "highest";
+  int threads = 0;
+  double min_time = 1.0;
+  bool json = false;
+};
+
+void bench_one(const DecodeArgs& a, int64_t len) {
+  KVCache cache({a.batch, a.kv_heads, a.head_dim, len, a.head_dim, dtype_from_name(a.dtype)});
+  for (int64_t at = 0; at < len; at += 4096) {  // filled in slices: the random tensors stay small
+    const int64_t n = std::min<int64_t>(4096, len - at);
+    cache.append(Tensor::randn({a.batch, a.kv_heads, n, a.head_dim}, static_cast<uint64_t>(at)),
+                 Tensor::randn({a.batch, a.kv_heads, n, a.head_dim}, static_cast<uint64_t>(at) + 1));
+  }
+  const Tensor q = Tensor::randn({a.batch, a.heads, 1, a.head_dim}, 7);  // [B, Hq, 1, D]
+  DecodeOptions o;
+  o.matmul_precision = matmul_precision_from_name(a.precision);
+  const double s = best_seconds(a.min_time, 1, [&] { (void)decode_attention(q, cache, o); });
+  const double bytes =
+      2.0 * static_cast<double>(a.batch * a.kv_heads * len * a.head_dim * itemsize(cache.config().dtype));
+  if (a.json) {
+    std::printf(
+        "{\"op\": \"decode\", \"cache_len\": %lld, \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
+        "\"head_dim\": %lld, \"dtype\": \"%s\", \"threads\": %d, \"ms\": %.4f, \"gb_per_s\": %.2f}\n",
+        static_cast<long long>(len), static_cast<long long>(a.batch), static_cast<long long>(a.heads),
+        static_cast<long long>(a.kv_heads), static_cast<long long>(a.head_dim), a.dtype.c_str(), get_num_threads(),
+        s * 1e3, bytes / s / 1e9);
+  } else {
+    std::printf("decode cache %lld x B %lld (Hq %lld, Hk %lld, D %lld, %s): %.3f ms per step, %.1f GB/s of K and V\n",
+                static_cast<long long>(len), static_cast<long long>(a.batch), static_cast<long long>(a.heads),
+                static_cast<long long>(a.kv_heads), static_cast<long long>(a.head_dim), a.dtype.c_str(), s * 1e3,
+                bytes / s / 1e9);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void register_bench_decode(CLI::App* bench) {
+  auto a = std::make_shared<DecodeArgs>();
+  CLI::App* cmd = bench->add_subcommand("decode", "One decode step (Lq = 1) against a KV cache: ms and GB/s");
+  cmd->add_option("--cache-len", a->lengths, "cache length (repeatable; default 8192)")->check(integer_in(1));
+  cmd->add_option("--batch", a->batch, "sequences (default 1)")->check(integer_in(1, 4096));
+  cmd->add_option("--heads", a->heads, "query heads (default 32)")->check(integer_in(1, 4096));
+  cmd->add_option("--kv-heads", a->kv_heads, "cache heads, dividing --heads (default 8)")->check(integer_in(1, 4096));
+  cmd->add_option("--head-dim", a->head_dim, "D (default 128)")->check(integer_in(1, 4096));
+  cmd->add_option("--dtype", a->dtype, "cache dtype (default float32)")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+  cmd->add_option("--matmul-precision", a->precision, "bf16 caches: highest (widened, default) or medium (bf16 GEMMs)")
+      ->check(CLI::IsMember({"highest", "high", "medium"}));
+  cmd->add_option("--threads", a->threads, "threads (default QKV_NUM_THREADS, else OMP_NUM_THREADS, else cores)")
+      ->check(integer_in(1, 4096));
+  cmd->add_option("--min-time", a->min_time, "seconds to time each measurement (default 1)")
+      ->check(real_in(0.0, 86400.0));
+  cmd->add_flag("--json", a->json, "one JSON object per line");
+  cmd->callback([a] {
+    if (a->threads > 0) set_num_threads(a->threads);
+    if (a->lengths.empty()) a->lengths = {8192};
+    for (int64_t len : a->lengths) bench_one(*a, len);
+  });
+}
+
+}  // namespace qkv::cli
