@@ -18,10 +18,11 @@ namespace {
 constexpr int64_t kHq = 32, kHk = 8, kDim = 128;
 
 // state.range: cache length, batch, dtype (0 f32, 1 bf16, 2 bf16 with matmul_precision medium:
-// bf16 GEMMs on the cache in place where the CPU has them).
+// bf16 GEMMs on the cache in place where the CPU has them, 3 int8).
 void BM_DecodeStep(benchmark::State& state) {
   const int64_t len = state.range(0), b = state.range(1);
-  const qkv::DType dtype = state.range(2) == 0 ? qkv::DType::f32 : qkv::DType::bf16;
+  const qkv::DType dtype =
+      state.range(2) == 0 ? qkv::DType::f32 : (state.range(2) == 3 ? qkv::DType::i8 : qkv::DType::bf16);
   qkv::DecodeOptions o;
   if (state.range(2) == 2) o.matmul_precision = qkv::MatmulPrecision::medium;
   qkv::KVCache cache({b, kHk, kDim, len, kDim, dtype});
@@ -40,8 +41,8 @@ void BM_DecodeStep(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeStep)
     ->ArgNames({"len", "B", "cache"})
-    ->ArgsProduct({{1024, 8192, 32768, 131072}, {1}, {0, 1, 2}})
-    ->ArgsProduct({{1024, 8192, 16384}, {8}, {0, 1, 2}})
+    ->ArgsProduct({{1024, 8192, 32768, 131072}, {1}, {0, 1, 2, 3}})
+    ->ArgsProduct({{1024, 8192, 16384}, {8}, {0, 1, 2, 3}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

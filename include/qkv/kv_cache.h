@@ -37,7 +37,7 @@ struct KVCacheConfig {
   int64_t head_dim = 0;
   int64_t capacity = 0;      // positions per sequence
   int64_t value_dim = 0;     // 0: head_dim
-  DType dtype = DType::f32;  // f32, bf16, f16
+  DType dtype = DType::f32;  // f32, bf16, f16, or i8 (quantized: below)
 };
 
 class KVCache {
@@ -62,9 +62,26 @@ class KVCache {
   const Tensor& keys() const { return k_; }
   const Tensor& values() const { return v_; }
 
+  // int8 caches (dtype i8): each key is stored as round((k - c) / (r s_k)) with c and r per
+  // (sequence, head) and channel — the mean and the RMS deviation over the keys of the
+  // sequence's first append (LLM keys have outlier channels with large, steady means and
+  // spreads; taking the mean out is SageAttention's smoothing, dividing by r evens the
+  // channels so that one token scale fits them all) — and s_k = max|(k - c) / r| / 127 per
+  // position; each value as round(v / s_v), s_v = max|v| / 127 per position.
+  // decode_attention reads k = q s_k r + c, v = q s_v.
+  const Tensor& key_scales() const { return k_scale_; }    // [B, Hk, capacity] f32 (i8 caches)
+  const Tensor& value_scales() const { return v_scale_; }  // [B, Hk, capacity] f32 (i8 caches)
+  const Tensor& key_offsets() const { return k_offset_; }  // [B, Hk, D] f32: c (i8 caches)
+  const Tensor& key_spreads() const { return k_spread_; }  // [B, Hk, D] f32: r (i8 caches)
+  // The cached keys / values as float32 [B, Hk, capacity, D] (dequantized for i8 caches).
+  Tensor keys_f32() const;
+  Tensor values_f32() const;
+
  private:
   KVCacheConfig config_;
+  void append_int8(int64_t b, int64_t at, const Tensor& k, const Tensor& v);  // [Hk, n, D] each
   Tensor k_, v_;
+  Tensor k_scale_, v_scale_, k_offset_, k_spread_;  // i8 caches only
   std::vector<int64_t> lengths_;
 };
 

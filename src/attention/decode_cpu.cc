@@ -43,15 +43,31 @@ int64_t chunk_size(const DecodeCall& d, const KVCache& cache, int64_t requested)
   return std::clamp<int64_t>((longest + per_seq - 1) / per_seq, 256, 1024);
 }
 
-// Rows [n, Dx] of cache tensor `t` (f32 [B, Hk, capacity, Dx] or 16-bit) at (b, hk, c0) as f32.
-const float* rows_f32(const Tensor& t, int64_t b, int64_t hk, int64_t c0, int64_t n, std::vector<float>& buffer) {
-  const int64_t dx = t.size(3), offset = ((b * t.size(1) + hk) * t.size(2) + c0) * dx;
+// Rows [n, Dx] of the cache's keys (or values) at (b, hk, c0) as f32: in place for an f32 cache,
+// else into `buffer`: 16-bit widened, int8 dequantized (key: q s r + c, value: q s; kv_cache.h).
+const float* rows_f32(const KVCache& cache, bool keys, int64_t b, int64_t hk, int64_t c0, int64_t n,
+                      std::vector<float>& buffer) {
+  const Tensor& t = keys ? cache.keys() : cache.values();
+  const int64_t dx = t.size(3), first = (b * t.size(1) + hk) * t.size(2) + c0, offset = first * dx;
   if (t.dtype() == DType::f32) return t.data<float>() + offset;
   buffer.resize(static_cast<size_t>(n * dx));
   if (t.dtype() == DType::bf16) {
     kernels::widen(t.data<bfloat16>() + offset, n * dx, buffer.data());
-  } else {
+  } else if (t.dtype() == DType::f16) {
     kernels::widen(t.data<float16>() + offset, n * dx, buffer.data());
+  } else {  // int8
+    const int8_t* q = t.data<int8_t>() + offset;
+    const float* scale = (keys ? cache.key_scales() : cache.value_scales()).data<float>() + first;
+    const float* shift = keys ? cache.key_offsets().data<float>() + (b * t.size(1) + hk) * dx : nullptr;
+    const float* spread = keys ? cache.key_spreads().data<float>() + (b * t.size(1) + hk) * dx : nullptr;
+    for (int64_t j = 0; j < n; ++j) {
+      float* row = buffer.data() + j * dx;
+      if (!keys) {
+        for (int64_t c = 0; c < dx; ++c) row[c] = static_cast<float>(q[j * dx + c]) * scale[j];
+        continue;
+      }
+      for (int64_t c = 0; c < dx; ++c) row[c] = static_cast<float>(q[j * dx + c]) * (scale[j] * spread[c]) + shift[c];
+    }
   }
   return buffer.data();
 }
@@ -101,8 +117,8 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
   if (native) {
     scores_bf16(d, qrows, cache.keys(), it, sc);
   } else {
-    const float* k = rows_f32(cache.keys(), it.b, it.hk, it.c0, cols, sc.k);  // [C, D]
-    GemmShape g;                                                              // S = scale Q K^T
+    const float* k = rows_f32(cache, true, it.b, it.hk, it.c0, cols, sc.k);  // [C, D]
+    GemmShape g;                                                             // S = scale Q K^T
     g.trans_b = true, g.m = rows, g.n = cols, g.k = d.dk, g.lda = d.dk, g.ldb = d.dk, g.ldc = cols;
     gemm(g, static_cast<float>(d.scale), qrows, k, 0.0f, sc.s.data());
   }
@@ -132,8 +148,8 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
     values_bf16(d, cache.values(), it, sc, o_part);
     return;
   }
-  const float* v = rows_f32(cache.values(), it.b, it.hk, it.c0, cols, sc.v);  // [C, Dv]
-  GemmShape pv;                                                               // O = P V
+  const float* v = rows_f32(cache, false, it.b, it.hk, it.c0, cols, sc.v);  // [C, Dv]
+  GemmShape pv;                                                             // O = P V
   pv.m = rows, pv.n = d.dv, pv.k = cols, pv.lda = cols, pv.ldb = d.dv, pv.ldc = d.dv;
   gemm(pv, 1.0f, sc.s.data(), v, 0.0f, o_part);
 }

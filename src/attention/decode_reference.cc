@@ -12,9 +12,9 @@ namespace qkv {
 
 AttentionResult decode_attention_reference(const Tensor& q, const KVCache& cache, const DecodeOptions& o) {
   const attention::DecodeCall d = attention::check_decode(q, cache, o, "decode_attention_reference");
-  const std::vector<double> qd = q.contiguous().to_vector<double>();               // [B, Hq, Lq, D]
-  const std::vector<double> kd = cache.keys().contiguous().to_vector<double>();    // [B, Hk, cap, D]
-  const std::vector<double> vd = cache.values().contiguous().to_vector<double>();  // [B, Hk, cap, Dv]
+  const std::vector<double> qd = q.contiguous().to_vector<double>();      // [B, Hq, Lq, D]
+  const std::vector<double> kd = cache.keys_f32().to_vector<double>();    // [B, Hk, cap, D] (dequantized)
+  const std::vector<double> vd = cache.values_f32().to_vector<double>();  // [B, Hk, cap, Dv]
   const int64_t cap = cache.config().capacity;
   std::vector<double> out(static_cast<size_t>(d.b * d.hq * d.lq * d.dv), 0.0);
   std::vector<double> lse(static_cast<size_t>(d.b * d.hq * d.lq), -std::numeric_limits<double>::infinity());

@@ -1,8 +1,10 @@
 // KVCache and decode_attention's checks and dispatch (qkv/kv_cache.h).
 #include "qkv/kv_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "attention/decode_cpu.h"
 #include "qkv/error.h"
@@ -25,11 +27,17 @@ KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
                      c.batch, ", kv_heads ", c.kv_heads, ", head_dim ", c.head_dim, ", capacity ", c.capacity,
                      ", value_dim ", c.value_dim);
   }
-  if (c.dtype != DType::f32 && c.dtype != DType::bf16 && c.dtype != DType::f16) {
-    fail<DTypeError>("KVCache: dtype must be float32, bfloat16 or float16, got ", dtype_name(c.dtype));
+  if (c.dtype != DType::f32 && c.dtype != DType::bf16 && c.dtype != DType::f16 && c.dtype != DType::i8) {
+    fail<DTypeError>("KVCache: dtype must be float32, bfloat16, float16 or int8, got ", dtype_name(c.dtype));
   }
   k_ = Tensor::zeros({c.batch, c.kv_heads, c.capacity, c.head_dim}, c.dtype);  // [B, Hk, capacity, D]
   v_ = Tensor::zeros({c.batch, c.kv_heads, c.capacity, c.value_dim}, c.dtype);
+  if (c.dtype == DType::i8) {
+    k_scale_ = Tensor::zeros({c.batch, c.kv_heads, c.capacity});  // [B, Hk, capacity]
+    v_scale_ = Tensor::zeros({c.batch, c.kv_heads, c.capacity});
+    k_offset_ = Tensor::zeros({c.batch, c.kv_heads, c.head_dim});  // [B, Hk, D]
+    k_spread_ = Tensor::ones({c.batch, c.kv_heads, c.head_dim});
+  }
   lengths_.assign(static_cast<size_t>(c.batch), 0);
 }
 
@@ -62,11 +70,90 @@ void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t
   for (int64_t b = 0; b < c.batch; ++b) {
     const int64_t n = counts.empty() ? t : counts[static_cast<size_t>(b)], at = lengths_[static_cast<size_t>(b)];
     if (n == 0) continue;
-    // [Hk, n, D] into the cache's [Hk, at:at+n, D] (the copy engine converts the dtype)
-    k_.select(0, b).slice(1, at, at + n).copy_from(k.select(0, b).slice(1, 0, n).to(c.dtype));
-    v_.select(0, b).slice(1, at, at + n).copy_from(v.select(0, b).slice(1, 0, n).to(c.dtype));
+    if (c.dtype == DType::i8) {
+      append_int8(b, at, k.select(0, b).slice(1, 0, n), v.select(0, b).slice(1, 0, n));
+    } else {  // [Hk, n, D] into the cache's [Hk, at:at+n, D] (the copy engine converts the dtype)
+      k_.select(0, b).slice(1, at, at + n).copy_from(k.select(0, b).slice(1, 0, n).to(c.dtype));
+      v_.select(0, b).slice(1, at, at + n).copy_from(v.select(0, b).slice(1, 0, n).to(c.dtype));
+    }
     lengths_[static_cast<size_t>(b)] = at + n;
   }
+}
+
+namespace {
+
+// Row [n] of x scaled to int8: round(x / s) with s = max|x| / 127 (1 for a zero row); returns s.
+float quantize_row(const float* x, int64_t n, int8_t* out) {
+  float big = 0.0f;
+  for (int64_t i = 0; i < n; ++i) big = std::max(big, std::fabs(x[i]));
+  const float s = big > 0.0f ? big / 127.0f : 1.0f;
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / s), -127.0f, 127.0f));
+  return s;
+}
+
+// offset[d], spread[d] = mean and RMS deviation of channel d over keys [n, dim] (spread 1
+// where a channel does not vary).
+void channel_stats(const float* k, int64_t n, int64_t dim, float* offset, float* spread) {
+  for (int64_t d = 0; d < dim; ++d) {
+    double sum = 0, squares = 0;
+    for (int64_t j = 0; j < n; ++j) sum += k[j * dim + d];
+    const double mean = sum / static_cast<double>(n);
+    for (int64_t j = 0; j < n; ++j) squares += (k[j * dim + d] - mean) * (k[j * dim + d] - mean);
+    const double rms = std::sqrt(squares / static_cast<double>(n));
+    offset[d] = static_cast<float>(mean);
+    spread[d] = rms > 1e-12 ? static_cast<float>(rms) : 1.0f;
+  }
+}
+
+}  // namespace
+
+void KVCache::append_int8(int64_t b, int64_t at, const Tensor& k, const Tensor& v) {
+  const KVCacheConfig& c = config_;
+  const Tensor kf = k.to(DType::f32).contiguous(), vf = v.to(DType::f32).contiguous();  // [Hk, n, D]
+  const int64_t n = kf.size(1);
+  for (int64_t h = 0; h < c.kv_heads; ++h) {
+    float* offset = k_offset_.data<float>() + (b * c.kv_heads + h) * c.head_dim;  // [D]
+    float* spread = k_spread_.data<float>() + (b * c.kv_heads + h) * c.head_dim;  // [D]
+    const float* kh = kf.data<float>() + h * n * c.head_dim;                      // [n, D]
+    if (at == 0) channel_stats(kh, n, c.head_dim, offset, spread);                // fixed by the sequence's first keys
+    std::vector<float> row(static_cast<size_t>(c.head_dim));
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t slot = (b * c.kv_heads + h) * c.capacity + at + j;
+      for (int64_t d = 0; d < c.head_dim; ++d) row[d] = (kh[j * c.head_dim + d] - offset[d]) / spread[d];
+      k_scale_.data<float>()[slot] = quantize_row(row.data(), c.head_dim, k_.data<int8_t>() + slot * c.head_dim);
+      const float* vj = vf.data<float>() + (h * n + j) * c.value_dim;
+      v_scale_.data<float>()[slot] = quantize_row(vj, c.value_dim, v_.data<int8_t>() + slot * c.value_dim);
+    }
+  }
+}
+
+Tensor KVCache::keys_f32() const {
+  if (config_.dtype != DType::i8) return k_.to(DType::f32);
+  Tensor out = k_.to(DType::f32);  // [B, Hk, capacity, D]: q s r + c
+  const KVCacheConfig& c = config_;
+  float* o = out.data<float>();
+  for (int64_t bh = 0; bh < c.batch * c.kv_heads; ++bh) {
+    for (int64_t j = 0; j < c.capacity; ++j) {
+      const float s = k_scale_.data<float>()[bh * c.capacity + j];
+      const float* off = k_offset_.data<float>() + bh * c.head_dim;
+      const float* spread = k_spread_.data<float>() + bh * c.head_dim;
+      float* row = o + (bh * c.capacity + j) * c.head_dim;
+      for (int64_t d = 0; d < c.head_dim; ++d) row[d] = row[d] * s * spread[d] + off[d];
+    }
+  }
+  return out;
+}
+
+Tensor KVCache::values_f32() const {
+  if (config_.dtype != DType::i8) return v_.to(DType::f32);
+  Tensor out = v_.to(DType::f32);  // [B, Hk, capacity, Dv]: q s
+  const KVCacheConfig& c = config_;
+  float* o = out.data<float>();
+  for (int64_t slot = 0; slot < c.batch * c.kv_heads * c.capacity; ++slot) {
+    const float s = v_scale_.data<float>()[slot];
+    for (int64_t d = 0; d < c.value_dim; ++d) o[slot * c.value_dim + d] *= s;
+  }
+  return out;
 }
 
 void KVCache::set_length(int64_t b, int64_t length) {

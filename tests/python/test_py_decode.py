@@ -61,7 +61,7 @@ def test_errors():
     with pytest.raises(ValueError, match=r"decode_attention: q must be \[1, Hq, Lq, 4\]"):
         qkv.decode_attention(np.zeros((1, 3, 1, 4)), cache)
     with pytest.raises(TypeError):
-        qkv.KVCache(1, 2, 4, 3, dtype="int8")
+        qkv.KVCache(1, 2, 4, 3, dtype="float64")
 
 
 def llama_rope(x, pos, base, rd):
@@ -134,3 +134,14 @@ def test_cli_bench_decode_reports_time_and_bandwidth(run):
     assert all(r["dtype"] == "bfloat16" and r["ms"] > 0 and r["gb_per_s"] > 0 for r in rows)
     bad = run("bench", "decode", "--heads", "4", "--kv-heads", "3", "--min-time", "0")
     assert bad.returncode == 1 and "decode_attention: q must be" in bad.stderr
+
+
+def test_int8_cache_is_close_to_float32():
+    k, v = rng.standard_normal((1, 2, 500, 32)), rng.standard_normal((1, 2, 500, 32))
+    exact, small = qkv.KVCache(1, 2, 32, 500), qkv.KVCache(1, 2, 32, 500, dtype="int8")
+    exact.append(k, v)
+    small.append(k, v)
+    q = rng.standard_normal((1, 4, 1, 32)).astype(np.float32)
+    a, b = qkv.decode_attention(q, small), qkv.decode_attention(q, exact)
+    assert np.linalg.norm(a - b) / np.linalg.norm(b) < 2e-2
+    assert small.keys.dtype == np.int8

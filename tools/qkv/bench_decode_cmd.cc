@@ -66,7 +66,7 @@ void register_bench_decode(CLI::App* bench) {
   cmd->add_option("--kv-heads", a->kv_heads, "cache heads, dividing --heads (default 8)")->check(integer_in(1, 4096));
   cmd->add_option("--head-dim", a->head_dim, "D (default 128)")->check(integer_in(1, 4096));
   cmd->add_option("--dtype", a->dtype, "cache dtype (default float32)")
-      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16", "int8"}));
   cmd->add_option("--matmul-precision", a->precision, "bf16 caches: highest (widened, default) or medium (bf16 GEMMs)")
       ->check(CLI::IsMember({"highest", "high", "medium"}));
   cmd->add_option("--threads", a->threads, "threads (default QKV_NUM_THREADS, else OMP_NUM_THREADS, else cores)")
