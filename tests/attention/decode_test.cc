@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/attention_test_configs.h"
 #include "common/expect.h"
 #include "common/thread_guard.h"
 #include "qkv/attention.h"
@@ -18,13 +19,7 @@
 namespace qkv {
 namespace {
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  EXPECT_EQ(x.size(), y.size());
-  double err = 0.0;
-  for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) err = std::max(err, std::fabs(x[i] - y[i]));
-  return err;
-}
+using test::max_abs_diff;  // NaN-aware, shapes checked (attention_test_configs.h)
 
 // A cache of `lengths` random keys/values per sequence (appended in two ragged steps).
 KVCache filled(const std::vector<int64_t>& lengths, int64_t hk, int64_t d, int64_t dv, DType dtype, uint64_t seed) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/attention_test_configs.h"
 #include "common/expect.h"
 #include "qkv/attention.h"
 #include "qkv/attention_backward.h"
@@ -20,16 +21,7 @@ namespace {
 
 using Align = AttentionMods::Align;
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  EXPECT_EQ(x.size(), y.size());
-  double err = 0.0;
-  for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) {
-    if (std::isnan(x[i]) != std::isnan(y[i])) return INFINITY;
-    if (!std::isnan(x[i])) err = std::max(err, std::fabs(x[i] - y[i]));
-  }
-  return err;
-}
+using test::max_abs_diff;  // NaN-aware, shapes checked (attention_test_configs.h)
 
 struct Case {
   std::string name;

@@ -6,18 +6,14 @@
 #include <cmath>
 #include <vector>
 
+#include "attention/attention_test_configs.h"
 #include "common/expect.h"
 #include "qkv/rotary.h"
 
 namespace qkv {
 namespace {
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  double err = 0.0;
-  for (size_t i = 0; i < x.size(); ++i) err = std::max(err, std::fabs(x[i] - y[i]));
-  return err;
-}
+using test::max_abs_diff;  // NaN-aware, shapes checked (attention_test_configs.h)
 
 TEST(Rotary, KernelMatchesReference) {
   for (RotaryLayout layout : {RotaryLayout::neox, RotaryLayout::gptj}) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "attention/attention_test_configs.h"
 #include "common/expect.h"
 #include "qkv/kv_cache.h"
 #include "qkv/nn/mha.h"
@@ -13,13 +14,7 @@
 namespace qkv::nn {
 namespace {
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  EXPECT_EQ(x.size(), y.size());
-  double err = 0.0;
-  for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) err = std::max(err, std::fabs(x[i] - y[i]));
-  return err;
-}
+using test::max_abs_diff;  // NaN-aware, shapes checked (attention_test_configs.h)
 
 Tensor causal_mask(int64_t l) {  // torch's convention: True = not allowed
   std::vector<uint8_t> m(static_cast<size_t>(l * l));
