@@ -29,7 +29,7 @@ def test_version_is_the_one_in_cmakelists(run):
 
 @pytest.mark.parametrize("args,message", [
     (["bogus"], "'bogus' is not a subcommand of qkv (one of: attention, inspect, convert, demo, train, bench, einsum,"),
-    (["bench", "bogus"], "'bogus' is not a subcommand of qkv bench (one of: attention)"),
+    (["bench", "bogus"], "'bogus' is not a subcommand of qkv bench (one of: attention, decode)"),
     ([], "A subcommand is required"),
     (["bench"], "A subcommand is required"),
     (["einsum", "ij->ji", "x.npy", "--no-such-option"], "--no-such-option"),
