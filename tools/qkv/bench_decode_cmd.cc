@@ -42,7 +42,7 @@ void bench_one(const DecodeArgs& a, int64_t len) {
   if (a.json) {
     std::printf(
         "{\"op\": \"decode\", \"cache_len\": %lld, \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
-        "\"head_dim\": %lld, \"dtype\": \"%s\", \"threads\": %d, \"ms\": %.4f, \"gb_per_s\": %.2f}\n",
+        "\"head_dim\": %lld, \"dtype\": \"%s\", \"threads\": %d, \"ms\": %.6g, \"gb_per_s\": %.6g}\n",
         static_cast<long long>(len), static_cast<long long>(a.batch), static_cast<long long>(a.heads),
         static_cast<long long>(a.kv_heads), static_cast<long long>(a.head_dim), a.dtype.c_str(), get_num_threads(),
         s * 1e3, bytes / s / 1e9);
