@@ -139,12 +139,13 @@ class MultiheadAttention:
 
     def forward(self, query: Any, key: Any, value: Any, key_padding_mask: Any = None, need_weights: bool = True,
                 attn_mask: Any = None, average_attn_weights: bool = True, is_causal: bool = False,
-                cache: Any = None) -> tuple:
+                cache: Any = None, mods: Any = None) -> tuple:
         """(attn_output, attn_output_weights or None), as torch: output [L, N, E] ([N, L, E] with
         batch_first), weights [N, L, S] averaged over heads or [N, H, L, S]. With cache=qkv.KVCache
         ([N, H, capacity, E/H]): self-attention of the new tokens `query` (key and value must be
         the same array) appended to the cache, causal over everything cached (prefill, then
-        decode token by token; docs/decode.md); returns (output, None)."""
+        decode token by token; docs/decode.md); returns (output, None). mods=qkv.AttentionMods(...):
+        sliding windows, global tokens, ALiBi, ... on the layer's attention (docs/attention-variants.md)."""
         if cache is not None:
             if key is not query or value is not query:
                 raise ValueError("MultiheadAttention.forward: with a cache, key and value must be the query itself")
@@ -153,13 +154,13 @@ class MultiheadAttention:
         k = q if key is query else k
         v = q if value is query else (k if value is key else v)
         out, w = self._layer.forward(q, k, v, _array(key_padding_mask), need_weights, _array(attn_mask),
-                                     average_attn_weights, is_causal)
+                                     average_attn_weights, is_causal, mods)
         return _like(out, query), _like(w, query)
 
     __call__ = forward
 
     def backward(self, query: Any, key: Any, value: Any, grad_output: Any, key_padding_mask: Any = None,
-                 need_weights: bool = True, attn_mask: Any = None, is_causal: bool = False) -> tuple:
+                 need_weights: bool = True, attn_mask: Any = None, is_causal: bool = False, mods: Any = None) -> tuple:
         """(d_query, d_key, d_value, grads): the gradients of a loss through forward(query, key, value,
         ...) given grad_output = d loss / d output, and grads = {state_dict name: gradient} for every
         parameter (docs/nn.md). Same arguments as forward (need_weights and is_causal select the same
@@ -170,7 +171,7 @@ class MultiheadAttention:
         k = q if key is query else k
         v = q if value is query else (k if value is key else v)
         dq, dk, dv, grads = self._layer.backward(q, k, v, _array(grad_output), _array(key_padding_mask),
-                                                 need_weights, _array(attn_mask), is_causal)
+                                                 need_weights, _array(attn_mask), is_causal, mods)
         return _like(dq, query), _like(dk, query), _like(dv, query), {n: _like(g, query) for n, g in grads.items()}
 
 

@@ -15,6 +15,7 @@
 #include "args.h"
 #include "array_like.h"
 #include "interrupt.h"
+#include "mods_arg.h"
 #include "qkv/kv_cache.h"
 #include "qkv/nn/keras_layers.h"
 #include "qkv/nn/keras_mha.h"
@@ -120,7 +121,8 @@ struct TorchCall {
 };
 
 TorchCall torch_call(const std::string& op, nb::handle query, nb::handle key, nb::handle value,
-                     nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask, bool is_causal) {
+                     nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask, bool is_causal,
+                     nb::handle mods) {
   TorchCall c;
   c.q = to_tensor(query, (op + ": query").c_str());
   c.k = key.is(query) ? c.q : to_tensor(key, (op + ": key").c_str());
@@ -129,14 +131,15 @@ TorchCall torch_call(const std::string& op, nb::handle query, nb::handle key, nb
   c.o.attn_mask = to_optional_tensor(attn_mask, (op + ": attn_mask").c_str());
   c.o.need_weights = need_weights;
   c.o.is_causal = is_causal;
+  c.o.mods = qkv::python::mods_arg(mods, op.c_str());
   return c;
 }
 
 nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, nb::handle key, nb::handle value,
                         nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask, bool average_attn_weights,
-                        bool is_causal) {
+                        bool is_causal, nb::handle mods) {
   TorchCall c =
-      torch_call("MultiheadAttention", query, key, value, key_padding_mask, need_weights, attn_mask, is_causal);
+      torch_call("MultiheadAttention", query, key, value, key_padding_mask, need_weights, attn_mask, is_causal, mods);
   c.o.average_attn_weights = average_attn_weights;
   qkv::nn::MultiheadAttentionResult r;
   {
@@ -149,9 +152,9 @@ nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, 
 // (d_query, d_key, d_value, {parameter name: gradient}) as NumPy arrays.
 nb::tuple torch_backward(const qkv::nn::MultiheadAttention& m, nb::handle query, nb::handle key, nb::handle value,
                          nb::handle grad_output, nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask,
-                         bool is_causal) {
+                         bool is_causal, nb::handle mods) {
   const TorchCall c = torch_call("MultiheadAttention.backward", query, key, value, key_padding_mask, need_weights,
-                                 attn_mask, is_causal);
+                                 attn_mask, is_causal, mods);
   const Tensor g = to_tensor(grad_output, "MultiheadAttention.backward: grad_output");
   qkv::nn::MultiheadAttentionGradients r;
   {
@@ -179,10 +182,10 @@ void bind_torch_flavour(nb::module_& nn) {
       .def("forward", &torch_forward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
            nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
            nb::arg("attn_mask").none() = nb::none(), nb::arg("average_attn_weights") = true,
-           nb::arg("is_causal") = false)
+           nb::arg("is_causal") = false, nb::arg("mods").none() = nb::none())
       .def("backward", &torch_backward, nb::arg("query"), nb::arg("key"), nb::arg("value"), nb::arg("grad_output"),
            nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
-           nb::arg("attn_mask").none() = nb::none(), nb::arg("is_causal") = false)
+           nb::arg("attn_mask").none() = nb::none(), nb::arg("is_causal") = false, nb::arg("mods").none() = nb::none())
       .def(
           "forward_cached",
           [](const qkv::nn::MultiheadAttention& m, nb::handle x, qkv::KVCache& cache) {

@@ -343,6 +343,10 @@ AttentionOptions MultiheadAttention::attention_options(const MultiheadAttentionO
   AttentionOptions ao;
   ao.attn_mask = mask;
   ao.is_causal = causal;
+  if (o.mods.any()) {
+    if (extra > 0) fail<ValueError>(kOp, ": mods cannot be combined with add_bias_kv / add_zero_attn");
+    ao.mods = o.mods;
+  }
   if (training && config_.dropout > 0) {
     ao.dropout_p = config_.dropout;
     ao.seed = dropout_seed;

@@ -71,3 +71,43 @@ TEST(MultiheadAttentionCached, UnbatchedAndErrors) {
 
 }  // namespace
 }  // namespace qkv::nn
+
+namespace qkv::nn {
+namespace {
+
+// MultiheadAttentionOptions::mods: a sliding window with ALiBi through the layer equals the same
+// bias as a dense float attn_mask, forward and backward; refused with add_bias_kv.
+TEST(MultiheadAttentionMods, EqualTheDenseMaskForwardAndBackward) {
+  MultiheadAttentionConfig c;
+  c.embed_dim = 16, c.num_heads = 2, c.batch_first = true;
+  const MultiheadAttention mha(c, 5);
+  const Tensor x = Tensor::randn({2, 12, 16}, 6), g = Tensor::randn({2, 12, 16}, 7);
+  MultiheadAttentionOptions with_mods;
+  with_mods.need_weights = false;
+  with_mods.mods = AttentionMods::sliding_window(3, 1);
+  with_mods.mods.alibi_slopes = Tensor::from_vector<float>({0.5f, 0.25f}, {2});
+  std::vector<float> dense(2 * 2 * 12 * 12);  // [N*H, L, S] float mask (added): -inf outside, slope (j - i)
+  for (int64_t n = 0; n < 2; ++n) {
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t i = 0; i < 12; ++i) {
+        for (int64_t j = 0; j < 12; ++j) {
+          const bool in = j >= i - 3 && j <= i + 1;
+          dense[((n * 2 + h) * 12 + i) * 12 + j] = in ? (h == 0 ? 0.5f : 0.25f) * float(j - i) : -INFINITY;
+        }
+      }
+    }
+  }
+  MultiheadAttentionOptions with_mask;
+  with_mask.need_weights = false;
+  with_mask.attn_mask = Tensor::from_vector(dense, {4, 12, 12});
+  EXPECT_LE(max_abs_diff(mha.forward(x, x, x, with_mods).output, mha.forward(x, x, x, with_mask).output), 2e-6);
+  const MultiheadAttentionGradients a = mha.backward(x, x, x, g, with_mods), b = mha.backward(x, x, x, g, with_mask);
+  EXPECT_LE(max_abs_diff(a.query, b.query), 1e-5);
+  for (const auto& [name, t] : a.params) EXPECT_LE(max_abs_diff(t, b.params.at(name)), 1e-5) << name;
+  c.add_bias_kv = true;
+  EXPECT_THROW_WITH(MultiheadAttention(c, 5).forward(x, x, x, with_mods), ValueError,
+                    "MultiheadAttention: mods cannot be combined with add_bias_kv / add_zero_attn");
+}
+
+}  // namespace
+}  // namespace qkv::nn

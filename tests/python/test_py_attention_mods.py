@@ -157,3 +157,17 @@ def test_mods_match_pytorch_flex_attention(path):
     np.testing.assert_allclose(ref, t["out"], rtol=0, atol=1e-12)
     out32 = qkv.scaled_dot_product_attention(*(t[n].astype(np.float32) for n in "qkv"), mods=mods)
     np.testing.assert_allclose(out32, t["out"], rtol=0, atol=2e-5)
+
+
+def test_mods_through_the_torch_flavour_layer_equal_the_dense_mask():
+    mha = qkv.nn.MultiheadAttention(16, 2, batch_first=True)
+    x = rng.standard_normal((2, 20, 16)).astype(np.float32)
+    mods = M.longformer(3, 3, [0])
+    blocked = ~allowed(mods, 20, 20)  # torch's convention: True = not allowed
+    a, _ = mha(x, x, x, mods=mods, need_weights=False)
+    b, _ = mha(x, x, x, attn_mask=blocked, need_weights=False)
+    np.testing.assert_allclose(a, b, atol=2e-6)
+    g = rng.standard_normal(a.shape).astype(np.float32)
+    ga = mha.backward(x, x, x, g, need_weights=False, mods=mods)
+    gb = mha.backward(x, x, x, g, need_weights=False, attn_mask=blocked)
+    np.testing.assert_allclose(ga[0], gb[0], atol=1e-5)

@@ -53,6 +53,11 @@ struct MultiheadAttentionOptions {
   std::optional<Tensor> attn_mask;  // [L, S] or [N*H, L, S]; bool True = not allowed, or float
   bool average_attn_weights = true;
   bool is_causal = false;
+  // Mask and score modifiers of the attention (qkv/attention_mods.h: sliding windows, prefix-LM,
+  // global tokens, BigBird blocks, documents, ALiBi, softcap, ...) over query positions [0, L)
+  // and key positions [0, S), AND-ed with the masks above; empty tiles are skipped. ValueError
+  // with add_bias_kv / add_zero_attn (their appended keys have no position).
+  AttentionMods mods;
 };
 
 // quantize_static's observers of the projections' inputs.
