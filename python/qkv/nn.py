@@ -122,6 +122,28 @@ class MultiheadAttention:
         layer._layer = self._layer.quantize_static(items, observer, percentile)
         return layer
 
+    def quantized_state_dict(self) -> dict:
+        """The quantized layer as a file holds it (qkv.save(path, sd) writes safetensors): each
+        projection weight int8 [out, in] with "<name>.scale" float32 [out], biases float32, and
+        "activation_scales" [4] for static quantization (docs/nn.md)."""
+        return self._layer.quantized_state_dict()
+
+    def _new_from_quantized(cls, state_dict: Mapping[str, Any], num_heads: int, *, dropout: float = 0.0,
+                            add_zero_attn: bool = False, batch_first: bool = False) -> "MultiheadAttention":
+        """MultiheadAttention.from_quantized_state_dict(sd, num_heads): the quantized layer of
+        quantized_state_dict() (the same int8 weights and scales); sizes read from the shapes."""
+        sd = _arrays(state_dict)
+        embed_dim = int(sd["out_proj.weight"].shape[0])
+        kdim = vdim = None
+        if "in_proj_weight" not in sd:
+            kdim, vdim = int(sd["k_proj_weight"].shape[1]), int(sd["v_proj_weight"].shape[1])
+        layer = cls(embed_dim, num_heads, dropout=dropout, bias="in_proj_bias" in sd, add_bias_kv="bias_k" in sd,
+                    add_zero_attn=add_zero_attn, kdim=kdim, vdim=vdim, batch_first=batch_first)
+        layer._layer = layer._layer.from_quantized(sd)
+        return layer
+
+    from_quantized_state_dict = classmethod(_new_from_quantized)
+
     @property
     def quantized(self) -> bool:
         return self._layer.quantized

@@ -198,6 +198,15 @@ void bind_torch_flavour(nb::module_& nn) {
             return to_numpy(r.output);
           },
           nb::arg("x"), nb::arg("cache"))
+      .def("quantized_state_dict",
+           [](const qkv::nn::MultiheadAttention& m) { return to_dict(m.quantized_state_dict()); })
+      .def(
+          "from_quantized",
+          [](const qkv::nn::MultiheadAttention& m, nb::handle sd) {  // m: a layer of the config to load into
+            return qkv::nn::MultiheadAttention::from_quantized_state_dict(
+                m.config(), to_tensor_map(sd, "MultiheadAttention.from_quantized_state_dict"));
+          },
+          nb::arg("state_dict"))
       .def("quantize_dynamic", &qkv::nn::MultiheadAttention::quantize_dynamic)
       .def("quantize_static", &quantize_static, nb::arg("batches"), nb::arg("observer") = "minmax",
            nb::arg("percentile") = 99.99)

@@ -345,3 +345,19 @@ def test_losses_and_a_training_loop():
     assert losses[-1] < 0.8 * losses[0], losses
     with pytest.raises(ValueError, match="convention must be 'torch' or 'keras', got 'jax'"):
         qkv.nn.Adam(convention="jax")
+
+
+def test_quantized_layer_round_trips_through_safetensors(tmp_path):
+    """qkv.nn: int8 weights with their scales saved and loaded give the same layer (issue 14)."""
+    import qkv
+
+    layer = qkv.nn.MultiheadAttention(16, 4, batch_first=True)
+    x = np.random.default_rng(3).standard_normal((2, 5, 16)).astype(np.float32)
+    for q in (layer.quantize_dynamic(), layer.quantize_static([x])):
+        sd = q.quantized_state_dict()
+        assert sd["in_proj_weight"].dtype == np.int8 and sd["in_proj_weight.scale"].shape == (48,)
+        qkv.save(tmp_path / "q.safetensors", sd)
+        back = qkv.nn.MultiheadAttention.from_quantized_state_dict(qkv.load(tmp_path / "q.safetensors"), 4,
+                                                                   batch_first=True)
+        assert back.quantized
+        np.testing.assert_array_equal(back(x, x, x, need_weights=False)[0], q(x, x, x, need_weights=False)[0])

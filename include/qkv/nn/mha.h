@@ -134,6 +134,14 @@ class MultiheadAttention {
   MultiheadAttention quantize_static(const std::vector<std::array<Tensor, 3>>& batches,
                                      const CalibrationOptions& options = {}) const;
   bool quantized() const { return quantized_; }
+  // A quantized layer as a file can hold it (safetensors through qkv::io::save): each projection
+  // weight as int8 [out, in] ("in_proj_weight", "out_proj.weight", ...) with "<name>.scale" f32
+  // [out] (its per-channel scales), biases float32, and for static quantization
+  // "activation_scales" [4] (query, key, value, output inputs). ValueError unless quantized().
+  // from_quantized_state_dict gives back a layer with exactly those int8 weights and scales.
+  std::map<std::string, Tensor> quantized_state_dict() const;
+  static MultiheadAttention from_quantized_state_dict(const MultiheadAttentionConfig& config,
+                                                      const std::map<std::string, Tensor>& state_dict);
 
   const MultiheadAttentionConfig& config() const { return config_; }
   int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }

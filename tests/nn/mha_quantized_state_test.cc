@@ -1,0 +1,66 @@
+// A quantized MultiheadAttention saved as int8 weights with their scales (safetensors) and loaded
+// back is the same layer: the same int8 weights and scales, the same outputs (issue 14 item 4).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "common/expect.h"
+#include "qkv/io.h"
+#include "qkv/nn/mha.h"
+
+namespace qkv::nn {
+namespace {
+
+void round_trip(const MultiheadAttention& q, const MultiheadAttentionConfig& c, const Tensor& x, const char* file) {
+  const auto sd = q.quantized_state_dict();
+  const std::filesystem::path path = std::filesystem::temp_directory_path() / file;
+  io::save(path, sd);
+  const MultiheadAttention back = MultiheadAttention::from_quantized_state_dict(c, io::load(path));
+  std::filesystem::remove(path);
+  const auto sd2 = back.quantized_state_dict();
+  ASSERT_EQ(sd.size(), sd2.size());
+  for (const auto& [name, t] : sd) {
+    EXPECT_EQ(t.dtype(), sd2.at(name).dtype()) << name;
+    EXPECT_EQ(t.to_vector<double>(), sd2.at(name).to_vector<double>()) << name;
+  }
+  MultiheadAttentionOptions o;
+  o.need_weights = false;
+  EXPECT_EQ(q.forward(x, x, x, o).output.to_vector<float>(), back.forward(x, x, x, o).output.to_vector<float>());
+}
+
+TEST(MultiheadAttentionQuantizedState, DynamicAndStaticRoundTripThroughSafetensors) {
+  MultiheadAttentionConfig c;
+  c.embed_dim = 32, c.num_heads = 4;
+  const MultiheadAttention layer(c, 9);
+  const Tensor x = Tensor::randn({6, 2, 32}, 10);  // [L, N, E]
+  const MultiheadAttention dyn = layer.quantize_dynamic();
+  const auto sd = dyn.quantized_state_dict();
+  EXPECT_EQ(sd.at("in_proj_weight").dtype(), DType::i8);
+  EXPECT_EQ(sd.at("in_proj_weight.scale").shape(), (Shape{96}));
+  EXPECT_EQ(sd.at("in_proj_bias").dtype(), DType::f32);
+  EXPECT_EQ(sd.count("activation_scales"), 0u);
+  round_trip(dyn, c, x, "qkv_mha_dynamic.safetensors");
+  const MultiheadAttention stat = layer.quantize_static({{x, x, x}});
+  EXPECT_EQ(stat.quantized_state_dict().at("activation_scales").shape(), (Shape{4}));
+  round_trip(stat, c, x, "qkv_mha_static.safetensors");
+  MultiheadAttentionConfig separate = c;  // kdim/vdim: q/k/v_proj_weight each
+  separate.kdim = 24, separate.vdim = 20;
+  const MultiheadAttention sep = MultiheadAttention(separate, 11).quantize_dynamic();
+  EXPECT_EQ(sep.quantized_state_dict().at("k_proj_weight.scale").shape(), (Shape{32}));
+}
+
+TEST(MultiheadAttentionQuantizedState, Errors) {
+  MultiheadAttentionConfig c;
+  c.embed_dim = 8, c.num_heads = 2;
+  const MultiheadAttention layer(c);
+  EXPECT_THROW_WITH(layer.quantized_state_dict(), ValueError,
+                    "MultiheadAttention.quantized_state_dict: the layer is not quantized");
+  auto sd = layer.quantize_dynamic().quantized_state_dict();
+  sd.erase("out_proj.weight.scale");
+  EXPECT_THROW_WITH(MultiheadAttention::from_quantized_state_dict(c, sd), ValueError,
+                    "MultiheadAttention.from_quantized_state_dict: 'out_proj.weight' must be int8 [out, in] with "
+                    "'out_proj.weight.scale' [out]");
+}
+
+}  // namespace
+}  // namespace qkv::nn
