@@ -13,22 +13,10 @@ from safetensors.numpy import load_file
 
 import qkv
 import qkv.nn
+from fixture_files import load, rel_err  # noqa: E402
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 TOL = 1e-5
-
-
-def load(path):
-    with safe_open(str(path), "np") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-        options = json.loads(f.metadata()["options"])
-    return tensors, options
-
-
-def rel_err(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape
-    return np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-300)
 
 
 TORCH_FILES = sorted((FIXTURES / "mha_torch").glob("*.safetensors"))

@@ -2,32 +2,18 @@
 (tests/fixtures/mha_keras_grad from tests/nn/make_keras_mha_grad_fixtures.py: jax.grad of
 keras.layers.MultiHeadAttention in float64), the self-attention sum, dropout, and errors."""
 
-import json
 import pathlib
 
 import numpy as np
 import pytest
-from safetensors import safe_open
 
 import qkv
 import qkv.nn
+from fixture_files import load, rel_err  # noqa: E402
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "mha_keras_grad"
 FILES = sorted(FIXTURES.glob("*.safetensors"))
 TOL = 1e-5
-
-
-def load(path):
-    with safe_open(str(path), "np") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-        options = json.loads(f.metadata()["options"])
-    return tensors, options
-
-
-def rel_err(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape
-    return np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-300)
 
 
 def layer_of(t, o, **kw):

@@ -4,26 +4,18 @@ articles' modules (tests/fixtures/seed_grad from tests/nn/make_seed_grad_fixture
 errors. Criterion as tests/nn/seed_layers_backward_test.cc: each gradient within 1e-5 of its
 largest magnitude, with a floor of 1e-2 of the configuration's largest gradient."""
 
-import json
 import pathlib
 
 import numpy as np
 import pytest
-from safetensors import safe_open
 
 import qkv
 import qkv.nn
+from fixture_files import load  # noqa: E402
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "seed_grad"
 FILES = sorted(FIXTURES.glob("*.safetensors"))
 TOL = 1e-5
-
-
-def load(path):
-    with safe_open(str(path), "np") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-        options = json.loads(f.metadata()["options"])
-    return tensors, options
 
 
 def with_prefix(t, prefix):
