@@ -260,6 +260,18 @@ class KerasMultiHeadAttention:
     def built(self) -> bool:
         return self._layer.built
 
+    def quantize_dynamic(self) -> "KerasMultiHeadAttention":
+        """A copy whose projections are dynamically int8-quantized (as MultiheadAttention's);
+        attention stays float32, get_weights() keeps the float32 weights, backward refuses."""
+        layer = object.__new__(KerasMultiHeadAttention)
+        layer.__dict__.update(self.__dict__)
+        layer._layer = self._layer.quantize_dynamic()
+        return layer
+
+    @property
+    def quantized(self) -> bool:
+        return self._layer.quantized
+
     def __call__(self, query: Any, value: Any, key: Any = None, query_mask: Any = None, value_mask: Any = None,
                  key_mask: Any = None, attention_mask: Any = None, return_attention_scores: bool = False,
                  use_causal_mask: bool = False, training: bool | None = None) -> Any:
@@ -322,11 +334,12 @@ def torch_to_keras(state_dict: Mapping[str, Any], num_heads: int) -> dict:
     return _nn._torch_to_keras(_arrays(state_dict), int(num_heads))
 
 
-def quantize_dynamic(layer: MultiheadAttention) -> MultiheadAttention:
+def quantize_dynamic(layer: Any) -> Any:
     """qkv.nn.quantize_dynamic(mha), as torch.ao.quantization.quantize_dynamic(model): a copy of the
     layer with int8 projections (MultiheadAttention.quantize_dynamic)."""
-    if not isinstance(layer, MultiheadAttention):
-        raise TypeError(f"quantize_dynamic: expected a qkv.nn.MultiheadAttention, got {type(layer).__name__}")
+    if not isinstance(layer, (MultiheadAttention, KerasMultiHeadAttention)):
+        raise TypeError("quantize_dynamic: expected a qkv.nn.MultiheadAttention or KerasMultiHeadAttention, got "
+                        f"{type(layer).__name__}")
     return layer.quantize_dynamic()
 
 

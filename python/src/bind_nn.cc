@@ -296,6 +296,8 @@ void bind_keras_flavour(nb::module_& nn) {
            nb::arg("output_shape").none() = nb::none(), nb::arg("attention_axes").none() = nb::none(),
            nb::arg("dropout").none() = 0.0, nb::arg("sliding_window").none() = nb::none(),
            nb::arg("use_gate").none() = false)
+      .def("quantize_dynamic", &qkv::nn::KerasMultiHeadAttention::quantize_dynamic)
+      .def_prop_ro("quantized", &qkv::nn::KerasMultiHeadAttention::quantized)
       .def("set_weights",
            [](qkv::nn::KerasMultiHeadAttention& m, nb::handle weights) {
              std::vector<Tensor> ws;

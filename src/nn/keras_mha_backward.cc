@@ -89,6 +89,7 @@ KerasMultiHeadAttentionGradients KerasMultiHeadAttention::backward(const Tensor&
                                                                    const KerasMultiHeadAttentionOptions& o) const {
   const AllocationScope scope(kOp);  // names it in out-of-memory errors
   if (!built()) fail<ValueError>(kOp, ": the layer has no weights (set_weights, load_weights or build first)");
+  if (quantized()) fail<ValueError>(kOp, ": the layer is quantized (int8); backward needs the float32 layer");
   const Tensor& key = o.key ? *o.key : value;
   require_cpu(kOp, {&query, &value, &key, &grad_output});
   const detail::KerasAxes axes = detail::keras_axes(config_.attention_axes, query, value, key, kOp);

@@ -210,7 +210,7 @@ def test_quantize_dynamic_keeps_the_layer_within_two_percent():
     assert 0 < rel < 2e-2, rel
     assert q.state_dict().keys() == layer.state_dict().keys()  # the float32 parameters, as before
     np.testing.assert_array_equal(q.state_dict()["out_proj.weight"], layer.state_dict()["out_proj.weight"])
-    with pytest.raises(TypeError, match="quantize_dynamic: expected a qkv.nn.MultiheadAttention, got str"):
+    with pytest.raises(TypeError, match="quantize_dynamic: expected a qkv.nn.MultiheadAttention or KerasMultiHeadAttention, got str"):
         qkv.nn.quantize_dynamic("layer")
 
 
@@ -349,3 +349,16 @@ def test_quantized_layer_round_trips_through_safetensors(tmp_path):
                                                                    batch_first=True)
         assert back.quantized
         np.testing.assert_array_equal(back(x, x, x, need_weights=False)[0], q(x, x, x, need_weights=False)[0])
+
+
+def test_keras_layer_quantize_dynamic():
+    layer = qkv.nn.KerasMultiHeadAttention(num_heads=4, key_dim=16)
+    x = np.random.default_rng(4).standard_normal((2, 12, 64)).astype(np.float32)
+    want = layer(x, x)  # builds the layer
+    q = qkv.nn.quantize_dynamic(layer)
+    assert q.quantized and not layer.quantized
+    got = q(x, x)
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert 0 < rel < 3e-2, rel
+    with pytest.raises(ValueError, match="backward needs the float32 layer"):
+        q.backward(x, x, np.ones_like(want))

@@ -133,6 +133,14 @@ class KerasMultiHeadAttention {
   KerasMultiHeadAttentionGradients backward(const Tensor& query, const Tensor& value, const Tensor& grad_output,
                                             const KerasMultiHeadAttentionOptions& options = {}) const;
 
+  // Dynamic int8 quantization (seed 002) of every projection (query, key, value, gate,
+  // attention_output), as MultiheadAttention::quantize_dynamic: int8 weights per output channel,
+  // activations per token at run time, int8 GEMMs; attention stays float32. get_weights() keeps
+  // the float32 weights (loading weights gives a float32 layer again); backward refuses (a
+  // quantized Linear has none). ValueError for an unbuilt layer. keras_mha_quantized.cc.
+  KerasMultiHeadAttention quantize_dynamic() const;
+  bool quantized() const { return query_.defined() && query_.quantized(); }
+
   const KerasMultiHeadAttentionConfig& config() const { return config_; }
   bool training = false;
   uint64_t dropout_seed = 0;
