@@ -23,7 +23,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "qkv/attention.h"
@@ -76,6 +78,13 @@ class KVCache {
   // The cached keys / values as float32 [B, Hk, capacity, D] (dequantized for i8 caches).
   Tensor keys_f32() const;
   Tensor values_f32() const;
+
+  // Save / load (e.g. through qkv::io::save as safetensors): "keys", "values" up to the longest
+  // sequence [B, Hk, max length, D], "lengths" int64 [B], "capacity" int64 [1], and for int8
+  // caches "key_scales", "value_scales" (same prefix), "key_offsets", "key_spreads".
+  // from_state restores an equal cache (ValueError / ShapeError for an inconsistent state).
+  std::map<std::string, Tensor> state() const;
+  static KVCache from_state(const std::map<std::string, Tensor>& state);
 
  private:
   KVCacheConfig config_;

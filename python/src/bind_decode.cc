@@ -87,6 +87,15 @@ void bind_decode(nb::module_& m) {
       .def("set_length", &qkv::KVCache::set_length, nb::arg("sequence"), nb::arg("length"))
       .def("reset", &qkv::KVCache::reset)
       .def_prop_ro("capacity", [](const qkv::KVCache& c) { return c.config().capacity; })
+      .def(
+          "state", [](const qkv::KVCache& c) { return qkv::python::to_dict(c.state()); },
+          "The cache as named arrays (qkv.save writes them as safetensors; docs/decode.md).")
+      .def_static(
+          "from_state",
+          [](nb::handle state) {
+            return qkv::KVCache::from_state(qkv::python::to_tensor_map(state, "KVCache.from_state"));
+          },
+          nb::arg("state"), "The cache state() described (qkv.load of its file).")
       .def_prop_ro("keys", [](const qkv::KVCache& c) { return qkv::python::to_numpy(c.keys()); })
       .def_prop_ro("values", [](const qkv::KVCache& c) { return qkv::python::to_numpy(c.values()); });
   m.def("decode_attention", &decode, nb::arg("q"), nb::arg("cache"), nb::kw_only(),

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "common/thread_guard.h"
 #include "qkv/attention.h"
 #include "qkv/gemm.h"
+#include "qkv/io.h"
 #include "qkv/kv_cache.h"
 
 namespace qkv {
@@ -195,6 +198,33 @@ TEST(Decode, Int8CacheKernelAndQuantizationError) {
   for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
   std::printf("int8 cache vs float32 cache: relative error %.2e\n", std::sqrt(num / den));
   EXPECT_LE(std::sqrt(num / den), 1.5e-2);
+}
+
+}  // namespace
+}  // namespace qkv
+
+namespace qkv {
+namespace {
+
+// A cache saved (safetensors through io::save) and restored decodes as before and keeps appending.
+TEST(Decode, CacheStateRoundTripsThroughSafetensors) {
+  for (DType dt : {DType::f32, DType::bf16, DType::i8}) {
+    const KVCache cache = filled({40, 7}, 2, 16, 8, dt, 41);
+    const std::filesystem::path path = std::filesystem::temp_directory_path() / "qkv_kv_cache_state.safetensors";
+    io::save(path, cache.state());
+    KVCache back = KVCache::from_state(io::load(path));
+    std::filesystem::remove(path);
+    EXPECT_EQ(back.lengths(), cache.lengths());
+    EXPECT_EQ(back.config().capacity, cache.config().capacity);
+    EXPECT_EQ(back.config().dtype, dt);
+    const Tensor q = Tensor::randn({2, 4, 1, 16}, 42);
+    EXPECT_EQ(max_abs_diff(decode_attention(q, back).output, decode_attention(q, cache).output), 0.0);
+    back.append(Tensor::randn({2, 2, 1, 16}, 43), Tensor::randn({2, 2, 1, 8}, 44));
+    EXPECT_EQ(back.lengths(), (std::vector<int64_t>{41, 8}));
+  }
+  std::map<std::string, Tensor> broken = KVCache({1, 1, 4, 4}).state();
+  broken.erase("lengths");
+  EXPECT_THROW_WITH(KVCache::from_state(broken), ValueError, "KVCache.from_state: the state has no 'lengths'");
 }
 
 }  // namespace

@@ -145,3 +145,13 @@ def test_int8_cache_is_close_to_float32():
     a, b = qkv.decode_attention(q, small), qkv.decode_attention(q, exact)
     assert np.linalg.norm(a - b) / np.linalg.norm(b) < 2e-2
     assert small.keys.dtype == np.int8
+
+
+def test_cache_state_saves_and_loads(tmp_path):
+    cache = qkv.KVCache(2, 2, 8, 50, dtype="int8")
+    cache.append(rng.standard_normal((2, 2, 9, 8)), rng.standard_normal((2, 2, 9, 8)), counts=[9, 4])
+    qkv.save(tmp_path / "cache.safetensors", cache.state())
+    back = qkv.KVCache.from_state(qkv.load(tmp_path / "cache.safetensors"))
+    assert back.lengths == [9, 4] and back.capacity == 50
+    q = rng.standard_normal((2, 4, 1, 8)).astype(np.float32)
+    np.testing.assert_array_equal(qkv.decode_attention(q, back), qkv.decode_attention(q, cache))
