@@ -70,6 +70,17 @@ class MultiheadAttention:
         self.vdim = vdim if vdim is not None else embed_dim
         self.batch_first = batch_first
 
+    @classmethod
+    def _sized_for(cls, sd: Mapping[str, Any], num_heads: int, dropout: float, add_zero_attn: bool,
+                   batch_first: bool) -> "MultiheadAttention":
+        """A layer whose embed_dim, kdim, vdim, bias and add_bias_kv are read from state_dict keys and shapes."""
+        embed_dim = int(sd["out_proj.weight"].shape[0])
+        kdim = vdim = None
+        if "in_proj_weight" not in sd:
+            kdim, vdim = int(sd["k_proj_weight"].shape[1]), int(sd["v_proj_weight"].shape[1])
+        return cls(embed_dim, num_heads, dropout=dropout, bias="in_proj_bias" in sd, add_bias_kv="bias_k" in sd,
+                   add_zero_attn=add_zero_attn, kdim=kdim, vdim=vdim, batch_first=batch_first)
+
     def _new_from_state_dict(cls, state_dict: Mapping[str, Any], num_heads: int, *, prefix: str | None = None,
                              dropout: float = 0.0, add_zero_attn: bool = False,
                              batch_first: bool = False) -> "MultiheadAttention":
@@ -80,12 +91,7 @@ class MultiheadAttention:
         or those under `prefix` when there are several. layer.from_state_dict(sd): loads into this
         layer and returns it."""
         sd = _nn._mha_state_dict(_arrays(state_dict), prefix or "")
-        embed_dim = int(sd["out_proj.weight"].shape[0])
-        kdim = vdim = None
-        if "in_proj_weight" not in sd:
-            kdim, vdim = int(sd["k_proj_weight"].shape[1]), int(sd["v_proj_weight"].shape[1])
-        layer = cls(embed_dim, num_heads, dropout=dropout, bias="in_proj_bias" in sd, add_bias_kv="bias_k" in sd,
-                    add_zero_attn=add_zero_attn, kdim=kdim, vdim=vdim, batch_first=batch_first)
+        layer = cls._sized_for(sd, num_heads, dropout, add_zero_attn, batch_first)
         layer.load_state_dict(sd)
         return layer
 
@@ -133,12 +139,7 @@ class MultiheadAttention:
         """MultiheadAttention.from_quantized_state_dict(sd, num_heads): the quantized layer of
         quantized_state_dict() (the same int8 weights and scales); sizes read from the shapes."""
         sd = _arrays(state_dict)
-        embed_dim = int(sd["out_proj.weight"].shape[0])
-        kdim = vdim = None
-        if "in_proj_weight" not in sd:
-            kdim, vdim = int(sd["k_proj_weight"].shape[1]), int(sd["v_proj_weight"].shape[1])
-        layer = cls(embed_dim, num_heads, dropout=dropout, bias="in_proj_bias" in sd, add_bias_kv="bias_k" in sd,
-                    add_zero_attn=add_zero_attn, kdim=kdim, vdim=vdim, batch_first=batch_first)
+        layer = cls._sized_for(sd, num_heads, dropout, add_zero_attn, batch_first)
         layer._layer = layer._layer.from_quantized(sd)
         return layer
 
