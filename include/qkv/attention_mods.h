@@ -39,6 +39,8 @@
 //
 // The backward (scaled_dot_product_attention_backward) supports every modifier but
 // score_mod and masked_fill (ValueError); biases and slopes are constants (no gradient).
+// mask_mod and score_mod are called from several worker threads at once, each element once or
+// more (partial tiles, the weights pass, the backward): they must be thread-safe and pure.
 #pragma once
 
 #include <cstdint>
