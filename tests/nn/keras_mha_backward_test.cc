@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/expect.h"
-#include "nn/fixtures.h"
+#include "nn/keras_mha_fixtures.h"
 #include "qkv/nn/keras_mha.h"
 
 namespace {
@@ -29,31 +29,6 @@ using qkv::nn::KerasMultiHeadAttentionConfig;
 using qkv::nn::KerasMultiHeadAttentionGradients;
 using qkv::nn::KerasMultiHeadAttentionOptions;
 using namespace qkv::nn::testing;
-
-KerasMultiHeadAttentionConfig config_of(const nlohmann::json& o) {
-  KerasMultiHeadAttentionConfig c;
-  c.num_heads = o.at("num_heads");
-  c.key_dim = o.at("key_dim");
-  if (!o.at("value_dim").is_null()) c.value_dim = o.at("value_dim").get<int64_t>();
-  c.use_bias = o.at("use_bias");
-  if (!o.at("output_shape").is_null()) c.output_shape = o.at("output_shape").get<std::vector<int64_t>>();
-  if (!o.at("attention_axes").is_null()) c.attention_axes = o.at("attention_axes").get<std::vector<int64_t>>();
-  if (o.contains("sliding_window")) c.sliding_window = o.at("sliding_window").get<int64_t>();  // Keras 3.15
-  c.use_gate = o.value("use_gate", false);
-  return c;
-}
-
-KerasMultiHeadAttentionOptions call_of(const Fixture& fx) {
-  KerasMultiHeadAttentionOptions c;
-  c.key = fx.maybe("input.key");
-  c.query_mask = fx.maybe("input.query_mask");
-  c.value_mask = fx.maybe("input.value_mask");
-  c.key_mask = fx.maybe("input.key_mask");
-  c.attention_mask = fx.maybe("input.attention_mask");
-  c.return_attention_scores = fx.options.at("return_attention_scores");
-  c.use_causal_mask = fx.options.at("use_causal_mask");
-  return c;
-}
 
 // max |got - want| / max |want| (a NaN fails).
 double scaled_error(const Tensor& got, const Tensor& want) {
@@ -70,11 +45,9 @@ double scaled_error(const Tensor& got, const Tensor& want) {
 
 // The worst error of one fixture's gradients; every Keras gradient is checked and named.
 double fixture_error(const Fixture& fx) {
-  KerasMultiHeadAttention layer(config_of(fx.options));
+  KerasMultiHeadAttention layer(keras_config_of(fx.options));
   layer.load_weights(fx.with_prefix("mha/"));
-  const Tensor query = fx.at("input.query");
-  const Tensor value = fx.has("input.value") ? fx.at("input.value") : query;
-  const KerasMultiHeadAttentionOptions call = call_of(fx);
+  const auto [query, value, call] = keras_inputs_of(fx);
   const KerasMultiHeadAttentionGradients g = layer.backward(query, value, fx.at("grad_output"), call);
   double worst = 0, largest = 0;
   for (const auto& [name, t] : fx.with_prefix("grad.")) {

@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "common/expect.h"
-#include "nn/fixtures.h"
+#include "nn/keras_mha_fixtures.h"
 #include "qkv/nn/keras_mha.h"
 
 namespace {
@@ -25,43 +25,11 @@ using namespace qkv::nn::testing;
 
 constexpr double kTolerance = 1e-5;
 
-KerasMultiHeadAttentionConfig config_of(const nlohmann::json& o) {
-  KerasMultiHeadAttentionConfig c;
-  c.num_heads = o.at("num_heads");
-  c.key_dim = o.at("key_dim");
-  if (!o.at("value_dim").is_null()) c.value_dim = o.at("value_dim").get<int64_t>();
-  c.use_bias = o.at("use_bias");
-  if (!o.at("output_shape").is_null()) c.output_shape = o.at("output_shape").get<std::vector<int64_t>>();
-  if (!o.at("attention_axes").is_null()) c.attention_axes = o.at("attention_axes").get<std::vector<int64_t>>();
-  if (o.contains("sliding_window")) c.sliding_window = o.at("sliding_window").get<int64_t>();  // Keras 3.15
-  c.use_gate = o.value("use_gate", false);
-  return c;
-}
-
-struct KerasInputs {
-  Tensor query, value;
-  KerasMultiHeadAttentionOptions call;
-};
-
-KerasInputs inputs_of(const Fixture& fx) {
-  KerasInputs r;
-  r.query = fx.at("input.query");
-  r.value = fx.has("input.value") ? fx.at("input.value") : r.query;
-  r.call.key = fx.maybe("input.key");
-  r.call.query_mask = fx.maybe("input.query_mask");
-  r.call.value_mask = fx.maybe("input.value_mask");
-  r.call.key_mask = fx.maybe("input.key_mask");
-  r.call.attention_mask = fx.maybe("input.attention_mask");
-  r.call.return_attention_scores = fx.options.at("return_attention_scores");
-  r.call.use_causal_mask = fx.options.at("use_causal_mask");
-  return r;
-}
-
 // The worst relative error of qkv's output and scores against a Keras fixture.
 double keras_fixture_error(const Fixture& fx) {
-  KerasMultiHeadAttention layer(config_of(fx.options));
+  KerasMultiHeadAttention layer(keras_config_of(fx.options));
   layer.load_weights(fx.with_prefix("mha/"));
-  const KerasInputs in = inputs_of(fx);
+  const KerasInputs in = keras_inputs_of(fx);
   const auto r = layer.forward(in.query, in.value, in.call);
   double worst = relative_error(r.output, fx.at("expected.output"));
   EXPECT_EQ(r.scores.has_value(), fx.has("expected.scores"));
@@ -136,11 +104,11 @@ TEST(KerasMha, AttentionAxesKerasRejectsOrReadsOtherwiseAreErrors) {
 
 TEST(KerasMha, SetWeightsTakesGetWeightsOrder) {
   const Fixture fx = load_fixture(fixture_dir("mha_keras") / "wide.safetensors");
-  KerasMultiHeadAttention a(config_of(fx.options));
+  KerasMultiHeadAttention a(keras_config_of(fx.options));
   a.load_weights(fx.with_prefix("mha/"));
-  KerasMultiHeadAttention b(config_of(fx.options));
+  KerasMultiHeadAttention b(keras_config_of(fx.options));
   b.set_weights(a.get_weights());
-  const KerasInputs in = inputs_of(fx);
+  const KerasInputs in = keras_inputs_of(fx);
   EXPECT_EQ(
       relative_error(a.forward(in.query, in.value, in.call).output, b.forward(in.query, in.value, in.call).output),
       0.0);
@@ -149,7 +117,7 @@ TEST(KerasMha, SetWeightsTakesGetWeightsOrder) {
 // The converted weights of Keras' layer in qkv's PyTorch flavour give Keras' numbers.
 TEST(KerasMha, ConvertsToPyTorchLayoutWhereTheyCoincide) {
   const Fixture fx = load_fixture(fixture_dir("mha_keras") / "self.safetensors");
-  KerasMultiHeadAttention keras(config_of(fx.options));
+  KerasMultiHeadAttention keras(keras_config_of(fx.options));
   keras.load_weights(fx.with_prefix("mha/"));
   qkv::nn::MultiheadAttentionConfig c;
   c.embed_dim = 8;
@@ -161,7 +129,7 @@ TEST(KerasMha, ConvertsToPyTorchLayoutWhereTheyCoincide) {
   const Tensor x = fx.at("input.query");
   EXPECT_LE(relative_error(torch.forward(x, x, x, o).output, fx.at("expected.output")), kTolerance);
   // And back: the PyTorch layer's weights as Keras weights.
-  KerasMultiHeadAttention back(config_of(fx.options));
+  KerasMultiHeadAttention back(keras_config_of(fx.options));
   back.set_weights(qkv::nn::torch_to_keras_weights(torch));
   EXPECT_LE(relative_error(back.forward(x, x).output, fx.at("expected.output")), kTolerance);
   KerasMultiHeadAttentionConfig wide;
