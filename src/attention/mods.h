@@ -52,20 +52,6 @@ struct ModPlan {
   int64_t relative_heads = 0;
   double softcap = 0.0;
 
-  // Whether key j is allowed for query i of flat batch entry `entry` (heads included).
-  bool allowed(int64_t entry, int64_t i, int64_t j) const {
-    if (!q_doc.empty() && q_doc[static_cast<size_t>(i)] != k_doc[static_cast<size_t>(j)]) return false;
-    if (mods->mask_mod && !mods->mask_mod(entry / heads, entry % heads, i, j)) return false;
-    if (!or_terms) return true;
-    if (window) {
-      const int64_t delta = floor_div(j, unit) - floor_div(i + offset, unit);
-      if (delta >= -left && delta <= right && delta % dilation == 0) return true;
-    }
-    if (j < prefix) return true;
-    if (!global_q.empty() && (global_q[static_cast<size_t>(i)] || global_k[static_cast<size_t>(j)])) return true;
-    return has_blocks && block_allowed(i / unit, j / unit);
-  }
-
   // The score after the score modifiers (softcap, ALiBi, relative bias, score_mod).
   double score(double s, int64_t entry, int64_t i, int64_t j) const {
     const int64_t h = entry % heads;
@@ -79,7 +65,8 @@ struct ModPlan {
     return s;
   }
 
-  // out[c] = allowed(entry, i, j0 + c) for c < cols, by ranges (the window, prefix, global
+  // out[c] = whether key j0 + c is allowed for query i of flat batch entry `entry` (heads
+  // included; qkv/attention_mods.h's allowed(b, h, i, j)), for c < cols, by ranges (the window, prefix, global
   // and block terms set whole runs; documents and mask_mod go element by element).
   void row_allowed(int64_t entry, int64_t i, int64_t j0, int64_t cols, char* out) const;
 
