@@ -158,7 +158,9 @@ TEST(Decode, MediumPrecisionOnABf16Cache) {
   const Tensor want = decode_attention_reference(q, cache, o).output;
   const double medium = max_abs_diff(decode_attention(q, cache, o).output, want);
   EXPECT_LE(medium, 1e-2);
-  if (gemm_has_native(DType::bf16)) EXPECT_GT(medium, 1e-6);  // the bf16 GEMMs ran (q, P rounded)
+  if (gemm_has_native(DType::bf16)) {
+    EXPECT_GT(medium, 1e-6);  // the bf16 GEMMs ran (q, P rounded)
+  }
   o.matmul_precision = MatmulPrecision::highest;
   EXPECT_LE(max_abs_diff(decode_attention(q, cache, o).output, want), 2e-6);
 }
