@@ -37,7 +37,7 @@ bool dense_allowed(const AttentionMods& m, int64_t lq, int64_t lk, int64_t i, in
   if (m.window_left || m.window_right || m.dilation > 1) {
     const int64_t u = m.block_size;
     const int64_t d = m.align == Align::bottom_right ? i + lk - lq : i;
-    const int64_t delta = static_cast<int64_t>(std::floor(double(j) / u) - std::floor(double(d) / u));
+    const int64_t delta = static_cast<int64_t>(std::floor(double(j) / double(u)) - std::floor(double(d) / double(u)));
     terms.push_back((!m.window_left || delta >= -*m.window_left) && (!m.window_right || delta <= *m.window_right) &&
                     delta % m.dilation == 0);
   }
