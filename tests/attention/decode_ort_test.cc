@@ -1,0 +1,173 @@
+// qkv::KVCache + qkv::decode_attention (+ qkv::apply_rotary) against ONNX Runtime's
+// GroupQueryAttention (issue 17 item 4). The fixtures (tests/fixtures/gqa/*.safetensors) come
+// from tests/attention/make_gqa_fixtures.py: ORT 1.32's CPU kernel, float32, run step by step —
+// a prompt or a first step with a given past, then decode steps whose past is the previous
+// present — with ragged seqlens_k, GQA (Hq = 8, Hk = 2) and MQA, rotary (NeoX, GPT-J, partial),
+// softcap, a custom scale and local_window_size. tests/python/test_decode_ort.py reads the same.
+//
+// One qkv cache lives through every step, as a generation loop keeps it: a prompt is appended
+// with counts = each sequence's length (ORT right-pads it), later steps append their S tokens.
+// Queries and keys are rotated at ORT's position ids (prompt: t; later: past + t) before the
+// append; decode_attention runs the S queries as each sequence's last S positions, so a padded
+// prompt's rows are moved to the end of q and back. ORT 1.32's local_window_size W lets a query
+// see the W keys up to its own (DecodeOptions::window = W). Output rows that are tokens and the
+// cache's keys/values up to each length must equal ORT's output and present_key/present_value
+// to 1e-5 relative (max |qkv - ORT| / max |ORT|; seen: <= 4.1e-7).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "attention/attention_test_configs.h"
+#include "common/sdpa_fixtures.h"
+#include "qkv/io.h"
+#include "qkv/kv_cache.h"
+#include "qkv/rotary.h"
+#include "qkv/tensor.h"
+
+namespace qkv {
+namespace {
+
+namespace fs = std::filesystem;
+using test::max_abs_diff;
+
+constexpr double kTol = 1e-5;
+
+std::vector<fs::path> fixture_files() { return sdpa_fixtures::fixture_files(sdpa_fixtures::fixture_dir("gqa")); }
+
+struct Gqa {
+  std::string name;
+  io::SafetensorsFile file;
+  nlohmann::json o;  // the node's attributes, shapes, steps, rotary base / dim
+  int64_t b = 0, hq = 0, hk = 0, d = 0, steps = 0;
+
+  const Tensor& get(const std::string& key) const {
+    auto it = file.tensors.find(key);
+    if (it == file.tensors.end()) throw std::runtime_error(name + ": no tensor '" + key + "'");
+    return it->second;
+  }
+  const Tensor& step(int64_t i, const std::string& what) const { return get("step" + std::to_string(i) + "." + what); }
+  int64_t attr(const char* key, int64_t fallback) const { return o.value(key, fallback); }
+};
+
+Gqa load(const fs::path& path) {
+  Gqa g;
+  g.name = path.stem().string();
+  g.file = io::load_safetensors(path);
+  g.o = nlohmann::json::parse(g.file.metadata.at("options"));
+  g.b = g.o.at("batch"), g.hq = g.o.at("num_heads"), g.hk = g.o.at("kv_num_heads");
+  g.d = g.o.at("head_dim"), g.steps = g.o.at("steps");
+  return g;
+}
+
+// max |got - want| / max |want|.
+double rel_err(const Tensor& got, const Tensor& want) {
+  const auto w = want.to_vector<double>();
+  double scale = 0.0;
+  for (double x : w) scale = std::max(scale, std::fabs(x));
+  return max_abs_diff(got, want) / std::max(scale, 1e-300);
+}
+
+// ORT's [B, S, H*D] as qkv's [B, H, S, D].
+Tensor heads(const Tensor& x, int64_t h) {
+  const int64_t b = x.shape()[0], s = x.shape()[1];
+  return x.reshape({b, s, h, x.shape()[2] / h}).permute({0, 2, 1, 3}).contiguous();
+}
+
+Tensor rotate(const Gqa& g, const Tensor& x, const std::vector<int64_t>& positions) {
+  if (g.attr("do_rotary", 0) == 0) return x;
+  RotaryOptions r;
+  r.base = g.o.at("rotary_base");
+  r.layout = g.attr("rotary_interleaved", 0) != 0 ? RotaryLayout::gptj : RotaryLayout::neox;
+  r.rotary_dim = g.o.at("rotary_dim");
+  r.positions = Tensor::from_vector(positions, {g.b, x.shape()[2]});
+  return apply_rotary(x, r);
+}
+
+DecodeOptions decode_options(const Gqa& g) {
+  DecodeOptions o;
+  if (g.o.contains("scale")) o.scale = g.o.at("scale").get<double>();
+  o.softcap = g.o.value("softcap", 0.0);
+  o.window = std::max<int64_t>(g.attr("local_window_size", -1), 0);
+  return o;
+}
+
+// Step i on `cache` (holding `held` tokens per sequence); compares with ORT and updates `held`.
+void run_step(const Gqa& g, int64_t i, KVCache& cache, std::vector<int64_t>& held) {
+  SCOPED_TRACE("step " + std::to_string(i));
+  const Tensor q = heads(g.step(i, "query"), g.hq);  // [B, Hq, S, D]
+  const Tensor k = heads(g.step(i, "key"), g.hk), v = heads(g.step(i, "value"), g.hk);
+  const int64_t s = q.shape()[2];
+  const auto total = g.step(i, "seqlens_k").to_vector<int64_t>();
+  const bool prompt = i == 0 && g.get("step0.past_key").shape()[2] == 0 &&
+                      g.get("step0.total_sequence_length").to_vector<int64_t>()[0] == s;
+  std::vector<int64_t> counts(g.b), positions;
+  for (int64_t b = 0; b < g.b; ++b) {
+    counts[b] = prompt ? total[b] + 1 : s;
+    ASSERT_EQ(held[b] + counts[b], total[b] + 1) << "the fixture's lengths disagree with its steps";
+    for (int64_t t = 0; t < s; ++t) positions.push_back(prompt ? t : held[b] + t);
+  }
+  cache.append(rotate(g, k, positions), v, counts);
+  const Tensor rq = rotate(g, q, positions);
+  const Tensor shifted = Tensor::zeros(q.shape());  // sequence b's counts[b] queries as its last rows
+  for (int64_t b = 0; b < g.b; ++b) {
+    shifted.select(0, b).slice(1, s - counts[b], s).copy_from(rq.select(0, b).slice(1, 0, counts[b]));
+  }
+  const Tensor out = decode_attention(shifted, cache, decode_options(g)).output;  // [B, Hq, S, D]
+  const Tensor want = heads(g.step(i, "output"), g.hq);
+  for (int64_t b = 0; b < g.b; ++b) {
+    SCOPED_TRACE("sequence " + std::to_string(b));
+    held[b] += counts[b];
+    EXPECT_EQ(cache.length(b), held[b]);
+    EXPECT_LE(rel_err(out.select(0, b).slice(1, s - counts[b], s), want.select(0, b).slice(1, 0, counts[b])), kTol);
+    const std::pair<Tensor, const char*> stored[] = {{cache.keys(), "present_key"}, {cache.values(), "present_value"}};
+    for (const auto& [mine, theirs] : stored) {
+      const Tensor ort = g.step(i, theirs).select(0, b).slice(1, 0, held[b]);  // [Hk, length, D]
+      EXPECT_LE(rel_err(mine.select(0, b).slice(1, 0, held[b]), ort), kTol) << theirs;
+    }
+  }
+}
+
+class DecodeOrtTest : public ::testing::TestWithParam<fs::path> {};
+
+TEST_P(DecodeOrtTest, EqualsGroupQueryAttention) {
+  const Gqa g = load(GetParam());
+  SCOPED_TRACE(g.name + ": " + g.o.dump());
+  const int64_t capacity = g.step(g.steps - 1, "total_sequence_length").to_vector<int64_t>()[0];
+  KVCacheConfig config;  // fields by name: KVCacheConfig keeps growing
+  config.batch = g.b, config.kv_heads = g.hk, config.head_dim = g.d, config.capacity = capacity;
+  KVCache cache(config);
+  std::vector<int64_t> held(g.b, 0);
+  const Tensor& past_k = g.get("step0.past_key");
+  if (past_k.shape()[2] > 0) {  // a first step with a given past: the cache starts with ORT's past
+    const auto total = g.step(0, "seqlens_k").to_vector<int64_t>();
+    const int64_t s = g.step(0, "query").shape()[1];
+    for (int64_t b = 0; b < g.b; ++b) held[b] = total[b] + 1 - s;
+    cache.append(past_k, g.get("step0.past_value"), held);
+  }
+  for (int64_t i = 0; i < g.steps; ++i) run_step(g, i, cache, held);
+}
+
+std::string param_name(const ::testing::TestParamInfo<fs::path>& info) { return sdpa_fixtures::test_name(info.param); }
+
+INSTANTIATE_TEST_SUITE_P(Ort, DecodeOrtTest, ::testing::ValuesIn(fixture_files()), param_name);
+
+// A missing or emptied fixture directory must fail, not pass with no cases.
+TEST(DecodeOrtFixtures, AllScenariosPresent) {
+  std::vector<std::string> names;
+  for (const fs::path& p : fixture_files()) names.push_back(p.stem().string());
+  for (const char* want :
+       {"prefill_ragged", "decode_ragged", "generate", "mqa_generate", "chunked_prefill", "softcap_scale",
+        "rotary_neox", "rotary_gptj", "rotary_partial", "window", "window_rotary_softcap"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want << " (regenerate: make fixtures)";
+  }
+}
+
+}  // namespace
+}  // namespace qkv
