@@ -18,8 +18,10 @@
 //             functor or a block pattern).
 //   P(j)    = j < prefix (prefix-LM with window_right = 0).
 //   G(i, j) = i or j in global_tokens (Longformer's global attention).
-//   R(i, j) = block_pattern[floor(i / u), floor(j / u)], or one of the random_blocks key
-//             blocks drawn for query block floor(i / u) (BigBird; seeded, see below).
+//   R(i, j) = block_pattern[(h,) floor(i / u), floor(j / u)] (one pattern for every head, or
+//             one per head as FlexAttention's BlockMask and BigBird's per-head random blocks),
+//             or one of the random_blocks key blocks drawn for query block floor(i / u)
+//             (BigBird; seeded, see below).
 //   D(i, j) = document_ids[i] == key_document_ids[j] (document / ragged masking; the key
 //             ids default to the query ids when Lq == Lk).
 //   F       = mask_mod (C++ only), any predicate of the flat batch index b (over the
@@ -61,7 +63,7 @@ struct AttentionMods {
   int64_t block_size = 1;               // >= 1: the unit of the window, block_pattern, random_blocks
   int64_t prefix = 0;                   // >= 0
   std::vector<int64_t> global_tokens;   // positions in [0, max(Lq, Lk))
-  std::optional<Tensor> block_pattern;  // bool [ceil(Lq / u), ceil(Lk / u)]: extra allowed blocks
+  std::optional<Tensor> block_pattern;  // bool [(Hq,) ceil(Lq / u), ceil(Lk / u)]: extra allowed blocks
   int64_t random_blocks = 0;            // key blocks per query block, drawn from random_seed
   uint64_t random_seed = 0;
   std::optional<Tensor> document_ids;      // integer [Lq]

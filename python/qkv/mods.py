@@ -9,8 +9,9 @@ Which keys query i may see (i < Lq, j < Lk; b the batch index, h the head):
   W: with u = block_size, delta = j // u - d(i) // u: -window_left <= delta <= window_right and
      delta % dilation == 0 (a missing side is unbounded; window_right=0 is causal)
   P: j < prefix (prefix-LM);  G: i or j in global_tokens (Longformer)
-  R: block_pattern[i // u, j // u] (bool [ceil(Lq/u), ceil(Lk/u)]) or one of random_blocks key
-     blocks drawn for query block i // u from random_seed (BigBird)
+  R: block_pattern[i // u, j // u] (bool [ceil(Lq/u), ceil(Lk/u)]; or [Hq, ceil(Lq/u), ceil(Lk/u)]
+     per head, block_pattern[h, i // u, j // u]) or one of random_blocks key blocks drawn for
+     query block i // u from random_seed (BigBird)
   D: document_ids[i] == key_document_ids[j] (key ids default to the query ids when Lq == Lk)
 Keys not allowed score -inf, or masked_fill (finite: a row with no allowed key gets uniform
 weights, as seed 002's masked_fill(mask == 0, -1e9)). Scores: s = scale q.k, then

@@ -111,9 +111,12 @@ void check_mods(const AttentionMods& m, const AttentionOptions& o, int64_t lq, i
     }
   }
   const int64_t qb = (lq + m.block_size - 1) / m.block_size, kb = (lk + m.block_size - 1) / m.block_size;
-  if (m.block_pattern && (m.block_pattern->dtype() != DType::b8 || m.block_pattern->shape() != Shape{qb, kb})) {
-    fail<ShapeError>(op, ": mods.block_pattern must be bool [", qb, ", ", kb, "] (blocks of ", m.block_size, "), got ",
-                     dtype_name(m.block_pattern->dtype()), " ", shape_str(m.block_pattern->shape()));
+  if (m.block_pattern &&
+      (m.block_pattern->dtype() != DType::b8 ||
+       (m.block_pattern->shape() != Shape{qb, kb} && m.block_pattern->shape() != Shape{heads_q, qb, kb}))) {
+    fail<ShapeError>(op, ": mods.block_pattern must be bool [", qb, ", ", kb, "] or [", heads_q, ", ", qb, ", ", kb,
+                     "] (per head; blocks of ", m.block_size, "), got ", dtype_name(m.block_pattern->dtype()), " ",
+                     shape_str(m.block_pattern->shape()));
   }
   check_vector(m.document_ids, "document_ids", lq, true, op);
   check_vector(m.key_document_ids, "key_document_ids", lk, true, op);
@@ -166,9 +169,15 @@ ModPlan make_mod_plan(const AttentionMods& m, int64_t lq, int64_t lk, int64_t he
   }
   p.q_blocks = (lq + p.unit - 1) / p.unit, p.k_blocks = (lk + p.unit - 1) / p.unit;
   if (m.block_pattern) {
-    const auto pattern = m.block_pattern->contiguous().to_vector<double>();
-    p.pattern.assign(pattern.size(), 0);
-    for (size_t x = 0; x < pattern.size(); ++x) p.pattern[x] = pattern[x] != 0.0;
+    const auto values = m.block_pattern->contiguous().to_vector<double>();  // [(Hq,) q_blocks, k_blocks]
+    const auto n = static_cast<size_t>(p.q_blocks * p.k_blocks);
+    p.pattern.assign(n, 0);
+    if (m.block_pattern->dim() == 3) p.head_pattern.assign(values.size(), 0);
+    for (size_t x = 0; x < values.size(); ++x) {
+      if (values[x] == 0.0) continue;
+      p.pattern[x % n] = 1;
+      if (!p.head_pattern.empty()) p.head_pattern[x] = 1;
+    }
   }
   p.random_per_row = std::min(m.random_blocks, p.k_blocks);
   for (int64_t qb = 0; qb < p.q_blocks && p.random_per_row > 0; ++qb) {
@@ -256,7 +265,7 @@ void ModPlan::row_allowed(int64_t entry, int64_t i, int64_t j0, int64_t cols, ch
     if (has_blocks) {
       const int64_t qb = i / unit;
       for (int64_t kb = j0 / unit; kb <= (j1 - 1) / unit; ++kb) {
-        if (block_allowed(qb, kb)) set(kb * unit, (kb + 1) * unit);
+        if (block_allowed(qb, kb, entry % heads)) set(kb * unit, (kb + 1) * unit);
       }
     }
   }

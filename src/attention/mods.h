@@ -37,12 +37,19 @@ struct ModPlan {
   std::vector<char> global_q, global_k;  // [Lq], [Lk]
   std::vector<int64_t> global_k_sorted, global_q_sorted;
   int64_t q_blocks = 0, k_blocks = 0;
-  std::vector<char> pattern;    // [q_blocks, k_blocks] when block_pattern is given
-  std::vector<int64_t> random;  // [q_blocks, random_per_row]: each query block's random key blocks, sorted
+  std::vector<char> pattern;       // [q_blocks, k_blocks] when block_pattern is given: any head's
+  std::vector<char> head_pattern;  // [Hq, q_blocks, k_blocks] when block_pattern is per head
+  std::vector<int64_t> random;     // [q_blocks, random_per_row]: each query block's random key blocks, sorted
   int64_t random_per_row = 0;
   bool has_blocks = false;
-  bool block_allowed(int64_t qb, int64_t kb) const {
-    if (!pattern.empty() && pattern[static_cast<size_t>(qb * k_blocks + kb)]) return true;
+  // Whether the block term allows key block kb to query block qb in head h, or (h < 0) in
+  // some head: tiles are classified per rows, for every head at once (conservative).
+  bool block_allowed(int64_t qb, int64_t kb, int64_t h = -1) const {
+    const auto at = static_cast<size_t>(qb * k_blocks + kb);
+    if (!pattern.empty()) {
+      const bool any_head = h < 0 || head_pattern.empty();
+      if (any_head ? pattern[at] : head_pattern[static_cast<size_t>(h) * pattern.size() + at]) return true;
+    }
     const auto row = random.begin() + qb * random_per_row;
     return random_per_row > 0 && std::binary_search(row, row + random_per_row, kb);
   }

@@ -55,7 +55,10 @@ bool ReferenceMods::allowed(int64_t entry, int64_t i, int64_t j) const {
   if (has_blocks) {
     any_term = true;
     const int64_t kblocks = (lk_ + u - 1) / u;
-    if (!pattern_.empty()) ok = ok || pattern_[static_cast<size_t>((i / u) * kblocks + j / u)] != 0.0;
+    if (!pattern_.empty()) {
+      const int64_t qblocks = (lq_ + u - 1) / u, h = m_.block_pattern->dim() == 3 ? entry % heads_ : 0;
+      ok = ok || pattern_[static_cast<size_t>((h * qblocks + i / u) * kblocks + j / u)] != 0.0;
+    }
     if (!random_.empty()) {
       const auto& r = random_[static_cast<size_t>(i / u)];
       ok = ok || std::find(r.begin(), r.end(), j / u) != r.end();

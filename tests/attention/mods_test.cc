@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -300,7 +301,55 @@ TEST(AttentionMods, ErrorsNameTheModifierAndTheShapes) {
   o.mods.block_size = 4;
   o.mods.block_pattern = Tensor::zeros({2, 3}, DType::b8);
   EXPECT_THROW_WITH(scaled_dot_product_attention(q, k, v, o), ShapeError,
-                    "mods.block_pattern must be bool [2, 2] (blocks of 4), got bool [2, 3]");
+                    "mods.block_pattern must be bool [2, 2] or [2, 2, 2] (per head; blocks of 4), got bool [2, 3]");
+  o.mods.block_pattern = Tensor::zeros({3, 2, 2}, DType::b8);  // 3 heads for 2
+  EXPECT_THROW_WITH(scaled_dot_product_attention(q, k, v, o), ShapeError, "got bool [3, 2, 2]");
+}
+
+// A block pattern per head (bool [Hq, Lq / u, Lk / u], as BigBird's per-head random blocks and
+// FlexAttention's per-head block masks): forward and backward against the reference and a dense
+// [H, Lq, Lk] mask written from the definition, with tiles that mix heads' blocks.
+TEST(AttentionMods, PerHeadBlockPatternMatchesTheDenseOracle) {
+  const int64_t heads = 3, lq = 40, lk = 57, u = 8, qb = 5, kb = 8;
+  std::mt19937_64 rng(21);
+  std::vector<bool> pattern(static_cast<size_t>(heads * qb * kb));
+  for (size_t x = 0; x < pattern.size(); ++x) pattern[x] = rng() % 3 == 0;
+  std::vector<double> mask(static_cast<size_t>(heads * lq * lk));
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < lq; ++i) {
+      for (int64_t j = 0; j < lk; ++j) {
+        const bool ok = pattern[static_cast<size_t>((h * qb + i / u) * kb + j / u)] || i / u == j / u;
+        mask[static_cast<size_t>((h * lq + i) * lk + j)] = ok ? 0.0 : -INFINITY;
+      }
+    }
+  }
+  AttentionOptions o;
+  o.mods.block_size = u;
+  o.mods.window_left = o.mods.window_right = 0;  // each query block's own keys, OR the pattern
+  o.mods.block_pattern = Tensor::from_vector(pattern, {heads, qb, kb});
+  o.return_weights = o.return_logsumexp = true;
+  const Tensor q = Tensor::randn({2, heads, lq, 8}, 22, DType::f64),
+               k = Tensor::randn({2, heads, lk, 8}, 23, DType::f64),
+               v = Tensor::randn({2, heads, lk, 4}, 24, DType::f64);
+  AttentionOptions dense;
+  dense.attn_mask = Tensor::from_vector(mask, {heads, lq, lk});
+  dense.return_weights = true;
+  const AttentionResult oracle = attention_reference(q, k, v, dense);
+  const AttentionResult ref = attention_reference(q, k, v, o);
+  EXPECT_LE(max_abs_diff(ref.output, oracle.output), 1e-12);
+  EXPECT_LE(max_abs_diff(*ref.weights, *oracle.weights), 1e-12);
+  for (const FlashTiles tiles : {FlashTiles{8, 8}, FlashTiles{16, 32}}) {
+    o.tuning.flash_tiles = tiles;
+    const AttentionResult got = scaled_dot_product_attention(q, k, v, o);
+    EXPECT_LE(max_abs_diff(got.output, oracle.output), 1e-12);
+    EXPECT_LE(max_abs_diff(*got.weights, *oracle.weights), 1e-12);
+    const Tensor g = Tensor::randn(got.output.shape(), 25, DType::f64);
+    const AttentionGradients gk = scaled_dot_product_attention_backward(q, k, v, got.output, g, *got.logsumexp, o);
+    const AttentionGradients gd = attention_backward_reference(q, k, v, g, dense);
+    EXPECT_LE(max_abs_diff(gk.dq, gd.dq), 1e-11);
+    EXPECT_LE(max_abs_diff(gk.dk, gd.dk), 1e-11);
+    EXPECT_LE(max_abs_diff(gk.dv, gd.dv), 1e-11);
+  }
 }
 
 TEST(AttentionMods, RandomKeyBlocksAreSeededDistinctAndSorted) {
