@@ -1,0 +1,137 @@
+// lsh_attention: checks the call, lays out the operands, draws the rotations, runs the kernel.
+#include "qkv/lsh_attention.h"
+
+#include <string>
+#include <vector>
+
+#include "attention/lsh_attention_cpu.h"
+#include "attention/qkv_geometry.h"
+#include "qkv/error.h"
+#include "qkv/size.h"
+
+namespace qkv::attention {
+
+namespace {
+
+std::string qk_v_shapes(const Tensor& qk, const Tensor& v) {
+  return "(qk " + shape_str(qk.shape()) + ", v " + shape_str(v.shape()) + ")";
+}
+
+// The bucket factors: the given ones (each even, >= 2) or Reformer's default for L:
+// 2^floor(log2(2 L / chunk)), at least 2.
+void set_buckets(LshProblem& p, const std::vector<int64_t>& given, const char* op) {
+  p.factors = given;
+  if (p.factors.empty()) {
+    int64_t n = 2;
+    while (n * 2 <= 2 * (p.l / p.chunk)) n *= 2;
+    p.factors = {n};
+  }
+  p.n_buckets = 1;
+  int64_t sum = 0;
+  for (const int64_t f : p.factors) {
+    if (f < 2 || f % 2 != 0) {
+      fail<ValueError>(op, ": every bucket count (or factor) must be even and >= 2, got ", shape_str(p.factors));
+    }
+    const auto prod = checked_mul(p.n_buckets, f);
+    if (!prod || *prod >= (int64_t{1} << 40)) fail<ValueError>(op, ": too many buckets ", shape_str(p.factors));
+    p.n_buckets = *prod;
+    sum += f;
+  }
+  p.half = sum / 2;
+}
+
+void set_rotations(LshProblem& p, const LshAttentionOptions& o, const char* op, DType compute) {
+  const Tensor rot = o.rotations.numel() == 0 && o.rotations.dim() <= 1
+                         ? lsh_random_rotations(p.heads, p.d, p.n_hashes, p.half, o.seed)
+                         : o.rotations;
+  require_cpu(op, {&rot});
+  const bool ok = rot.dim() == 4 && (rot.size(0) == 1 || rot.size(0) == p.heads) && rot.size(1) == p.d &&
+                  rot.size(2) == p.n_hashes && rot.size(3) == p.half;
+  if (!ok || !is_floating(rot.dtype())) {
+    fail<ShapeError>(op, ": rotations must be floating [", p.heads, " or 1, D = ", p.d, ", n_hashes = ", p.n_hashes,
+                     ", sum(n_buckets) / 2 = ", p.half, "], got ", shape_str(rot.shape()));
+  }
+  p.rotations = rot.to(compute).contiguous();
+}
+
+void set_mask(LshProblem& p, const Tensor& mask, const char* op) {
+  if (mask.numel() == 0 && mask.dim() <= 1) return;
+  require_cpu(op, {&mask});
+  Shape want = p.lead;
+  want.push_back(p.l);
+  bool ok = mask.dim() <= static_cast<int64_t>(want.size());
+  for (int64_t i = 1; ok && i <= mask.dim(); ++i) {
+    ok = mask.size(-i) == 1 || mask.size(-i) == want[want.size() - static_cast<size_t>(i)];
+  }
+  if (!ok) {
+    fail<ShapeError>(op, ": attention_mask ", shape_str(mask.shape()), " does not broadcast to qk's [..., L] ",
+                     shape_str(want));
+  }
+  const std::vector<double> m = mask.expand(want).to_vector<double>();
+  p.mask.resize(m.size());
+  for (size_t i = 0; i < m.size(); ++i) p.mask[i] = m[i] != 0.0 ? 1 : 0;
+}
+
+}  // namespace
+
+LshProblem make_lsh_problem(const Tensor& qk, const Tensor& v, const LshAttentionOptions& o, const char* op,
+                            DType compute) {
+  const QkvGeometry g = check_qkv(op, qk, qk, v);
+  if (o.n_hashes < 1) fail<ValueError>(op, ": n_hashes must be >= 1, got ", o.n_hashes);
+  if (o.chunk_length < 1) fail<ValueError>(op, ": chunk_length must be >= 1, got ", o.chunk_length);
+  if (o.num_chunks_before < 0 || o.num_chunks_after < 0) {
+    fail<ValueError>(op, ": num_chunks_before and num_chunks_after must be >= 0, got ", o.num_chunks_before, ", ",
+                     o.num_chunks_after);
+  }
+  LshProblem p;
+  p.batch = g.batch, p.l = g.lq, p.d = g.d, p.dv = g.dv;
+  p.heads = qk.dim() >= 3 ? qk.size(-3) : 1;
+  p.lead = g.lead;
+  p.out_shape = g.out_shape;
+  p.out_dtype = qk.dtype();
+  p.n_hashes = o.n_hashes, p.chunk = o.chunk_length;
+  p.before = o.num_chunks_before, p.after = o.num_chunks_after;
+  p.causal = o.is_causal;
+  p.standard = p.l <= p.chunk;
+  if (!p.standard && p.l % p.chunk != 0) {
+    fail<ValueError>(op, ": the length L = ", p.l, " must be a multiple of chunk_length = ", p.chunk,
+                     " (pad the sequence, as Reformer does) ", qk_v_shapes(qk, v));
+  }
+  if (!checked_mul(p.n_hashes, p.l) || !checked_mul(p.n_hashes * p.l, p.batch)) {
+    fail<ValueError>(op, ": n_hashes = ", p.n_hashes, " rounds of ", qk_v_shapes(qk, v), " overflow");
+  }
+  set_buckets(p, o.n_buckets, op);
+  set_rotations(p, o, op, compute);
+  set_mask(p, o.attention_mask, op);
+  p.qk = qk.to(compute).contiguous().reshape({p.batch, p.l, p.d});
+  p.v = v.to(compute).contiguous().reshape({p.batch, p.l, p.dv});
+  return p;
+}
+
+}  // namespace qkv::attention
+
+namespace qkv {
+
+Tensor lsh_random_rotations(int64_t heads, int64_t d, int64_t n_hashes, int64_t half, uint64_t seed) {
+  if (heads < 1 || d < 1 || n_hashes < 1 || half < 1) {
+    fail<ValueError>("lsh_random_rotations: every size must be >= 1, got [", heads, ", ", d, ", ", n_hashes, ", ", half,
+                     "]");
+  }
+  return Tensor::randn({heads, d, n_hashes, half}, seed, DType::f64);
+}
+
+Tensor lsh_buckets(const Tensor& qk, const LshAttentionOptions& options) {
+  const DType compute = qk.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const attention::LshProblem p = attention::make_lsh_problem(qk, qk, options, "lsh_buckets", compute);
+  Shape shape = p.lead;
+  shape.insert(shape.end(), {p.n_hashes, p.l});
+  return attention::lsh_buckets_cpu(p).reshape(shape);
+}
+
+Tensor lsh_attention(const Tensor& qk, const Tensor& v, const LshAttentionOptions& options) {
+  const DType compute = qk.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const attention::LshProblem p = attention::make_lsh_problem(qk, v, options, "lsh_attention", compute);
+  return attention::lsh_attention_cpu(p).reshape(p.out_shape).to(p.out_dtype);
+}
+
+}  // namespace qkv
