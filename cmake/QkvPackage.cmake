@@ -23,5 +23,11 @@ install(FILES ${PROJECT_BINARY_DIR}/package/qkvConfig.cmake ${PROJECT_BINARY_DIR
 # pkg-config, relocatable: the prefix is found from the .pc file's own directory.
 file(RELATIVE_PATH QKV_PC_PREFIX_FROM_PCFILEDIR /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
 get_target_property(QKV_OPENBLAS_LIBRARY qkvdeps::openblas IMPORTED_LOCATION)
+set(QKV_PC_DIST_LIB "")  # qkv::dist and Open MPI's pkg-config module, when built with MPI
+set(QKV_PC_DIST_REQUIRES "")
+if(QKV_HAVE_MPI)
+  set(QKV_PC_DIST_LIB "-lqkv_dist ")
+  set(QKV_PC_DIST_REQUIRES " ompi-c")
+endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/qkv.pc.in ${PROJECT_BINARY_DIR}/package/qkv.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/package/qkv.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

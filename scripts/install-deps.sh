@@ -12,6 +12,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev               # CLI parsing, JSON headers
   libhdf5-dev zlib1g-dev                        # Keras .h5 weights, .keras zips
   libpng-dev                                    # heatmaps (qkv heatmap, qkv.plot)
+  openmpi-bin libopenmpi-dev                    # qkv::dist: ring/Ulysses/tensor-parallel attention over MPI
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -70,6 +70,14 @@ class DeviceError : public Error {
   using Error::Error;
 };
 
+// A collective or point-to-point transfer between processes failed or timed out (a peer
+// died, mismatched sizes between ranks); the message names the operation, the ranks and
+// the shapes (Python: RuntimeError). See qkv/dist/communicator.h.
+class CommunicationError : public Error {
+ public:
+  using Error::Error;
+};
+
 // "[2, 3, 4]"; "[]" for a scalar. Every message that quotes a shape uses it.
 std::string shape_str(std::span<const int64_t> shape);
 // "[[2, 3], [4]]": a list of shapes (einops.pack's packed_shapes).

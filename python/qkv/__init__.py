@@ -20,3 +20,4 @@ nn = _importlib.import_module(".nn", __name__)
 einops = _importlib.import_module(".einops", __name__)
 attention = _importlib.import_module(".attention", __name__)  # the attention family: qkv.attention.window, ...
 plot = _importlib.import_module(".plot", __name__)  # heatmaps (PNG)
+dist = _importlib.import_module(".dist", __name__)  # ring / Ulysses / tensor-parallel attention over MPI

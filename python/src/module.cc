@@ -14,8 +14,10 @@
   AREA(einops)                 \
   AREA(attention)              \
   AREA(variants)               \
+  AREA(lsh)                    \
   AREA(plot)                   \
   AREA(decode)                 \
+  AREA(dist)                   \
   AREA(einsum)                 \
   AREA(nn)
 

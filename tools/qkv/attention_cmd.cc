@@ -22,6 +22,7 @@ struct AttentionArgs {
   std::vector<int64_t> globals;
   uint64_t random_seed = 0;
   double softcap = 0.0;
+  std::string parallel, layout = "contiguous";  // --parallel under mpiexec (attention_parallel.cc)
 };
 
 // The mods of --variant (window, prefix-lm, longformer, bigbird) and --softcap.
@@ -41,6 +42,13 @@ AttentionMods variant_mods(const AttentionArgs& a, int64_t lk) {
 }
 
 void run_attention(const AttentionArgs& a) {
+  if (!a.parallel.empty()) {
+    if (!a.mask.empty() || !a.weights.empty() || a.variant != "full" || a.dropout > 0) {
+      fail<ValueError>("attention --parallel: takes no --mask, --weights, --variant or --dropout");
+    }
+    run_parallel_attention({a.parallel, a.layout, a.q, a.k, a.v, a.out, a.causal, a.gqa, a.scale, a.precision});
+    return;
+  }
   const Tensor q = load_tensor(a.q), k = load_tensor(a.k), v = load_tensor(a.v);
   if (a.variant == "linear") {  // phi = elu + 1, or FAVOR+ with --features
     if (!a.mask.empty() || !a.weights.empty()) fail<Error>("attention: --variant linear takes no --mask or --weights");
@@ -115,6 +123,14 @@ void register_attention(CLI::App& app) {
   cmd->add_option("--softcap", args->softcap, "scores c * tanh(s / c) (Gemma 2's soft-capping)")->check(real_in(0.0));
   cmd->add_option("--features", args->features, "linear: FAVOR+ random features M (0: elu + 1)")->check(integer_in(0));
   cmd->add_option("--weights", args->weights, "also write the attention weights [..., Lq, Lk] here");
+  cmd->add_option("--parallel", args->parallel,
+                  "under mpiexec: ring (K/V blocks around the ranks), ulysses (all-to-all to heads) or heads "
+                  "(each rank its heads); rank 0 writes the output; \"{rank}\" in file names: pre-sharded files")
+      ->check(CLI::IsMember({"ring", "ulysses", "heads"}));
+  cmd->add_option("--layout", args->layout,
+                  "--parallel ring/ulysses: sequence shards contiguous (default) or "
+                  "zigzag (chunks r and 2P-1-r: balanced causal work)")
+      ->check(CLI::IsMember({"contiguous", "zigzag"}));
   cmd->add_option("-o,--output", args->out, "output file (.npy or .safetensors)")->required();
   cmd->callback([args] { run_attention(*args); });
 }

@@ -24,6 +24,16 @@ void register_einsum(CLI::App& app);
 void register_einops(CLI::App& app);   // rearrange, reduce, repeat, pack, unpack, parse-shape
 void register_heatmap(CLI::App& app);  // heatmap WEIGHTS -o OUT.png
 
+// qkv attention --parallel ring|ulysses|heads under mpiexec (attention_parallel.cc).
+struct ParallelAttentionCall {
+  std::string scheme, layout = "contiguous";  // ring | ulysses | heads; contiguous | zigzag
+  std::string q, k, v, out;                   // "{rank}" in a name: pre-sharded, per rank
+  bool causal = false, gqa = false;
+  std::optional<double> scale;
+  std::string precision = "highest";
+};
+void run_parallel_attention(const ParallelAttentionCall& call);
+
 // Numeric values (options.cc): every numeric option checks its value with one of these,
 // e.g. ->check(integer_in(1, 4096)); a bad value is a usage error (exit 2) saying
 // "--threads: expected an integer in [1, 4096], got '0'". Reals must be finite.

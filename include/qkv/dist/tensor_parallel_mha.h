@@ -1,0 +1,73 @@
+// Tensor-parallel multi-head attention (Megatron-LM; Shoeybi et al. 2019): the heads are
+// split over ranks. The query, key and value projections are column-parallel (each rank
+// keeps the weight rows of its heads, so no communication), attention runs on the local
+// heads, and the output projection is row-parallel (each rank keeps the weight columns of
+// its heads) followed by one all-reduce of the [L, N, E] output; its bias is added once.
+//
+// Heads: with Hk >= P the key/value heads are split evenly over ranks (the first Hk % P
+// one more) and each rank takes the Hq/Hk query heads of each; with Hk < P the query
+// heads are split evenly and each rank keeps a copy of the key/value heads its query heads
+// use (replicated, as Megatron does when there are fewer KV heads than ranks).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "qkv/dist/communicator.h"
+#include "qkv/nn/linear.h"
+#include "qkv/nn/mha.h"
+
+namespace qkv::dist {
+
+struct TensorParallelAttentionConfig {
+  int64_t embed_dim = 0;     // E: model width (inputs and output)
+  int64_t num_heads = 1;     // Hq
+  int64_t num_kv_heads = 0;  // Hk (GQA/MQA); 0: num_heads
+  int64_t head_dim = 0;      // D; 0: embed_dim / num_heads
+  bool batch_first = false;  // inputs [N, L, E] instead of [L, N, E]
+};
+
+struct TensorParallelOptions {
+  bool is_causal = false;
+  // SDPA's mask (bool True = attend, or additive): [L, S] or [N, Hq, L, S] (every head;
+  // each rank uses its heads' rows).
+  std::optional<Tensor> attn_mask;
+};
+
+class TensorParallelAttention {
+ public:
+  // torch.nn.MultiheadAttention's state_dict (in_proj_weight, or q/k/v_proj_weight when
+  // kdim/vdim differ; in_proj_bias; out_proj.weight, out_proj.bias): this rank's share.
+  // ValueError for add_bias_kv / add_zero_attn layers (not split here).
+  static TensorParallelAttention from_torch_mha(const nn::MultiheadAttentionConfig& config,
+                                                const std::map<std::string, Tensor>& state_dict,
+                                                const Communicator& comm);
+  // Separate projections as Llama/Hugging Face name them: q_proj.weight [Hq D, E],
+  // k_proj.weight / v_proj.weight [Hk D, E], o_proj.weight [E, Hq D], each ".bias" optional.
+  static TensorParallelAttention from_projections(const TensorParallelAttentionConfig& config,
+                                                  const std::map<std::string, Tensor>& state_dict,
+                                                  const Communicator& comm);
+
+  // query [L, N, E] (or [N, L, E]), key/value [S, N, Ek/Ev]: the full layer output on every
+  // rank (float32), equal to the unsplit layer's.
+  Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                 const TensorParallelOptions& options = {}) const;
+
+  int64_t first_head() const { return q0_; }  // this rank's query heads: [first, first + local)
+  int64_t local_heads() const { return hq_local_; }
+
+ private:
+  TensorParallelAttention(const TensorParallelAttentionConfig& config, const Communicator& comm);
+  void load(const Tensor& wq, const Tensor& wk, const Tensor& wv, const Tensor& wo,
+            const std::map<std::string, std::optional<Tensor>>& biases);
+
+  TensorParallelAttentionConfig config_;
+  Communicator comm_;
+  int64_t q0_ = 0, hq_local_ = 0, k0_ = 0, hk_local_ = 0;
+  nn::Linear q_, k_, v_, o_;      // this rank's rows of q/k/v, columns of o (no bias)
+  std::optional<Tensor> o_bias_;  // [E], added after the all-reduce
+};
+
+}  // namespace qkv::dist

@@ -1,0 +1,177 @@
+// qkv._qkv's distributed attention (qkv/dist): ring, Ulysses and tensor-parallel attention on
+// an MPI communicator that mpi4py made (python/qkv/dist.py passes its C handle). Without MPI
+// (QKV_MPI=OFF) only dist_available = False is defined.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "args.h"
+#include "array_like.h"
+#include "interrupt.h"
+#include "tensor_convert.h"
+#ifdef QKV_HAVE_MPI
+#include "qkv/dist/ring_attention.h"
+#include "qkv/dist/tensor_parallel_mha.h"
+#include "qkv/dist/ulysses_attention.h"
+#endif
+
+namespace nb = nanobind;
+
+#ifdef QKV_HAVE_MPI
+namespace {
+
+using namespace qkv::python;
+
+// mpi4py's handle: the C MPI_Comm as an integer (a pointer in Open MPI, an int in MPICH).
+template <class Comm>
+Comm comm_from_handle(uint64_t handle) {
+  if constexpr (std::is_pointer_v<Comm>) {
+    return reinterpret_cast<Comm>(static_cast<uintptr_t>(handle));
+  } else {
+    return static_cast<Comm>(handle);
+  }
+}
+
+qkv::dist::Communicator communicator(uint64_t handle) {
+  return qkv::dist::Communicator::borrow(comm_from_handle<MPI_Comm>(handle));
+}
+
+struct Common {
+  bool is_causal = false, enable_gqa = false;
+  qkv::dist::SequenceLayout layout = qkv::dist::SequenceLayout::contiguous;
+  std::optional<double> scale;
+  std::optional<qkv::Tensor> attn_mask;
+};
+
+Common common_args(const char* op, nb::handle is_causal, nb::handle layout, nb::handle scale, nb::handle enable_gqa,
+                   nb::handle attn_mask) {
+  Common c;
+  c.is_causal = bool_arg(is_causal, arg_name(op, "is_causal"));
+  c.layout = qkv::dist::sequence_layout_from_name(str_arg(layout, arg_name(op, "layout")));
+  c.scale = optional_float_arg(scale, arg_name(op, "scale"));
+  c.enable_gqa = bool_arg(enable_gqa, arg_name(op, "enable_gqa"));
+  c.attn_mask = to_optional_tensor(attn_mask, arg_name(op, "attn_mask").c_str());
+  return c;
+}
+
+nb::object ring(nb::handle q, nb::handle k, nb::handle v, uint64_t comm, nb::handle is_causal, nb::handle layout,
+                nb::handle scale, nb::handle enable_gqa, nb::handle attn_mask, nb::handle return_logsumexp) {
+  constexpr const char* kOp = "ring_attention";
+  const Common c = common_args(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
+  qkv::dist::RingAttentionOptions o;
+  o.is_causal = c.is_causal, o.layout = c.layout, o.scale = c.scale, o.enable_gqa = c.enable_gqa;
+  o.attn_mask = c.attn_mask;
+  o.return_logsumexp = bool_arg(return_logsumexp, arg_name(kOp, "return_logsumexp"));
+  const qkv::Tensor tq = to_tensor(q, arg_name(kOp, "q").c_str()), tk = to_tensor(k, arg_name(kOp, "k").c_str()),
+                    tv = to_tensor(v, arg_name(kOp, "v").c_str());
+  const qkv::dist::Communicator world = communicator(comm);
+  qkv::AttentionResult r;
+  {
+    nb::gil_scoped_release release;  // MPI waits poll their own deadline (QKV_DIST_TIMEOUT)
+    r = qkv::dist::ring_attention(tq, tk, tv, world, o);
+  }
+  if (!o.return_logsumexp) return to_array_like(r.output, q);
+  return nb::make_tuple(to_array_like(r.output, q), to_array_like(*r.logsumexp, q));
+}
+
+nb::object ulysses(nb::handle q, nb::handle k, nb::handle v, uint64_t comm, nb::handle is_causal, nb::handle layout,
+                   nb::handle scale, nb::handle enable_gqa, nb::handle attn_mask) {
+  constexpr const char* kOp = "ulysses_attention";
+  const Common c = common_args(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
+  qkv::dist::UlyssesAttentionOptions o;
+  o.is_causal = c.is_causal, o.layout = c.layout, o.scale = c.scale, o.enable_gqa = c.enable_gqa;
+  o.attn_mask = c.attn_mask;
+  const qkv::Tensor tq = to_tensor(q, arg_name(kOp, "q").c_str()), tk = to_tensor(k, arg_name(kOp, "k").c_str()),
+                    tv = to_tensor(v, arg_name(kOp, "v").c_str());
+  const qkv::dist::Communicator world = communicator(comm);
+  qkv::Tensor out;
+  {
+    nb::gil_scoped_release release;
+    out = qkv::dist::ulysses_attention(tq, tk, tv, world, o);
+  }
+  return to_array_like(out, q);
+}
+
+std::vector<std::pair<int64_t, int64_t>> chunks(int64_t length, int rank, int size, const std::string& layout) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const qkv::dist::Chunk& c :
+       qkv::dist::sequence_chunks(length, rank, size, qkv::dist::sequence_layout_from_name(layout))) {
+    out.emplace_back(c.start, c.length);
+  }
+  return out;
+}
+
+void bind_tensor_parallel(nb::module_& m) {
+  using qkv::dist::TensorParallelAttention;
+  nb::class_<TensorParallelAttention>(m, "TensorParallelAttention")
+      .def_static(
+          "from_torch_mha",
+          [](nb::handle state, int64_t embed_dim, int64_t num_heads, bool batch_first, uint64_t comm) {
+            qkv::nn::MultiheadAttentionConfig c;
+            c.embed_dim = embed_dim, c.num_heads = num_heads, c.batch_first = batch_first;
+            return TensorParallelAttention::from_torch_mha(c, to_tensor_map(state, "TensorParallelAttention"),
+                                                           communicator(comm));
+          },
+          nb::arg("state_dict"), nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("batch_first"), nb::arg("comm"))
+      .def_static(
+          "from_projections",
+          [](nb::handle state, int64_t embed_dim, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+             bool batch_first, uint64_t comm) {
+            return TensorParallelAttention::from_projections(
+                {embed_dim, num_heads, num_kv_heads, head_dim, batch_first},
+                to_tensor_map(state, "TensorParallelAttention"), communicator(comm));
+          },
+          nb::arg("state_dict"), nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("num_kv_heads"),
+          nb::arg("head_dim"), nb::arg("batch_first"), nb::arg("comm"))
+      .def(
+          "forward",
+          [](const TensorParallelAttention& layer, nb::handle query, nb::handle key, nb::handle value, bool is_causal) {
+            const qkv::Tensor q = to_tensor(query, "TensorParallelAttention.forward: query");
+            const qkv::Tensor k = to_tensor(key, "TensorParallelAttention.forward: key");
+            const qkv::Tensor v = to_tensor(value, "TensorParallelAttention.forward: value");
+            qkv::dist::TensorParallelOptions o;
+            o.is_causal = is_causal;
+            qkv::Tensor out;
+            {
+              nb::gil_scoped_release release;
+              out = layer.forward(q, k, v, o);
+            }
+            return to_array_like(out, query);
+          },
+          nb::arg("query"), nb::arg("key"), nb::arg("value"), nb::arg("is_causal") = false)
+      .def_prop_ro("first_head", &TensorParallelAttention::first_head)
+      .def_prop_ro("local_heads", &TensorParallelAttention::local_heads);
+}
+
+}  // namespace
+#endif
+
+void bind_dist(nb::module_& m) {
+  nb::module_ d = m.def_submodule("dist", "Distributed attention over MPI (qkv/dist; python/qkv/dist.py wraps it).");
+#ifdef QKV_HAVE_MPI
+  d.attr("available") = true;
+  d.def("ring_attention", &ring, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("comm"),
+        nb::arg("is_causal").none() = false, nb::arg("layout").none() = "contiguous",
+        nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
+        nb::arg("attn_mask").none() = nb::none(), nb::arg("return_logsumexp").none() = false,
+        "Ring attention on this rank's shards (qkv.dist.ring_attention).");
+  d.def("ulysses_attention", &ulysses, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("comm"),
+        nb::arg("is_causal").none() = false, nb::arg("layout").none() = "contiguous",
+        nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
+        nb::arg("attn_mask").none() = nb::none(),
+        "Ulysses attention on this rank's shards (qkv.dist.ulysses_attention).");
+  d.def("sequence_chunks", &chunks, nb::arg("length"), nb::arg("rank"), nb::arg("size"),
+        nb::arg("layout") = "contiguous", "[(start, length)] of the positions `rank` holds (qkv/dist/shard.h).");
+  bind_tensor_parallel(d);
+#else
+  d.attr("available") = false;
+#endif
+}

@@ -1,0 +1,33 @@
+// Helpers shared by qkv::dist's sources.
+#pragma once
+
+#include <string>
+
+#include "qkv/dist/communicator.h"
+#include "qkv/error.h"
+#include "qkv/tensor.h"
+
+namespace qkv::dist {
+
+// Throws CommunicationError "<what> failed: <MPI's error string>" unless rc is MPI_SUCCESS.
+void check_mpi(int rc, const std::string& what);
+
+// Folds one partial attention result into a running one (rows of queries):
+//   lse = log(exp(lse) + exp(lse_part)),  out = out * exp(lse_old - lse) + part * exp(lse_part - lse)
+// out/part [..., L, Dv] f32, lse/lse_part [..., L] f32 (contiguous; out and lse updated in
+// place). Rows whose partial has lse_part = -inf (no key allowed) leave out unchanged.
+void merge_partial(const Tensor& out, const Tensor& lse, const Tensor& part, const Tensor& lse_part);
+
+// fn(), with a CommunicationError from inside it renamed after the operation the user called:
+// "ring_attention (rank 0 of 2, q [1, 8, 512, 64]): all_gather_values on rank 0: no completion ...".
+template <class Fn>
+auto naming_failures(const char* op, const Communicator& comm, const Tensor& q, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const CommunicationError& e) {
+    fail<CommunicationError>(op, " (rank ", comm.rank(), " of ", comm.size(), ", q ", shape_str(q.shape()),
+                             "): ", e.what());
+  }
+}
+
+}  // namespace qkv::dist

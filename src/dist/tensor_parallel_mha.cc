@@ -1,0 +1,172 @@
+// Tensor-parallel attention over MPI (qkv/dist/tensor_parallel_mha.h).
+#include "qkv/dist/tensor_parallel_mha.h"
+
+#include <string>
+#include <vector>
+
+#include "nn/heads.h"
+#include "qkv/attention.h"
+#include "qkv/dist/shard.h"
+#include "qkv/error.h"
+
+namespace qkv::dist {
+namespace {
+
+const Tensor& require(const std::map<std::string, Tensor>& state, const std::string& name, const char* op) {
+  const auto it = state.find(name);
+  if (it == state.end()) fail<ValueError>(op, ": the state_dict has no '", name, "'");
+  return it->second;
+}
+
+std::optional<Tensor> optional_entry(const std::map<std::string, Tensor>& state, const std::string& name) {
+  const auto it = state.find(name);
+  if (it == state.end()) return std::nullopt;
+  return it->second;
+}
+
+// Rows [first, first + n) of a [rows, ...] tensor (a view), or of an optional bias.
+Tensor rows(const Tensor& t, int64_t first, int64_t n) { return t.slice(0, first, first + n); }
+std::optional<Tensor> rows(const std::optional<Tensor>& t, int64_t first, int64_t n) {
+  if (!t) return std::nullopt;
+  return t->slice(0, first, first + n);
+}
+
+}  // namespace
+
+TensorParallelAttention::TensorParallelAttention(const TensorParallelAttentionConfig& config, const Communicator& comm)
+    : config_(config), comm_(comm) {
+  TensorParallelAttentionConfig& c = config_;
+  if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
+  if (c.head_dim == 0 && c.num_heads > 0) c.head_dim = c.embed_dim / c.num_heads;
+  if (c.embed_dim < 1 || c.num_heads < 1 || c.head_dim < 1 || c.num_heads % c.num_kv_heads != 0) {
+    fail<ValueError>("TensorParallelAttention: embed_dim ", c.embed_dim, ", num_heads ", c.num_heads, ", num_kv_heads ",
+                     c.num_kv_heads, ", head_dim ", c.head_dim, " (positive; num_heads a multiple of num_kv_heads)");
+  }
+  const int64_t g = c.num_heads / c.num_kv_heads;
+  const int p = comm.size(), r = comm.rank();
+  if (c.num_kv_heads >= p) {  // split the key/value heads; query heads follow their groups
+    const std::vector<int64_t> kv = split_sizes(c.num_kv_heads, p);
+    for (int i = 0; i < r; ++i) k0_ += kv[static_cast<size_t>(i)];
+    hk_local_ = kv[static_cast<size_t>(r)];
+    q0_ = k0_ * g;
+    hq_local_ = hk_local_ * g;
+  } else {  // split the query heads; replicate the key/value heads they use
+    const std::vector<int64_t> qs = split_sizes(c.num_heads, p);
+    for (int i = 0; i < r; ++i) q0_ += qs[static_cast<size_t>(i)];
+    hq_local_ = qs[static_cast<size_t>(r)];
+    k0_ = q0_ / g;
+    hk_local_ = hq_local_ == 0 ? 0 : (q0_ + hq_local_ - 1) / g - k0_ + 1;
+  }
+}
+
+void TensorParallelAttention::load(const Tensor& wq, const Tensor& wk, const Tensor& wv, const Tensor& wo,
+                                   const std::map<std::string, std::optional<Tensor>>& biases) {
+  const int64_t d = config_.head_dim, e = config_.embed_dim, hq = config_.num_heads, hk = config_.num_kv_heads;
+  if (wq.dim() != 2 || wq.size(0) != hq * d || wq.size(1) != e || wk.dim() != 2 || wk.size(0) != hk * d ||
+      wv.dim() != 2 || wv.size(0) != hk * d || wo.dim() != 2 || wo.size(0) != e || wo.size(1) != hq * d) {
+    fail<ShapeError>("TensorParallelAttention: weights q ", shape_str(wq.shape()), ", k ", shape_str(wk.shape()),
+                     ", v ", shape_str(wv.shape()), ", o ", shape_str(wo.shape()), " for embed_dim ", e, ", ", hq,
+                     " heads, ", hk, " key/value heads of ", d);
+  }
+  q_ = nn::Linear::torch(rows(wq, q0_ * d, hq_local_ * d), rows(biases.at("q"), q0_ * d, hq_local_ * d));
+  k_ = nn::Linear::torch(rows(wk, k0_ * d, hk_local_ * d), rows(biases.at("k"), k0_ * d, hk_local_ * d));
+  v_ = nn::Linear::torch(rows(wv, k0_ * d, hk_local_ * d), rows(biases.at("v"), k0_ * d, hk_local_ * d));
+  o_ = nn::Linear::torch(wo.slice(1, q0_ * d, (q0_ + hq_local_) * d), std::nullopt);
+  o_bias_ = biases.at("o");
+}
+
+TensorParallelAttention TensorParallelAttention::from_torch_mha(const nn::MultiheadAttentionConfig& config,
+                                                                const std::map<std::string, Tensor>& state,
+                                                                const Communicator& comm) {
+  const char* op = "TensorParallelAttention::from_torch_mha";
+  if (config.add_bias_kv || config.add_zero_attn) fail<ValueError>(op, ": add_bias_kv / add_zero_attn are not split");
+  if (config.num_heads < 1 || config.embed_dim % config.num_heads != 0) {
+    fail<ValueError>(op, ": embed_dim ", config.embed_dim, " is not divisible by num_heads ", config.num_heads);
+  }
+  TensorParallelAttention layer({config.embed_dim, config.num_heads, config.num_heads, 0, config.batch_first}, comm);
+  const int64_t e = config.embed_dim;
+  const std::optional<Tensor> in_bias = optional_entry(state, "in_proj_bias");
+  std::map<std::string, std::optional<Tensor>> biases{{"q", rows(in_bias, 0, e)},
+                                                      {"k", rows(in_bias, e, e)},
+                                                      {"v", rows(in_bias, 2 * e, e)},
+                                                      {"o", optional_entry(state, "out_proj.bias")}};
+  const Tensor& wo = require(state, "out_proj.weight", op);
+  if (const auto w = optional_entry(state, "in_proj_weight")) {
+    if (w->dim() != 2 || w->size(0) != 3 * e)
+      fail<ShapeError>(op, ": in_proj_weight is ", shape_str(w->shape()), ", want [", 3 * e, ", ", e, "]");
+    layer.load(rows(*w, 0, e), rows(*w, e, e), rows(*w, 2 * e, e), wo, biases);
+  } else {
+    layer.load(require(state, "q_proj_weight", op), require(state, "k_proj_weight", op),
+               require(state, "v_proj_weight", op), wo, biases);
+  }
+  return layer;
+}
+
+TensorParallelAttention TensorParallelAttention::from_projections(const TensorParallelAttentionConfig& config,
+                                                                  const std::map<std::string, Tensor>& state,
+                                                                  const Communicator& comm) {
+  const char* op = "TensorParallelAttention::from_projections";
+  TensorParallelAttention layer(config, comm);
+  layer.load(require(state, "q_proj.weight", op), require(state, "k_proj.weight", op),
+             require(state, "v_proj.weight", op), require(state, "o_proj.weight", op),
+             {{"q", optional_entry(state, "q_proj.bias")},
+              {"k", optional_entry(state, "k_proj.bias")},
+              {"v", optional_entry(state, "v_proj.bias")},
+              {"o", optional_entry(state, "o_proj.bias")}});
+  return layer;
+}
+
+Tensor TensorParallelAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                        const TensorParallelOptions& options) const {
+  const bool bf = config_.batch_first;
+  if (query.dim() == 2 && key.dim() == 2 && value.dim() == 2) {  // unbatched [L, E], as torch allows
+    const int64_t n = bf ? 0 : 1;
+    return forward(query.unsqueeze(n), key.unsqueeze(n), value.unsqueeze(n), options).squeeze(n);
+  }
+  if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3) {
+    fail<ShapeError>(
+        "TensorParallelAttention.forward: query, key, value must be [L, N, E] (or [N, L, E] with "
+        "batch_first, or unbatched [L, E]), got ",
+        shape_str(query.shape()), ", ", shape_str(key.shape()), ", ", shape_str(value.shape()));
+  }
+  const int64_t g = config_.num_heads / config_.num_kv_heads;
+  Tensor out;
+  if (hq_local_ > 0) {
+    const Tensor q = nn::detail::split_heads(q_.forward(query), hq_local_, bf);  // [N, hq, L, D]
+    Tensor k = nn::detail::split_heads(k_.forward(key), hk_local_, bf);          // [N, hk, S, D]
+    Tensor v = nn::detail::split_heads(v_.forward(value), hk_local_, bf);
+    // SDPA's GQA gives local query head i key head i / (hq / hk); replicated heads need not
+    // fall that way, and then each local query head gets a copy of its own key head.
+    bool aligned = hq_local_ % hk_local_ == 0;
+    for (int64_t i = 0; aligned && i < hq_local_; ++i) aligned = (q0_ + i) / g - k0_ == i / (hq_local_ / hk_local_);
+    if (!aligned) {
+      Tensor ke = Tensor::empty({k.size(0), hq_local_, k.size(2), k.size(3)});
+      Tensor ve = Tensor::empty({v.size(0), hq_local_, v.size(2), v.size(3)});
+      for (int64_t i = 0; i < hq_local_; ++i) {
+        const int64_t h = (q0_ + i) / g - k0_;
+        ke.select(1, i).copy_from(k.select(1, h));
+        ve.select(1, i).copy_from(v.select(1, h));
+      }
+      k = ke;
+      v = ve;
+    }
+    AttentionOptions o;
+    o.is_causal = options.is_causal;
+    o.enable_gqa = k.size(1) != hq_local_;
+    if (options.attn_mask) {
+      Tensor m = *options.attn_mask;
+      if (m.dim() == 4 && m.size(1) == config_.num_heads) m = m.slice(1, q0_, q0_ + hq_local_);
+      o.attn_mask = m;
+    }
+    const Tensor heads = scaled_dot_product_attention(q, k, v, o).output;  // [N, hq, L, D]
+    out = o_.forward(nn::detail::merge_heads(heads, bf));                  // [L, N, E] partial sum
+  } else {
+    const int64_t l = query.size(bf ? 1 : 0), n = query.size(bf ? 0 : 1);
+    out = Tensor::zeros(bf ? Shape{n, l, config_.embed_dim} : Shape{l, n, config_.embed_dim});
+  }
+  comm_.all_reduce_sum(out);
+  if (o_bias_) out = nn::detail::add_broadcast(out, *o_bias_);
+  return out;
+}
+
+}  // namespace qkv::dist

@@ -1,0 +1,22 @@
+# ctest dist.peer_dies / dist.peer_silent: a two-rank job whose rank 1 dies or never
+# answers must end, within the test's time, with a non-zero exit and a message saying so.
+#   cmake -DMPIEXEC=... -DPROGRAM=qkv_dist_failure -DMODE=dies|silent -P peer_failure.cmake
+set(ENV{QKV_DIST_TIMEOUT} 5)
+execute_process(COMMAND ${MPIEXEC} -np 2 ${PROGRAM} ${MODE}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 90)
+set(all "${out}${err}")
+if(rc MATCHES "timeout" OR rc MATCHES "Process terminated due to timeout")
+  message(FATAL_ERROR "peer ${MODE}: the job hung (killed after 90 s)\n${all}")
+endif()
+if(rc EQUAL 0)
+  message(FATAL_ERROR "peer ${MODE}: the job exited 0 although rank 1 failed\n${all}")
+endif()
+if(MODE STREQUAL "silent")
+  set(want "no completion after .* a peer rank died or never posted its side")
+else()
+  set(want "(signal 9|Killed|exited on signal)")
+endif()
+if(NOT all MATCHES "${want}")
+  message(FATAL_ERROR "peer ${MODE}: exit ${rc}, but no message matching '${want}':\n${all}")
+endif()
+message(STATUS "peer ${MODE}: exit ${rc}, the job said so:\n${all}")

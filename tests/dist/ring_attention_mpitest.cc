@@ -1,0 +1,140 @@
+// Ring and Ulysses attention on every rank of the job equal the single-process fused
+// kernel (scaled_dot_product_attention on the whole sequence) within 1e-5 relative, for
+// sequence lengths that do not split evenly, both layouts, causal, GQA and masks.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "dist/dist_test_util.h"
+#include "qkv/dist/ring_attention.h"
+#include "qkv/dist/ulysses_attention.h"
+#include "qkv/error.h"
+
+namespace qkv::dist {
+namespace {
+
+using testing::relative_error;
+using testing::world;
+
+constexpr double kTolerance = 1e-5;
+
+struct Case {
+  int64_t batch, hq, hk, lq, lk, d, dv;
+  bool causal;
+  SequenceLayout layout;
+};
+
+std::string name(const Case& c) {
+  return "B" + std::to_string(c.batch) + " Hq" + std::to_string(c.hq) + " Hk" + std::to_string(c.hk) + " Lq" +
+         std::to_string(c.lq) + " Lk" + std::to_string(c.lk) + (c.causal ? " causal " : " ") +
+         std::string(sequence_layout_name(c.layout));
+}
+
+// The inputs (same seeds on every rank), the single-process result, and this rank's shards.
+struct Problem {
+  Tensor q, k, v, want, want_lse;
+  Problem(const Case& c, const Communicator& comm) {
+    q = Tensor::randn({c.batch, c.hq, c.lq, c.d}, 11);
+    k = Tensor::randn({c.batch, c.hk, c.lk, c.d}, 12);
+    v = Tensor::randn({c.batch, c.hk, c.lk, c.dv}, 13);
+    AttentionOptions o;
+    o.is_causal = c.causal;
+    o.enable_gqa = c.hq != c.hk;
+    o.return_logsumexp = true;
+    AttentionResult r = scaled_dot_product_attention(q, k, v, o);
+    want = shard(r.output, c, comm);
+    want_lse = shard_sequence(*r.logsumexp, -1, comm.rank(), comm.size(), c.layout);
+  }
+  static Tensor shard(const Tensor& t, const Case& c, const Communicator& comm) {
+    return shard_sequence(t, -2, comm.rank(), comm.size(), c.layout);
+  }
+};
+
+const Case kCases[] = {
+    {2, 4, 4, 37, 37, 16, 16, false, SequenceLayout::contiguous},
+    {1, 4, 4, 64, 64, 32, 32, true, SequenceLayout::zigzag},
+    {1, 2, 2, 29, 29, 8, 8, true, SequenceLayout::zigzag},  // chunks of 3 and 4 positions
+    {1, 2, 2, 30, 30, 8, 8, true, SequenceLayout::contiguous},
+    {2, 8, 2, 41, 41, 16, 24, true, SequenceLayout::zigzag},      // GQA, Dv != D
+    {1, 3, 3, 19, 45, 16, 8, false, SequenceLayout::contiguous},  // cross-attention, Lq != Lk
+    {1, 6, 3, 5, 5, 8, 8, false, SequenceLayout::zigzag},         // fewer positions than chunks
+};
+
+TEST(RingAttention, EqualsTheFusedKernelOnTheWholeSequence) {
+  const Communicator comm = world();
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name(c));
+    const Problem p(c, comm);
+    RingAttentionOptions o;
+    o.is_causal = c.causal;
+    o.layout = c.layout;
+    o.enable_gqa = c.hq != c.hk;
+    o.return_logsumexp = true;
+    const AttentionResult got = ring_attention(Problem::shard(p.q, c, comm), Problem::shard(p.k, c, comm),
+                                               Problem::shard(p.v, c, comm), comm, o);
+    EXPECT_LE(relative_error(got.output, p.want), kTolerance);
+    EXPECT_LE(relative_error(*got.logsumexp, p.want_lse), kTolerance);
+  }
+}
+
+TEST(RingAttention, AppliesThisRanksRowsOfAMask) {
+  const Communicator comm = world();
+  const Case c{1, 2, 2, 33, 33, 8, 8, false, SequenceLayout::zigzag};
+  const Problem p(c, comm);
+  Tensor mask = Tensor::randn({1, 1, c.lq, c.lk}, 5);  // additive: random biases
+  AttentionOptions full;
+  full.attn_mask = mask;
+  const Tensor want = Problem::shard(scaled_dot_product_attention(p.q, p.k, p.v, full).output, c, comm);
+  RingAttentionOptions o;
+  o.layout = c.layout;
+  o.attn_mask = shard_sequence(mask, -2, comm.rank(), comm.size(), c.layout);
+  const Tensor got =
+      ring_attention(Problem::shard(p.q, c, comm), Problem::shard(p.k, c, comm), Problem::shard(p.v, c, comm), comm, o)
+          .output;
+  EXPECT_LE(relative_error(got, want), kTolerance);
+}
+
+TEST(RingAttention, ShardsThatDoNotMatchTheLayoutAreAShapeError) {
+  const Communicator comm = world();
+  const Tensor q = Tensor::randn({1, 1, comm.rank() == 0 ? 5 : 3, 4}, 1);
+  RingAttentionOptions o;
+  o.layout = SequenceLayout::contiguous;
+  if (comm.size() == 1) {
+    EXPECT_NO_THROW((void)ring_attention(q, q, q, comm, o));
+    return;
+  }
+  EXPECT_THROW((void)ring_attention(q, q, q, comm, o), ShapeError);  // 5 + 3 + ... is not an even split
+}
+
+TEST(UlyssesAttention, EqualsTheFusedKernelOnTheWholeSequence) {
+  const Communicator comm = world();
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name(c));
+    const Problem p(c, comm);
+    UlyssesAttentionOptions o;
+    o.is_causal = c.causal;
+    o.layout = c.layout;
+    o.enable_gqa = c.hq != c.hk;
+    const Tensor got = ulysses_attention(Problem::shard(p.q, c, comm), Problem::shard(p.k, c, comm),
+                                         Problem::shard(p.v, c, comm), comm, o);
+    EXPECT_LE(relative_error(got, p.want), kTolerance);
+  }
+}
+
+TEST(UlyssesAttention, SplitsPerHeadMasksWithTheHeads) {
+  const Communicator comm = world();
+  const Case c{1, 5, 5, 21, 21, 8, 8, false, SequenceLayout::contiguous};
+  const Problem p(c, comm);
+  const Tensor mask = Tensor::randn({1, c.hq, c.lq, c.lk}, 9);
+  AttentionOptions full;
+  full.attn_mask = mask;
+  const Tensor want = Problem::shard(scaled_dot_product_attention(p.q, p.k, p.v, full).output, c, comm);
+  UlyssesAttentionOptions o;
+  o.attn_mask = mask;
+  const Tensor got = ulysses_attention(Problem::shard(p.q, c, comm), Problem::shard(p.k, c, comm),
+                                       Problem::shard(p.v, c, comm), comm, o);
+  EXPECT_LE(relative_error(got, want), kTolerance);
+}
+
+}  // namespace
+}  // namespace qkv::dist

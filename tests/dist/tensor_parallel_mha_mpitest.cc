@@ -1,0 +1,104 @@
+// Tensor-parallel attention on every rank of the job: torch.nn.MultiheadAttention's own
+// outputs (tests/fixtures/mha_torch, PyTorch float64 on the stored float32 parameters) from
+// the full state_dict split by heads, and GQA layers equal to the unsplit computation.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "dist/dist_test_util.h"
+#include "qkv/attention.h"
+#include "qkv/dist/tensor_parallel_mha.h"
+#include "qkv/error.h"
+
+namespace qkv::dist {
+namespace {
+
+using testing::relative_error;
+using testing::world;
+namespace fx = qkv::nn::testing;
+
+constexpr double kTolerance = 1e-5;
+
+TEST(TensorParallelAttention, MatchesPyTorchMultiheadAttentionFixtures) {
+  const Communicator comm = world();
+  int checked = 0;
+  for (const auto& path : fx::fixture_files("mha_torch")) {
+    const fx::Fixture f = fx::load_fixture(path);
+    const nlohmann::json& o = f.options;
+    // The unmasked configurations (masks in torch's convention are the layer's business).
+    if (o.at("add_bias_kv") || o.at("add_zero_attn") || o.at("is_causal") || f.has("input.attn_mask") ||
+        f.has("input.key_padding_mask")) {
+      continue;
+    }
+    SCOPED_TRACE(f.name);
+    nn::MultiheadAttentionConfig c;
+    c.embed_dim = o.at("embed_dim");
+    c.num_heads = o.at("num_heads");
+    c.bias = o.at("bias");
+    if (!o.at("kdim").is_null()) c.kdim = o.at("kdim").get<int64_t>();
+    if (!o.at("vdim").is_null()) c.vdim = o.at("vdim").get<int64_t>();
+    c.batch_first = o.at("batch_first");
+    std::map<std::string, Tensor> sd;
+    for (const auto& [k, v] : f.tensors) {
+      if (k.rfind("input.", 0) != 0 && k.rfind("expected.", 0) != 0) sd[k] = v;
+    }
+    const TensorParallelAttention layer = TensorParallelAttention::from_torch_mha(c, sd, comm);
+    const Tensor q = f.at("input.query");
+    const Tensor k = o.at("self_attention") ? q : f.at("input.key");
+    const Tensor v = o.at("self_attention") ? q : (o.at("kv_shared") ? k : f.at("input.value"));
+    EXPECT_LE(relative_error(layer.forward(q, k, v), f.at("expected.output")), kTolerance);
+    ++checked;
+  }
+  EXPECT_GE(checked, 8);
+}
+
+// A GQA layer (Llama-style projections) computed in one process: the oracle of the split one.
+Tensor unsplit(const std::map<std::string, Tensor>& sd, const Tensor& x, int64_t hq, int64_t hk, int64_t d,
+               bool causal) {
+  const int64_t l = x.size(0), n = x.size(1);
+  auto heads = [&](const std::string& name, int64_t h) {
+    return nn::Linear::torch(sd.at(name + ".weight"), sd.at(name + ".bias"))
+        .forward(x)
+        .reshape({l, n, h, d})
+        .permute({1, 2, 0, 3});
+  };
+  AttentionOptions o;
+  o.is_causal = causal;
+  o.enable_gqa = true;
+  const Tensor a =
+      scaled_dot_product_attention(heads("q_proj", hq), heads("k_proj", hk), heads("v_proj", hk), o).output;
+  const Tensor merged = a.permute({2, 0, 1, 3}).contiguous().reshape({l, n, hq * d});
+  return nn::Linear::torch(sd.at("o_proj.weight"), sd.at("o_proj.bias")).forward(merged);
+}
+
+TEST(TensorParallelAttention, GqaWithKeyValueHeadsSplitOrReplicated) {
+  const Communicator comm = world();
+  const int64_t e = 24, d = 4;
+  // (Hq, Hk): Hk >= ranks splits the key/value heads, Hk < ranks (MQA among them) replicates them.
+  for (const auto& [hq, hk] : {std::pair<int64_t, int64_t>{6, 2}, {6, 3}, {8, 4}, {6, 1}, {5, 5}}) {
+    SCOPED_TRACE("Hq " + std::to_string(hq) + " Hk " + std::to_string(hk));
+    std::map<std::string, Tensor> sd{
+        {"q_proj.weight", Tensor::randn({hq * d, e}, 1)}, {"q_proj.bias", Tensor::randn({hq * d}, 2)},
+        {"k_proj.weight", Tensor::randn({hk * d, e}, 3)}, {"k_proj.bias", Tensor::randn({hk * d}, 4)},
+        {"v_proj.weight", Tensor::randn({hk * d, e}, 5)}, {"v_proj.bias", Tensor::randn({hk * d}, 6)},
+        {"o_proj.weight", Tensor::randn({e, hq * d}, 7)}, {"o_proj.bias", Tensor::randn({e}, 8)}};
+    const Tensor x = Tensor::randn({9, 2, e}, 10);  // [L, N, E]
+    const TensorParallelAttention layer = TensorParallelAttention::from_projections({e, hq, hk, d, false}, sd, comm);
+    TensorParallelOptions o;
+    o.is_causal = true;
+    EXPECT_LE(relative_error(layer.forward(x, x, x, o), unsplit(sd, x, hq, hk, d, true)), kTolerance);
+  }
+}
+
+TEST(TensorParallelAttention, WrongWeightShapesAreAShapeError) {
+  const Communicator comm = world();
+  std::map<std::string, Tensor> sd{{"q_proj.weight", Tensor::zeros({8, 8})},
+                                   {"k_proj.weight", Tensor::zeros({8, 8})},
+                                   {"v_proj.weight", Tensor::zeros({8, 8})},
+                                   {"o_proj.weight", Tensor::zeros({8, 4})}};
+  EXPECT_THROW((void)TensorParallelAttention::from_projections({8, 2, 2, 4, false}, sd, comm), ShapeError);
+}
+
+}  // namespace
+}  // namespace qkv::dist

@@ -1,0 +1,69 @@
+"""One rank of tests/python/test_dist.py's mpiexec job: qkv.dist on this rank's shards
+against a float64 NumPy oracle of the whole sequence; rank 0 prints the worst relative
+errors as JSON (the test asserts them)."""
+
+import json
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import qkv
+
+
+def attention64(q, k, v, causal=False, mask=None):
+    """softmax(q k^T / sqrt(D) [+ mask]) v in float64, GQA by repeating k/v heads."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    g = q.shape[-3] // k.shape[-3]
+    k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s + mask
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)) @ v
+
+
+def rel(got, want):
+    return float(np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want)))
+
+
+def main():
+    comm = MPI.COMM_WORLD
+    r, p = comm.Get_rank(), comm.Get_size()
+    rng = np.random.default_rng(0)  # the same draws on every rank
+    errors = {}
+    for causal, layout, hq, hk, length in [(False, "contiguous", 4, 4, 37), (True, "zigzag", 4, 2, 45),
+                                           (True, "contiguous", 2, 1, 20)]:
+        q = rng.standard_normal((2, hq, length, 16)).astype(np.float32)
+        k = rng.standard_normal((2, hk, length, 16)).astype(np.float32)
+        v = rng.standard_normal((2, hk, length, 8)).astype(np.float32)
+        want = attention64(q, k, v, causal)
+        mine = [qkv.dist.shard_sequence(x, r, p, layout=layout) for x in (q, k, v)]
+        name = f"{'causal' if causal else 'full'}-{layout}-{hq}x{hk}"
+        ring = qkv.dist.ring_attention(*mine, comm, is_causal=causal, layout=layout, enable_gqa=hq != hk)
+        uly = qkv.dist.ulysses_attention(*mine, comm, is_causal=causal, layout=layout, enable_gqa=hq != hk)
+        for scheme, out in (("ring", ring), ("ulysses", uly)):
+            whole = qkv.dist.unshard_sequence(comm.allgather(np.asarray(out)), layout=layout)
+            errors[f"{scheme}-{name}"] = rel(whole, want)
+    # Tensor parallel: Llama-style projections with GQA, against the same layer in NumPy.
+    e, hq, hk, d = 16, 4, 2, 4
+    sd = {n: rng.standard_normal(s).astype(np.float32) for n, s in
+          [("q_proj.weight", (hq * d, e)), ("k_proj.weight", (hk * d, e)), ("v_proj.weight", (hk * d, e)),
+           ("o_proj.weight", (e, hq * d)), ("o_proj.bias", (e,))]}
+    x = rng.standard_normal((7, 3, e)).astype(np.float32)  # [L, N, E]
+    layer = qkv.dist.TensorParallelAttention.from_projections(sd, e, hq, hk, comm)
+    got = layer.forward(x, x, x, is_causal=True)
+    heads = lambda w, h: (x.astype(np.float64) @ w.T).reshape(7, 3, h, d).transpose(1, 2, 0, 3)  # noqa: E731
+    a = attention64(heads(sd["q_proj.weight"], hq), heads(sd["k_proj.weight"], hk), heads(sd["v_proj.weight"], hk),
+                    causal=True)
+    want = a.transpose(2, 0, 1, 3).reshape(7, 3, hq * d) @ sd["o_proj.weight"].T.astype(np.float64) + sd["o_proj.bias"]
+    errors["tensor-parallel-gqa"] = rel(got, want)
+    worst = comm.reduce(errors, op=lambda a, b: {n: max(a[n], b[n]) for n in a})
+    if r == 0:
+        json.dump({"ranks": p, "errors": worst}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+// qkv attention --parallel ring|ulysses|heads: the same attention over the ranks of an
+// mpiexec job (qkv/dist; docs/distributed.md).
+//
+//   mpiexec -np 4 qkv attention --q q.npy --k k.npy --v v.npy --parallel ring --causal -o o.npy
+// Every rank loads the full files and keeps its shard (ring, ulysses: along the sequence, in
+// --layout; heads: its heads); rank 0 gathers and writes the full output. With "{rank}" in
+// the file names, each rank reads its own pre-sharded files and writes its own output.
+#include <string>
+
+#include "commands.h"
+#include "qkv/attention.h"
+#include "qkv/error.h"
+#include "qkv/io.h"
+#ifdef QKV_HAVE_MPI
+#include "qkv/dist/ring_attention.h"
+#include "qkv/dist/ulysses_attention.h"
+#endif
+
+namespace qkv::cli {
+
+#ifdef QKV_HAVE_MPI
+namespace {
+
+std::string for_rank(std::string path, int rank) {
+  const std::string key = "{rank}";
+  for (size_t at = path.find(key); at != std::string::npos; at = path.find(key))
+    path.replace(at, key.size(), std::to_string(rank));
+  return path;
+}
+
+bool per_rank(const ParallelAttentionCall& c) { return c.q.find("{rank}") != std::string::npos; }
+
+// This rank's shard of a full tensor [..., H, L, D]: along L for ring/ulysses, H for heads.
+Tensor local_part(const Tensor& full, const ParallelAttentionCall& c, const dist::Communicator& comm) {
+  const dist::SequenceLayout layout = dist::sequence_layout_from_name(c.layout);
+  if (c.scheme != "heads") return dist::shard_sequence(full, -2, comm.rank(), comm.size(), layout);
+  const std::vector<int64_t> sizes = dist::split_sizes(full.size(-3), comm.size());
+  int64_t first = 0;
+  for (int r = 0; r < comm.rank(); ++r) first += sizes[static_cast<size_t>(r)];
+  return full.slice(-3, first, first + sizes[static_cast<size_t>(comm.rank())]);
+}
+
+Tensor run_scheme(const Tensor& q, const Tensor& k, const Tensor& v, const ParallelAttentionCall& c,
+                  const dist::Communicator& comm) {
+  const dist::SequenceLayout layout = dist::sequence_layout_from_name(c.layout);
+  if (c.scheme == "ring") {
+    dist::RingAttentionOptions o;
+    o.is_causal = c.causal, o.layout = layout, o.scale = c.scale, o.enable_gqa = c.gqa;
+    o.matmul_precision = matmul_precision_from_name(c.precision);
+    return dist::ring_attention(q, k, v, comm, o).output;
+  }
+  if (c.scheme == "ulysses") {
+    dist::UlyssesAttentionOptions o;
+    o.is_causal = c.causal, o.layout = layout, o.scale = c.scale, o.enable_gqa = c.gqa;
+    o.matmul_precision = matmul_precision_from_name(c.precision);
+    return dist::ulysses_attention(q, k, v, comm, o);
+  }
+  AttentionOptions o;  // heads: each rank its own heads, whole sequences, no communication
+  o.is_causal = c.causal, o.scale = c.scale, o.enable_gqa = c.gqa;
+  o.matmul_precision = matmul_precision_from_name(c.precision);
+  return scaled_dot_product_attention(q, k, v, o).output;
+}
+
+}  // namespace
+
+void run_parallel_attention(const ParallelAttentionCall& c) {
+  if (c.scheme == "heads" && c.gqa)
+    fail<ValueError>("attention --parallel heads: GQA heads are split by ring or ulysses");
+  dist::MpiSession mpi(nullptr, nullptr);
+  const dist::Communicator comm = dist::Communicator::world();
+  const bool sharded = per_rank(c);
+  auto input = [&](const std::string& spec) {
+    const Tensor t = load_tensor(for_rank(spec, comm.rank()));
+    return (sharded ? t : local_part(t, c, comm)).to(DType::f32).contiguous();
+  };
+  const Tensor q = input(c.q), k = input(c.k), v = input(c.v);
+  const Tensor out = run_scheme(q, k, v, c, comm).contiguous();
+  if (sharded) {
+    io::save(for_rank(c.out, comm.rank()), {{"output", out}});
+    return;
+  }
+  const Tensor gathered = comm.all_gather(out, c.scheme == "heads" ? -3 : -2);
+  if (comm.rank() != 0) return;
+  const Tensor full = c.scheme == "heads" ? gathered
+                                          : dist::unshard_sequence(gathered, -2, comm.size(),
+                                                                   dist::sequence_layout_from_name(c.layout));
+  io::save(c.out, {{"output", full}});
+}
+
+#else
+
+void run_parallel_attention(const ParallelAttentionCall&) {
+  fail<ValueError>(
+      "attention --parallel: this qkv was built without MPI (QKV_MPI=OFF or no MPI found; "
+      "Debian: openmpi-bin libopenmpi-dev)");
+}
+
+#endif
+
+}  // namespace qkv::cli
