@@ -10,9 +10,11 @@
 // values must have been appended first): q [B, Hq, Lq, D], Hq a multiple of Hk (GQA/MQA: query
 // head h reads cache head h / (Hq / Hk), by index, never copied); query t of sequence b is at
 // position p = length(b) - Lq + t and attends keys j <= p (causal, the default) — with a
-// window W > 0, only the W keys p - W < j <= p (a sliding window as ONNX Runtime's
-// local_window_size + 1 / Mistral's) — scores scale q.k (1/sqrt(D) by default), softcap c > 0:
-// c tanh(s / c). Rows with no key (length(b) < Lq - t) give 0.
+// window W > 0 (DecodeOptions::window, else the cache's KVCacheConfig::window), only the W keys
+// p - W < j <= p (ONNX Runtime 1.32 GroupQueryAttention's local_window_size = W, checked by
+// tests/attention/decode_ort_test.cc) — scores scale q.k (1/sqrt(D) by default), softcap c > 0:
+// c tanh(s / c). Rows with no key (length(b) < Lq - t) give 0. A cache with rotary settings
+// rotates q at the positions p.
 //
 // The kernel (src/attention/decode_cpu.cc) splits every sequence's keys into chunks: work
 // items are (sequence, cache head, chunk), so that B·Hk smaller than the thread count still
@@ -29,17 +31,41 @@
 #include <vector>
 
 #include "qkv/attention.h"
+#include "qkv/rotary.h"
 #include "qkv/tensor.h"
 
 namespace qkv {
+
+// Rotary position embeddings fused into the cache (qkv/rotary.h's settings; docs/decode.md):
+// append rotates each new key at its absolute position length(b) + t before storing it (as ONNX
+// Runtime's GroupQueryAttention and llama.cpp store them), decode_attention rotates q at its
+// positions length(b) - Lq + t. Keys and queries are passed unrotated.
+struct CacheRotary {
+  double base = 10000.0;
+  RotaryLayout layout = RotaryLayout::neox;  // neox: (x[i], x[i + rd/2]); gptj: (x[2i], x[2i+1])
+  int64_t rotary_dim = 0;                    // even, <= head_dim; 0: head_dim
+};
 
 struct KVCacheConfig {
   int64_t batch = 1;
   int64_t kv_heads = 1;
   int64_t head_dim = 0;
-  int64_t capacity = 0;      // positions per sequence
+  int64_t capacity = 0;      // positions per sequence (a windowed cache: slots of its ring)
   int64_t value_dim = 0;     // 0: head_dim
   DType dtype = DType::f32;  // f32, bf16, f16, or i8 (quantized: below)
+  // > 0: sliding-window eviction: only the last `window` positions of each sequence are kept,
+  // in a ring of `capacity` >= window slots (position p in slot p % capacity: appends never
+  // shift or reallocate, lengths count absolute positions, without a capacity limit), and
+  // decode_attention attends the last `window` keys up to each query, itself included (ONNX
+  // Runtime 1.32's local_window_size = window, by its outputs). Lq > 1 queries need capacity >= window + Lq - 1.
+  int64_t window = 0;
+  // > 0: paged (vLLM-style): K and V live in a pool of `pages` pages of page_size positions,
+  // [pages, Hk, page_size, D], and each sequence has a block table (its pages in order); append
+  // takes pages from the pool as sequences grow (ValueError when it is exhausted), set_length /
+  // reset give them back. capacity stays the per-sequence limit. Not combined with `window`.
+  int64_t page_size = 0;
+  int64_t pages = 0;  // paged: the pool; 0: enough for every sequence at capacity
+  std::optional<CacheRotary> rotary = std::nullopt;
 };
 
 class KVCache {
@@ -60,9 +86,23 @@ class KVCache {
 
   const KVCacheConfig& config() const { return config_; }
   int64_t value_dim() const { return config_.value_dim; }
-  // The storage, [B, Hk, capacity, D] / [.., Dv] (positions past a sequence's length are stale).
+  // The storage: [B, Hk, capacity, D] / [.., Dv] (positions past a sequence's length are stale;
+  // windowed: position p in slot p % capacity), paged [pages, Hk, page_size, D]. Viewed as rows
+  // [-1, D], head hk of sequence b's position p is row(b, hk, p); positions p .. run_end(b, p) - 1
+  // sit in consecutive rows (up to a page's end or the ring's wrap). The scales below likewise.
   const Tensor& keys() const { return k_; }
   const Tensor& values() const { return v_; }
+  int64_t row(int64_t b, int64_t hk, int64_t position) const;
+  int64_t run_end(int64_t b, int64_t position) const;
+  // The first position of sequence b still stored (> 0 once a window evicted older ones).
+  int64_t first_kept(int64_t b) const;
+  // Sequence b's stored keys and values in position order, [Hk, n, D] / [Hk, n, Dv] in the cache's
+  // dtype (positions first_kept(b) .. length(b) - 1), copies.
+  Tensor sequence_keys(int64_t b) const;
+  Tensor sequence_values(int64_t b) const;
+  // Paged caches: sequence b's pages in order, and the pages left in the pool.
+  const std::vector<int64_t>& block_table(int64_t b) const { return blocks_.at(static_cast<size_t>(b)); }
+  int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
 
   // int8 caches (dtype i8): each key is stored as round((k - c) / (r s_k)) with c and r per
   // (sequence, head) and channel — the mean and the RMS deviation over the keys of the
@@ -79,25 +119,36 @@ class KVCache {
   Tensor keys_f32() const;
   Tensor values_f32() const;
 
-  // Save / load (e.g. through qkv::io::save as safetensors): "keys", "values" up to the longest
-  // sequence [B, Hk, max length, D], "lengths" int64 [B], "capacity" int64 [1], and for int8
-  // caches "key_scales", "value_scales" (same prefix), "key_offsets", "key_spreads".
-  // from_state restores an equal cache (ValueError / ShapeError for an inconsistent state).
+  // Save / load (e.g. through qkv::io::save as safetensors): "keys", "values" [B, Hk, n, D] with
+  // sequence b's stored positions first_kept(b) .. length(b) - 1 from index 0 (n the most any
+  // sequence stores), "lengths" int64 [B], "capacity" int64 [1], "window", "page_size", "pages"
+  // int64 [1] (absent: 0), the rotary settings ("rotary" f64 [base, layout (0 neox, 1 gptj),
+  // rotary_dim]) when set, and for int8 caches "key_scales", "value_scales" (same prefix),
+  // "key_offsets", "key_spreads". The layout does not matter to the file (a paged cache's pages
+  // are taken afresh). from_state restores an equal cache (ValueError / ShapeError otherwise).
   std::map<std::string, Tensor> state() const;
   static KVCache from_state(const std::map<std::string, Tensor>& state);
 
  private:
   KVCacheConfig config_;
+  // Writes [Hk, n, D] rows already in the storage dtype (and int8 scales [Hk, n]) at positions
+  // at .. at + n - 1 of sequence b, run by run; pages must have been reserved.
+  void write_rows(int64_t b, int64_t at, const Tensor& k, const Tensor& v, const Tensor* ks, const Tensor* vs);
   void append_int8(int64_t b, int64_t at, const Tensor& k, const Tensor& v);  // [Hk, n, D] each
+  void reserve_pages(int64_t b, int64_t length);                              // paged: pages for positions [0, length)
+  void release_pages(int64_t b, int64_t length);          // paged: pages past those of [0, length) back
+  Tensor gather(const Tensor& storage, int64_t b) const;  // [Hk, kept, ...] of sequence b
   Tensor k_, v_;
   Tensor k_scale_, v_scale_, k_offset_, k_spread_;  // i8 caches only
   std::vector<int64_t> lengths_;
+  std::vector<std::vector<int64_t>> blocks_;  // paged: block table per sequence
+  std::vector<int64_t> free_;                 // paged: free pages (a stack)
 };
 
 struct DecodeOptions {
   std::optional<double> scale;  // default 1/sqrt(D)
   bool causal = true;           // query t sees keys j <= its position (else every key of the sequence)
-  int64_t window = 0;           // > 0: only the last `window` keys up to the position
+  int64_t window = 0;           // > 0: only the last `window` keys up to the position (<= a windowed cache's)
   double softcap = 0.0;         // > 0: scores c tanh(s / c)
   int64_t chunk = 0;            // keys per work item; 0: automatic (docs/decode.md)
   // bf16 caches: highest (default) widens each chunk to float32 (exact products of the cached

@@ -31,43 +31,102 @@ struct Item {
   int64_t b, hk, c0, c1, slot;  // keys [c0, c1); partials at slot
 };
 
+// The keys any query of sequence b may see start at `first` (query 0's window start).
+int64_t first_needed(const DecodeCall& d, const DecodeOptions& o, int64_t length) {
+  return decode_keys(d, o.causal, length, 0).first;
+}
+
 // Keys per item: the caller's, else enough chunks for 4 items per thread over B Hk sequences
-// of the longest length, between 256 keys (smaller GEMMs would cost more than they save) and
+// of the longest span of keys, between 256 keys (smaller GEMMs would cost more than they save) and
 // 1024 (a chunk's K and V, widened to f32 for 16-bit caches, stay in L2: whole-sequence chunks
 // of a bf16 cache at 32k keys ran at 2.6 GB/s against 12 for f32, the widened copy spilling).
-int64_t chunk_size(const DecodeCall& d, const KVCache& cache, int64_t requested) {
-  if (requested > 0) return requested;
+int64_t chunk_size(const DecodeCall& d, const KVCache& cache, const DecodeOptions& o) {
+  if (o.chunk > 0) return o.chunk;
   int64_t longest = 1;
-  for (int64_t n : cache.lengths()) longest = std::max(longest, n);
+  for (int64_t b = 0; b < d.b; ++b) longest = std::max(longest, cache.length(b) - first_needed(d, o, cache.length(b)));
   const int64_t per_seq = std::max<int64_t>(1, (4 * get_num_threads() + d.b * d.hk - 1) / (d.b * d.hk));
   return std::clamp<int64_t>((longest + per_seq - 1) / per_seq, 256, 1024);
 }
 
-// Rows [n, Dx] of the cache's keys (or values) at (b, hk, c0) as f32: in place for an f32 cache,
-// else into `buffer`: 16-bit widened, int8 dequantized (key: q s r + c, value: q s; kv_cache.h).
+// Work items (b, hk, keys [c0, c1)): chunks over the keys some query needs, on multiples of the
+// chunk, cut where consecutive storage rows end (a ring's wrap, a page) unless pages are smaller
+// than a chunk (then an item gathers whole pages into its scratch: no GEMM on a few keys).
+std::vector<Item> make_items(const DecodeCall& d, const KVCache& cache, const DecodeOptions& o) {
+  int64_t chunk = chunk_size(d, cache, o);
+  const int64_t page = cache.config().page_size;
+  const bool small_pages = page > 0 && page < chunk;
+  if (small_pages && o.chunk == 0) chunk = (chunk + page - 1) / page * page;  // whole pages
+  std::vector<Item> items;
+  for (int64_t b = 0; b < d.b; ++b) {
+    const int64_t length = cache.length(b), lo = std::min(first_needed(d, o, length), length);
+    for (int64_t hk = 0; hk < d.hk; ++hk) {
+      int64_t c0 = lo;
+      do {  // >= 1 item per row
+        int64_t c1 = std::min(length, (c0 / chunk + 1) * chunk);
+        if (!small_pages) c1 = std::min(c1, cache.run_end(b, c0));
+        items.push_back({b, hk, c0, c1, static_cast<int64_t>(items.size())});
+        c0 = c1;
+      } while (c0 < length);
+    }
+  }
+  return items;
+}
+
+// int8 rows [len, Dx] from storage row `first` of (b, hk), dequantized into out.
+void dequantize(const KVCache& cache, bool keys, int64_t b, int64_t hk, int64_t first, int64_t len, float* out) {
+  const Tensor& t = keys ? cache.keys() : cache.values();
+  const int64_t dx = t.size(3), bh = b * cache.config().kv_heads + hk;
+  const int8_t* q = t.data<int8_t>() + first * dx;
+  const float* scale = (keys ? cache.key_scales() : cache.value_scales()).data<float>() + first;
+  const float* shift = keys ? cache.key_offsets().data<float>() + bh * dx : nullptr;
+  const float* spread = keys ? cache.key_spreads().data<float>() + bh * dx : nullptr;
+  for (int64_t j = 0; j < len; ++j) {
+    float* row = out + j * dx;
+    if (!keys) {
+      for (int64_t c = 0; c < dx; ++c) row[c] = static_cast<float>(q[j * dx + c]) * scale[j];
+      continue;
+    }
+    for (int64_t c = 0; c < dx; ++c) row[c] = static_cast<float>(q[j * dx + c]) * (scale[j] * spread[c]) + shift[c];
+  }
+}
+
+// Rows [n, Dx] of the cache's keys (or values) of sequence b, head hk, positions c0 .. c0 + n - 1
+// as f32: in place for an f32 cache whose rows are consecutive, else into `buffer` run by run (a
+// page, or up to a ring's wrap; qkv/kv_cache.h): 16-bit widened, int8 dequantized (key:
+// q s r + c, value: q s).
 const float* rows_f32(const KVCache& cache, bool keys, int64_t b, int64_t hk, int64_t c0, int64_t n,
                       std::vector<float>& buffer) {
   const Tensor& t = keys ? cache.keys() : cache.values();
-  const int64_t dx = t.size(3), first = (b * t.size(1) + hk) * t.size(2) + c0, offset = first * dx;
-  if (t.dtype() == DType::f32) return t.data<float>() + offset;
+  const int64_t dx = t.size(3);
+  if (t.dtype() == DType::f32 && cache.run_end(b, c0) >= c0 + n) return t.data<float>() + cache.row(b, hk, c0) * dx;
   buffer.resize(static_cast<size_t>(n * dx));
-  if (t.dtype() == DType::bf16) {
-    kernels::widen(t.data<bfloat16>() + offset, n * dx, buffer.data());
-  } else if (t.dtype() == DType::f16) {
-    kernels::widen(t.data<float16>() + offset, n * dx, buffer.data());
-  } else {  // int8
-    const int8_t* q = t.data<int8_t>() + offset;
-    const float* scale = (keys ? cache.key_scales() : cache.value_scales()).data<float>() + first;
-    const float* shift = keys ? cache.key_offsets().data<float>() + (b * t.size(1) + hk) * dx : nullptr;
-    const float* spread = keys ? cache.key_spreads().data<float>() + (b * t.size(1) + hk) * dx : nullptr;
-    for (int64_t j = 0; j < n; ++j) {
-      float* row = buffer.data() + j * dx;
-      if (!keys) {
-        for (int64_t c = 0; c < dx; ++c) row[c] = static_cast<float>(q[j * dx + c]) * scale[j];
-        continue;
-      }
-      for (int64_t c = 0; c < dx; ++c) row[c] = static_cast<float>(q[j * dx + c]) * (scale[j] * spread[c]) + shift[c];
+  for (int64_t i = 0; i < n;) {
+    const int64_t p = c0 + i, len = std::min(n - i, cache.run_end(b, p) - p), first = cache.row(b, hk, p);
+    float* out = buffer.data() + i * dx;  // [len, Dx]
+    if (t.dtype() == DType::f32) {
+      std::copy_n(t.data<float>() + first * dx, len * dx, out);
+    } else if (t.dtype() == DType::bf16) {
+      kernels::widen(t.data<bfloat16>() + first * dx, len * dx, out);
+    } else if (t.dtype() == DType::f16) {
+      kernels::widen(t.data<float16>() + first * dx, len * dx, out);
+    } else {
+      dequantize(cache, keys, b, hk, first, len, out);
     }
+    i += len;
+  }
+  return buffer.data();
+}
+
+// The bf16 rows [n, Dx] of (b, hk) from position c0: in place when consecutive, else gathered.
+const bfloat16* rows_bf16(const KVCache& cache, const Tensor& t, int64_t b, int64_t hk, int64_t c0, int64_t n,
+                          std::vector<bfloat16>& buffer) {
+  const int64_t dx = t.size(3);
+  if (cache.run_end(b, c0) >= c0 + n) return t.data<bfloat16>() + cache.row(b, hk, c0) * dx;
+  buffer.resize(static_cast<size_t>(n * dx));
+  for (int64_t i = 0; i < n;) {
+    const int64_t p = c0 + i, len = std::min(n - i, cache.run_end(b, p) - p);
+    std::copy_n(t.data<bfloat16>() + cache.row(b, hk, p) * dx, len * dx, buffer.data() + i * dx);
+    i += len;
   }
   return buffer.data();
 }
@@ -84,25 +143,25 @@ struct Partials {
 
 struct Scratch {
   std::vector<float> k, v, s;
-  std::vector<bfloat16> qb, pb;  // native bf16 GEMMs: q rows, P rounded to bf16
+  std::vector<bfloat16> qb, pb, kb, vb;  // native bf16 GEMMs: q rows, P rounded to bf16, gathered K / V
 };
 
 // The two GEMMs on the bf16 cache in place (matmul_precision medium on native-bf16 CPUs):
 // S = scale Q K^T with q rounded to bf16, then (after the softmax) O = P V with P rounded.
-void scores_bf16(const DecodeCall& d, const float* qrows, const Tensor& keys, const Item& it, Scratch& sc) {
+void scores_bf16(const DecodeCall& d, const float* qrows, const KVCache& cache, const Item& it, Scratch& sc) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
   sc.qb.resize(static_cast<size_t>(rows * d.dk));
   kernels::narrow(qrows, rows * d.dk, sc.qb.data());
-  const bfloat16* k = keys.data<bfloat16>() + ((it.b * keys.size(1) + it.hk) * keys.size(2) + it.c0) * d.dk;
+  const bfloat16* k = rows_bf16(cache, cache.keys(), it.b, it.hk, it.c0, cols, sc.kb);  // [C, D]
   GemmShape g;
   g.trans_b = true, g.m = rows, g.n = cols, g.k = d.dk, g.lda = d.dk, g.ldb = d.dk, g.ldc = cols;
   gemm(g, static_cast<float>(d.scale), sc.qb.data(), k, 0.0f, sc.s.data());
 }
-void values_bf16(const DecodeCall& d, const Tensor& values, const Item& it, Scratch& sc, float* o) {
+void values_bf16(const DecodeCall& d, const KVCache& cache, const Item& it, Scratch& sc, float* o) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
   sc.pb.resize(static_cast<size_t>(rows * cols));
   kernels::narrow(sc.s.data(), rows * cols, sc.pb.data());
-  const bfloat16* v = values.data<bfloat16>() + ((it.b * values.size(1) + it.hk) * values.size(2) + it.c0) * d.dv;
+  const bfloat16* v = rows_bf16(cache, cache.values(), it.b, it.hk, it.c0, cols, sc.vb);  // [C, Dv]
   GemmShape pv;
   pv.m = rows, pv.n = d.dv, pv.k = cols, pv.lda = cols, pv.ldb = d.dv, pv.ldc = d.dv;
   gemm(pv, 1.0f, sc.pb.data(), v, 0.0f, o);
@@ -115,7 +174,7 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
   const bool native = native_bf16(cache, o);
   sc.s.resize(static_cast<size_t>(rows * cols));
   if (native) {
-    scores_bf16(d, qrows, cache.keys(), it, sc);
+    scores_bf16(d, qrows, cache, it, sc);
   } else {
     const float* k = rows_f32(cache, true, it.b, it.hk, it.c0, cols, sc.k);  // [C, D]
     GemmShape g;                                                             // S = scale Q K^T
@@ -127,7 +186,7 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
   float* l = out.l.data() + it.slot * rows;
   for (int64_t r = 0; r < rows; ++r) {
     float* s = sc.s.data() + r * cols;  // [C]
-    const KeyRange keys = decode_keys(o, length, d.lq, r % d.lq);
+    const KeyRange keys = decode_keys(d, o.causal, length, r % d.lq);
     if (o.softcap > 0.0) {
       const auto c = static_cast<float>(o.softcap);
       for (int64_t j = 0; j < cols; ++j) s[j] = c * std::tanh(s[j] / c);
@@ -145,7 +204,7 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
   }
   float* o_part = out.o.data() + it.slot * rows * d.dv;  // [G Lq, Dv]
   if (native) {
-    values_bf16(d, cache.values(), it, sc, o_part);
+    values_bf16(d, cache, it, sc, o_part);
     return;
   }
   const float* v = rows_f32(cache, false, it.b, it.hk, it.c0, cols, sc.v);  // [C, Dv]
@@ -183,26 +242,19 @@ void merge(const DecodeCall& d, const std::vector<Item>& items, const Partials& 
 
 }  // namespace
 
-KeyRange decode_keys(const DecodeOptions& o, int64_t length, int64_t lq, int64_t t) {
-  const int64_t position = length - lq + t;  // of query t
-  KeyRange r{0, o.causal ? std::min(length, position + 1) : length};
-  if (o.window > 0) r.first = std::max<int64_t>(0, position - o.window + 1);
+KeyRange decode_keys(const DecodeCall& d, bool causal, int64_t length, int64_t t) {
+  const int64_t position = length - d.lq + t;  // of query t
+  KeyRange r{0, causal ? std::min(length, position + 1) : length};
+  if (d.window > 0) r.first = std::max<int64_t>(0, position - d.window + 1);
   r.last = std::max(r.last, r.first);
   return r;
 }
 
 AttentionResult decode_attention_cpu(const DecodeCall& d, const Tensor& q, const KVCache& cache,
                                      const DecodeOptions& o) {
-  const Tensor qf = q.to(DType::f32).contiguous();  // [B, Hq, Lq, D]
-  const int64_t chunk = chunk_size(d, cache, o.chunk);
-  std::vector<Item> items;
-  for (int64_t b = 0; b < d.b; ++b) {
-    for (int64_t hk = 0; hk < d.hk; ++hk) {
-      for (int64_t c0 = 0; c0 < std::max<int64_t>(cache.length(b), 1); c0 += chunk) {  // >= 1 item per row
-        items.push_back({b, hk, c0, std::min(cache.length(b), c0 + chunk), static_cast<int64_t>(items.size())});
-      }
-    }
-  }
+  Tensor qf = q.to(DType::f32).contiguous();  // [B, Hq, Lq, D]
+  if (cache.config().rotary) qf = rotate_queries(qf, cache, false);
+  const std::vector<Item> items = make_items(d, cache, o);
   Partials p;
   p.rows = d.group * d.lq, p.dv = d.dv;
   p.m.resize(items.size() * p.rows), p.l.resize(items.size() * p.rows), p.o.resize(items.size() * p.rows * d.dv);

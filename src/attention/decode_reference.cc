@@ -12,10 +12,12 @@ namespace qkv {
 
 AttentionResult decode_attention_reference(const Tensor& q, const KVCache& cache, const DecodeOptions& o) {
   const attention::DecodeCall d = attention::check_decode(q, cache, o, "decode_attention_reference");
-  const std::vector<double> qd = q.contiguous().to_vector<double>();      // [B, Hq, Lq, D]
-  const std::vector<double> kd = cache.keys_f32().to_vector<double>();    // [B, Hk, cap, D] (dequantized)
-  const std::vector<double> vd = cache.values_f32().to_vector<double>();  // [B, Hk, cap, Dv]
-  const int64_t cap = cache.config().capacity;
+  // q [B, Hq, Lq, D], rotated in float64 at its positions when the cache has rotary settings
+  const Tensor q64 = q.to(DType::f64).contiguous();
+  const std::vector<double> qd =
+      (cache.config().rotary ? attention::rotate_queries(q64, cache, true) : q64).to_vector<double>();
+  const std::vector<double> kd = cache.keys_f32().to_vector<double>();    // storage rows [-1, D] (dequantized)
+  const std::vector<double> vd = cache.values_f32().to_vector<double>();  // [-1, Dv]: row(b, hk, j)
   std::vector<double> out(static_cast<size_t>(d.b * d.hq * d.lq * d.dv), 0.0);
   std::vector<double> lse(static_cast<size_t>(d.b * d.hq * d.lq), -std::numeric_limits<double>::infinity());
   for (int64_t b = 0; b < d.b; ++b) {
@@ -25,14 +27,14 @@ AttentionResult decode_attention_reference(const Tensor& q, const KVCache& cache
       const int64_t hk = h / d.group;
       for (int64_t t = 0; t < d.lq; ++t) {
         const int64_t pos = n - d.lq + t, row = (b * d.hq + h) * d.lq + t;
-        std::vector<int64_t> keys;  // j <= pos (causal), pos - window < j (window), j < n
+        std::vector<int64_t> keys;  // j <= pos (causal), pos - window < j (the options' or the cache's), j < n
         for (int64_t j = 0; j < n; ++j) {
-          if ((!o.causal || j <= pos) && (o.window == 0 || j > pos - o.window)) keys.push_back(j);
+          if ((!o.causal || j <= pos) && (d.window == 0 || j > pos - d.window)) keys.push_back(j);
         }
         std::vector<double> s;
         for (int64_t j : keys) {
           double dot = 0.0;
-          for (int64_t c = 0; c < d.dk; ++c) dot += qd[row * d.dk + c] * kd[((b * d.hk + hk) * cap + j) * d.dk + c];
+          for (int64_t c = 0; c < d.dk; ++c) dot += qd[row * d.dk + c] * kd[cache.row(b, hk, j) * d.dk + c];
           double x = dot * d.scale;
           if (o.softcap > 0.0) x = o.softcap * std::tanh(x / o.softcap);
           s.push_back(x);
@@ -43,8 +45,7 @@ AttentionResult decode_attention_reference(const Tensor& q, const KVCache& cache
         for (double& x : s) sum += (x = std::exp(x - mx));
         for (size_t x = 0; x < keys.size(); ++x) {
           const double w = s[x] / sum;
-          for (int64_t c = 0; c < d.dv; ++c)
-            out[row * d.dv + c] += w * vd[((b * d.hk + hk) * cap + keys[x]) * d.dv + c];
+          for (int64_t c = 0; c < d.dv; ++c) out[row * d.dv + c] += w * vd[cache.row(b, hk, keys[x]) * d.dv + c];
         }
         lse[row] = mx + std::log(sum);
       }

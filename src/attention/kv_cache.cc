@@ -1,8 +1,10 @@
-// KVCache and decode_attention's checks and dispatch (qkv/kv_cache.h).
+// KVCache's layout (contiguous, windowed ring, paged), appends and pages, and decode_attention's
+// checks and dispatch (qkv/kv_cache.h). int8 quantization: kv_cache_int8.cc; state: kv_cache_state.cc.
 #include "qkv/kv_cache.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -17,11 +19,7 @@ namespace {
 constexpr const char* kAppend = "KVCache.append";
 constexpr const char* kDecode = "decode_attention";
 
-}  // namespace
-
-KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
-  if (config_.value_dim == 0) config_.value_dim = config_.head_dim;
-  const KVCacheConfig& c = config_;
+void check_config(const KVCacheConfig& c) {
   if (c.batch < 0 || c.kv_heads < 1 || c.head_dim < 1 || c.capacity < 0 || c.value_dim < 1) {
     fail<ValueError>("KVCache: batch and capacity must be >= 0, kv_heads, head_dim and value_dim >= 1; got batch ",
                      c.batch, ", kv_heads ", c.kv_heads, ", head_dim ", c.head_dim, ", capacity ", c.capacity,
@@ -30,15 +28,105 @@ KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
   if (c.dtype != DType::f32 && c.dtype != DType::bf16 && c.dtype != DType::f16 && c.dtype != DType::i8) {
     fail<DTypeError>("KVCache: dtype must be float32, bfloat16, float16 or int8, got ", dtype_name(c.dtype));
   }
-  k_ = Tensor::zeros({c.batch, c.kv_heads, c.capacity, c.head_dim}, c.dtype);  // [B, Hk, capacity, D]
-  v_ = Tensor::zeros({c.batch, c.kv_heads, c.capacity, c.value_dim}, c.dtype);
+  if (c.window < 0 || c.page_size < 0 || c.pages < 0 || (c.window > 0 && c.capacity < c.window)) {
+    fail<ValueError>("KVCache: window, page_size and pages must be >= 0 and capacity >= window; got window ", c.window,
+                     ", page_size ", c.page_size, ", pages ", c.pages, ", capacity ", c.capacity);
+  }
+  if (c.window > 0 && c.page_size > 0) fail<ValueError>("KVCache: window and page_size cannot be combined (yet)");
+  if (c.rotary) {
+    const int64_t rd = c.rotary->rotary_dim;
+    if (rd < 0 || rd > c.head_dim || rd % 2 != 0 || !(c.rotary->base > 0.0) || !std::isfinite(c.rotary->base)) {
+      fail<ValueError>("KVCache: rotary_dim must be even and <= head_dim = ", c.head_dim, " (got ", rd,
+                       "), the rotary base positive and finite (got ", c.rotary->base, ")");
+    }
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The rotary options of a cache for rows at positions [B, T] (qkv/rotary.h).
+RotaryOptions rotary_at(const CacheRotary& r, std::vector<int64_t> positions, int64_t b, int64_t t) {
+  RotaryOptions o;
+  o.base = r.base, o.layout = r.layout, o.rotary_dim = r.rotary_dim;
+  o.positions = Tensor::from_vector(positions, {b, t});
+  return o;
+}
+
+}  // namespace
+
+KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
+  if (config_.value_dim == 0) config_.value_dim = config_.head_dim;
+  KVCacheConfig& c = config_;
+  check_config(c);
+  int64_t slots = c.batch, span = c.capacity;  // [slots, Hk, span, D]
+  if (c.page_size > 0) {
+    if (c.pages == 0) {
+      const auto all = checked_mul(c.batch, ceil_div(c.capacity, c.page_size));
+      if (!all) fail<ValueError>("KVCache: batch ", c.batch, " x capacity ", c.capacity, " is too large");
+      c.pages = *all;
+    }
+    slots = c.pages, span = c.page_size;
+    for (int64_t p = c.pages - 1; p >= 0; --p) free_.push_back(p);  // page 0 is taken first
+  }
+  k_ = Tensor::zeros({slots, c.kv_heads, span, c.head_dim}, c.dtype);  // [B, Hk, capacity, D] or pages
+  v_ = Tensor::zeros({slots, c.kv_heads, span, c.value_dim}, c.dtype);
   if (c.dtype == DType::i8) {
-    k_scale_ = Tensor::zeros({c.batch, c.kv_heads, c.capacity});  // [B, Hk, capacity]
-    v_scale_ = Tensor::zeros({c.batch, c.kv_heads, c.capacity});
+    k_scale_ = Tensor::zeros({slots, c.kv_heads, span});  // [B, Hk, capacity] or [pages, Hk, page_size]
+    v_scale_ = Tensor::zeros({slots, c.kv_heads, span});
     k_offset_ = Tensor::zeros({c.batch, c.kv_heads, c.head_dim});  // [B, Hk, D]
     k_spread_ = Tensor::ones({c.batch, c.kv_heads, c.head_dim});
   }
   lengths_.assign(static_cast<size_t>(c.batch), 0);
+  blocks_.assign(static_cast<size_t>(c.batch), {});
+}
+
+int64_t KVCache::row(int64_t b, int64_t hk, int64_t position) const {
+  const KVCacheConfig& c = config_;
+  if (c.page_size > 0) {
+    const int64_t page = blocks_[static_cast<size_t>(b)][static_cast<size_t>(position / c.page_size)];
+    return (page * c.kv_heads + hk) * c.page_size + position % c.page_size;
+  }
+  return (b * c.kv_heads + hk) * c.capacity + (c.window > 0 ? position % c.capacity : position);
+}
+
+int64_t KVCache::run_end(int64_t, int64_t position) const {
+  const KVCacheConfig& c = config_;
+  if (c.page_size > 0) return (position / c.page_size + 1) * c.page_size;
+  if (c.window > 0) return (position / c.capacity + 1) * c.capacity;
+  return std::numeric_limits<int64_t>::max();
+}
+
+int64_t KVCache::first_kept(int64_t b) const {
+  return config_.window > 0 ? std::max<int64_t>(0, length(b) - config_.capacity) : 0;
+}
+
+void KVCache::reserve_pages(int64_t b, int64_t length) {
+  auto& blocks = blocks_[static_cast<size_t>(b)];
+  while (static_cast<int64_t>(blocks.size()) * config_.page_size < length) {
+    blocks.push_back(free_.back());  // the caller checked that the pool has enough
+    free_.pop_back();
+  }
+}
+
+void KVCache::release_pages(int64_t b, int64_t length) {
+  auto& blocks = blocks_[static_cast<size_t>(b)];
+  while (!blocks.empty() && static_cast<int64_t>(blocks.size() - 1) * config_.page_size >= length) {
+    free_.push_back(blocks.back());
+    blocks.pop_back();
+  }
+}
+
+void KVCache::write_rows(int64_t b, int64_t at, const Tensor& k, const Tensor& v, const Tensor* ks, const Tensor* vs) {
+  const int64_t n = k.size(1);
+  for (int64_t i = 0; i < n;) {  // run by run: [Hk, len, D] into consecutive rows of every head
+    const int64_t p = at + i, len = std::min(n - i, run_end(b, p) - p);
+    const int64_t first = row(b, 0, p), span = k_.size(2), slot = first / (k_.size(1) * span), off = first % span;
+    k_.select(0, slot).slice(1, off, off + len).copy_from(k.slice(1, i, i + len));
+    v_.select(0, slot).slice(1, off, off + len).copy_from(v.slice(1, i, i + len));
+    if (ks) k_scale_.select(0, slot).slice(1, off, off + len).copy_from(ks->slice(1, i, i + len));
+    if (vs) v_scale_.select(0, slot).slice(1, off, off + len).copy_from(vs->slice(1, i, i + len));
+    i += len;
+  }
 }
 
 void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t>& counts) {
@@ -59,112 +147,74 @@ void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t
   if (!counts.empty() && static_cast<int64_t>(counts.size()) != c.batch) {
     fail<ValueError>(kAppend, ": counts must have one value per sequence (", c.batch, "), got ", counts.size());
   }
+  int64_t new_pages = 0;
   for (int64_t b = 0; b < c.batch; ++b) {  // every check before the first write
-    const int64_t n = counts.empty() ? t : counts[static_cast<size_t>(b)];
+    const int64_t n = counts.empty() ? t : counts[static_cast<size_t>(b)], at = length(b);
     if (n < 0 || n > t) fail<ValueError>(kAppend, ": counts[", b, "] = ", n, " is outside [0, ", t, "]");
-    if (lengths_[static_cast<size_t>(b)] + n > c.capacity) {
-      fail<ValueError>(kAppend, ": sequence ", b, " would hold ", lengths_[static_cast<size_t>(b)] + n,
-                       " positions, past the capacity ", c.capacity);
+    if (c.window == 0 && at + n > c.capacity) {
+      fail<ValueError>(kAppend, ": sequence ", b, " would hold ", at + n, " positions, past the capacity ", c.capacity);
     }
+    if (c.page_size > 0) new_pages += ceil_div(at + n, c.page_size) - static_cast<int64_t>(block_table(b).size());
+  }
+  if (new_pages > free_pages()) {
+    fail<ValueError>(kAppend, ": the page pool is exhausted: this append needs ", new_pages, " more pages of ",
+                     c.page_size, " positions, ", free_pages(), " of ", c.pages, " are free");
+  }
+  Tensor kr = k;  // [B, Hk, T, D], rotated at each sequence's positions
+  if (c.rotary) {
+    std::vector<int64_t> positions;  // [B, T]
+    for (int64_t b = 0; b < c.batch; ++b) {
+      for (int64_t j = 0; j < t; ++j) positions.push_back(length(b) + j);
+    }
+    kr = apply_rotary(k, rotary_at(*c.rotary, positions, c.batch, t));
   }
   for (int64_t b = 0; b < c.batch; ++b) {
-    const int64_t n = counts.empty() ? t : counts[static_cast<size_t>(b)], at = lengths_[static_cast<size_t>(b)];
+    const int64_t n = counts.empty() ? t : counts[static_cast<size_t>(b)], at = length(b);
     if (n == 0) continue;
+    if (c.page_size > 0) reserve_pages(b, at + n);
+    // a ring keeps only its last `capacity` positions: earlier ones of this append are skipped
+    const int64_t skip = c.window > 0 ? std::max<int64_t>(0, n - c.capacity) : 0;
+    const Tensor kb = kr.select(0, b).slice(1, skip, n), vb = v.select(0, b).slice(1, skip, n);  // [Hk, n, D]
     if (c.dtype == DType::i8) {
-      append_int8(b, at, k.select(0, b).slice(1, 0, n), v.select(0, b).slice(1, 0, n));
-    } else {  // [Hk, n, D] into the cache's [Hk, at:at+n, D] (the copy engine converts the dtype)
-      k_.select(0, b).slice(1, at, at + n).copy_from(k.select(0, b).slice(1, 0, n).to(c.dtype));
-      v_.select(0, b).slice(1, at, at + n).copy_from(v.select(0, b).slice(1, 0, n).to(c.dtype));
+      append_int8(b, at + skip, kb, vb);
+    } else {  // the copy engine converts the dtype
+      write_rows(b, at + skip, kb.to(c.dtype), vb.to(c.dtype), nullptr, nullptr);
     }
     lengths_[static_cast<size_t>(b)] = at + n;
   }
 }
 
-namespace {
-
-// Row [n] of x scaled to int8: round(x / s) with s = max|x| / 127 (1 for a zero row); returns s.
-float quantize_row(const float* x, int64_t n, int8_t* out) {
-  float big = 0.0f;
-  for (int64_t i = 0; i < n; ++i) big = std::max(big, std::fabs(x[i]));
-  const float s = big > 0.0f ? big / 127.0f : 1.0f;
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / s), -127.0f, 127.0f));
-  return s;
-}
-
-// offset[d], spread[d] = mean and RMS deviation of channel d over keys [n, dim] (spread 1
-// where a channel does not vary).
-void channel_stats(const float* k, int64_t n, int64_t dim, float* offset, float* spread) {
-  for (int64_t d = 0; d < dim; ++d) {
-    double sum = 0, squares = 0;
-    for (int64_t j = 0; j < n; ++j) sum += k[j * dim + d];
-    const double mean = sum / static_cast<double>(n);
-    for (int64_t j = 0; j < n; ++j) squares += (k[j * dim + d] - mean) * (k[j * dim + d] - mean);
-    const double rms = std::sqrt(squares / static_cast<double>(n));
-    offset[d] = static_cast<float>(mean);
-    spread[d] = rms > 1e-12 ? static_cast<float>(rms) : 1.0f;
-  }
-}
-
-}  // namespace
-
-void KVCache::append_int8(int64_t b, int64_t at, const Tensor& k, const Tensor& v) {
-  const KVCacheConfig& c = config_;
-  const Tensor kf = k.to(DType::f32).contiguous(), vf = v.to(DType::f32).contiguous();  // [Hk, n, D]
-  const int64_t n = kf.size(1);
-  for (int64_t h = 0; h < c.kv_heads; ++h) {
-    float* offset = k_offset_.data<float>() + (b * c.kv_heads + h) * c.head_dim;  // [D]
-    float* spread = k_spread_.data<float>() + (b * c.kv_heads + h) * c.head_dim;  // [D]
-    const float* kh = kf.data<float>() + h * n * c.head_dim;                      // [n, D]
-    if (at == 0) channel_stats(kh, n, c.head_dim, offset, spread);                // fixed by the sequence's first keys
-    std::vector<float> row(static_cast<size_t>(c.head_dim));
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t slot = (b * c.kv_heads + h) * c.capacity + at + j;
-      for (int64_t d = 0; d < c.head_dim; ++d) row[d] = (kh[j * c.head_dim + d] - offset[d]) / spread[d];
-      k_scale_.data<float>()[slot] = quantize_row(row.data(), c.head_dim, k_.data<int8_t>() + slot * c.head_dim);
-      const float* vj = vf.data<float>() + (h * n + j) * c.value_dim;
-      v_scale_.data<float>()[slot] = quantize_row(vj, c.value_dim, v_.data<int8_t>() + slot * c.value_dim);
-    }
-  }
-}
-
-Tensor KVCache::keys_f32() const {
-  if (config_.dtype != DType::i8) return k_.to(DType::f32);
-  Tensor out = k_.to(DType::f32);  // [B, Hk, capacity, D]: q s r + c
-  const KVCacheConfig& c = config_;
-  float* o = out.data<float>();
-  for (int64_t bh = 0; bh < c.batch * c.kv_heads; ++bh) {
-    for (int64_t j = 0; j < c.capacity; ++j) {
-      const float s = k_scale_.data<float>()[bh * c.capacity + j];
-      const float* off = k_offset_.data<float>() + bh * c.head_dim;
-      const float* spread = k_spread_.data<float>() + bh * c.head_dim;
-      float* row = o + (bh * c.capacity + j) * c.head_dim;
-      for (int64_t d = 0; d < c.head_dim; ++d) row[d] = row[d] * s * spread[d] + off[d];
-    }
-  }
-  return out;
-}
-
-Tensor KVCache::values_f32() const {
-  if (config_.dtype != DType::i8) return v_.to(DType::f32);
-  Tensor out = v_.to(DType::f32);  // [B, Hk, capacity, Dv]: q s
-  const KVCacheConfig& c = config_;
-  float* o = out.data<float>();
-  for (int64_t slot = 0; slot < c.batch * c.kv_heads * c.capacity; ++slot) {
-    const float s = v_scale_.data<float>()[slot];
-    for (int64_t d = 0; d < c.value_dim; ++d) o[slot * c.value_dim + d] *= s;
-  }
-  return out;
-}
-
 void KVCache::set_length(int64_t b, int64_t length) {
-  if (b < 0 || b >= config_.batch || length < 0 || length > config_.capacity) {
-    fail<ValueError>("KVCache.set_length: sequence ", b, " of ", config_.batch, ", length ", length, " outside [0, ",
-                     config_.capacity, "]");
+  const KVCacheConfig& c = config_;
+  const int64_t old = b >= 0 && b < c.batch ? this->length(b) : 0;
+  const bool limit_ok = c.window > 0 || length <= c.capacity;
+  if (b < 0 || b >= c.batch || length < 0 || !limit_ok) {
+    fail<ValueError>("KVCache.set_length: sequence ", b, " of ", c.batch, ", length ", length, " outside [0, ",
+                     c.capacity, "]");
+  }
+  // a ring cannot go back past the positions it evicted: the window before `length` must be stored
+  if (c.window > 0 && length < old && std::max<int64_t>(0, length - c.window) < old - c.capacity) {
+    fail<ValueError>("KVCache.set_length: sequence ", b, " cannot go back to ", length, ": positions before ",
+                     old - c.capacity, " were evicted (window ", c.window, ")");
+  }
+  if (c.page_size > 0) {
+    const int64_t more = ceil_div(length, c.page_size) - static_cast<int64_t>(block_table(b).size());
+    if (more > free_pages()) {
+      fail<ValueError>("KVCache.set_length: the page pool is exhausted: ", more, " more pages needed, ", free_pages(),
+                       " free");
+    }
+    release_pages(b, length);
+    reserve_pages(b, length);
   }
   lengths_[static_cast<size_t>(b)] = length;
 }
 
-void KVCache::reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
+void KVCache::reset() {
+  for (int64_t b = 0; b < config_.batch; ++b) {
+    if (config_.page_size > 0) release_pages(b, 0);
+    lengths_[static_cast<size_t>(b)] = 0;
+  }
+}
 
 namespace attention {
 
@@ -184,7 +234,29 @@ DecodeCall check_decode(const Tensor& q, const KVCache& cache, const DecodeOptio
   d.b = c.batch, d.hq = q.size(1), d.hk = c.kv_heads, d.lq = q.size(2), d.dk = c.head_dim, d.dv = c.value_dim;
   d.group = d.hq / d.hk;
   d.scale = o.scale.value_or(1.0 / std::sqrt(static_cast<double>(d.dk)));
+  d.window = o.window;
+  if (c.window > 0) {  // the cache's window, or a narrower one; its keys must all be stored
+    if (o.window > c.window) {
+      fail<ValueError>(op, ": window ", o.window, " is wider than the cache's window ", c.window,
+                       " (older keys are evicted)");
+    }
+    d.window = o.window > 0 ? o.window : c.window;
+    if (d.window + d.lq - 1 > c.capacity) {
+      fail<ValueError>(op, ": ", d.lq, " queries with a window of ", d.window, " need a cache capacity of at least ",
+                       d.window + d.lq - 1, ", the cache has ", c.capacity);
+    }
+  }
   return d;
+}
+
+Tensor rotate_queries(const Tensor& q, const KVCache& cache, bool reference) {
+  const int64_t b = q.size(0), lq = q.size(2);
+  std::vector<int64_t> positions;  // [B, Lq]: query t of sequence s at length(s) - Lq + t
+  for (int64_t s = 0; s < b; ++s) {
+    for (int64_t t = 0; t < lq; ++t) positions.push_back(cache.length(s) - lq + t);
+  }
+  const RotaryOptions o = rotary_at(*cache.config().rotary, positions, b, lq);
+  return reference ? apply_rotary_reference(q, o) : apply_rotary(q, o);
 }
 
 }  // namespace attention

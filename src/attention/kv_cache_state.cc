@@ -1,4 +1,6 @@
-// KVCache::state / from_state (qkv/kv_cache.h): a cache as named tensors, and back.
+// KVCache::state / from_state (qkv/kv_cache.h): a cache as named tensors, and back; the same
+// file for every layout (contiguous, windowed ring, paged): each sequence's stored positions in
+// order from index 0.
 #include <algorithm>
 #include <string>
 
@@ -17,18 +19,60 @@ const Tensor& need(const std::map<std::string, Tensor>& s, const std::string& na
   return it->second;
 }
 
+int64_t scalar_or_zero(const std::map<std::string, Tensor>& s, const std::string& name) {
+  const auto it = s.find(name);
+  if (it == s.end()) return 0;
+  const auto v = it->second.to_vector<int64_t>();
+  if (v.size() != 1) fail<ShapeError>(kOp, ": '", name, "' must hold one value, got ", v.size());
+  return v[0];
+}
+
 }  // namespace
 
+Tensor KVCache::gather(const Tensor& storage, int64_t b) const {
+  const int64_t first = first_kept(b), n = length(b) - first, span = storage.size(2);
+  Shape shape(storage.shape().begin() + 1, storage.shape().end());  // [Hk, n, ...]
+  shape[1] = n;
+  Tensor out = Tensor::empty(shape, storage.dtype());
+  for (int64_t i = 0; i < n;) {  // run by run
+    const int64_t p = first + i, len = std::min(n - i, run_end(b, p) - p), r = row(b, 0, p);
+    out.slice(1, i, i + len)
+        .copy_from(storage.select(0, r / (storage.size(1) * span)).slice(1, r % span, r % span + len));
+    i += len;
+  }
+  return out;
+}
+
+Tensor KVCache::sequence_keys(int64_t b) const { return gather(k_, b); }
+Tensor KVCache::sequence_values(int64_t b) const { return gather(v_, b); }
+
 std::map<std::string, Tensor> KVCache::state() const {
-  const int64_t used = lengths_.empty() ? 0 : *std::max_element(lengths_.begin(), lengths_.end());
+  const KVCacheConfig& c = config_;
+  int64_t used = 0;
+  for (int64_t b = 0; b < c.batch; ++b) used = std::max(used, length(b) - first_kept(b));
   std::map<std::string, Tensor> s;
-  s["keys"] = k_.slice(2, 0, used).contiguous();  // [B, Hk, used, D]
-  s["values"] = v_.slice(2, 0, used).contiguous();
-  s["lengths"] = Tensor::from_vector(lengths_, {config_.batch});
-  s["capacity"] = Tensor::from_vector<int64_t>({config_.capacity}, {1});
-  if (config_.dtype == DType::i8) {
-    s["key_scales"] = k_scale_.slice(2, 0, used).contiguous();  // [B, Hk, used]
-    s["value_scales"] = v_scale_.slice(2, 0, used).contiguous();
+  const auto stack = [&](const Tensor& storage) {  // [B, Hk, used, ...]
+    Shape shape = storage.shape();
+    shape[0] = c.batch, shape[2] = used;
+    Tensor out = Tensor::zeros(shape, storage.dtype());
+    for (int64_t b = 0; b < c.batch; ++b)
+      out.select(0, b).slice(1, 0, length(b) - first_kept(b)).copy_from(gather(storage, b));
+    return out;
+  };
+  s["keys"] = stack(k_);
+  s["values"] = stack(v_);
+  s["lengths"] = Tensor::from_vector(lengths_, {c.batch});
+  s["capacity"] = Tensor::from_vector<int64_t>({c.capacity}, {1});
+  s["window"] = Tensor::from_vector<int64_t>({c.window}, {1});
+  s["page_size"] = Tensor::from_vector<int64_t>({c.page_size}, {1});
+  s["pages"] = Tensor::from_vector<int64_t>({c.pages}, {1});
+  if (c.rotary) {
+    const double layout = c.rotary->layout == RotaryLayout::gptj ? 1.0 : 0.0;
+    s["rotary"] = Tensor::from_vector<double>({c.rotary->base, layout, static_cast<double>(c.rotary->rotary_dim)}, {3});
+  }
+  if (c.dtype == DType::i8) {
+    s["key_scales"] = stack(k_scale_);  // [B, Hk, used]
+    s["value_scales"] = stack(v_scale_);
     s["key_offsets"] = k_offset_;
     s["key_spreads"] = k_spread_;
   }
@@ -45,19 +89,37 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
     fail<ShapeError>(kOp, ": keys ", shape_str(k.shape()), ", values ", shape_str(v.shape()), ", ", lengths.size(),
                      " lengths and the capacity do not fit together");
   }
-  KVCache cache({k.size(0), k.size(1), k.size(3), capacity[0], v.size(3), k.dtype()});
-  const int64_t used = k.size(2);
-  for (size_t b = 0; b < lengths.size(); ++b) {
-    if (lengths[b] < 0 || lengths[b] > used) fail<ValueError>(kOp, ": lengths[", b, "] = ", lengths[b], " > ", used);
-    cache.lengths_[b] = lengths[b];
+  KVCacheConfig config{k.size(0), k.size(1), k.size(3), capacity[0], v.size(3), k.dtype()};
+  config.window = scalar_or_zero(s, "window"), config.page_size = scalar_or_zero(s, "page_size");
+  config.pages = scalar_or_zero(s, "pages");
+  if (s.count("rotary")) {
+    const auto r = s.at("rotary").to_vector<double>();
+    if (r.size() != 3)
+      fail<ShapeError>(kOp, ": 'rotary' must be [base, layout, rotary_dim], got ", r.size(), " values");
+    config.rotary =
+        CacheRotary{r[0], r[1] != 0.0 ? RotaryLayout::gptj : RotaryLayout::neox, static_cast<int64_t>(r[2])};
   }
-  cache.k_.slice(2, 0, used).copy_from(k);
-  cache.v_.slice(2, 0, used).copy_from(v);
-  if (k.dtype() == DType::i8) {
-    cache.k_scale_.slice(2, 0, used).copy_from(need(s, "key_scales"));
-    cache.v_scale_.slice(2, 0, used).copy_from(need(s, "value_scales"));
+  KVCache cache(config);
+  const bool int8 = k.dtype() == DType::i8;
+  if (int8) {
     cache.k_offset_.copy_from(need(s, "key_offsets"));
     cache.k_spread_.copy_from(need(s, "key_spreads"));
+  }
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    const int64_t n = lengths[b], first = config.window > 0 ? std::max<int64_t>(0, n - config.capacity) : 0;
+    if (n < 0 || n - first > k.size(2) || (config.window == 0 && n > config.capacity)) {
+      fail<ValueError>(kOp, ": lengths[", b, "] = ", n, " does not fit keys of ", k.size(2), " positions");
+    }
+    cache.set_length(static_cast<int64_t>(b), n);                                   // pages taken afresh
+    const Tensor kb = k.select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);  // [Hk, n, D]
+    const Tensor vb = v.select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);
+    if (int8) {
+      const Tensor ks = need(s, "key_scales").select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);
+      const Tensor vs = need(s, "value_scales").select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);
+      cache.write_rows(static_cast<int64_t>(b), first, kb, vb, &ks, &vs);
+    } else {
+      cache.write_rows(static_cast<int64_t>(b), first, kb, vb, nullptr, nullptr);
+    }
   }
   return cache;
 }

@@ -1,0 +1,141 @@
+// KVCache layouts and fused rotary (qkv/kv_cache.h): a sliding-window ring against a full cache
+// decoded with the same window mask, rotary in the cache against apply_rotary + decode, and a
+// paged cache against the contiguous one (bit for bit), each on ragged batches; state round trips.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "attention/attention_test_configs.h"
+#include "common/expect.h"
+#include "qkv/kv_cache.h"
+#include "qkv/rotary.h"
+
+namespace qkv {
+namespace {
+
+using test::max_abs_diff;  // NaN-aware, shapes checked (attention_test_configs.h)
+
+// Appends the same `steps` ragged random blocks (up to `t` positions each) to every cache.
+void feed(const std::vector<KVCache*>& caches, int64_t steps, int64_t t, uint64_t seed) {
+  const KVCacheConfig& c = caches[0]->config();
+  for (int64_t s = 0; s < steps; ++s) {
+    std::vector<int64_t> counts;
+    for (int64_t b = 0; b < c.batch; ++b) counts.push_back((static_cast<int64_t>(seed) + 7 * s + 3 * b) % (t + 1));
+    const Tensor k = Tensor::randn({c.batch, c.kv_heads, t, c.head_dim}, seed + 2 * s);
+    const Tensor v = Tensor::randn({c.batch, c.kv_heads, t, c.value_dim}, seed + 2 * s + 1);
+    for (KVCache* cache : caches) cache->append(k, v, counts);
+  }
+}
+
+KVCacheConfig config(int64_t b, int64_t capacity, DType dtype, int64_t window = 0) {
+  KVCacheConfig c{b, 2, 16, capacity, 8, dtype};
+  c.window = window;
+  return c;
+}
+
+TEST(KVCacheWindow, RingEqualsAFullCacheWithTheWindowMask) {
+  struct Case {
+    int64_t window, capacity, lq, chunk;
+    DType dtype;
+  };
+  const std::vector<Case> cases = {{16, 16, 1, 0, DType::f32}, {20, 37, 3, 0, DType::f32},  {9, 12, 2, 4, DType::f32},
+                                   {33, 40, 1, 0, DType::f32}, {20, 24, 1, 0, DType::bf16}, {16, 20, 1, 0, DType::i8}};
+  for (const Case& cs : cases) {
+    const DType dt = cs.dtype;
+    SCOPED_TRACE("window " + std::to_string(cs.window) + " capacity " + std::to_string(cs.capacity));
+    KVCache ring(config(3, cs.capacity, dt, cs.window)), full(config(3, 400, dt));
+    const void* storage = ring.keys().raw_data();
+    feed({&ring, &full}, 30, 11, 5);
+    EXPECT_EQ(ring.lengths(), full.lengths());
+    EXPECT_GT(*std::max_element(ring.lengths().begin(), ring.lengths().end()), 3 * cs.capacity);  // wrapped
+    EXPECT_EQ(ring.keys().raw_data(), storage);                                                   // never reallocated
+    const Tensor q = Tensor::randn({3, 4, cs.lq, 16}, 9);
+    for (int64_t w : {int64_t{0}, cs.window / 2}) {
+      DecodeOptions o, masked;
+      o.window = w, o.chunk = masked.chunk = cs.chunk;
+      masked.window = w > 0 ? w : cs.window;
+      const Tensor got = decode_attention(q, ring, o).output, ref = decode_attention_reference(q, ring, o).output;
+      EXPECT_LE(max_abs_diff(got, ref), 2e-6) << w;
+      EXPECT_LE(max_abs_diff(got, decode_attention(q, full, masked).output), 2e-6) << w;
+      EXPECT_LE(max_abs_diff(ref, decode_attention_reference(q, full, masked).output), 1e-12) << w;
+    }
+    const Tensor narrow = decode_attention(q, ring, DecodeOptions{std::nullopt, true, 3}).output;
+    EXPECT_GT(max_abs_diff(narrow, decode_attention(q, ring).output), 1e-3);  // the window matters
+  }
+}
+
+TEST(KVCacheWindow, LongAppendsStateAndErrors) {
+  KVCache ring(config(2, 10, DType::f32, 8)), full(config(2, 100, DType::f32));
+  const Tensor k = Tensor::randn({2, 2, 25, 16}, 1), v = Tensor::randn({2, 2, 25, 8}, 2);
+  ring.append(k, v, {25, 4});  // more than the ring holds at once: its last 10 positions
+  full.append(k, v, {25, 4});
+  EXPECT_EQ(ring.first_kept(0), 15);
+  EXPECT_EQ(max_abs_diff(ring.sequence_keys(0), full.sequence_keys(0).slice(1, 15, 25)), 0.0);
+  const Tensor q = Tensor::randn({2, 2, 1, 16}, 3);
+  const Tensor want = decode_attention(q, full, DecodeOptions{std::nullopt, true, 8}).output;
+  EXPECT_LE(max_abs_diff(decode_attention(q, ring).output, want), 2e-6);
+
+  KVCache back = KVCache::from_state(ring.state());
+  EXPECT_EQ(back.config().window, 8);
+  EXPECT_EQ(back.lengths(), ring.lengths());
+  EXPECT_EQ(max_abs_diff(decode_attention(q, back).output, decode_attention(q, ring).output), 0.0);
+  feed({&back, &ring}, 3, 7, 4);
+  EXPECT_EQ(max_abs_diff(decode_attention(q, back).output, decode_attention(q, ring).output), 0.0);
+
+  EXPECT_THROW_WITH(KVCache(config(1, 4, DType::f32, 8)), ValueError, "capacity >= window");
+  EXPECT_THROW_WITH(decode_attention(q, ring, DecodeOptions{std::nullopt, true, 9}), ValueError,
+                    "decode_attention: window 9 is wider than the cache's window 8");
+  EXPECT_THROW_WITH(decode_attention(Tensor::zeros({2, 2, 4, 16}), ring), ValueError,
+                    "decode_attention: 4 queries with a window of 8 need a cache capacity of at least 11");
+  EXPECT_THROW_WITH(ring.set_length(0, 5), ValueError, "were evicted");
+}
+
+// Rotary in the cache: keys rotated on append at their absolute positions, q in the kernel;
+// equal to apply_rotary by hand on a plain cache, and to the float64 reference.
+TEST(KVCacheRotary, FusedEqualsApplyRotaryThenDecode) {
+  for (RotaryLayout layout : {RotaryLayout::neox, RotaryLayout::gptj}) {
+    for (int64_t rd : {0, 8}) {
+      for (int64_t window : {0, 12}) {
+        SCOPED_TRACE(std::to_string(static_cast<int>(layout)) + " " + std::to_string(rd) + " " +
+                     std::to_string(window));
+        KVCacheConfig rc = config(3, window > 0 ? 16 : 200, DType::f32, window);
+        rc.rotary = CacheRotary{500000.0, layout, rd};
+        KVCache fused(rc), plain(config(3, 200, DType::f32));
+        RotaryOptions ro;
+        ro.base = 500000.0, ro.layout = layout, ro.rotary_dim = rd;
+        for (int64_t s = 0; s < 12; ++s) {
+          const std::vector<int64_t> counts = {s % 5, 3, (2 * s) % 6};
+          const Tensor k = Tensor::randn({3, 2, 5, 16}, 20 + s), v = Tensor::randn({3, 2, 5, 8}, 40 + s);
+          std::vector<int64_t> pos;  // [B, T]: each sequence's next positions
+          for (int64_t b = 0; b < 3; ++b) {
+            for (int64_t t = 0; t < 5; ++t) pos.push_back(plain.length(b) + t);
+          }
+          ro.positions = Tensor::from_vector(pos, {3, 5});
+          fused.append(k, v, counts);
+          plain.append(apply_rotary(k, ro), v, counts);
+        }
+        const int64_t lq = 2;
+        const Tensor q = Tensor::randn({3, 4, lq, 16}, 60);
+        std::vector<int64_t> qpos;
+        for (int64_t b = 0; b < 3; ++b) {
+          for (int64_t t = 0; t < lq; ++t) qpos.push_back(plain.length(b) - lq + t);
+        }
+        ro.positions = Tensor::from_vector(qpos, {3, lq});
+        const DecodeOptions o{std::nullopt, true, window};
+        const Tensor got = decode_attention(q, fused).output;
+        EXPECT_LE(max_abs_diff(got, decode_attention(apply_rotary(q, ro), plain, o).output), 1e-6);
+        EXPECT_LE(max_abs_diff(got, decode_attention_reference(q, fused).output), 2e-6);
+        EXPECT_GT(max_abs_diff(got, decode_attention(q, plain, o).output), 1e-3);  // q was rotated
+        const KVCache back = KVCache::from_state(fused.state());
+        EXPECT_EQ(max_abs_diff(decode_attention(q, back).output, got), 0.0);
+      }
+    }
+  }
+  KVCacheConfig bad = config(1, 4, DType::f32);
+  bad.rotary = CacheRotary{10000.0, RotaryLayout::neox, 5};
+  EXPECT_THROW_WITH(KVCache{bad}, ValueError, "KVCache: rotary_dim must be even and <= head_dim = 16 (got 5)");
+}
+
+}  // namespace
+}  // namespace qkv
