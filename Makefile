@@ -78,6 +78,7 @@ fixtures: build fixtures-venv
 	.venv-fixtures/bin/python tests/attention/make_sdpa_grad_fixtures.py tests/fixtures/sdpa_grad
 	.venv-fixtures/bin/python tests/attention/make_flex_fixtures.py tests/fixtures/flex
 	.venv-fixtures/bin/python tests/attention/make_lsh_fixtures.py tests/fixtures/lsh
+	.venv-fixtures/bin/python tests/attention/make_hf_sparse_fixtures.py tests/fixtures/hf_sparse
 	.venv-fixtures/bin/python tests/attention/make_sdpa_half_fixtures.py tests/fixtures/sdpa_half
 	.venv-fixtures/bin/python tests/attention/make_gqa_fixtures.py tests/fixtures/gqa
 	.venv-fixtures/bin/python tests/io/make_io_fixtures.py
