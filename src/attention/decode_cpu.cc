@@ -49,21 +49,18 @@ int64_t chunk_size(const DecodeCall& d, const KVCache& cache, const DecodeOption
 }
 
 // Work items (b, hk, keys [c0, c1)): chunks over the keys some query needs, on multiples of the
-// chunk, cut where consecutive storage rows end (a ring's wrap, a page) unless pages are smaller
-// than a chunk (then an item gathers whole pages into its scratch: no GEMM on a few keys).
+// chunk whatever the layout (a paged or windowed cache gives the contiguous cache's items, bit for
+// bit the same result; an item whose rows are not consecutive — pages, a ring's wrap — gathers
+// them run by run into its scratch, as 16-bit caches are widened there anyway).
 std::vector<Item> make_items(const DecodeCall& d, const KVCache& cache, const DecodeOptions& o) {
-  int64_t chunk = chunk_size(d, cache, o);
-  const int64_t page = cache.config().page_size;
-  const bool small_pages = page > 0 && page < chunk;
-  if (small_pages && o.chunk == 0) chunk = (chunk + page - 1) / page * page;  // whole pages
+  const int64_t chunk = chunk_size(d, cache, o);
   std::vector<Item> items;
   for (int64_t b = 0; b < d.b; ++b) {
     const int64_t length = cache.length(b), lo = std::min(first_needed(d, o, length), length);
     for (int64_t hk = 0; hk < d.hk; ++hk) {
       int64_t c0 = lo;
       do {  // >= 1 item per row
-        int64_t c1 = std::min(length, (c0 / chunk + 1) * chunk);
-        if (!small_pages) c1 = std::min(c1, cache.run_end(b, c0));
+        const int64_t c1 = std::min(length, (c0 / chunk + 1) * chunk);
         items.push_back({b, hk, c0, c1, static_cast<int64_t>(items.size())});
         c0 = c1;
       } while (c0 < length);

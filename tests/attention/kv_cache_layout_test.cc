@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "attention/attention_test_configs.h"
@@ -135,6 +136,75 @@ TEST(KVCacheRotary, FusedEqualsApplyRotaryThenDecode) {
   KVCacheConfig bad = config(1, 4, DType::f32);
   bad.rotary = CacheRotary{10000.0, RotaryLayout::neox, 5};
   EXPECT_THROW_WITH(KVCache{bad}, ValueError, "KVCache: rotary_dim must be even and <= head_dim = 16 (got 5)");
+}
+
+// A paged cache (pages taken from the pool as sequences grow, the sequences' pages interleaved)
+// decodes to the contiguous cache's bits: same work items, rows gathered where a chunk spans pages.
+TEST(KVCachePaged, EqualsTheContiguousCacheBitForBit) {
+  for (DType dt : {DType::f32, DType::bf16, DType::i8}) {
+    for (int64_t page : {1, 7, 16, 64, 256, 1000}) {
+      if (dt != DType::f32 && page != 7 && page != 256) continue;
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " page " + std::to_string(page));
+      KVCacheConfig pc = config(3, 1200, dt);
+      pc.page_size = page;
+      KVCache paged(pc), flat(config(3, 1200, dt));
+      feed({&paged, &flat}, 12, 90, 11);
+      EXPECT_EQ(paged.lengths(), flat.lengths());
+      int64_t used = 0;
+      for (int64_t b = 0; b < 3; ++b) {
+        EXPECT_EQ(static_cast<int64_t>(paged.block_table(b).size()), (paged.length(b) + page - 1) / page);
+        used += static_cast<int64_t>(paged.block_table(b).size());
+        EXPECT_EQ(max_abs_diff(paged.sequence_keys(b), flat.sequence_keys(b)), 0.0);
+      }
+      EXPECT_EQ(paged.free_pages(), paged.config().pages - used);
+      DecodeOptions medium;  // bf16: the native bf16 GEMMs on gathered bf16 rows
+      medium.matmul_precision = MatmulPrecision::medium;
+      for (int64_t lq : {1, 3}) {
+        const Tensor q = Tensor::randn({3, 4, lq, 16}, 12 + lq);
+        for (const DecodeOptions& o :
+             {DecodeOptions{}, DecodeOptions{std::nullopt, true, 50}, DecodeOptions{0.2, false},
+              DecodeOptions{std::nullopt, true, 0, 0.0, 7}, medium}) {
+          EXPECT_EQ(max_abs_diff(decode_attention(q, paged, o).output, decode_attention(q, flat, o).output), 0.0);
+        }
+        if (page == 7) {
+          EXPECT_EQ(
+              max_abs_diff(decode_attention_reference(q, paged).output, decode_attention_reference(q, flat).output),
+              0.0);
+        }
+      }
+      const KVCache back = KVCache::from_state(paged.state());
+      EXPECT_EQ(back.config().page_size, page);
+      const Tensor q = Tensor::randn({3, 4, 1, 16}, 19);
+      EXPECT_EQ(max_abs_diff(decode_attention(q, back).output, decode_attention(q, flat).output), 0.0);
+    }
+  }
+}
+
+TEST(KVCachePaged, PoolExhaustionAndReturningPages) {
+  KVCacheConfig c = config(2, 16, DType::f32);
+  c.page_size = 4, c.pages = 5;
+  KVCache cache(c);
+  const Tensor k = Tensor::randn({2, 2, 12, 16}, 1), v = Tensor::randn({2, 2, 12, 8}, 2);
+  cache.append(k, v, {12, 0});  // 3 pages
+  EXPECT_EQ(cache.free_pages(), 2);
+  EXPECT_THROW_WITH(cache.append(k, v, {0, 12}), ValueError,
+                    "KVCache.append: the page pool is exhausted: this append needs 3 more pages of 4 positions, 2 of "
+                    "5 are free");
+  EXPECT_EQ(cache.lengths(), (std::vector<int64_t>{12, 0}));
+  cache.set_length(0, 4);  // two pages back to the pool
+  EXPECT_EQ(cache.free_pages(), 4);
+  cache.append(k, v, {0, 12});
+  EXPECT_EQ(cache.free_pages(), 1);
+  KVCache flat(config(2, 16, DType::f32));
+  flat.append(k, v, {4, 12});
+  const Tensor q = Tensor::randn({2, 2, 1, 16}, 3);
+  EXPECT_EQ(max_abs_diff(decode_attention(q, cache).output, decode_attention(q, flat).output), 0.0);
+  EXPECT_THROW_WITH(cache.append(k, v, {0, 5}), ValueError, "past the capacity 16");
+  cache.reset();
+  EXPECT_EQ(cache.free_pages(), 5);
+  KVCacheConfig both = c;
+  both.window = 4;
+  EXPECT_THROW_WITH(KVCache{both}, ValueError, "window and page_size cannot be combined");
 }
 
 }  // namespace
