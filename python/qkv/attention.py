@@ -8,6 +8,8 @@
   linear(q, k, v, is_causal=False, feature_map="elu", ...)   O(L) linear attention / Performer FAVOR+
   additive(q, k, v, scale=None, value_mask=None, use_causal_mask=False)   Bahdanau, Keras' semantics
   dot_product(q, k, v, scale=1.0, ...)    Luong's (unscaled) dot-product attention
+  lsh(qk, v, n_hashes=1, n_buckets=None, chunk_length=64, ...)   Reformer's LSH attention (shared QK)
+  lsh_buckets(qk, ...)                    the buckets lsh hashes each position into, per round
 The windowed ones take scaled_dot_product_attention's keywords (is_causal excepted: it is their
 window's right side), softcap= and alibi_slopes= among the modifiers (qkv.AttentionMods).
 """
@@ -19,11 +21,13 @@ from typing import Any, Sequence
 
 from ._qkv import additive_attention as additive  # noqa: F401
 from ._qkv import linear_attention as linear  # noqa: F401
+from ._qkv import lsh_attention as lsh  # noqa: F401
+from ._qkv import lsh_buckets  # noqa: F401
 from ._qkv import scaled_dot_product_attention as scaled_dot_product
 from .mods import AttentionMods
 
 __all__ = ["scaled_dot_product", "window", "longformer", "prefix_lm", "bigbird", "linear", "additive",
-           "dot_product"]
+           "dot_product", "lsh", "lsh_buckets"]
 
 _MOD_KEYWORDS = ("softcap", "alibi_slopes", "relative_bias", "document_ids", "key_document_ids", "masked_fill")
 

@@ -1,0 +1,118 @@
+"""qkv.attention.lsh (Reformer's LSH attention) against a float64 NumPy oracle written here from
+the definition (Hugging Face transformers' LSHSelfAttention semantics; the transformers fixtures
+themselves are checked in tests/attention/lsh_attention_test.cc), qkv.attention.lsh_buckets, the
+seed, and the errors."""
+import numpy as np
+import pytest
+
+import qkv
+
+
+def buckets_np(qk, rot, factors, mask):
+    """[B, H, n_hashes, L]: argmax over [x R, -x R] per factor, padding in bucket prod(factors)."""
+    y = np.einsum("bhld,hdrk->bhrlk", qk, np.broadcast_to(rot, (qk.shape[1],) + rot.shape[1:]))
+    out, col, scale = np.zeros(y.shape[:-1], np.int64), 0, 1
+    for f in factors:
+        part = y[..., col:col + f // 2]
+        out += scale * np.argmax(np.concatenate([part, -part], -1), -1)
+        scale, col = scale * f, col + f // 2
+    if mask is not None:
+        out = np.where(mask[:, None, None, :] != 0, out, scale)
+    return out
+
+
+def lsh_np(qk, v, rot, factors, n_hashes, chunk, before, after, causal, mask):
+    """The definition in float64 loops over (batch, head, chunk of the rounds' sorted order)."""
+    qk, v = qk.astype(np.float64), v.astype(np.float64)
+    b_, h_, length, d = qk.shape
+    standard = length <= chunk
+    rounds, cl = (1, length) if standard else (n_hashes, chunk)
+    before, after = (0, 0) if standard else (before, after)
+    bk = buckets_np(qk, rot.astype(np.float64), factors, mask)
+    kn = qk / np.sqrt(np.mean(qk ** 2, -1, keepdims=True) + 1e-6) / np.sqrt(d)
+    out = np.zeros(qk.shape[:-1] + (v.shape[-1],))
+    for b in range(b_):
+        for h in range(h_):
+            order = np.concatenate([np.arange(length) if standard else np.argsort(bk[b, h, r], kind="stable")
+                                    for r in range(rounds)])
+            total = rounds * length // cl
+            outs, lses = np.zeros((rounds, length, v.shape[-1])), np.zeros((rounds, length))
+            for c in range(total):
+                keys = np.concatenate([order[(c + a) % total * cl:((c + a) % total + 1) * cl]
+                                       for a in range(-before, after + 1)])
+                qs = order[c * cl:(c + 1) * cl]
+                s = qk[b, h, qs] @ kn[b, h, keys].T
+                masked = np.zeros(s.shape, bool)
+                if mask is not None:
+                    masked |= (mask[b, keys] == 0)[None, :]
+                if causal:
+                    masked |= keys[None, :] > qs[:, None]
+                s = np.where(keys[None, :] == qs[:, None], -1e5, np.where(masked, -1e9, s))
+                top = s.max(-1, keepdims=True)
+                lse = top + np.log(np.exp(s - top).sum(-1, keepdims=True))
+                outs[c * cl // length, qs] = np.exp(s - lse) @ v[b, h, keys]
+                lses[c * cl // length, qs] = lse[:, 0]
+            w = np.exp(lses - lses.max(0))
+            out[b, h] = ((w / w.sum(0))[..., None] * outs).sum(0)
+    return out
+
+
+CASES = [  # (L, chunk, n_hashes, factors, before, after, causal, padded)
+    (32, 8, 1, [4], 1, 0, False, False),
+    (32, 8, 2, [4], 1, 0, True, False),
+    (48, 8, 3, [2, 4], 1, 0, False, True),
+    (40, 8, 2, [8], 1, 1, True, True),
+    (64, 16, 4, [8], 2, 0, False, False),
+    (6, 8, 2, [4], 1, 0, True, True),  # L <= chunk: no hashing
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_lsh_matches_the_definition(case, dtype):
+    length, chunk, n_hashes, factors, before, after, causal, padded = case
+    rng = np.random.default_rng(length * 7 + n_hashes)
+    qk = rng.standard_normal((2, 3, length, 8)).astype(dtype)
+    v = rng.standard_normal((2, 3, length, 5)).astype(dtype)
+    rot = rng.standard_normal((3, 8, n_hashes, sum(factors) // 2))
+    mask = None
+    if padded:
+        mask = np.ones((2, length), np.int64)
+        mask[1, length - 3:] = 0
+    got = qkv.attention.lsh(qk, v, n_hashes=n_hashes, n_buckets=factors, chunk_length=chunk,
+                            num_chunks_before=before, num_chunks_after=after, is_causal=causal, rotations=rot,
+                            attention_mask=None if mask is None else mask[:, None, :])
+    assert got.dtype == dtype and got.shape == v.shape
+    want = lsh_np(qk, v, rot.astype(dtype), factors, n_hashes, chunk, before, after, causal, mask)
+    err = np.max(np.abs(got - want)) / np.max(np.abs(want))
+    assert err <= (1e-11 if dtype == np.float64 else 2e-6), err
+    buckets = qkv.attention.lsh_buckets(qk, n_hashes=n_hashes, n_buckets=factors, chunk_length=chunk, rotations=rot,
+                                        attention_mask=None if mask is None else mask[:, None, :])
+    np.testing.assert_array_equal(buckets, buckets_np(qk.astype(np.float64), rot, factors, mask))
+
+
+def test_seed_draws_the_rotations():
+    rng = np.random.default_rng(3)
+    qk, v = rng.standard_normal((1, 2, 64, 16)), rng.standard_normal((1, 2, 64, 16))
+    kw = dict(n_hashes=2, n_buckets=8, chunk_length=8)
+    a, b = qkv.attention.lsh(qk, v, seed=5, **kw), qkv.attention.lsh(qk, v, seed=5, **kw)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(qkv.attention.lsh_buckets(qk, seed=5, **kw), qkv.attention.lsh_buckets(qk, seed=6, **kw))
+    buckets = qkv.attention.lsh_buckets(qk, seed=5, **kw)
+    assert buckets.shape == (1, 2, 2, 64) and buckets.min() == 0 and buckets.max() == 7
+    # Reformer's default bucket count for L = 64, chunk 8: 2^floor(log2(2 * 64 / 8)) = 16.
+    assert qkv.attention.lsh_buckets(qk, chunk_length=8).max() >= 8
+
+
+def test_errors():
+    qk = np.zeros((1, 2, 32, 8), np.float32)
+    with pytest.raises(ValueError, match="must be even"):
+        qkv.attention.lsh(qk, qk, n_buckets=5, chunk_length=8)
+    with pytest.raises(ValueError, match="multiple of chunk_length = 12"):
+        qkv.attention.lsh(qk, qk, chunk_length=12)
+    with pytest.raises(ValueError, match="rotations must be"):
+        qkv.attention.lsh(qk, qk, chunk_length=8, n_buckets=4, rotations=np.zeros((2, 8, 1, 3)))
+    with pytest.raises(ValueError, match="attention_mask"):
+        qkv.attention.lsh(qk, qk, chunk_length=8, attention_mask=np.ones((1, 31)))
+    with pytest.raises(ValueError, match="n_hashes"):
+        qkv.attention.lsh(qk, qk, n_hashes=0)
