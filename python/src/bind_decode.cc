@@ -21,9 +21,21 @@ using qkv::python::to_tensor;
 
 namespace {
 
+qkv::RotaryLayout layout_of(const std::string& layout, const char* op) {
+  if (layout != "neox" && layout != "gptj") {
+    throw nb::value_error((std::string(op) + ": layout must be 'neox' or 'gptj', got '" + layout + "'").c_str());
+  }
+  return layout == "gptj" ? qkv::RotaryLayout::gptj : qkv::RotaryLayout::neox;
+}
+
 qkv::KVCache make_cache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t capacity,
-                        std::optional<int64_t> value_dim, const std::string& dtype) {
-  return qkv::KVCache({batch, kv_heads, head_dim, capacity, value_dim.value_or(0), qkv::dtype_from_name(dtype)});
+                        std::optional<int64_t> value_dim, const std::string& dtype, int64_t window,
+                        std::optional<int64_t> page_size, int64_t pages, bool rotary, double rotary_base,
+                        const std::string& rotary_layout, int64_t rotary_dim) {
+  qkv::KVCacheConfig c{batch, kv_heads, head_dim, capacity, value_dim.value_or(0), qkv::dtype_from_name(dtype)};
+  c.window = window, c.page_size = page_size.value_or(0), c.pages = pages;
+  if (rotary) c.rotary = qkv::CacheRotary{rotary_base, layout_of(rotary_layout, "KVCache"), rotary_dim};
+  return qkv::KVCache(c);
 }
 
 void append(qkv::KVCache& cache, nb::handle k, nb::handle v, std::optional<std::vector<int64_t>> counts) {
@@ -51,10 +63,7 @@ nb::object decode(nb::handle q, const qkv::KVCache& cache, std::optional<double>
 nb::object rotary(nb::handle x, nb::handle positions, int64_t offset, double base, const std::string& layout,
                   int64_t rotary_dim) {
   qkv::RotaryOptions o;
-  if (layout != "neox" && layout != "gptj") {
-    throw nb::value_error(("apply_rotary: layout must be 'neox' or 'gptj', got '" + layout + "'").c_str());
-  }
-  o.layout = layout == "gptj" ? qkv::RotaryLayout::gptj : qkv::RotaryLayout::neox;
+  o.layout = layout_of(layout, "apply_rotary");
   o.base = base, o.offset = offset, o.rotary_dim = rotary_dim;
   o.positions = qkv::python::to_optional_tensor(positions, "apply_rotary: positions");
   const qkv::Tensor tx = to_tensor(x, "apply_rotary: x");
@@ -77,16 +86,37 @@ void bind_decode(nb::module_& m) {
         "(for x [B, H, T, D]). Returns x's dtype and array type.");
   nb::class_<qkv::KVCache>(m, "KVCache",
                            "Keys [B, Hk, capacity, D] and values [B, Hk, capacity, Dv], allocated once (float32,\n"
-                           "bfloat16 or float16), one length per sequence; append(k, v) writes after each\n"
-                           "sequence's length (counts: how many of the T new positions each sequence takes).")
+                           "bfloat16, float16 or int8), one length per sequence; append(k, v) writes after each\n"
+                           "sequence's length (counts: how many of the T new positions each sequence takes).\n"
+                           "window=W keeps only each sequence's last W positions (a ring of capacity >= W slots;\n"
+                           "decode attends the last W keys, ONNX Runtime's local_window_size = W). page_size=P\n"
+                           "stores K/V in a pool of `pages` pages (0: enough for all) with a block table per\n"
+                           "sequence (ValueError when the pool runs out). rotary=True rotates keys on append and\n"
+                           "queries in decode_attention at their absolute positions (rotary_base, rotary_layout\n"
+                           "'neox' or 'gptj', rotary_dim 0 = head_dim); pass both unrotated.")
       .def(nb::new_(&make_cache), nb::arg("batch"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("capacity"),
-           nb::arg("value_dim").none() = nb::none(), nb::arg("dtype") = "float32")
+           nb::arg("value_dim").none() = nb::none(), nb::arg("dtype") = "float32", nb::kw_only(), nb::arg("window") = 0,
+           nb::arg("page_size").none() = nb::none(), nb::arg("pages") = 0, nb::arg("rotary") = false,
+           nb::arg("rotary_base") = 10000.0, nb::arg("rotary_layout") = "neox", nb::arg("rotary_dim") = 0)
       .def("append", &append, nb::arg("k"), nb::arg("v"), nb::arg("counts").none() = nb::none(),
            "k [B, Hk, T, D], v [B, Hk, T, Dv] (arrays or tensors); counts: B values in [0, T].")
       .def_prop_ro("lengths", [](const qkv::KVCache& c) { return c.lengths(); })
       .def("set_length", &qkv::KVCache::set_length, nb::arg("sequence"), nb::arg("length"))
       .def("reset", &qkv::KVCache::reset)
       .def_prop_ro("capacity", [](const qkv::KVCache& c) { return c.config().capacity; })
+      .def_prop_ro("window", [](const qkv::KVCache& c) { return c.config().window; })
+      .def_prop_ro("page_size", [](const qkv::KVCache& c) { return c.config().page_size; })
+      .def_prop_ro("pages", [](const qkv::KVCache& c) { return c.config().pages; })
+      .def_prop_ro("free_pages", &qkv::KVCache::free_pages)
+      .def("block_table", &qkv::KVCache::block_table, nb::arg("sequence"), "A paged cache's pages of the sequence.")
+      .def("first_kept", &qkv::KVCache::first_kept, nb::arg("sequence"), "The first position still stored.")
+      .def(
+          "sequence_keys", [](const qkv::KVCache& c, int64_t b) { return qkv::python::to_numpy(c.sequence_keys(b)); },
+          nb::arg("sequence"), "The sequence's stored keys in position order, [Hk, n, D] (cache dtype).")
+      .def(
+          "sequence_values",
+          [](const qkv::KVCache& c, int64_t b) { return qkv::python::to_numpy(c.sequence_values(b)); },
+          nb::arg("sequence"), "The sequence's stored values in position order, [Hk, n, Dv].")
       .def(
           "state", [](const qkv::KVCache& c) { return qkv::python::to_dict(c.state()); },
           "The cache as named arrays (qkv.save writes them as safetensors; docs/decode.md).")

@@ -1,0 +1,90 @@
+"""qkv.KVCache(window=..., page_size=..., rotary=...): a sliding-window ring against a full cache
+with the same window, fused rotary against Hugging Face's rotary formulas (NumPy) + NumPy decode,
+a paged cache against the contiguous one bit for bit, state round trips."""
+import numpy as np
+import pytest
+from test_py_decode import gptj_rope, llama_rope, numpy_decode
+
+import qkv
+
+rng = np.random.default_rng(17)
+
+
+def feed(caches, steps, t, hk=2, d=16, b=3):
+    for s in range(steps):
+        counts = [(5 * s + 3 * i) % (t + 1) for i in range(b)]
+        k, v = rng.standard_normal((b, hk, t, d)), rng.standard_normal((b, hk, t, d))
+        for cache in caches:
+            cache.append(k, v, counts=counts)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_window_ring_equals_a_full_cache_with_the_window(dtype):
+    ring, full = qkv.KVCache(3, 2, 16, 20, dtype=dtype, window=16), qkv.KVCache(3, 2, 16, 400, dtype=dtype)
+    feed([ring, full], 25, 9)
+    assert ring.lengths == full.lengths and max(ring.lengths) > 60 and ring.window == 16
+    assert ring.first_kept(0) == max(0, ring.lengths[0] - 20)
+    np.testing.assert_array_equal(ring.sequence_keys(1), full.sequence_keys(1)[:, ring.first_kept(1):])
+    for lq in (1, 3):
+        q = rng.standard_normal((3, 4, lq, 16)).astype(np.float32)
+        np.testing.assert_allclose(qkv.decode_attention(q, ring), qkv.decode_attention(q, full, window=16), atol=2e-6)
+        np.testing.assert_allclose(qkv.decode_attention(q, ring, window=5), qkv.decode_attention(q, full, window=5),
+                                   atol=2e-6)
+    with pytest.raises(ValueError, match="window 17 is wider than the cache's window 16"):
+        qkv.decode_attention(q, ring, window=17)
+
+
+@pytest.mark.parametrize("layout,rd", [("neox", 0), ("neox", 8), ("gptj", 0), ("gptj", 12)])
+def test_fused_rotary_matches_hugging_face_formulas(layout, rd):
+    rope = llama_rope if layout == "neox" else gptj_rope
+    cache = qkv.KVCache(2, 2, 16, 64, rotary=True, rotary_layout=layout, rotary_base=500000.0, rotary_dim=rd)
+    keys = [[], []]
+    for s in range(4):
+        k, v = rng.standard_normal((2, 2, 6, 16)), rng.standard_normal((2, 2, 6, 16))
+        counts = [6, (3 * s) % 7]
+        for b in range(2):
+            at = cache.lengths[b]
+            keys[b].append(rope(k[b, :, :counts[b]], np.arange(at, at + counts[b]), 500000.0, rd or 16))
+        cache.append(k, v, counts=counts)
+    for b in range(2):
+        np.testing.assert_allclose(cache.sequence_keys(b), np.concatenate(keys[b], 1), atol=2e-5)
+    lq = 2
+    q = rng.standard_normal((2, 4, lq, 16)).astype(np.float32)
+    qr = np.stack([rope(q[b], np.arange(cache.lengths[b] - lq, cache.lengths[b]), 500000.0, rd or 16)
+                   for b in range(2)])
+    want = numpy_decode(qr, np.stack([np.pad(cache.sequence_keys(b), ((0, 0), (0, 24 - cache.lengths[b]), (0, 0)))
+                                      for b in range(2)]),
+                        np.stack([np.pad(cache.sequence_values(b), ((0, 0), (0, 24 - cache.lengths[b]), (0, 0)))
+                                  for b in range(2)]), cache.lengths)
+    np.testing.assert_allclose(qkv.decode_attention(q, cache), want, atol=2e-6)
+    with pytest.raises(ValueError, match="KVCache: layout must be 'neox' or 'gptj'"):
+        qkv.KVCache(1, 1, 16, 4, rotary=True, rotary_layout="llama")
+
+
+@pytest.mark.parametrize("page_size", [1, 7, 64])
+def test_paged_cache_equals_the_contiguous_cache_bit_for_bit(page_size, tmp_path):
+    paged, flat = qkv.KVCache(3, 2, 16, 500, page_size=page_size), qkv.KVCache(3, 2, 16, 500)
+    feed([paged, flat], 12, 40)
+    assert paged.lengths == flat.lengths and paged.page_size == page_size
+    used = sum(len(paged.block_table(b)) for b in range(3))
+    assert used == sum(-(-n // page_size) for n in paged.lengths) and paged.free_pages == paged.pages - used
+    q = rng.standard_normal((3, 8, 2, 16)).astype(np.float32)
+    np.testing.assert_array_equal(qkv.decode_attention(q, paged), qkv.decode_attention(q, flat))
+    np.testing.assert_array_equal(qkv.decode_attention(q, paged, window=9, softcap=3.0),
+                                  qkv.decode_attention(q, flat, window=9, softcap=3.0))
+    qkv.save(tmp_path / "paged.safetensors", paged.state())
+    back = qkv.KVCache.from_state(qkv.load(tmp_path / "paged.safetensors"))
+    assert back.page_size == page_size and back.lengths == paged.lengths
+    np.testing.assert_array_equal(qkv.decode_attention(q, back), qkv.decode_attention(q, flat))
+
+
+def test_paged_pool_exhaustion():
+    cache = qkv.KVCache(2, 1, 8, 16, page_size=4, pages=3)
+    k = rng.standard_normal((2, 1, 8, 8))
+    cache.append(k, k, counts=[8, 0])
+    with pytest.raises(ValueError, match="the page pool is exhausted: this append needs 2 more pages of 4 positions, "
+                                         "1 of 3 are free"):
+        cache.append(k, k, counts=[0, 8])
+    assert cache.lengths == [8, 0]
+    cache.reset()
+    assert cache.free_pages == 3
