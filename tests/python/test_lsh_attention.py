@@ -116,3 +116,28 @@ def test_errors():
         qkv.attention.lsh(qk, qk, chunk_length=8, attention_mask=np.ones((1, 31)))
     with pytest.raises(ValueError, match="n_hashes"):
         qkv.attention.lsh(qk, qk, n_hashes=0)
+
+
+def test_cli_variant_lsh(run, tmp_path):
+    rng = np.random.default_rng(9)
+    qk, v = rng.standard_normal((1, 2, 32, 8)), rng.standard_normal((1, 2, 32, 4))
+    rot = rng.standard_normal((2, 8, 2, 3))
+    mask = np.ones((1, 32))
+    mask[0, -4:] = 0
+    for name, array in (("qk", qk), ("v", v), ("rot", rot), ("mask", mask[:, None, :])):
+        np.save(tmp_path / f"{name}.npy", array)
+    args = ["attention", "--q", tmp_path / "qk.npy", "--v", tmp_path / "v.npy", "--variant", "lsh", "--hashes", "2",
+            "--buckets", "2,4", "--chunk", "8", "--chunks-after", "1", "--causal", "--mask", tmp_path / "mask.npy",
+            "--rotations", tmp_path / "rot.npy", "-o", tmp_path / "out.npy"]
+    result = run(*args)
+    assert result.returncode == 0, result.stderr
+    want = lsh_np(qk, v, rot, [2, 4], 2, 8, 1, 1, True, mask)
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, rtol=0, atol=1e-12)
+    result = run("attention", "--q", tmp_path / "qk.npy", "--k", tmp_path / "v.npy", "--v", tmp_path / "v.npy",
+                 "--variant", "lsh", "-o", tmp_path / "out.npy")
+    assert result.returncode != 0 and "omit --k" in result.stderr
+    result = run("attention", "--q", tmp_path / "qk.npy", "--v", tmp_path / "v.npy", "--variant", "lsh", "--chunk",
+                 "12", "-o", tmp_path / "out.npy")
+    assert result.returncode != 0 and "multiple of chunk_length = 12" in result.stderr
+    result = run("attention", "--q", tmp_path / "qk.npy", "--v", tmp_path / "v.npy", "-o", tmp_path / "out.npy")
+    assert result.returncode != 0 and "--k is required" in result.stderr

@@ -1,10 +1,12 @@
 // qkv attention --q q.npy --k k.npy --v v.npy [--mask m.npy] [--causal] [--scale S]
 //               [--matmul-precision medium] [--variant window --window W ...] [--weights w.npy]
 //               -o out.npy
+// qkv attention --q qk.npy --v v.npy --variant lsh [--hashes N --buckets B --chunk C ...] -o out.npy
 #include "commands.h"
 #include "qkv/attention.h"
 #include "qkv/io.h"
 #include "qkv/linear_attention.h"
+#include "qkv/lsh_attention.h"
 
 namespace qkv::cli {
 
@@ -23,7 +25,24 @@ struct AttentionArgs {
   uint64_t random_seed = 0;
   double softcap = 0.0;
   std::string parallel, layout = "contiguous";  // --parallel under mpiexec (attention_parallel.cc)
+  LshAttentionOptions lsh;                      // --variant lsh (qkv/lsh_attention.h)
+  std::string rotations;
 };
+
+// --variant lsh: Reformer's LSH attention with --q as the shared query-key; --mask is its
+// padding mask [..., L] and --seed draws the rotations unless --rotations gives them.
+void run_lsh(const AttentionArgs& a) {
+  if (!a.k.empty() && a.k != a.q) {
+    fail<ValueError>("attention --variant lsh: the keys are --q (shared query-key); omit --k");
+  }
+  if (!a.weights.empty()) fail<ValueError>("attention --variant lsh: takes no --weights");
+  LshAttentionOptions o = a.lsh;
+  o.is_causal = a.causal;
+  o.seed = a.seed;
+  if (!a.mask.empty()) o.attention_mask = load_tensor(a.mask);
+  if (!a.rotations.empty()) o.rotations = load_tensor(a.rotations);
+  io::save(a.out, {{"output", lsh_attention(load_tensor(a.q), load_tensor(a.v), o)}});
+}
 
 // The mods of --variant (window, prefix-lm, longformer, bigbird) and --softcap.
 AttentionMods variant_mods(const AttentionArgs& a, int64_t lk) {
@@ -42,6 +61,9 @@ AttentionMods variant_mods(const AttentionArgs& a, int64_t lk) {
 }
 
 void run_attention(const AttentionArgs& a) {
+  if (a.k.empty() && a.variant != "lsh") {
+    fail<ValueError>("attention: --k is required (but for --variant lsh, whose keys are --q)");
+  }
   if (!a.parallel.empty()) {
     if (!a.mask.empty() || !a.weights.empty() || a.variant != "full" || a.dropout > 0) {
       fail<ValueError>("attention --parallel: takes no --mask, --weights, --variant or --dropout");
@@ -49,6 +71,7 @@ void run_attention(const AttentionArgs& a) {
     run_parallel_attention({a.parallel, a.layout, a.q, a.k, a.v, a.out, a.causal, a.gqa, a.scale, a.precision});
     return;
   }
+  if (a.variant == "lsh") return run_lsh(a);
   const Tensor q = load_tensor(a.q), k = load_tensor(a.k), v = load_tensor(a.v);
   if (a.variant == "linear") {  // phi = elu + 1, or FAVOR+ with --features
     if (!a.mask.empty() || !a.weights.empty()) fail<Error>("attention: --variant linear takes no --mask or --weights");
@@ -83,7 +106,12 @@ constexpr const char* kVariantHelp =
     "bigbird: blocks of --block tokens, each query block attends to --window-blocks blocks on each side, "
     "--random random key blocks (--random-seed) and the first and last block (global). "
     "linear: linear attention, phi = elu + 1, or Performer FAVOR+ with --features M (seeded by --seed); "
-    "--causal for causal";
+    "--causal for causal. "
+    "lsh: Reformer's LSH attention (Hugging Face LSHSelfAttention semantics) with --q as the shared "
+    "query-key (no --k): --hashes rounds into --buckets buckets (even, or factors 4,8), sorted, chunks of "
+    "--chunk attending to themselves and --chunks-before/--chunks-after neighbours, no attention to self "
+    "unless alone; --causal is Reformer's is_decoder, --mask a padding mask [..., L] (0 = padding), "
+    "--rotations R.npy [H or 1, D, hashes, sum(buckets)/2] or drawn from --seed";
 }  // namespace
 
 void register_attention(CLI::App& app) {
@@ -92,7 +120,7 @@ void register_attention(CLI::App& app) {
       "attention",
       "Scaled dot-product attention of q [..., Lq, Dk], k [..., Lk, Dk], v [..., Lk, Dv] (PyTorch SDPA semantics)");
   cmd->add_option("--q", args->q, "queries (.npy, or FILE.safetensors[:NAME])")->required();
-  cmd->add_option("--k", args->k, "keys")->required();
+  cmd->add_option("--k", args->k, "keys (required, but for --variant lsh)");
   cmd->add_option("--v", args->v, "values")->required();
   cmd->add_option("--mask", args->mask,
                   "attn_mask: bool (True = attend) or additive float, broadcast to [..., Lq, Lk]");
@@ -100,12 +128,12 @@ void register_attention(CLI::App& app) {
   cmd->add_option("--scale", args->scale, "score scale (default 1/sqrt(Dk))")->check(real_in());
   cmd->add_flag("--gqa", args->gqa, "grouped-query attention: k/v heads divide q heads");
   cmd->add_option("--dropout", args->dropout, "dropout probability on the weights")->check(real_in(0.0, 1.0));
-  cmd->add_option("--seed", args->seed, "dropout seed")->check(integer_in(0, UINT64_MAX));
+  cmd->add_option("--seed", args->seed, "dropout seed (lsh: the rotations' seed)")->check(integer_in(0, UINT64_MAX));
   cmd->add_option("--matmul-precision", args->precision,
                   "float32 inputs: highest (default), high, or medium (bf16 tiles where the CPU has native bf16)")
       ->check(CLI::IsMember({"highest", "high", "medium"}));
   cmd->add_option("--variant", args->variant, kVariantHelp)
-      ->check(CLI::IsMember({"full", "window", "longformer", "prefix-lm", "bigbird", "linear"}));
+      ->check(CLI::IsMember({"full", "window", "longformer", "prefix-lm", "bigbird", "linear", "lsh"}));
   cmd->add_option("--window", args->window, "window/longformer: W (see --variant)")->check(integer_in(0));
   cmd->add_option("--align", args->align, "window diagonal: top-left (j = i, default) or bottom-right")
       ->check(CLI::IsMember({"top-left", "bottom-right"}));
@@ -122,6 +150,15 @@ void register_attention(CLI::App& app) {
       ->check(integer_in(0, UINT64_MAX));
   cmd->add_option("--softcap", args->softcap, "scores c * tanh(s / c) (Gemma 2's soft-capping)")->check(real_in(0.0));
   cmd->add_option("--features", args->features, "linear: FAVOR+ random features M (0: elu + 1)")->check(integer_in(0));
+  cmd->add_option("--hashes", args->lsh.n_hashes, "lsh: hash rounds (default 1)")->check(integer_in(1));
+  cmd->add_option("--buckets", args->lsh.n_buckets, "lsh: buckets, or factors 4,8 (default: Reformer's for L)")
+      ->delimiter(',')
+      ->check(integer_in(2));
+  cmd->add_option("--chunk", args->lsh.chunk_length, "lsh: chunk length (default 64)")->check(integer_in(1));
+  cmd->add_option("--chunks-before", args->lsh.num_chunks_before, "lsh: chunks before (default 1)")
+      ->check(integer_in(0));
+  cmd->add_option("--chunks-after", args->lsh.num_chunks_after, "lsh: chunks after (default 0)")->check(integer_in(0));
+  cmd->add_option("--rotations", args->rotations, "lsh: rotations [H or 1, D, hashes, sum(buckets)/2]");
   cmd->add_option("--weights", args->weights, "also write the attention weights [..., Lq, Lk] here");
   cmd->add_option("--parallel", args->parallel,
                   "under mpiexec: ring (K/V blocks around the ranks), ulysses (all-to-all to heads) or heads "
