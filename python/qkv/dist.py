@@ -5,7 +5,8 @@ its shard and the same communicator (``mpi4py.MPI.COMM_WORLD`` or one split from
 The C++ side (qkv/dist, docs/distributed.md) does the transfers through that
 communicator's MPI handle; qkv never starts or stops MPI when mpi4py owns it.
 
-- ``ring_attention``: sequence-parallel; keys and values travel around the ring.
+- ``ring_attention`` (and ``ring_attention_backward``): sequence-parallel; keys and values
+  travel around the ring.
 - ``ulysses_attention``: sequence shards re-split by heads with all-to-alls.
 - ``TensorParallelAttention``: Megatron's heads-split layer (one all-reduce).
 - ``shard_sequence`` / ``unshard_sequence``: the ``contiguous`` and ``zigzag`` layouts.
@@ -44,6 +45,15 @@ def ring_attention(q, k, v, comm, *, is_causal=False, layout="contiguous", scale
     scaled_dot_product_attention on the whole sequence."""
     return _d.ring_attention(q, k, v, _handle(comm), is_causal=is_causal, layout=layout, scale=scale,
                              enable_gqa=enable_gqa, attn_mask=attn_mask, return_logsumexp=return_logsumexp)
+
+
+def ring_attention_backward(q, k, v, out, grad_out, logsumexp, comm, *, is_causal=False, layout="contiguous",
+                            scale=None, enable_gqa=False, attn_mask=None):
+    """(dq, dk, dv) of this rank's shards, from the forward's ``out`` and ``logsumexp``
+    (``ring_attention(..., return_logsumexp=True)``) and ``grad_out`` = d loss / d out; the same
+    options as the forward. K/V blocks travel the ring again, each with its dK/dV accumulators."""
+    return _d.ring_attention_backward(q, k, v, out, grad_out, logsumexp, _handle(comm), is_causal=is_causal,
+                                      layout=layout, scale=scale, enable_gqa=enable_gqa, attn_mask=attn_mask)
 
 
 def ulysses_attention(q, k, v, comm, *, is_causal=False, layout="contiguous", scale=None, enable_gqa=False,

@@ -100,6 +100,26 @@ nb::object ulysses(nb::handle q, nb::handle k, nb::handle v, uint64_t comm, nb::
   return to_array_like(out, q);
 }
 
+nb::object ring_backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle grad_out,
+                         nb::handle logsumexp, uint64_t comm, nb::handle is_causal, nb::handle layout, nb::handle scale,
+                         nb::handle enable_gqa, nb::handle attn_mask) {
+  constexpr const char* kOp = "ring_attention_backward";
+  const Common c = common_args(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
+  qkv::dist::RingAttentionOptions o;
+  o.is_causal = c.is_causal, o.layout = c.layout, o.scale = c.scale, o.enable_gqa = c.enable_gqa;
+  o.attn_mask = c.attn_mask;
+  auto arg = [&](nb::handle h, const char* name) { return to_tensor(h, arg_name(kOp, name).c_str()); };
+  const qkv::Tensor tq = arg(q, "q"), tk = arg(k, "k"), tv = arg(v, "v"), to = arg(out, "out"),
+                    tg = arg(grad_out, "grad_out"), tl = arg(logsumexp, "logsumexp");
+  const qkv::dist::Communicator world = communicator(comm);
+  qkv::AttentionGradients g;
+  {
+    nb::gil_scoped_release release;
+    g = qkv::dist::ring_attention_backward(tq, tk, tv, to, tg, tl, world, o);
+  }
+  return nb::make_tuple(to_array_like(g.dq, q), to_array_like(g.dk, q), to_array_like(g.dv, q));
+}
+
 std::vector<std::pair<int64_t, int64_t>> chunks(int64_t length, int rank, int size, const std::string& layout) {
   std::vector<std::pair<int64_t, int64_t>> out;
   for (const qkv::dist::Chunk& c :
@@ -163,6 +183,11 @@ void bind_dist(nb::module_& m) {
         nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
         nb::arg("attn_mask").none() = nb::none(), nb::arg("return_logsumexp").none() = false,
         "Ring attention on this rank's shards (qkv.dist.ring_attention).");
+  d.def("ring_attention_backward", &ring_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("grad_out"), nb::arg("logsumexp"), nb::arg("comm"), nb::arg("is_causal").none() = false,
+        nb::arg("layout").none() = "contiguous", nb::arg("scale").none() = nb::none(),
+        nb::arg("enable_gqa").none() = false, nb::arg("attn_mask").none() = nb::none(),
+        "(dq, dk, dv) of this rank's shards (qkv.dist.ring_attention_backward).");
   d.def("ulysses_attention", &ulysses, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("comm"),
         nb::arg("is_causal").none() = false, nb::arg("layout").none() = "contiguous",
         nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,

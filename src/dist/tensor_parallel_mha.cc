@@ -116,6 +116,61 @@ TensorParallelAttention TensorParallelAttention::from_projections(const TensorPa
   return layer;
 }
 
+void TensorParallelAttention::check_inputs(const Tensor& query, const Tensor& key, const Tensor& value) const {
+  if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3) {
+    fail<ShapeError>(
+        "TensorParallelAttention: query, key, value must be [L, N, E] (or [N, L, E] with batch_first, or "
+        "unbatched [L, E]), got ",
+        shape_str(query.shape()), ", ", shape_str(key.shape()), ", ", shape_str(value.shape()));
+  }
+}
+
+bool TensorParallelAttention::aligned() const {
+  // SDPA's GQA gives local query head i key head i / (hq / hk); replicated heads need not
+  // fall that way, and then each local query head gets a copy of its own key head.
+  const int64_t g = config_.num_heads / config_.num_kv_heads;
+  bool ok = hq_local_ % hk_local_ == 0;
+  for (int64_t i = 0; ok && i < hq_local_; ++i) ok = (q0_ + i) / g - k0_ == i / (hq_local_ / hk_local_);
+  return ok;
+}
+
+int64_t TensorParallelAttention::key_head_of(int64_t i) const {
+  return (q0_ + i) / (config_.num_heads / config_.num_kv_heads) - k0_;
+}
+
+TensorParallelAttention::Local TensorParallelAttention::attend(const Tensor& query, const Tensor& key,
+                                                               const Tensor& value,
+                                                               const TensorParallelOptions& options) const {
+  const bool bf = config_.batch_first;
+  Local a;
+  a.q = nn::detail::split_heads(q_.forward(query), hq_local_, bf);  // [N, hq, L, D]
+  a.k = nn::detail::split_heads(k_.forward(key), hk_local_, bf);    // [N, hk, S, D]
+  a.v = nn::detail::split_heads(v_.forward(value), hk_local_, bf);
+  if (!aligned()) {  // [N, hq, S, D]: each local query head's own key/value head
+    Tensor ke = Tensor::empty({a.k.size(0), hq_local_, a.k.size(2), a.k.size(3)});
+    Tensor ve = Tensor::empty({a.v.size(0), hq_local_, a.v.size(2), a.v.size(3)});
+    for (int64_t i = 0; i < hq_local_; ++i) {
+      ke.select(1, i).copy_from(a.k.select(1, key_head_of(i)));
+      ve.select(1, i).copy_from(a.v.select(1, key_head_of(i)));
+    }
+    a.k = ke;
+    a.v = ve;
+  }
+  a.options.is_causal = options.is_causal;
+  a.options.enable_gqa = a.k.size(1) != hq_local_;
+  a.options.return_logsumexp = true;
+  if (options.attn_mask) {
+    Tensor m = *options.attn_mask;
+    if (m.dim() == 4 && m.size(1) == config_.num_heads) m = m.slice(1, q0_, q0_ + hq_local_);
+    a.options.attn_mask = m;
+  }
+  AttentionResult r = scaled_dot_product_attention(a.q, a.k, a.v, a.options);
+  a.heads = r.output;  // [N, hq, L, D]
+  a.lse = *r.logsumexp;
+  a.merged = nn::detail::merge_heads(a.heads, bf);  // [L, N, hq D]
+  return a;
+}
+
 Tensor TensorParallelAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                         const TensorParallelOptions& options) const {
   const bool bf = config_.batch_first;
@@ -123,43 +178,10 @@ Tensor TensorParallelAttention::forward(const Tensor& query, const Tensor& key, 
     const int64_t n = bf ? 0 : 1;
     return forward(query.unsqueeze(n), key.unsqueeze(n), value.unsqueeze(n), options).squeeze(n);
   }
-  if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3) {
-    fail<ShapeError>(
-        "TensorParallelAttention.forward: query, key, value must be [L, N, E] (or [N, L, E] with "
-        "batch_first, or unbatched [L, E]), got ",
-        shape_str(query.shape()), ", ", shape_str(key.shape()), ", ", shape_str(value.shape()));
-  }
-  const int64_t g = config_.num_heads / config_.num_kv_heads;
+  check_inputs(query, key, value);
   Tensor out;
   if (hq_local_ > 0) {
-    const Tensor q = nn::detail::split_heads(q_.forward(query), hq_local_, bf);  // [N, hq, L, D]
-    Tensor k = nn::detail::split_heads(k_.forward(key), hk_local_, bf);          // [N, hk, S, D]
-    Tensor v = nn::detail::split_heads(v_.forward(value), hk_local_, bf);
-    // SDPA's GQA gives local query head i key head i / (hq / hk); replicated heads need not
-    // fall that way, and then each local query head gets a copy of its own key head.
-    bool aligned = hq_local_ % hk_local_ == 0;
-    for (int64_t i = 0; aligned && i < hq_local_; ++i) aligned = (q0_ + i) / g - k0_ == i / (hq_local_ / hk_local_);
-    if (!aligned) {
-      Tensor ke = Tensor::empty({k.size(0), hq_local_, k.size(2), k.size(3)});
-      Tensor ve = Tensor::empty({v.size(0), hq_local_, v.size(2), v.size(3)});
-      for (int64_t i = 0; i < hq_local_; ++i) {
-        const int64_t h = (q0_ + i) / g - k0_;
-        ke.select(1, i).copy_from(k.select(1, h));
-        ve.select(1, i).copy_from(v.select(1, h));
-      }
-      k = ke;
-      v = ve;
-    }
-    AttentionOptions o;
-    o.is_causal = options.is_causal;
-    o.enable_gqa = k.size(1) != hq_local_;
-    if (options.attn_mask) {
-      Tensor m = *options.attn_mask;
-      if (m.dim() == 4 && m.size(1) == config_.num_heads) m = m.slice(1, q0_, q0_ + hq_local_);
-      o.attn_mask = m;
-    }
-    const Tensor heads = scaled_dot_product_attention(q, k, v, o).output;  // [N, hq, L, D]
-    out = o_.forward(nn::detail::merge_heads(heads, bf));                  // [L, N, E] partial sum
+    out = o_.forward(attend(query, key, value, options).merged);  // [L, N, E] partial sum
   } else {
     const int64_t l = query.size(bf ? 1 : 0), n = query.size(bf ? 0 : 1);
     out = Tensor::zeros(bf ? Shape{n, l, config_.embed_dim} : Shape{l, n, config_.embed_dim});

@@ -77,6 +77,34 @@ TEST(RingAttention, EqualsTheFusedKernelOnTheWholeSequence) {
   }
 }
 
+TEST(RingAttention, BackwardEqualsTheFusedBackwardOnTheWholeSequence) {
+  const Communicator comm = world();
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name(c));
+    const Problem p(c, comm);
+    const Tensor dout = Tensor::randn({c.batch, c.hq, c.lq, c.dv}, 14);
+    AttentionOptions full;
+    full.is_causal = c.causal;
+    full.enable_gqa = c.hq != c.hk;
+    full.return_logsumexp = true;
+    const AttentionResult f = scaled_dot_product_attention(p.q, p.k, p.v, full);
+    const AttentionGradients want =
+        scaled_dot_product_attention_backward(p.q, p.k, p.v, f.output, dout, *f.logsumexp, full);
+    RingAttentionOptions o;
+    o.is_causal = c.causal;
+    o.layout = c.layout;
+    o.enable_gqa = c.hq != c.hk;
+    o.return_logsumexp = true;
+    const Tensor q = Problem::shard(p.q, c, comm), k = Problem::shard(p.k, c, comm), v = Problem::shard(p.v, c, comm);
+    const AttentionResult r = ring_attention(q, k, v, comm, o);
+    const AttentionGradients got =
+        ring_attention_backward(q, k, v, r.output, Problem::shard(dout, c, comm), *r.logsumexp, comm, o);
+    EXPECT_LE(relative_error(got.dq, Problem::shard(want.dq, c, comm)), kTolerance);
+    EXPECT_LE(relative_error(got.dk, Problem::shard(want.dk, c, comm)), kTolerance);
+    EXPECT_LE(relative_error(got.dv, Problem::shard(want.dv, c, comm)), kTolerance);
+  }
+}
+
 TEST(RingAttention, AppliesThisRanksRowsOfAMask) {
   const Communicator comm = world();
   const Case c{1, 2, 2, 33, 33, 8, 8, false, SequenceLayout::zigzag};

@@ -91,6 +91,82 @@ TEST(TensorParallelAttention, GqaWithKeyValueHeadsSplitOrReplicated) {
   }
 }
 
+TEST(TensorParallelAttention, BackwardEqualsTheUnsplitLayersBackward) {
+  const Communicator comm = world();
+  nn::MultiheadAttentionConfig c;
+  c.embed_dim = 20;
+  c.num_heads = 5;  // uneven over 2, 3 and 4 ranks
+  const nn::MultiheadAttention whole(c, 3);
+  const std::map<std::string, Tensor> sd = whole.state_dict();
+  const TensorParallelAttention layer = TensorParallelAttention::from_torch_mha(c, sd, comm);
+  const Tensor q = Tensor::randn({6, 2, 20}, 1), k = Tensor::randn({9, 2, 20}, 2), v = Tensor::randn({9, 2, 20}, 3);
+  const Tensor dy = Tensor::randn({6, 2, 20}, 4);
+  nn::MultiheadAttentionOptions mo;
+  mo.need_weights = false;
+  const nn::MultiheadAttentionGradients want = whole.backward(q, k, v, dy, mo);
+  const TensorParallelGradients got = layer.backward(q, k, v, dy);
+  EXPECT_LE(relative_error(got.query, want.query), kTolerance);
+  EXPECT_LE(relative_error(got.key, want.key), kTolerance);
+  EXPECT_LE(relative_error(got.value, want.value), kTolerance);
+  // This rank's shards are rows (q, k, v) and columns (o) of the whole layer's gradients.
+  const int64_t d = 4, r0 = layer.first_head() * d, r1 = r0 + layer.local_heads() * d;
+  const Tensor& w = want.params.at("in_proj_weight");
+  const Tensor& b = want.params.at("in_proj_bias");
+  const char* names[] = {"q_proj", "k_proj", "v_proj"};
+  for (int64_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(names[i]);
+    EXPECT_LE(relative_error(got.params.at(std::string(names[i]) + ".weight"), w.slice(0, i * 20 + r0, i * 20 + r1)),
+              kTolerance);
+    EXPECT_LE(relative_error(got.params.at(std::string(names[i]) + ".bias"), b.slice(0, i * 20 + r0, i * 20 + r1)),
+              kTolerance);
+  }
+  EXPECT_LE(relative_error(got.params.at("o_proj.weight"), want.params.at("out_proj.weight").slice(1, r0, r1)),
+            kTolerance);
+  EXPECT_LE(relative_error(got.params.at("o_proj.bias"), want.params.at("out_proj.bias")), kTolerance);
+}
+
+// GQA heads split or replicated (the replicated copies' gradients fold back into their key
+// head) against the same layer on a one-rank communicator: the whole computation in one
+// process, whose pieces (Linear::backward, the fused GQA backward) have their own oracles.
+TEST(TensorParallelAttention, GqaBackwardEqualsTheOneRankLayer) {
+  const Communicator comm = world();
+  const Communicator self = comm.split(comm.rank(), 0);
+  const int64_t e = 12, d = 3;
+  for (const auto& [hq, hk] : {std::pair<int64_t, int64_t>{6, 2}, {6, 3}, {6, 1}}) {
+    SCOPED_TRACE("Hq " + std::to_string(hq) + " Hk " + std::to_string(hk));
+    const std::map<std::string, Tensor> sd{
+        {"q_proj.weight", Tensor::randn({hq * d, e}, 1)}, {"q_proj.bias", Tensor::randn({hq * d}, 2)},
+        {"k_proj.weight", Tensor::randn({hk * d, e}, 3)}, {"k_proj.bias", Tensor::randn({hk * d}, 4)},
+        {"v_proj.weight", Tensor::randn({hk * d, e}, 5)}, {"v_proj.bias", Tensor::randn({hk * d}, 6)},
+        {"o_proj.weight", Tensor::randn({e, hq * d}, 7)}, {"o_proj.bias", Tensor::randn({e}, 8)}};
+    const Tensor x = Tensor::randn({2, 7, e}, 9), dy = Tensor::randn({2, 7, e}, 10);  // batch_first
+    const TensorParallelAttentionConfig c{e, hq, hk, d, true};
+    TensorParallelOptions o;
+    o.is_causal = true;
+    const TensorParallelAttention split = TensorParallelAttention::from_projections(c, sd, comm);
+    const TensorParallelGradients got = split.backward(x, x, x, dy, o);
+    const TensorParallelGradients want =
+        TensorParallelAttention::from_projections(c, sd, self).backward(x, x, x, dy, o);
+    EXPECT_LE(relative_error(got.query, want.query), kTolerance);
+    EXPECT_LE(relative_error(got.key, want.key), kTolerance);
+    EXPECT_LE(relative_error(got.value, want.value), kTolerance);
+    const int64_t q0 = split.first_head() * d, q1 = q0 + split.local_heads() * d;
+    EXPECT_LE(relative_error(got.params.at("q_proj.weight"), want.params.at("q_proj.weight").slice(0, q0, q1)),
+              kTolerance);
+    EXPECT_LE(relative_error(got.params.at("o_proj.weight"), want.params.at("o_proj.weight").slice(1, q0, q1)),
+              kTolerance);
+    // k/v: the sum over ranks of each rank's share (replicated heads count once per rank holding them).
+    for (const char* name : {"k_proj.weight", "v_proj.weight"}) {
+      const int64_t k0 = (split.first_head() / (hq / hk)) * d;
+      const Tensor mine = got.params.at(name);
+      Tensor whole = Tensor::zeros(want.params.at(name).shape());
+      whole.slice(0, k0, k0 + mine.size(0)).copy_from(mine);
+      comm.all_reduce_sum(whole);
+      EXPECT_LE(relative_error(whole, want.params.at(name)), kTolerance) << name;
+    }
+  }
+}
+
 TEST(TensorParallelAttention, WrongWeightShapesAreAShapeError) {
   const Communicator comm = world();
   std::map<std::string, Tensor> sd{{"q_proj.weight", Tensor::zeros({8, 8})},

@@ -47,6 +47,22 @@ def main():
         for scheme, out in (("ring", ring), ("ulysses", uly)):
             whole = qkv.dist.unshard_sequence(comm.allgather(np.asarray(out)), layout=layout)
             errors[f"{scheme}-{name}"] = rel(whole, want)
+    # Ring backward: against float64 gradients of sum(out * dout) by NumPy's own chain rule.
+    q, k, v = (rng.standard_normal((1, 2, 26, 8)) for _ in range(3))
+    dout = rng.standard_normal((1, 2, 26, 8))
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(8)
+    s = np.where(np.tril(np.ones((26, 26), bool)), s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    dw = dout @ np.swapaxes(v, -1, -2)
+    ds = w * (dw - (dw * w).sum(-1, keepdims=True)) / np.sqrt(8)
+    want = {"dq": ds @ k, "dk": np.swapaxes(ds, -1, -2) @ q, "dv": np.swapaxes(w, -1, -2) @ dout}
+    mine = [qkv.dist.shard_sequence(x.astype(np.float32), r, p, layout="zigzag") for x in (q, k, v, dout)]
+    out, lse = qkv.dist.ring_attention(*mine[:3], comm, is_causal=True, layout="zigzag", return_logsumexp=True)
+    grads = qkv.dist.ring_attention_backward(*mine[:3], out, mine[3], lse, comm, is_causal=True, layout="zigzag")
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        whole = qkv.dist.unshard_sequence(comm.allgather(np.asarray(g)), layout="zigzag")
+        errors[f"ring-backward-{name}"] = rel(whole, want[name])
     # Tensor parallel: Llama-style projections with GQA, against the same layer in NumPy.
     e, hq, hk, d = 16, 4, 2, 4
     sd = {n: rng.standard_normal(s).astype(np.float32) for n, s in

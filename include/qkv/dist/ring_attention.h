@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "qkv/attention.h"
+#include "qkv/attention_backward.h"
 #include "qkv/dist/communicator.h"
 #include "qkv/dist/shard.h"
 
@@ -38,5 +39,14 @@ struct RingAttentionOptions {
 // options. Returns this rank's output rows [..., Hq, Lq_r, Dv] (and logsumexp [..., Hq, Lq_r]).
 AttentionResult ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
                                const RingAttentionOptions& options = {});
+
+// Backward of ring_attention: this rank's dq, dk, dv ([q, k, v]'s shapes) from its shards,
+// the forward's `out` and `logsumexp` (return_logsumexp) and grad_out = d loss / d out, with
+// the forward's options. The K/V blocks travel the ring as in the forward, each with its
+// dK/dV accumulators, which are back with their owner after P steps (2 P - 1 block
+// transfers per rank). Equal to scaled_dot_product_attention_backward on the whole sequence.
+AttentionGradients ring_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                           const Tensor& grad_out, const Tensor& logsumexp, const Communicator& comm,
+                                           const RingAttentionOptions& options = {});
 
 }  // namespace qkv::dist

@@ -36,6 +36,15 @@ struct TensorParallelOptions {
   std::optional<Tensor> attn_mask;
 };
 
+// Gradients of TensorParallelAttention::backward.
+struct TensorParallelGradients {
+  Tensor query, key, value;  // d loss / d input, summed over ranks (every rank has them)
+  // This rank's shards, named as from_projections' state_dict: q_proj.weight [hq D, E],
+  // k_proj.weight / v_proj.weight [hk D, Ek/Ev] (with .bias when the layer has biases),
+  // o_proj.weight [E, hq D] (its columns of this rank's heads), o_proj.bias [E] (whole).
+  std::map<std::string, Tensor> params;
+};
+
 class TensorParallelAttention {
  public:
   // torch.nn.MultiheadAttention's state_dict (in_proj_weight, or q/k/v_proj_weight when
@@ -55,11 +64,30 @@ class TensorParallelAttention {
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
                  const TensorParallelOptions& options = {}) const;
 
+  // Backward of forward(query, key, value, options) given grad_output = d loss / d output (the
+  // output's shape, the same on every rank): the row-parallel output projection's backward
+  // needs no communication, the column-parallel projections' input gradients are summed over
+  // ranks by one all-reduce each (Megatron's f/g pair). When query, key and value are one
+  // tensor, its gradient is the sum of the three. tensor_parallel_mha_backward.cc.
+  TensorParallelGradients backward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                   const Tensor& grad_output, const TensorParallelOptions& options = {}) const;
+
   int64_t first_head() const { return q0_; }  // this rank's query heads: [first, first + local)
   int64_t local_heads() const { return hq_local_; }
 
  private:
   TensorParallelAttention(const TensorParallelAttentionConfig& config, const Communicator& comm);
+  // The local attention of forward, with what backward needs.
+  struct Local {
+    Tensor q, k, v;     // [N, hq, L, D], [N, hk or hq, S, D] (copies per query head when not aligned)
+    Tensor heads, lse;  // [N, hq, L, Dv], [N, hq, L]
+    Tensor merged;      // [L, N, hq D] (or [N, L, hq D])
+    AttentionOptions options;
+  };
+  Local attend(const Tensor& query, const Tensor& key, const Tensor& value, const TensorParallelOptions& options) const;
+  void check_inputs(const Tensor& query, const Tensor& key, const Tensor& value) const;
+  bool aligned() const;                  // SDPA's GQA grouping matches this rank's heads
+  int64_t key_head_of(int64_t i) const;  // local key head of local query head i
   void load(const Tensor& wq, const Tensor& wk, const Tensor& wv, const Tensor& wo,
             const std::map<std::string, std::optional<Tensor>>& biases);
 

@@ -1,0 +1,109 @@
+// RingPlan: the chunks and pairs of ring attention (dist/ring_plan.h).
+#include "dist/ring_plan.h"
+
+#include <string>
+
+#include "qkv/error.h"
+
+namespace qkv::dist {
+
+Shape with_last2(const Tensor& like, int64_t rows, int64_t cols) {
+  Shape s = like.shape();
+  s[s.size() - 2] = rows;
+  s[s.size() - 1] = cols;
+  return s;
+}
+
+std::vector<KeyChunk> RingPlan::key_chunks(int src) const {
+  std::vector<KeyChunk> out;
+  int64_t at = 0;
+  for (const Chunk& c : sequence_chunks(lk, src, size, options->layout)) {
+    out.push_back({c, at});
+    at += c.length;
+  }
+  return out;
+}
+
+Pair RingPlan::pair(const Chunk& q, const Chunk& k) const {
+  if (q.length == 0 || k.length == 0) return Pair::skip;
+  if (!options->is_causal) return Pair::full;
+  if (k.start + k.length - 1 <= q.start) return Pair::full;  // every key at or before the first query
+  if (k.start > q.start + q.length - 1) return Pair::skip;   // every key after the last query
+  if (k.start == q.start && k.length == q.length) return Pair::causal;
+  fail<ValueError>("ring_attention: query chunk [", q.start, ", ", q.start + q.length, ") and key chunk [", k.start,
+                   ", ", k.start + k.length, ") overlap unevenly; causal needs equal query and key lengths");
+}
+
+AttentionOptions RingPlan::block_options(const QueryChunk& q, const KeyChunk& k, Pair kind) const {
+  AttentionOptions o;
+  o.is_causal = kind == Pair::causal;
+  o.scale = options->scale;
+  o.enable_gqa = options->enable_gqa;
+  o.return_logsumexp = true;
+  o.matmul_precision = options->matmul_precision;
+  if (options->attn_mask) {
+    Tensor m = *options->attn_mask;
+    if (m.size(-2) != 1) m = m.slice(-2, q.local_start, q.local_start + q.chunk.length);
+    if (m.size(-1) != 1) m = m.slice(-1, k.chunk.start, k.chunk.start + k.chunk.length);
+    o.attn_mask = m;
+  }
+  return o;
+}
+
+namespace {
+
+void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const RingAttentionOptions& options) {
+  for (const Tensor* t : {&q, &k, &v}) {
+    if (t->dtype() != DType::f32) {
+      fail<DTypeError>(op, ": q, k and v must be float32, got q ", dtype_name(q.dtype()), ", k ", dtype_name(k.dtype()),
+                       ", v ", dtype_name(v.dtype()));
+    }
+    if (t->dim() < 2) fail<ShapeError>(op, ": q, k, v need [..., L, D], got ", shape_str(t->shape()));
+  }
+  if (options.attn_mask && options.attn_mask->dim() < 2) {
+    fail<ShapeError>(op, ": attn_mask must be [..., Lq_local, Lk], got ", shape_str(options.attn_mask->shape()));
+  }
+}
+
+int64_t total(const std::vector<Chunk>& chunks) {
+  int64_t n = 0;
+  for (const Chunk& c : chunks) n += c.length;
+  return n;
+}
+
+}  // namespace
+
+RingPlan make_ring_plan(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
+                        const RingAttentionOptions& options) {
+  check_inputs(op, q, k, v, options);
+  RingPlan plan;
+  plan.size = comm.size();
+  plan.options = &options;
+  plan.kv_lengths = comm.all_gather_values(k.size(-2));
+  for (int64_t n : comm.all_gather_values(q.size(-2))) plan.lq += n;
+  for (int64_t n : plan.kv_lengths) plan.lk += n;
+  if (options.is_causal && plan.lq != plan.lk) {
+    fail<ShapeError>(op, ": causal needs as many queries as keys, got ", plan.lq, " and ", plan.lk);
+  }
+  for (int r = 0; r < plan.size; ++r) {
+    const int64_t want = total(sequence_chunks(plan.lk, r, plan.size, options.layout));
+    if (plan.kv_lengths[static_cast<size_t>(r)] != want) {
+      fail<ShapeError>(op, ": rank ", r, " holds ", plan.kv_lengths[static_cast<size_t>(r)], " keys; the ",
+                       sequence_layout_name(options.layout), " layout of ", plan.lk, " over ", plan.size,
+                       " ranks gives it ", want);
+    }
+  }
+  int64_t local = 0;
+  for (const Chunk& c : sequence_chunks(plan.lq, comm.rank(), plan.size, options.layout)) {
+    plan.queries.push_back({c, local});
+    local += c.length;
+  }
+  if (local != q.size(-2)) {
+    fail<ShapeError>(op, ": this rank (", comm.rank(), ") holds ", q.size(-2), " queries; the ",
+                     sequence_layout_name(options.layout), " layout of ", plan.lq, " gives it ", local);
+  }
+  return plan;
+}
+
+}  // namespace qkv::dist
