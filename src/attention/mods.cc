@@ -173,8 +173,12 @@ ModPlan make_mod_plan(const AttentionMods& m, int64_t lq, int64_t lk, int64_t he
     const auto n = static_cast<size_t>(p.q_blocks * p.k_blocks);
     p.pattern.assign(n, 0);
     if (m.block_pattern->dim() == 3) p.head_pattern.assign(values.size(), 0);
+    p.every_head.assign(n, 1);
     for (size_t x = 0; x < values.size(); ++x) {
-      if (values[x] == 0.0) continue;
+      if (values[x] == 0.0) {
+        p.every_head[x % n] = 0;
+        continue;
+      }
       p.pattern[x % n] = 1;
       if (!p.head_pattern.empty()) p.head_pattern[x] = 1;
     }
@@ -216,6 +220,11 @@ namespace {
 bool any_in(const std::vector<int64_t>& sorted, int64_t a, int64_t b) {
   const auto it = std::lower_bound(sorted.begin(), sorted.end(), a);
   return it != sorted.end() && *it < b;
+}
+
+// How many of the sorted (distinct) positions fall in [a, b).
+int64_t count_in(const std::vector<int64_t>& sorted, int64_t a, int64_t b) {
+  return std::lower_bound(sorted.begin(), sorted.end(), b) - std::lower_bound(sorted.begin(), sorted.end(), a);
 }
 
 // The window term over rows [i0, i1) x keys [j0, j1): {any allowed, all allowed}.
@@ -325,13 +334,24 @@ TileClass ModPlan::classify(int64_t i0, int64_t i1, int64_t j0, int64_t j1) cons
     any = any || a, all = all || f;
   }
   if (prefix > 0) any = any || j0 < prefix, all = all || j1 <= prefix;
-  if (!global_q.empty()) any = any || any_in(global_q_sorted, i0, i1) || any_in(global_k_sorted, j0, j1);
-  if (has_blocks && !any) {
-    for (int64_t qb = i0 / unit; qb <= (i1 - 1) / unit && !any; ++qb) {
-      for (int64_t kb = j0 / unit; kb <= (j1 - 1) / unit && !any; ++kb) {
-        any = block_allowed(qb, kb);
+  if (!global_q.empty()) {  // full when every row or every key of the tile is global
+    any = any || any_in(global_q_sorted, i0, i1) || any_in(global_k_sorted, j0, j1);
+    all = all || count_in(global_q_sorted, i0, i1) == i1 - i0 || count_in(global_k_sorted, j0, j1) == j1 - j0;
+  }
+  if (has_blocks && !all) {  // the blocks the tile meets: one allowed in some head; all in every head
+    // (or by the window, which is whole blocks when unit > 1: top-left, the same delta over a block)
+    auto in_window = [&](int64_t qb, int64_t kb) {
+      const int64_t delta = kb - qb;
+      return window && unit > 1 && delta >= -left && delta <= right && delta % dilation == 0;
+    };
+    bool every = true;
+    for (int64_t qb = i0 / unit; qb <= (i1 - 1) / unit && (every || !any); ++qb) {
+      for (int64_t kb = j0 / unit; kb <= (j1 - 1) / unit && (every || !any); ++kb) {
+        any = any || block_allowed(qb, kb);
+        every = every && (block_allowed_in_every_head(qb, kb) || in_window(qb, kb));
       }
     }
+    all = every;
   }
   if (!any) return TileClass::empty;
   return all && doc_all && !mods->mask_mod ? TileClass::full : TileClass::partial;

@@ -39,6 +39,7 @@ struct ModPlan {
   int64_t q_blocks = 0, k_blocks = 0;
   std::vector<char> pattern;       // [q_blocks, k_blocks] when block_pattern is given: any head's
   std::vector<char> head_pattern;  // [Hq, q_blocks, k_blocks] when block_pattern is per head
+  std::vector<char> every_head;    // [q_blocks, k_blocks]: allowed in every head's pattern
   std::vector<int64_t> random;     // [q_blocks, random_per_row]: each query block's random key blocks, sorted
   int64_t random_per_row = 0;
   bool has_blocks = false;
@@ -50,6 +51,12 @@ struct ModPlan {
       const bool any_head = h < 0 || head_pattern.empty();
       if (any_head ? pattern[at] : head_pattern[static_cast<size_t>(h) * pattern.size() + at]) return true;
     }
+    return random_block(qb, kb);
+  }
+  bool block_allowed_in_every_head(int64_t qb, int64_t kb) const {
+    return (!every_head.empty() && every_head[static_cast<size_t>(qb * k_blocks + kb)]) || random_block(qb, kb);
+  }
+  bool random_block(int64_t qb, int64_t kb) const {
     const auto row = random.begin() + qb * random_per_row;
     return random_per_row > 0 && std::binary_search(row, row + random_per_row, kb);
   }

@@ -4,7 +4,10 @@ score_mod functions written as FlexAttention's documentation writes them, a bloc
 create_block_mask, its output and logsumexp (FlexAttention has no backward on the CPU: the
 gradients under mods are checked against dense masks instead).
 
-Each OUT_DIR/<name>.safetensors holds q, k, v, out, lse (float64) and the
+Each OUT_DIR/<name>.safetensors holds q, k, v, out, lse (float64), the block mask of
+create_block_mask (BLOCK_SIZE 16; int32, batch and head dims dropped: kv_num_blocks [Lq / 16] and
+kv_indices [Lq / 16, Lk / 16] list each query block's partial key blocks, full_kv_num_blocks and
+full_kv_indices its full ones; absent without a mask_mod) and the
 tensors the qkv side needs (alibi_slopes, relative_bias, document_ids, block_pattern), with one
 metadata key "qkv_mods": the JSON of the equivalent qkv.AttentionMods fields (the tensor fields
 named by the tensors they read). tests/python/test_py_attention_mods.py runs qkv on them.
@@ -71,6 +74,10 @@ def main(out_dir):
         block_mask = create_block_mask(mask_mod, None, None, lq, lk, device="cpu", BLOCK_SIZE=16) if mask_mod else None
         out, lse = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=True)
         tensors = {"q": q, "k": k, "v": v, "out": out, "lse": lse}
+        if block_mask is not None:  # create_block_mask's 16 x 16 blocks: partial ones, then full ones
+            tensors.update(kv_num_blocks=block_mask.kv_num_blocks[0, 0], kv_indices=block_mask.kv_indices[0, 0],
+                           full_kv_num_blocks=block_mask.full_kv_num_blocks[0, 0],
+                           full_kv_indices=block_mask.full_kv_indices[0, 0])
         tensors = {n: t.contiguous() for n, t in tensors.items()}
         tensors.update({n: t.contiguous() for n, t in extra.items()})
         save_file(tensors, os.path.join(out_dir, f"{name}.safetensors"),
