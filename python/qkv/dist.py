@@ -114,6 +114,16 @@ class TensorParallelAttention:
         return cls(_d.TensorParallelAttention.from_projections(state_dict, embed_dim, num_heads, num_kv_heads,
                                                                 head_dim, batch_first, _handle(comm)))
 
+    @classmethod
+    def from_shard(cls, shard, embed_dim, num_heads, num_kv_heads, comm, *, head_dim=0, batch_first=False):
+        """A layer from this rank's ``shard_state_dict()`` (saved per rank, e.g. ``qkv.save``)."""
+        return cls(_d.TensorParallelAttention.from_shard(shard, embed_dim, num_heads, num_kv_heads, head_dim,
+                                                          batch_first, _handle(comm)))
+
+    def shard_state_dict(self):
+        """This rank's weights: q_proj/k_proj/v_proj rows and o_proj columns of its heads, o_proj.bias."""
+        return self._layer.shard_state_dict()
+
     @property
     def first_head(self):
         return self._layer.first_head

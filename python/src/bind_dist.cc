@@ -151,6 +151,17 @@ void bind_tensor_parallel(nb::module_& m) {
           },
           nb::arg("state_dict"), nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("num_kv_heads"),
           nb::arg("head_dim"), nb::arg("batch_first"), nb::arg("comm"))
+      .def_static(
+          "from_shard",
+          [](nb::handle shard, int64_t embed_dim, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+             bool batch_first, uint64_t comm) {
+            return TensorParallelAttention::from_shard({embed_dim, num_heads, num_kv_heads, head_dim, batch_first},
+                                                       to_tensor_map(shard, "TensorParallelAttention.from_shard"),
+                                                       communicator(comm));
+          },
+          nb::arg("shard"), nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"),
+          nb::arg("batch_first"), nb::arg("comm"))
+      .def("shard_state_dict", [](const TensorParallelAttention& layer) { return to_dict(layer.shard_state_dict()); })
       .def(
           "forward",
           [](const TensorParallelAttention& layer, nb::handle query, nb::handle key, nb::handle value, bool is_causal) {

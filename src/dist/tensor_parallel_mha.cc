@@ -116,6 +116,46 @@ TensorParallelAttention TensorParallelAttention::from_projections(const TensorPa
   return layer;
 }
 
+std::map<std::string, Tensor> TensorParallelAttention::shard_state_dict() const {
+  std::map<std::string, Tensor> s;
+  if (o_bias_) s["o_proj.bias"] = *o_bias_;
+  if (hq_local_ == 0) return s;  // more ranks than heads: this one holds none
+  const std::pair<const char*, const nn::Linear*> layers[] = {{"q_proj", &q_}, {"k_proj", &k_}, {"v_proj", &v_}};
+  for (const auto& [name, layer] : layers) {
+    s[std::string(name) + ".weight"] = layer->to_torch_layout();
+    if (layer->bias()) s[std::string(name) + ".bias"] = layer->bias()->contiguous();
+  }
+  s["o_proj.weight"] = o_.to_torch_layout();
+  return s;
+}
+
+TensorParallelAttention TensorParallelAttention::from_shard(const TensorParallelAttentionConfig& config,
+                                                            const std::map<std::string, Tensor>& shard,
+                                                            const Communicator& comm) {
+  const char* op = "TensorParallelAttention::from_shard";
+  TensorParallelAttention layer(config, comm);
+  layer.o_bias_ = optional_entry(shard, "o_proj.bias");
+  if (layer.hq_local_ == 0) return layer;
+  const int64_t d = layer.config_.head_dim, e = layer.config_.embed_dim;
+  const Tensor &wq = require(shard, "q_proj.weight", op), &wk = require(shard, "k_proj.weight", op),
+               &wv = require(shard, "v_proj.weight", op), &wo = require(shard, "o_proj.weight", op);
+  if (wq.dim() != 2 || wq.size(0) != layer.hq_local_ * d || wq.size(1) != e || wk.dim() != 2 ||
+      wk.size(0) != layer.hk_local_ * d || wv.dim() != 2 || wv.size(0) != layer.hk_local_ * d || wo.dim() != 2 ||
+      wo.size(0) != e || wo.size(1) != layer.hq_local_ * d) {
+    fail<ShapeError>(op, ": rank ", comm.rank(), " of ", comm.size(), " holds query heads [", layer.q0_, ", ",
+                     layer.q0_ + layer.hq_local_, ") and key/value heads [", layer.k0_, ", ",
+                     layer.k0_ + layer.hk_local_, ") of ", d, ", so q_proj.weight [", layer.hq_local_ * d, ", ", e,
+                     "], k/v_proj.weight [", layer.hk_local_ * d, ", *], o_proj.weight [", e, ", ", layer.hq_local_ * d,
+                     "]; got ", shape_str(wq.shape()), ", ", shape_str(wk.shape()), ", ", shape_str(wv.shape()), ", ",
+                     shape_str(wo.shape()), " (a shard of another rank count?)");
+  }
+  layer.q_ = nn::Linear::torch(wq, optional_entry(shard, "q_proj.bias"));
+  layer.k_ = nn::Linear::torch(wk, optional_entry(shard, "k_proj.bias"));
+  layer.v_ = nn::Linear::torch(wv, optional_entry(shard, "v_proj.bias"));
+  layer.o_ = nn::Linear::torch(wo, std::nullopt);
+  return layer;
+}
+
 void TensorParallelAttention::check_inputs(const Tensor& query, const Tensor& key, const Tensor& value) const {
   if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3) {
     fail<ShapeError>(

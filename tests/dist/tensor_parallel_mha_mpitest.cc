@@ -10,6 +10,7 @@
 #include "qkv/attention.h"
 #include "qkv/dist/tensor_parallel_mha.h"
 #include "qkv/error.h"
+#include "qkv/io.h"
 
 namespace qkv::dist {
 namespace {
@@ -164,6 +165,30 @@ TEST(TensorParallelAttention, GqaBackwardEqualsTheOneRankLayer) {
       comm.all_reduce_sum(whole);
       EXPECT_LE(relative_error(whole, want.params.at(name)), kTolerance) << name;
     }
+  }
+}
+
+TEST(TensorParallelAttention, PreShardedSafetensorsLoadBackPerRank) {
+  const Communicator comm = world();
+  nn::MultiheadAttentionConfig c;
+  c.embed_dim = 12;
+  c.num_heads = 3;
+  const nn::MultiheadAttention whole(c, 5);
+  const TensorParallelAttention split = TensorParallelAttention::from_torch_mha(c, whole.state_dict(), comm);
+  const std::string path = ::testing::TempDir() + "tp_shard_" + std::to_string(comm.size()) + "_" +
+                           std::to_string(comm.rank()) + ".safetensors";
+  io::save(path, split.shard_state_dict());
+  const TensorParallelAttention back = TensorParallelAttention::from_shard({12, 3, 3, 4, false}, io::load(path), comm);
+  const Tensor x = Tensor::randn({5, 2, 12}, 6);
+  EXPECT_LE(relative_error(back.forward(x, x, x), split.forward(x, x, x)), 1e-6);  // contiguous vs strided rows
+  nn::MultiheadAttentionOptions mo;
+  mo.need_weights = false;
+  EXPECT_LE(relative_error(back.forward(x, x, x), whole.forward(x, x, x, mo).output), kTolerance);
+  if (comm.size() > 1 && split.local_heads() > 0) {  // another rank count's shard is refused
+    const TensorParallelAttentionConfig other{12, 3, 3, 4, false};
+    std::map<std::string, Tensor> bad = split.shard_state_dict();
+    bad["q_proj.weight"] = Tensor::zeros({12, 12});
+    EXPECT_THROW((void)TensorParallelAttention::from_shard(other, bad, comm), ShapeError);
   }
 }
 

@@ -76,6 +76,8 @@ def main():
                     causal=True)
     want = a.transpose(2, 0, 1, 3).reshape(7, 3, hq * d) @ sd["o_proj.weight"].T.astype(np.float64) + sd["o_proj.bias"]
     errors["tensor-parallel-gqa"] = rel(got, want)
+    back = qkv.dist.TensorParallelAttention.from_shard(layer.shard_state_dict(), e, hq, hk, comm)
+    errors["tensor-parallel-shard"] = rel(back.forward(x, x, x, is_causal=True), want)
     worst = comm.reduce(errors, op=lambda a, b: {n: max(a[n], b[n]) for n in a})
     if r == 0:
         json.dump({"ranks": p, "errors": worst}, sys.stdout)

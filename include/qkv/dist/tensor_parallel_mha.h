@@ -59,6 +59,14 @@ class TensorParallelAttention {
                                                   const std::map<std::string, Tensor>& state_dict,
                                                   const Communicator& comm);
 
+  // This rank's share, named as from_projections' state_dict (q_proj.weight [hq D, E],
+  // k_proj.weight / v_proj.weight [hk D, Ek/Ev], biases, o_proj.weight [E, hq D], o_proj.bias
+  // [E]): save it per rank (io::save) and load it back on as many ranks with from_shard,
+  // without reading the whole layer on every rank.
+  std::map<std::string, Tensor> shard_state_dict() const;
+  static TensorParallelAttention from_shard(const TensorParallelAttentionConfig& config,
+                                            const std::map<std::string, Tensor>& shard, const Communicator& comm);
+
   // query [L, N, E] (or [N, L, E]), key/value [S, N, Ek/Ev]: the full layer output on every
   // rank (float32), equal to the unsplit layer's.
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
