@@ -40,8 +40,10 @@ namespace qkv {
 struct LshAttentionOptions {
   int64_t n_hashes = 1;  // hash rounds, >= 1
   // One even bucket count, or several even factors (the buckets are their product and the
-  // rotations have sum(n_f)/2 columns). Empty: Reformer's default for L, the power of two
-  // 2^floor(log2(2 L / chunk_length)) (at least 2; no automatic factorization).
+  // rotations have sum(n_f)/2 columns). Empty: Reformer's default for L (its _set_num_buckets
+  // with max_position_embeddings = L): n = 2^floor(log2(2 L / chunk_length)), at least 2, and
+  // past 2 max(sqrt(L / chunk_length), chunk_length) the factors [2^floor(e/2), 2^ceil(e/2)]
+  // of n = 2^e (L = 65536, chunk 64: [32, 64], 48 rotation columns instead of 1024).
   std::vector<int64_t> n_buckets;
   int64_t chunk_length = 64;
   int64_t num_chunks_before = 1;

@@ -1,6 +1,8 @@
 // lsh_attention: checks the call, lays out the operands, draws the rotations, runs the kernel.
 #include "qkv/lsh_attention.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -17,14 +19,17 @@ std::string qk_v_shapes(const Tensor& qk, const Tensor& v) {
   return "(qk " + shape_str(qk.shape()) + ", v " + shape_str(v.shape()) + ")";
 }
 
-// The bucket factors: the given ones (each even, >= 2) or Reformer's default for L:
-// 2^floor(log2(2 L / chunk)), at least 2.
+// The bucket factors: the given ones (each even, >= 2) or Reformer's default for L
+// (_set_num_buckets with max_position_embeddings = L): n = 2^floor(log2(2 L / chunk)), at
+// least 2, factorized as [2^floor(e/2), 2^ceil(e/2)] (n = 2^e) past 2 max(sqrt(L / chunk), chunk).
 void set_buckets(LshProblem& p, const std::vector<int64_t>& given, const char* op) {
   p.factors = given;
   if (p.factors.empty()) {
-    int64_t n = 2;
-    while (n * 2 <= 2 * (p.l / p.chunk)) n *= 2;
-    p.factors = {n};
+    int64_t e = 1;
+    while ((int64_t{2} << e) <= 2 * (p.l / p.chunk)) ++e;
+    const auto limit = 2 * std::max(static_cast<int64_t>(std::sqrt(static_cast<double>(p.l / p.chunk))), p.chunk);
+    p.factors = (int64_t{1} << e) > limit ? std::vector<int64_t>{int64_t{1} << (e / 2), int64_t{1} << (e - e / 2)}
+                                          : std::vector<int64_t>{int64_t{1} << e};
   }
   p.n_buckets = 1;
   int64_t sum = 0;

@@ -16,6 +16,7 @@
 #include "attention/lsh_attention_cpu.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
+#include "qkv/softmax.h"
 
 namespace qkv::attention {
 
@@ -104,16 +105,14 @@ void attend_chunk(const LshProblem& p, int64_t e, int64_t c, const int64_t* perm
   for (int64_t i = 0; i < cl; ++i) {
     const int64_t qp = w.pos[static_cast<size_t>(before * cl + i)];
     T* s = w.s.data() + i * nk;
-    T top = -std::numeric_limits<T>::infinity();
     for (int64_t j = 0; j < nk; ++j) {
       const int64_t kp = w.pos[static_cast<size_t>(j)];
       if (p.is_padding(e, kp) || (p.causal && kp > qp)) s[j] = static_cast<T>(kLshMaskValue);
       if (kp == qp) s[j] = static_cast<T>(kLshSelfValue);
-      top = std::max(top, s[j]);
     }
-    T sum = 0;
-    for (int64_t j = 0; j < nk; ++j) sum += (s[j] = std::exp(s[j] - top));
-    for (int64_t j = 0; j < nk; ++j) s[j] /= sum;
+    const T top = kernels::max_value(s, nk);  // the softmax row kernels (Highway SIMD)
+    const T sum = kernels::exp_shift_sum(s, nk, top);
+    kernels::scale(s, nk, T(1) / sum);
     // In double: at top = -1e5 (a token with only itself left) float32 would round the sum's log
     // to a spacing of 2^-7, and the rounds' weights with it.
     if (lse != nullptr) lse[qp] = static_cast<double>(top) + std::log(static_cast<double>(sum));

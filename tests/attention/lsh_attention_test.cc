@@ -191,6 +191,21 @@ TEST(LshAttention, SeedDrawsTheRotations) {
   EXPECT_EQ(*std::min_element(buckets.begin(), buckets.end()), 0);
 }
 
+TEST(LshAttention, DefaultBucketsAreReformers) {
+  // Reformer's _set_num_buckets with max_position_embeddings = L: L = 4096, chunk 4 gives
+  // 2^11 buckets, past 2 max(sqrt(1024), 4) = 64, so factors [2^5, 2^6]; L = 64, chunk 8 gives 16.
+  const Tensor qk = Tensor::randn({1, 4096, 4}, 5);
+  LshAttentionOptions o, factored;
+  o.chunk_length = factored.chunk_length = 4;
+  factored.n_buckets = {32, 64};
+  EXPECT_EQ(lsh_buckets(qk, o).to_vector<int64_t>(), lsh_buckets(qk, factored).to_vector<int64_t>());
+  LshAttentionOptions small, sixteen;
+  small.chunk_length = sixteen.chunk_length = 8;
+  sixteen.n_buckets = {16};
+  const Tensor qk64 = qk.slice(1, 0, 64);
+  EXPECT_EQ(lsh_buckets(qk64, small).to_vector<int64_t>(), lsh_buckets(qk64, sixteen).to_vector<int64_t>());
+}
+
 TEST(LshAttention, ErrorsNameTheOpAndShapes) {
   const Tensor qk = Tensor::randn({1, 2, 32, 8}, 1), v = Tensor::randn({1, 2, 32, 8}, 2);
   LshAttentionOptions o;
