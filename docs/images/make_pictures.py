@@ -35,3 +35,13 @@ q, k = (rng.standard_normal((1, 2, len(tokens), 16)) for _ in range(2))
 _, w = qkv.scaled_dot_product_attention(q, k, k, return_weights=True,
                                         mods=M(window_right=0, alibi_slopes=np.array([0.5, 0.0])))
 qkv.plot.heatmap(w[0], OUT / "weights_alibi.png", index=0, tokens=tokens, cell=24)
+
+# LSH attention (Reformer): the merged weights of every (query, key) pair, read off as the output
+# for v = the identity. 48 tokens from 4 clusters of 12 (tokens 0-11, 12-23, ...), 2 hash rounds
+# into 4 buckets, chunks of 8 seeing themselves and the chunk before: a token attends only within
+# its cluster, never to itself, and to the members its chunks hold.
+centers = rng.standard_normal((4, 16)) * 3
+qk_lsh = centers[np.repeat(np.arange(4), 12)] + rng.standard_normal((L, 16)) * 0.5
+w_lsh = qkv.attention.lsh(qk_lsh, np.eye(L), n_hashes=2, n_buckets=4, chunk_length=8, seed=1)
+qkv.plot.heatmap(w_lsh, OUT / "weights_lsh.png", cell=5)
+print("lsh", (w_lsh > 1e-3).mean())
