@@ -46,6 +46,35 @@ BENCHMARK(BM_DecodeStep)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// Layouts (f32, Lq = 1): 0 contiguous, 1 paged (16-position pages), 2 paged (256), 3 a window of
+// 4096 keys in a ring of 4096 slots (the step reads 4096 keys whatever the length). The pages of
+// the B sequences interleave (filled slice by slice, every sequence in turn).
+void BM_DecodeLayout(benchmark::State& state) {
+  const int64_t len = state.range(0), b = state.range(1), layout = state.range(2), window = 4096;
+  qkv::KVCacheConfig c{b, kHk, kDim, len, kDim, qkv::DType::f32};
+  if (layout == 1 || layout == 2) c.page_size = layout == 1 ? 16 : 256;
+  if (layout == 3) c.window = window, c.capacity = window;
+  qkv::KVCache cache(c);
+  for (int64_t at = 0; at < len; at += 4096) {
+    const int64_t n = std::min<int64_t>(4096, len - at);
+    cache.append(qkv::Tensor::randn({b, kHk, n, kDim}, at), qkv::Tensor::randn({b, kHk, n, kDim}, at + 1));
+  }
+  const qkv::Tensor q = qkv::Tensor::randn({b, kHq, 1, kDim}, 7);  // [B, Hq, 1, D]
+  for (auto _ : state) {
+    qkv::AttentionResult r = qkv::decode_attention(q, cache);
+    benchmark::DoNotOptimize(r.output.raw_data());
+  }
+  const int64_t keys = layout == 3 ? std::min(len, window) : len;
+  const double bytes = 2.0 * static_cast<double>(b * kHk * keys * kDim) * 4.0;
+  state.counters["bytes"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_DecodeLayout)
+    ->ArgNames({"len", "B", "layout"})
+    ->ArgsProduct({{8192, 32768}, {1}, {0, 1, 2, 3}})
+    ->ArgsProduct({{8192}, {8}, {0, 1, 2, 3}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // memcpy of 256 MB split over the threads (parallel_for), counting the bytes read, as the
 // decode step counts the cache bytes it reads.
 void BM_Memcpy(benchmark::State& state) {

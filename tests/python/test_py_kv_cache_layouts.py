@@ -88,3 +88,14 @@ def test_paged_pool_exhaustion():
     assert cache.lengths == [8, 0]
     cache.reset()
     assert cache.free_pages == 3
+
+
+def test_cli_bench_decode_paged_and_windowed(run):
+    import json
+
+    for extra, key, value in [(["--page-size", "16"], "page_size", 16), (["--window", "32"], "window", 32)]:
+        out = run("bench", "decode", "--cache-len", "100", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+                  "--min-time", "0", "--json", *extra)
+        assert out.returncode == 0, out.stderr
+        row = json.loads(out.stdout)
+        assert row[key] == value and row["ms"] > 0 and row["gb_per_s"] > 0

@@ -4,7 +4,8 @@
 //
 //   qkv bench decode --cache-len 32768 [--cache-len ...] [--batch 1] [--heads 32 --kv-heads 8
 //                    --head-dim 128] [--dtype bfloat16] [--matmul-precision medium] [--threads 2]
-//                    [--min-time 1] [--json]
+//                    [--window W] [--page-size P] [--min-time 1] [--json]
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -19,7 +20,7 @@ namespace {
 
 struct DecodeArgs {
   std::vector<int64_t> lengths;
-  int64_t batch = 1, heads = 32, kv_heads = 8, head_dim = 128;
+  int64_t batch = 1, heads = 32, kv_heads = 8, head_dim = 128, window = 0, page_size = 0;
   std::string dtype = "float32", precision = "highest";
   int threads = 0;
   double min_time = 1.0;
@@ -27,7 +28,10 @@ struct DecodeArgs {
 };
 
 void bench_one(const DecodeArgs& a, int64_t len) {
-  KVCache cache({a.batch, a.kv_heads, a.head_dim, len, a.head_dim, dtype_from_name(a.dtype)});
+  KVCacheConfig c{a.batch, a.kv_heads, a.head_dim, len, a.head_dim, dtype_from_name(a.dtype)};
+  c.page_size = a.page_size;
+  if (a.window > 0) c.window = a.window, c.capacity = a.window;  // a ring of the window
+  KVCache cache(c);
   for (int64_t at = 0; at < len; at += 4096) {  // filled in slices: the random tensors stay small
     const int64_t n = std::min<int64_t>(4096, len - at);
     cache.append(Tensor::randn({a.batch, a.kv_heads, n, a.head_dim}, static_cast<uint64_t>(at)),
@@ -37,15 +41,18 @@ void bench_one(const DecodeArgs& a, int64_t len) {
   DecodeOptions o;
   o.matmul_precision = matmul_precision_from_name(a.precision);
   const double s = best_seconds(a.min_time, 1, [&] { (void)decode_attention(q, cache, o); });
+  const int64_t keys = a.window > 0 ? std::min(len, a.window) : len;  // read per step
   const double bytes =
-      2.0 * static_cast<double>(a.batch * a.kv_heads * len * a.head_dim * itemsize(cache.config().dtype));
+      2.0 * static_cast<double>(a.batch * a.kv_heads * keys * a.head_dim * itemsize(cache.config().dtype));
   if (a.json) {
     std::printf(
         "{\"op\": \"decode\", \"cache_len\": %lld, \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
-        "\"head_dim\": %lld, \"dtype\": \"%s\", \"threads\": %d, \"ms\": %.6g, \"gb_per_s\": %.6g}\n",
+        "\"head_dim\": %lld, \"dtype\": \"%s\", \"window\": %lld, \"page_size\": %lld, \"threads\": %d, \"ms\": %.6g, "
+        "\"gb_per_s\": %.6g}\n",
         static_cast<long long>(len), static_cast<long long>(a.batch), static_cast<long long>(a.heads),
-        static_cast<long long>(a.kv_heads), static_cast<long long>(a.head_dim), a.dtype.c_str(), get_num_threads(),
-        s * 1e3, bytes / s / 1e9);
+        static_cast<long long>(a.kv_heads), static_cast<long long>(a.head_dim), a.dtype.c_str(),
+        static_cast<long long>(a.window), static_cast<long long>(a.page_size), get_num_threads(), s * 1e3,
+        bytes / s / 1e9);
   } else {
     std::printf("decode cache %lld x B %lld (Hq %lld, Hk %lld, D %lld, %s): %.3f ms per step, %.1f GB/s of K and V\n",
                 static_cast<long long>(len), static_cast<long long>(a.batch), static_cast<long long>(a.heads),
@@ -69,6 +76,10 @@ void register_bench_decode(CLI::App* bench) {
       ->check(CLI::IsMember({"float32", "bfloat16", "float16", "int8"}));
   cmd->add_option("--matmul-precision", a->precision, "bf16 caches: highest (widened, default) or medium (bf16 GEMMs)")
       ->check(CLI::IsMember({"highest", "high", "medium"}));
+  cmd->add_option("--window", a->window, "sliding-window cache of W positions (a ring; default 0: off)")
+      ->check(integer_in(0));
+  cmd->add_option("--page-size", a->page_size, "paged cache with pages of P positions (default 0: contiguous)")
+      ->check(integer_in(0));
   cmd->add_option("--threads", a->threads, "threads (default QKV_NUM_THREADS, else OMP_NUM_THREADS, else cores)")
       ->check(integer_in(1, 4096));
   cmd->add_option("--min-time", a->min_time, "seconds to time each measurement (default 1)")
