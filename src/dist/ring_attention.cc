@@ -19,12 +19,16 @@ struct Accumulator {
 };
 
 // Attention of every local query chunk against rank `src`'s K/V block, folded into `acc`.
+// Between kernel calls the transfers in flight are tested: MPI moves a large message only
+// inside an MPI call on the receiving side (Open MPI's shared-memory rendezvous, and most
+// network transports without a progress thread), so each test lets the next block advance.
 void attend(const RingPlan& plan, const Tensor& q, const Tensor& k, const Tensor& v, int src,
-            std::vector<Accumulator>& acc) {
+            std::vector<Accumulator>& acc, std::vector<Request>& transfers) {
   for (Accumulator& a : acc) {
     for (const KeyChunk& kc : plan.key_chunks(src)) {
       const Pair kind = plan.pair(a.query.chunk, kc.chunk);
       if (kind == Pair::skip) continue;
+      for (Request& t : transfers) t.test();
       const int64_t k0 = kc.block_start, k1 = k0 + kc.chunk.length;
       const Tensor qa = q.slice(-2, a.query.local_start, a.query.local_start + a.query.chunk.length);
       AttentionResult r = scaled_dot_product_attention(qa, k.slice(-2, k0, k1), v.slice(-2, k0, k1),
@@ -80,7 +84,7 @@ AttentionResult run_ring(const Tensor& q, const Tensor& k, const Tensor& v, cons
       transfers.push_back(comm.isend(cur_k, (rank + 1) % p, 2 * s));
       transfers.push_back(comm.isend(cur_v, (rank + 1) % p, 2 * s + 1));
     }
-    attend(plan, q, cur_k, cur_v, src, acc);
+    attend(plan, q, cur_k, cur_v, src, acc, transfers);
     wait_all(transfers);
     cur_k = next_k;
     cur_v = next_v;
