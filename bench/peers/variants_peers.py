@@ -10,6 +10,8 @@ B = 1, H = 8, D = 64, float32, in a fresh process (so that its peak RSS is its o
   qkv bigbird        BigBird blocks of 64, one block each side, 2 random, first/last global
   qkv linear         linear attention, elu + 1 (O(L))
   qkv favor          Performer FAVOR+, 128 random features (O(L))
+  qkv lsh            Reformer LSH attention, q as the shared query-key: 2 hash rounds, chunks of 64
+                     seeing the chunk before, Reformer's default bucket count for L (O(L))
   torch dense        torch F.scaled_dot_product_attention with the window as a dense bool mask
   torch flex         torch flex_attention (torch.compile'd) with the window's block mask
 
@@ -30,7 +32,7 @@ from timing import best_seconds
 
 H, D, WINDOW, BLOCK = 8, 64, 512, 64
 QUADRATIC = {"qkv full", "torch dense"}  # time grows as L^2: their next L is projected 16x
-CASES = ["qkv full", "qkv window", "qkv bigbird", "qkv linear", "qkv favor", "torch dense", "torch flex"]
+CASES = ["qkv full", "qkv window", "qkv bigbird", "qkv linear", "qkv favor", "qkv lsh", "torch dense", "torch flex"]
 
 
 def pairs(case, length):
@@ -56,6 +58,8 @@ def qkv_case(case, length, q, k, v):
         return lambda: qkv.scaled_dot_product_attention(q, k, v, mods=mods)
     if case == "qkv linear":
         return lambda: qkv.linear_attention(q, k, v)
+    if case == "qkv lsh":
+        return lambda: qkv.attention.lsh(q, v, n_hashes=2, chunk_length=64)
     return lambda: qkv.linear_attention(q, k, v, feature_map="favor", num_features=128)
 
 

@@ -6,8 +6,9 @@
 //      [C, Dv] through qkv::gemm, Reformer's masks and self mask, softmax with its logsumexp;
 //      O scattered back to the queries' positions (per round when n_hashes > 1);
 //   3. n_hashes > 1: the rounds merged with weights exp(lse_r - logsumexp_r lse_r).
-// Memory: perm [batch, rounds, L], and with several rounds their outputs [batch, rounds, L, Dv]
-// and logsumexps (float64); per thread O(C K) scratch. No [L, L] array.
+// Entries go threads-many at a time. Memory: perm [threads, rounds, L], with several rounds
+// their outputs [threads, rounds, L, Dv] and logsumexps (float64); per thread O(C K) scratch.
+// No [L, L] array.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -123,12 +124,12 @@ void attend_chunk(const LshProblem& p, int64_t e, int64_t c, const int64_t* perm
   }
 }
 
-// Phase 1 for every entry: perm [batch, rounds, L] (the identity when standard).
+// Phase 1 for entries [e0, e0 + g): perm [g, rounds, L] (the identity when standard).
 template <class T>
-std::vector<int64_t> sort_all(const LshProblem& p) {
+std::vector<int64_t> sort_group(const LshProblem& p, int64_t e0, int64_t g) {
   const int64_t rounds = p.rounds();
-  std::vector<int64_t> perm(static_cast<size_t>(p.batch * rounds * p.l));
-  parallel_for(0, p.batch * rounds, 1, [&](int64_t lo, int64_t hi) {
+  std::vector<int64_t> perm(static_cast<size_t>(g * rounds * p.l));
+  parallel_for(0, g * rounds, 1, [&](int64_t lo, int64_t hi) {
     std::vector<int64_t> buckets(static_cast<size_t>(p.l));
     for (int64_t item = lo; item < hi && !interrupt_requested(); ++item) {
       int64_t* dst = perm.data() + item * p.l;
@@ -136,59 +137,71 @@ std::vector<int64_t> sort_all(const LshProblem& p) {
         for (int64_t i = 0; i < p.l; ++i) dst[i] = i;
         continue;
       }
-      hash_round<T>(p, item / rounds, item % rounds, buckets.data());
+      hash_round<T>(p, e0 + item / rounds, item % rounds, buckets.data());
       counting_sort(buckets.data(), p.l, p.n_buckets, dst);
     }
   });
   return perm;
 }
 
+// Phase 3: out [L, Dv] of one entry = sum_r outs_r exp(lse_r - logsumexp_r lse_r) from its
+// rounds' outputs outs [rounds, L, Dv] and logsumexps lses [rounds, L].
 template <class T>
-Tensor run(const LshProblem& p) {
-  Tensor out = Tensor::empty({p.batch, p.l, p.dv}, dtype_of<T>::value);  // [batch, L, Dv]
-  if (p.batch * p.l == 0) return out;
-  const std::vector<int64_t> perm = sort_all<T>(p);
+void merge_rounds(const LshProblem& p, int64_t rounds, const T* outs, const double* lses, T* out) {
+  parallel_for(0, p.l, 256, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      double top = -INFINITY, sum = 0;
+      for (int64_t r = 0; r < rounds; ++r) top = std::max(top, lses[r * p.l + i]);
+      for (int64_t r = 0; r < rounds; ++r) sum += std::exp(lses[r * p.l + i] - top);
+      T* o = out + i * p.dv;
+      std::fill_n(o, p.dv, T(0));
+      for (int64_t r = 0; r < rounds; ++r) {
+        const T weight = static_cast<T>(std::exp(lses[r * p.l + i] - top) / sum);
+        const T* src = outs + (r * p.l + i) * p.dv;
+        for (int64_t t = 0; t < p.dv; ++t) o[t] += weight * src[t];
+      }
+    }
+  });
+}
+
+// Entries [e0, e0 + g) into out [batch, L, Dv]: g entries at a time bound the rounds' buffers
+// (g rounds x L x Dv) while keeping every thread busy in the hashing phase.
+template <class T>
+void run_group(const LshProblem& p, int64_t e0, int64_t g, T* out) {
+  const std::vector<int64_t> perm = sort_group<T>(p, e0, g);
   const int64_t rounds = p.rounds(), cl = p.chunk_rows(), per_entry = rounds * p.l / cl;
   const int64_t nk = (p.chunks_before() + 1 + p.chunks_after()) * cl;
-  // Several rounds: each round's output [batch, rounds, L, Dv] and logsumexp [batch, rounds, L].
-  std::vector<T> outs(rounds > 1 ? static_cast<size_t>(p.batch * rounds * p.l * p.dv) : 0);
-  std::vector<double> lses(rounds > 1 ? static_cast<size_t>(p.batch * rounds * p.l) : 0);
-  parallel_for(0, p.batch * per_entry, 1, [&](int64_t lo, int64_t hi) {
+  // Several rounds: each round's output [g, rounds, L, Dv] and logsumexp [g, rounds, L].
+  std::vector<T> outs(rounds > 1 ? static_cast<size_t>(g * rounds * p.l * p.dv) : 0);
+  std::vector<double> lses(rounds > 1 ? static_cast<size_t>(g * rounds * p.l) : 0);
+  parallel_for(0, g * per_entry, 1, [&](int64_t lo, int64_t hi) {
     Scratch<T> w;
     w.rows.resize(static_cast<size_t>(nk * p.d)), w.keys.resize(w.rows.size());
     w.vals.resize(static_cast<size_t>(nk * p.dv)), w.s.resize(static_cast<size_t>(cl * nk));
     w.o.resize(static_cast<size_t>(cl * p.dv)), w.pos.resize(static_cast<size_t>(nk));
     for (int64_t item = lo; item < hi && !interrupt_requested(); ++item) {
-      const int64_t e = item / per_entry, c = item % per_entry, r = c * cl / p.l;
-      const int64_t* pe = perm.data() + e * rounds * p.l;
+      const int64_t el = item / per_entry, c = item % per_entry, r = c * cl / p.l;
+      const int64_t* pe = perm.data() + el * rounds * p.l;
       if (rounds == 1) {
-        attend_chunk<T>(p, e, c, pe, w, out.data<T>() + e * p.l * p.dv, nullptr);
+        attend_chunk<T>(p, e0 + el, c, pe, w, out + (e0 + el) * p.l * p.dv, nullptr);
       } else {
-        const int64_t er = e * rounds + r;
-        attend_chunk<T>(p, e, c, pe, w, outs.data() + er * p.l * p.dv, lses.data() + er * p.l);
+        const int64_t er = el * rounds + r;
+        attend_chunk<T>(p, e0 + el, c, pe, w, outs.data() + er * p.l * p.dv, lses.data() + er * p.l);
       }
     }
   });
-  if (rounds > 1) {  // out(i) = sum_r out_r(i) exp(lse_r(i) - logsumexp_r lse_r(i))
-    T* dst = out.data<T>();
-    parallel_for(0, p.batch * p.l, 256, [&](int64_t lo, int64_t hi) {
-      for (int64_t item = lo; item < hi; ++item) {
-        const int64_t e = item / p.l, i = item % p.l;
-        double top = -INFINITY, sum = 0;
-        for (int64_t r = 0; r < rounds; ++r) top = std::max(top, lses[static_cast<size_t>((e * rounds + r) * p.l + i)]);
-        for (int64_t r = 0; r < rounds; ++r)
-          sum += std::exp(lses[static_cast<size_t>((e * rounds + r) * p.l + i)] - top);
-        T* o = dst + item * p.dv;
-        std::fill_n(o, p.dv, T(0));
-        for (int64_t r = 0; r < rounds; ++r) {
-          const size_t at = static_cast<size_t>((e * rounds + r) * p.l + i);
-          const T weight = static_cast<T>(std::exp(lses[at] - top) / sum);
-          const T* src = outs.data() + at * static_cast<size_t>(p.dv);
-          for (int64_t t = 0; t < p.dv; ++t) o[t] += weight * src[t];
-        }
-      }
-    });
+  for (int64_t el = 0; el < g && rounds > 1; ++el) {
+    merge_rounds<T>(p, rounds, outs.data() + el * rounds * p.l * p.dv, lses.data() + el * rounds * p.l,
+                    out + (e0 + el) * p.l * p.dv);
   }
+}
+
+template <class T>
+Tensor run(const LshProblem& p) {
+  Tensor out = Tensor::empty({p.batch, p.l, p.dv}, dtype_of<T>::value);  // [batch, L, Dv]
+  if (p.batch * p.l == 0) return out;
+  const int64_t group = std::max(1, get_num_threads());
+  for (int64_t e0 = 0; e0 < p.batch; e0 += group) run_group<T>(p, e0, std::min(group, p.batch - e0), out.data<T>());
   return out;
 }
 

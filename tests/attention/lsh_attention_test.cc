@@ -15,6 +15,7 @@
 
 #include "common/expect.h"
 #include "common/sdpa_fixtures.h"
+#include "common/thread_guard.h"
 #include "qkv/einsum.h"
 #include "qkv/io_tensor_files.h"
 #include "qkv/lsh_attention.h"
@@ -147,6 +148,20 @@ TEST(LshAttention, LongerSequencesMatchTheReference) {
     o.chunk_length = 32, o.n_hashes = 2, o.is_causal = l == 512;
     const Tensor qk = Tensor::randn({1, 2, l, 32}, rng()).to(DType::f64), v = Tensor::randn({1, 2, l, 16}, rng());
     EXPECT_LE(max_rel(lsh_attention(qk, v.to(DType::f64), o), lsh_attention_reference(qk, v, o)), 1e-11);
+  }
+}
+
+TEST(LshAttention, SameResultAtEveryThreadCount) {
+  // Entries run threads-many at a time: 1, 3 and 4 threads group 10 entries differently.
+  test::ThreadCountGuard guard;
+  LshAttentionOptions o;
+  o.chunk_length = 8, o.n_hashes = 3, o.is_causal = true;
+  const Tensor qk = Tensor::randn({2, 5, 64, 8}, 11), v = Tensor::randn({2, 5, 64, 4}, 12);
+  set_num_threads(1);
+  const std::vector<float> one = lsh_attention(qk, v, o).to_vector<float>();
+  for (const int threads : {3, 4}) {
+    set_num_threads(threads);
+    EXPECT_EQ(lsh_attention(qk, v, o).to_vector<float>(), one) << threads;
   }
 }
 
