@@ -85,7 +85,10 @@ def test_type_stubs_cover_the_extension_and_its_nn_submodule():
     # Installed beside _qkv as a stub package (python/CMakeLists.txt, nanobind stubgen -r).
     stubs = pathlib.Path(qkv.__file__).parent / "_qkv"
     init, nn = (stubs / "__init__.pyi").read_text(), (stubs / "nn.pyi").read_text()
-    assert "from qkv._qkv import nn as nn" in init
+    assert re.search(r"^from qkv\._qkv import (.*, )?nn as nn\b", init, re.M), init[:600]
+    # qkv.dist's bindings (MPI builds; a stub of `available` alone otherwise) are a submodule too.
+    assert re.search(r"^from qkv\._qkv import dist as dist\b", init, re.M)
+    assert (stubs / "dist.pyi").exists()
     assert re.search(r"^def einsum\(", init, re.M) and re.search(r"^def rearrange\(", init, re.M)
     assert re.search(r"^class SelfAttention:", nn, re.M) and re.search(r"^class LazyMultiHeadAttention:", nn, re.M)
     assert (pathlib.Path(qkv.__file__).parent / "py.typed").exists()
