@@ -149,17 +149,18 @@ std::vector<int64_t> sort_group(const LshProblem& p, int64_t e0, int64_t g) {
 template <class T>
 void merge_rounds(const LshProblem& p, int64_t rounds, const T* outs, const double* lses, T* out) {
   parallel_for(0, p.l, 256, [&](int64_t lo, int64_t hi) {
+    std::vector<double> acc(static_cast<size_t>(p.dv));
     for (int64_t i = lo; i < hi; ++i) {
       double top = -INFINITY, sum = 0;
       for (int64_t r = 0; r < rounds; ++r) top = std::max(top, lses[r * p.l + i]);
       for (int64_t r = 0; r < rounds; ++r) sum += std::exp(lses[r * p.l + i] - top);
-      T* o = out + i * p.dv;
-      std::fill_n(o, p.dv, T(0));
+      std::fill(acc.begin(), acc.end(), 0.0);  // in double: one rounding per output element
       for (int64_t r = 0; r < rounds; ++r) {
-        const T weight = static_cast<T>(std::exp(lses[r * p.l + i] - top) / sum);
+        const double weight = std::exp(lses[r * p.l + i] - top) / sum;
         const T* src = outs + (r * p.l + i) * p.dv;
-        for (int64_t t = 0; t < p.dv; ++t) o[t] += weight * src[t];
+        for (int64_t t = 0; t < p.dv; ++t) acc[static_cast<size_t>(t)] += weight * static_cast<double>(src[t]);
       }
+      for (int64_t t = 0; t < p.dv; ++t) out[i * p.dv + t] = static_cast<T>(acc[static_cast<size_t>(t)]);
     }
   });
 }
