@@ -206,6 +206,22 @@ TEST(LshAttention, SeedDrawsTheRotations) {
   EXPECT_EQ(*std::min_element(buckets.begin(), buckets.end()), 0);
 }
 
+TEST(LshAttention, OneRotationForEveryHeadAndHalfInputs) {
+  // rotations [1, D, n_hashes, half] serve every head as the same rotations repeated per head.
+  LshAttentionOptions shared, repeated;
+  shared.chunk_length = repeated.chunk_length = 8;
+  shared.n_hashes = repeated.n_hashes = 2;
+  shared.n_buckets = repeated.n_buckets = {4};
+  shared.rotations = Tensor::randn({1, 8, 2, 2}, 21, DType::f64);
+  repeated.rotations = shared.rotations.expand({3, 8, 2, 2}).contiguous();
+  const Tensor qk = Tensor::randn({2, 3, 32, 8}, 22), v = Tensor::randn({2, 3, 32, 8}, 23);
+  EXPECT_EQ(lsh_attention(qk, v, shared).to_vector<float>(), lsh_attention(qk, v, repeated).to_vector<float>());
+  // bf16 inputs compute in float32 and come back in bf16.
+  const Tensor half = lsh_attention(qk.to(DType::bf16), v.to(DType::bf16), shared);
+  EXPECT_EQ(half.dtype(), DType::bf16);
+  EXPECT_LE(max_rel(half, lsh_attention_reference(qk.to(DType::bf16), v.to(DType::bf16), shared)), 1e-2);
+}
+
 TEST(LshAttention, DefaultBucketsAreReformers) {
   // Reformer's _set_num_buckets with max_position_embeddings = L: L = 4096, chunk 4 gives
   // 2^11 buckets, past 2 max(sqrt(1024), 4) = 64, so factors [2^5, 2^6]; L = 64, chunk 8 gives 16.
