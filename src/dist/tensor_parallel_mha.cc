@@ -31,6 +31,24 @@ std::optional<Tensor> rows(const std::optional<Tensor>& t, int64_t first, int64_
   return t->slice(0, first, first + n);
 }
 
+// Llama / Hugging Face names: q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight and
+// their optional ".bias" (biases keyed "q", "k", "v", "o" as load() takes them).
+struct Projections {
+  Tensor wq, wk, wv, wo;
+  std::map<std::string, std::optional<Tensor>> biases;
+};
+
+Projections projections_of(const std::map<std::string, Tensor>& state, const char* op) {
+  return {require(state, "q_proj.weight", op),
+          require(state, "k_proj.weight", op),
+          require(state, "v_proj.weight", op),
+          require(state, "o_proj.weight", op),
+          {{"q", optional_entry(state, "q_proj.bias")},
+           {"k", optional_entry(state, "k_proj.bias")},
+           {"v", optional_entry(state, "v_proj.bias")},
+           {"o", optional_entry(state, "o_proj.bias")}}};
+}
+
 }  // namespace
 
 TensorParallelAttention::TensorParallelAttention(const TensorParallelAttentionConfig& config, const Communicator& comm)
@@ -107,12 +125,8 @@ TensorParallelAttention TensorParallelAttention::from_projections(const TensorPa
                                                                   const Communicator& comm) {
   const char* op = "TensorParallelAttention::from_projections";
   TensorParallelAttention layer(config, comm);
-  layer.load(require(state, "q_proj.weight", op), require(state, "k_proj.weight", op),
-             require(state, "v_proj.weight", op), require(state, "o_proj.weight", op),
-             {{"q", optional_entry(state, "q_proj.bias")},
-              {"k", optional_entry(state, "k_proj.bias")},
-              {"v", optional_entry(state, "v_proj.bias")},
-              {"o", optional_entry(state, "o_proj.bias")}});
+  const Projections p = projections_of(state, op);
+  layer.load(p.wq, p.wk, p.wv, p.wo, p.biases);
   return layer;
 }
 
@@ -137,8 +151,8 @@ TensorParallelAttention TensorParallelAttention::from_shard(const TensorParallel
   layer.o_bias_ = optional_entry(shard, "o_proj.bias");
   if (layer.hq_local_ == 0) return layer;
   const int64_t d = layer.config_.head_dim, e = layer.config_.embed_dim;
-  const Tensor &wq = require(shard, "q_proj.weight", op), &wk = require(shard, "k_proj.weight", op),
-               &wv = require(shard, "v_proj.weight", op), &wo = require(shard, "o_proj.weight", op);
+  const Projections p = projections_of(shard, op);
+  const Tensor &wq = p.wq, &wk = p.wk, &wv = p.wv, &wo = p.wo;
   if (wq.dim() != 2 || wq.size(0) != layer.hq_local_ * d || wq.size(1) != e || wk.dim() != 2 ||
       wk.size(0) != layer.hk_local_ * d || wv.dim() != 2 || wv.size(0) != layer.hk_local_ * d || wo.dim() != 2 ||
       wo.size(0) != e || wo.size(1) != layer.hq_local_ * d) {
@@ -149,9 +163,9 @@ TensorParallelAttention TensorParallelAttention::from_shard(const TensorParallel
                      "]; got ", shape_str(wq.shape()), ", ", shape_str(wk.shape()), ", ", shape_str(wv.shape()), ", ",
                      shape_str(wo.shape()), " (a shard of another rank count?)");
   }
-  layer.q_ = nn::Linear::torch(wq, optional_entry(shard, "q_proj.bias"));
-  layer.k_ = nn::Linear::torch(wk, optional_entry(shard, "k_proj.bias"));
-  layer.v_ = nn::Linear::torch(wv, optional_entry(shard, "v_proj.bias"));
+  layer.q_ = nn::Linear::torch(wq, p.biases.at("q"));
+  layer.k_ = nn::Linear::torch(wk, p.biases.at("k"));
+  layer.v_ = nn::Linear::torch(wv, p.biases.at("v"));
   layer.o_ = nn::Linear::torch(wo, std::nullopt);
   return layer;
 }

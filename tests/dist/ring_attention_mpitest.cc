@@ -60,15 +60,22 @@ const Case kCases[] = {
     {1, 6, 3, 5, 5, 8, 8, false, SequenceLayout::zigzag},         // fewer positions than chunks
 };
 
+// Ring's or Ulysses' options for a case.
+template <class Options>
+Options options_of(const Case& c) {
+  Options o;
+  o.is_causal = c.causal;
+  o.layout = c.layout;
+  o.enable_gqa = c.hq != c.hk;
+  return o;
+}
+
 TEST(RingAttention, EqualsTheFusedKernelOnTheWholeSequence) {
   const Communicator comm = world();
   for (const Case& c : kCases) {
     SCOPED_TRACE(name(c));
     const Problem p(c, comm);
-    RingAttentionOptions o;
-    o.is_causal = c.causal;
-    o.layout = c.layout;
-    o.enable_gqa = c.hq != c.hk;
+    RingAttentionOptions o = options_of<RingAttentionOptions>(c);
     o.return_logsumexp = true;
     const AttentionResult got = ring_attention(Problem::shard(p.q, c, comm), Problem::shard(p.k, c, comm),
                                                Problem::shard(p.v, c, comm), comm, o);
@@ -90,10 +97,7 @@ TEST(RingAttention, BackwardEqualsTheFusedBackwardOnTheWholeSequence) {
     const AttentionResult f = scaled_dot_product_attention(p.q, p.k, p.v, full);
     const AttentionGradients want =
         scaled_dot_product_attention_backward(p.q, p.k, p.v, f.output, dout, *f.logsumexp, full);
-    RingAttentionOptions o;
-    o.is_causal = c.causal;
-    o.layout = c.layout;
-    o.enable_gqa = c.hq != c.hk;
+    RingAttentionOptions o = options_of<RingAttentionOptions>(c);
     o.return_logsumexp = true;
     const Tensor q = Problem::shard(p.q, c, comm), k = Problem::shard(p.k, c, comm), v = Problem::shard(p.v, c, comm);
     const AttentionResult r = ring_attention(q, k, v, comm, o);
@@ -139,10 +143,7 @@ TEST(UlyssesAttention, EqualsTheFusedKernelOnTheWholeSequence) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(name(c));
     const Problem p(c, comm);
-    UlyssesAttentionOptions o;
-    o.is_causal = c.causal;
-    o.layout = c.layout;
-    o.enable_gqa = c.hq != c.hk;
+    const auto o = options_of<UlyssesAttentionOptions>(c);
     const Tensor got = ulysses_attention(Problem::shard(p.q, c, comm), Problem::shard(p.k, c, comm),
                                          Problem::shard(p.v, c, comm), comm, o);
     EXPECT_LE(relative_error(got, p.want), kTolerance);
