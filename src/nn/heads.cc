@@ -1,6 +1,7 @@
 #include "nn/heads.h"
 
 #include <limits>
+#include <string>
 
 #include "qkv/error.h"
 #include "qkv/parallel.h"
@@ -69,6 +70,15 @@ Tensor pad_last(const Tensor& m, int64_t extra, float value) {
   out.slice(-1, 0, s).copy_from(m);
   out.slice(-1, s, s + extra).fill(value);
   return out;
+}
+
+void check_cache(const KVCache& cache, const char* op, int64_t n, int64_t h, int64_t d, int64_t dv) {
+  const KVCacheConfig& c = cache.config();
+  if (c.batch != n || c.kv_heads != h || c.head_dim != d || c.value_dim != dv) {
+    fail<ShapeError>(op, ": the cache must be [N = ", n, ", H = ", h, ", capacity, ", d, "]",
+                     dv == d ? "" : " (values " + std::to_string(dv) + ")", ", got [", c.batch, ", ", c.kv_heads, ", ",
+                     c.capacity, ", ", c.head_dim, "] (values ", c.value_dim, ")");
+  }
 }
 
 }  // namespace qkv::nn::detail

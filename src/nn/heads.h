@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "qkv/kv_cache.h"
 #include "qkv/tensor.h"
 
 namespace qkv::nn::detail {
@@ -21,5 +22,8 @@ Tensor additive_mask(const Tensor& m, bool true_masks, const char* what);
 Tensor add_broadcast(const Tensor& a, const Tensor& b);
 // m [..., S] -> [..., S + extra], the new columns filled with `value`.
 Tensor pad_last(const Tensor& m, int64_t extra, float value);
+// A layer's forward against a KV cache needs a cache [n, h, capacity, d] with values dv:
+// ShapeError naming `op` otherwise.
+void check_cache(const KVCache& cache, const char* op, int64_t n, int64_t h, int64_t d, int64_t dv);
 
 }  // namespace qkv::nn::detail

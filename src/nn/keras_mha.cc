@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "nn/keras_masks.h"
+#include "nn/layer_attention.h"
 #include "qkv/attention.h"
 #include "qkv/nn/keras_weights.h"
 
@@ -54,6 +55,26 @@ std::vector<int64_t> attention_axes(const std::vector<int64_t>& given, const Sha
     axes.push_back(n);
   }
   return axes;
+}
+
+// An attention= choice other than softmax (qkv/nn/layer_attention.h) on q [batch.., N, T, kd],
+// k [batch.., N, S, kd], v [batch.., N, S, vd] -> [batch.., N, T, vd], after refusing what it
+// cannot do. `self`: the key input is the query itself (lsh needs it).
+Tensor variant_heads(const KerasMultiHeadAttentionOptions& o, const KerasMultiHeadAttentionConfig& c, bool dropout,
+                     const detail::KerasAxes& axes, bool self, const Tensor& q, const Tensor& k, const Tensor& v) {
+  detail::refuse_unsupported(
+      kOp, o.attention,
+      {{o.query_mask.has_value(), "query_mask"},
+       {o.value_mask.has_value(), "value_mask"},
+       {o.key_mask.has_value(), "key_mask"},
+       {o.attention_mask.has_value(), "attention_mask"},
+       {c.sliding_window.has_value(), "sliding_window"},
+       {o.mods.any(), "mods"},
+       {o.return_attention_scores, "return_attention_scores (it has no [T, S] scores)"},
+       {dropout, "dropout while training"},
+       {o.use_causal_mask && axes.attention.size() != 1, "use_causal_mask over several attention axes"}});
+  detail::require_self_attention(kOp, o.attention, self, "value, and key when given, the query itself");
+  return detail::variant_attention(o.attention, q, k, v, o.use_causal_mask);
 }
 
 }  // namespace
@@ -258,22 +279,29 @@ KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& que
   const Tensor q = detail::to_attention_layout(query_.forward(query), n, axes);  // [batch.., N, T, kd]
   const Tensor k = detail::to_attention_layout(key_.forward(key), n, axes);      // [batch.., N, S, kd]
   const Tensor v = detail::to_attention_layout(value_.forward(value), n, axes);  // [batch.., N, S, vd]
-  AttentionOptions ao;
-  ao.attn_mask = detail::keras_attention_mask(query, value, o, axes, config_.sliding_window);  // [mb.., 1, T, S]
-  ao.scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim));
-  ao.return_weights = o.return_attention_scores;
-  if (training && config_.dropout > 0) {
-    ao.dropout_p = config_.dropout;
-    ao.seed = dropout_seed;
-  }
-  const AttentionResult r = scaled_dot_product_attention(q, k, v, ao);
-  const Tensor out = r.output.contiguous();  // [batch.., N, T, vd]
+  const bool dropout = training && config_.dropout > 0;
+  Tensor out;  // [batch.., N, T, vd]
   std::optional<Tensor> scores;
-  if (r.weights) scores = r.weights->contiguous();
-  // Keras 3 zeroes fully masked rows on its einsum path (scores, dropout or several axes) and
-  // averages the values on its fused dot_product_attention path (the rest): follow it.
-  const bool keras_fused_path = !o.return_attention_scores && rank == 3 && config_.dropout == 0;
-  if (ao.attn_mask && keras_fused_path) detail::fill_fully_masked_rows(*ao.attn_mask, v, out, scores);
+  if (o.attention.kind != AttentionKind::softmax) {
+    out = variant_heads(o, config_, dropout, axes, detail::same_tensor(query, key), q, k, v).contiguous();
+  } else {
+    AttentionOptions ao;
+    ao.attn_mask = detail::keras_attention_mask(query, value, o, axes, config_.sliding_window);  // [mb.., 1, T, S]
+    ao.scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim));
+    ao.return_weights = o.return_attention_scores;
+    ao.mods = o.mods;
+    if (dropout) {
+      ao.dropout_p = config_.dropout;
+      ao.seed = dropout_seed;
+    }
+    const AttentionResult r = scaled_dot_product_attention(q, k, v, ao);
+    out = r.output.contiguous();
+    if (r.weights) scores = r.weights->contiguous();
+    // Keras 3 zeroes fully masked rows on its einsum path (scores, dropout or several axes) and
+    // averages the values on its fused dot_product_attention path (the rest): follow it.
+    const bool keras_fused_path = !o.return_attention_scores && rank == 3 && config_.dropout == 0;
+    if (ao.attn_mask && keras_fused_path) detail::fill_fully_masked_rows(*ao.attn_mask, v, out, scores);
+  }
   Tensor heads = detail::from_attention_layout(out, query.shape(), axes);                   // [B, A.., N*vd]
   if (config_.use_gate) heads = detail::multiply(heads, detail::keras_gate(gate_, query));  // Keras' use_gate
   Shape out_shape(query.shape().begin(), query.shape().end() - 1);

@@ -90,6 +90,10 @@ KerasMultiHeadAttentionGradients KerasMultiHeadAttention::backward(const Tensor&
   const AllocationScope scope(kOp);  // names it in out-of-memory errors
   if (!built()) fail<ValueError>(kOp, ": the layer has no weights (set_weights, load_weights or build first)");
   if (quantized()) fail<ValueError>(kOp, ": the layer is quantized (int8); backward needs the float32 layer");
+  if (o.attention.kind != AttentionKind::softmax) {
+    fail<ValueError>(kOp, ": attention=", attention_kind_name(o.attention.kind),
+                     " is forward-only (no backward); backward needs the softmax attention");
+  }
   const Tensor& key = o.key ? *o.key : value;
   require_cpu(kOp, {&query, &value, &key, &grad_output});
   const detail::KerasAxes axes = detail::keras_axes(config_.attention_axes, query, value, key, kOp);
@@ -104,6 +108,7 @@ KerasMultiHeadAttentionGradients KerasMultiHeadAttention::backward(const Tensor&
   AttentionOptions ao;
   ao.attn_mask = detail::keras_attention_mask(query, value, o, axes, config_.sliding_window);  // [mb.., 1, T, S]
   ao.scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim));
+  ao.mods = o.mods;
   ao.return_logsumexp = true;
   if (training && config_.dropout > 0) {
     ao.dropout_p = config_.dropout;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "nn/heads.h"
+#include "nn/layer_attention.h"
 #include "qkv/attention.h"
 
 namespace qkv::nn {
@@ -13,11 +14,7 @@ namespace {
 
 constexpr const char* kOp = "MultiheadAttention";
 
-// Same view of the same memory (PyTorch tests `query is key`).
-bool same_tensor(const Tensor& a, const Tensor& b) {
-  return a.shares_storage(b) && a.offset() == b.offset() && a.shape() == b.shape() && a.strides() == b.strides() &&
-         a.dtype() == b.dtype();
-}
+using detail::same_tensor;  // PyTorch tests `query is key`
 
 Tensor xavier(const Shape& shape, int64_t fan_in, int64_t fan_out, uint64_t seed) {
   const double a = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
@@ -273,6 +270,22 @@ std::optional<Tensor> combined_mask(const MultiheadAttentionOptions& o, bool bat
   return mask;
 }
 
+// An attention= choice other than softmax (qkv/nn/layer_attention.h) on the heads q [N, H, L, D],
+// k, v [N, H, S, D] -> [N, H, L, D], after refusing what it cannot do.
+Tensor variant_heads(const MultiheadAttentionOptions& o, bool qk_shared, bool dropout, bool appended_keys,
+                     const Tensor& qh, const Tensor& kh, const Tensor& vh) {
+  detail::refuse_unsupported(kOp, o.attention,
+                             {{o.need_weights, "need_weights (it has no [L, S] weights: pass need_weights = false)"},
+                              {o.attn_mask.has_value(), "attn_mask"},
+                              {o.key_padding_mask.has_value(), "key_padding_mask"},
+                              {o.is_causal, "the is_causal hint (set the choice's own is_causal)"},
+                              {o.mods.any(), "mods"},
+                              {dropout, "dropout while training"},
+                              {appended_keys, "add_bias_kv / add_zero_attn"}});
+  detail::require_self_attention(kOp, o.attention, qk_shared, "key the query itself");
+  return detail::variant_attention(o.attention, qh, kh, vh, false);
+}
+
 }  // namespace
 
 void MultiheadAttention::project(const Tensor& q, const Tensor& k, const Tensor& v, bool self, bool kv_shared,
@@ -366,6 +379,16 @@ MultiheadAttentionResult MultiheadAttention::forward(const Tensor& query, const 
   const Tensor qh = detail::split_heads(qp, h, in.bf);  // [N, H, L, D]
   Tensor kh = detail::split_heads(kp, h, in.bf);        // [N, H, S, D]
   Tensor vh = detail::split_heads(vp, h, in.bf);        // [N, H, S, D]
+  if (o.attention.kind != AttentionKind::softmax) {
+    const Tensor heads = variant_heads(o, same_tensor(query, key), training && config_.dropout > 0,
+                                       config_.add_bias_kv || config_.add_zero_attn, qh, kh, vh);  // [N, H, L, D]
+    const Tensor merged = detail::merge_heads(heads, in.bf);
+    if (calibrating_) calibrating_->o.observe(merged);
+    MultiheadAttentionResult result;
+    result.output = out_.forward(merged);
+    if (!in.batched) result.output = result.output.squeeze(1);
+    return result;
+  }
   int64_t extra = 0;
   if (config_.add_bias_kv) {
     kh = detail::append_key_row(kh, params_.at("bias_k").reshape({h, d}));

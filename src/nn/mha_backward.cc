@@ -62,6 +62,10 @@ MultiheadAttentionGradients MultiheadAttention::backward(const Tensor& query, co
                                                          const Tensor& grad_output,
                                                          const MultiheadAttentionOptions& o) const {
   if (quantized_) fail<ValueError>(kOp, ": the layer is quantized (int8); backward needs the float32 layer");
+  if (o.attention.kind != AttentionKind::softmax) {
+    fail<ValueError>(kOp, ": attention=", attention_kind_name(o.attention.kind),
+                     " is forward-only (no backward); backward needs the softmax attention");
+  }
   const Prepared in = prepare(query, key, value);
   const int64_t h = config_.num_heads, e = config_.embed_dim, d = head_dim();
   const Tensor dy = in.batched ? grad_output : grad_output.unsqueeze(1);  // [L, N, E] (or [N, L, E])

@@ -16,11 +16,7 @@ MultiheadAttentionResult MultiheadAttention::forward(const Tensor& x, KVCache& c
   if (quantized_) fail<ValueError>(kOp, ": the layer is quantized; decode with the float32 layer");
   const Prepared in = prepare(x, x, x);  // self-attention: [L, N, E] or [N, L, E]
   const int64_t h = config_.num_heads, d = head_dim();
-  const KVCacheConfig& c = cache.config();
-  if (c.batch != in.n || c.kv_heads != h || c.head_dim != d || c.value_dim != d) {
-    fail<ShapeError>(kOp, ": the cache must be [N = ", in.n, ", H = ", h, ", capacity, ", d, "], got [", c.batch, ", ",
-                     c.kv_heads, ", ", c.capacity, ", ", c.head_dim, "] (values ", c.value_dim, ")");
-  }
+  detail::check_cache(cache, kOp, in.n, h, d, d);
   Tensor qp, kp, vp;  // [L, N, E] (or [N, L, E]), one packed GEMM
   project(in.qi, in.ki, in.vi, true, true, qp, kp, vp);
   cache.append(detail::split_heads(kp, h, in.bf), detail::split_heads(vp, h, in.bf));  // [N, H, L, D] each

@@ -76,6 +76,18 @@ struct KerasMultiHeadAttentionOptions {
   std::optional<Tensor> query_mask, value_mask, key_mask, attention_mask;
   bool return_attention_scores = false;
   bool use_causal_mask = false;
+  // Mask and score modifiers (qkv/attention_mods.h) over the query positions [0, T) and key
+  // positions [0, S) of the attended axes (flattened when several), AND-ed with the masks
+  // above; forward and backward (as MultiheadAttentionOptions::mods). A row they leave with no
+  // key gives zeros.
+  AttentionMods mods;
+  // The attention between the projections (qkv/nn/layer_attention.h): softmax (default), linear
+  // (elu + 1 or Performer FAVOR+, whose estimate is of the layer's exp(q . k / sqrt(key_dim)))
+  // or lsh (the query projection is Reformer's shared query-key: self-attention only, key and
+  // value the query itself). linear and lsh: forward only, no masks, sliding_window, mods,
+  // return_attention_scores or dropout while training (ValueError); use_causal_mask makes
+  // them causal.
+  LayerAttention attention;
 };
 
 // Gradients of a loss through KerasMultiHeadAttention::forward (KerasMultiHeadAttention::backward),

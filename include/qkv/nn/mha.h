@@ -30,6 +30,7 @@
 
 #include "qkv/attention.h"
 #include "qkv/kv_cache.h"
+#include "qkv/nn/layer_attention.h"
 #include "qkv/nn/linear.h"
 #include "qkv/tensor.h"
 
@@ -58,6 +59,12 @@ struct MultiheadAttentionOptions {
   // and key positions [0, S), AND-ed with the masks above; empty tiles are skipped. ValueError
   // with add_bias_kv / add_zero_attn (their appended keys have no position).
   AttentionMods mods;
+  // The attention between the projections (qkv/nn/layer_attention.h): softmax (default), linear
+  // (elu + 1 or Performer FAVOR+) or lsh (Reformer: the query projection is the shared
+  // query-key, so query must be key). linear and lsh: forward only, need_weights = false, no
+  // masks, is_causal hint, mods, dropout or bias_kv / zero_attn (ValueError); causality from the
+  // choice's own is_causal.
+  LayerAttention attention;
 };
 
 // quantize_static's observers of the projections' inputs.

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "qkv/kv_cache.h"
 #include "qkv/nn/linear.h"
 #include "qkv/nn/mha.h"
 #include "qkv/tensor.h"
@@ -35,6 +36,12 @@ class SelfAttention {
   void load_state_dict(const std::map<std::string, Tensor>& state_dict);
   std::map<std::string, Tensor> state_dict() const;
   Tensor forward(const Tensor& x, const std::optional<Tensor>& mask = std::nullopt) const;
+  // Causal self-attention of new tokens x [B, T, dim] against `cache` ([B, 1, capacity, dim]):
+  // their keys and values are appended, then each attends every cached position up to its own
+  // (prefill with T tokens, then decode one at a time). Equal to forward(x_all, causal mask) over
+  // the whole sequence so far (mask[i][j] = j > i). ShapeError for a cache of other sizes.
+  // seed_layers_cached.cc.
+  Tensor forward(const Tensor& x, KVCache& cache) const;
   // grad_output [B, T, dim]; params {"to_qvk.weight"} in its (d k) row order. ShapeError
   // naming "SelfAttention.backward" for a grad_output of another shape.
   SelfAttentionGradients backward(const Tensor& x, const Tensor& grad_output,
@@ -58,6 +65,8 @@ class MultiHeadSelfAttention {
   void load_state_dict(const std::map<std::string, Tensor>& state_dict);
   std::map<std::string, Tensor> state_dict() const;
   Tensor forward(const Tensor& x, const std::optional<Tensor>& mask = std::nullopt) const;
+  // As SelfAttention's: causal self-attention against a cache [B, heads, capacity, dim_head].
+  Tensor forward(const Tensor& x, KVCache& cache) const;
   // grad_output [B, T, dim]; params {"to_qvk.weight" ((d k h) rows), "W_0.weight"}.
   SelfAttentionGradients backward(const Tensor& x, const Tensor& grad_output,
                                   const std::optional<Tensor>& mask = std::nullopt) const;
@@ -88,6 +97,12 @@ class SeparateHeadsAttention {
   std::map<std::string, Tensor> state_dict() const;
   // q [B, Lq, E], k [B, Lk, E], v [B, Lk, E].
   SeparateHeadsAttentionResult forward(const Tensor& q, const Tensor& k, const Tensor& v) const;
+  // Self-attention of new tokens x [B, T, E] against `cache` ([B, H, capacity, Dkq], values Dv):
+  // their keys and values appended, each attending the cached positions up to its own, with the
+  // layer's scale: equal to forward(x_all, x_all, x_all).output over the sequence so far. Only for
+  // a causal layer (ValueError otherwise: the non-causal forward lets each token see later
+  // ones, which a cache cannot give). Output [B, T, E] (no scores).
+  Tensor forward(const Tensor& x, KVCache& cache) const;
   // grad_output [B, Lq, E] is the gradient of the output only (the scores are not
   // differentiated). Returns d q, d k, d v and W_q/W_k/W_v/W_o.weight's gradients.
   MultiheadAttentionGradients backward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -102,7 +117,8 @@ class SeparateHeadsAttention {
   Linear wq_, wk_, wv_, wo_;
 };
 
-// Seed 004's layer: q, k, v arrive with feature sizes d_q, d_k, d_v, each projected to the
+// Seed 004's layer (no forward against a KV cache: its attention is never causal, so decoding
+// token by token could not equal its forward): q, k, v arrive with feature sizes d_q, d_k, d_v, each projected to the
 // hidden size D by a LazyLinear whose input size is fixed by the first call (or by
 // load_state_dict); heads split the feature axis ('batch seq (heads eachhead) -> ...'),
 // attention per (batch, head), merge '(batch heads) numq eachhead -> batch numq (heads
