@@ -3,7 +3,10 @@
 // qkv::KVCache holds K [B, Hk, capacity, D] and V [B, Hk, capacity, Dv], allocated once, in
 // f32, bf16 or f16, with one length per sequence (ragged batches: sequence b's keys are
 // positions [0, length(b))). append(k, v) writes each sequence's new positions after its
-// current length, without reallocating (ValueError past the capacity).
+// current length, without reallocating (ValueError past the capacity). Two other layouts
+// (KVCacheConfig): a sliding-window ring that keeps each sequence's last `window` positions, and
+// a paged pool with a block table per sequence (vLLM-style); rotary settings make append rotate
+// keys and decode_attention rotate queries at their absolute positions (docs/decode.md).
 //
 // qkv::decode_attention(q, cache) is attention for the last Lq positions of each sequence
 // (Lq = 1 when decoding token by token, a few for speculative decoding; the new keys and

@@ -166,7 +166,8 @@ void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t
     for (int64_t b = 0; b < c.batch; ++b) {
       for (int64_t j = 0; j < t; ++j) positions.push_back(length(b) + j);
     }
-    kr = apply_rotary(k, rotary_at(*c.rotary, positions, c.batch, t));
+    const Tensor wide = k.dtype() == DType::f64 ? k : k.to(DType::f32);  // rotated before any rounding
+    kr = apply_rotary(wide, rotary_at(*c.rotary, positions, c.batch, t));
   }
   for (int64_t b = 0; b < c.batch; ++b) {
     const int64_t n = counts.empty() ? t : counts[static_cast<size_t>(b)], at = length(b);
