@@ -162,13 +162,19 @@ class MultiheadAttention:
 
     def forward(self, query: Any, key: Any, value: Any, key_padding_mask: Any = None, need_weights: bool = True,
                 attn_mask: Any = None, average_attn_weights: bool = True, is_causal: bool = False,
-                cache: Any = None, mods: Any = None) -> tuple:
+                cache: Any = None, mods: Any = None, attention: str | None = None,
+                attention_options: Mapping[str, Any] | None = None) -> tuple:
         """(attn_output, attn_output_weights or None), as torch: output [L, N, E] ([N, L, E] with
         batch_first), weights [N, L, S] averaged over heads or [N, H, L, S]. With cache=qkv.KVCache
         ([N, H, capacity, E/H]): self-attention of the new tokens `query` (key and value must be
         the same array) appended to the cache, causal over everything cached (prefill, then
         decode token by token; docs/decode.md); returns (output, None). mods=qkv.AttentionMods(...):
-        sliding windows, global tokens, ALiBi, ... on the layer's attention (docs/attention-variants.md)."""
+        sliding windows, global tokens, ALiBi, ... on the layer's attention (docs/attention-variants.md).
+        attention="linear" | "performer" | "lsh" (default "softmax") runs that variant between the
+        projections, with attention_options = qkv.attention.linear's / qkv.attention.lsh's keywords
+        (is_causal, feature_map, num_features, seed, chunk / n_hashes, n_buckets, chunk_length, ...);
+        "lsh" takes the query projection as Reformer's shared query-key (self-attention only).
+        Forward only, need_weights=False, no masks, mods or dropout (docs/nn.md)."""
         if cache is not None:
             if key is not query or value is not query:
                 raise ValueError("MultiheadAttention.forward: with a cache, key and value must be the query itself")
@@ -177,24 +183,26 @@ class MultiheadAttention:
         k = q if key is query else k
         v = q if value is query else (k if value is key else v)
         out, w = self._layer.forward(q, k, v, _array(key_padding_mask), need_weights, _array(attn_mask),
-                                     average_attn_weights, is_causal, mods)
+                                     average_attn_weights, is_causal, mods, attention, attention_options)
         return _like(out, query), _like(w, query)
 
     __call__ = forward
 
     def backward(self, query: Any, key: Any, value: Any, grad_output: Any, key_padding_mask: Any = None,
-                 need_weights: bool = True, attn_mask: Any = None, is_causal: bool = False, mods: Any = None) -> tuple:
+                 need_weights: bool = True, attn_mask: Any = None, is_causal: bool = False, mods: Any = None,
+                 attention: str | None = None, attention_options: Mapping[str, Any] | None = None) -> tuple:
         """(d_query, d_key, d_value, grads): the gradients of a loss through forward(query, key, value,
         ...) given grad_output = d loss / d output, and grads = {state_dict name: gradient} for every
         parameter (docs/nn.md). Same arguments as forward (need_weights and is_causal select the same
         attention path). When query, key and value are one array, its gradient is the sum of the three.
         With add_bias_kv, grads has "bias_k" and "bias_v" ([1, 1, E]); add_zero_attn's zero row has no
-        parameter."""
+        parameter. attention other than "softmax" has no backward (ValueError)."""
         q, k, v = _array(query), _array(key), _array(value)
         k = q if key is query else k
         v = q if value is query else (k if value is key else v)
         dq, dk, dv, grads = self._layer.backward(q, k, v, _array(grad_output), _array(key_padding_mask),
-                                                 need_weights, _array(attn_mask), is_causal, mods)
+                                                 need_weights, _array(attn_mask), is_causal, mods, attention,
+                                                 attention_options)
         return _like(dq, query), _like(dk, query), _like(dv, query), {n: _like(g, query) for n, g in grads.items()}
 
 
@@ -275,14 +283,20 @@ class KerasMultiHeadAttention:
 
     def __call__(self, query: Any, value: Any, key: Any = None, query_mask: Any = None, value_mask: Any = None,
                  key_mask: Any = None, attention_mask: Any = None, return_attention_scores: bool = False,
-                 use_causal_mask: bool = False, training: bool | None = None) -> Any:
-        """output [B, T..., *output_shape], or (output, scores [B.., N, T.., S..]) as Keras."""
+                 use_causal_mask: bool = False, training: bool | None = None, mods: Any = None,
+                 attention: str | None = None, attention_options: Mapping[str, Any] | None = None) -> Any:
+        """output [B, T..., *output_shape], or (output, scores [B.., N, T.., S..]) as Keras.
+        mods=qkv.AttentionMods(...) modifies the attention over the (flattened) attended axes;
+        attention="linear" | "performer" | "lsh" with attention_options as MultiheadAttention.forward
+        (forward only; no masks, scores or sliding_window; use_causal_mask makes it causal)."""
         if training is not None:
             self._layer.training = bool(training)
         q = _array(query)
         v = q if value is query else _array(value)
-        r = self._layer.forward(q, v, _array(key), _array(query_mask), _array(value_mask), _array(key_mask),
-                             _array(attention_mask), return_attention_scores, use_causal_mask)
+        k = q if key is query else _array(key)
+        r = self._layer.forward(q, v, k, _array(query_mask), _array(value_mask), _array(key_mask),
+                                _array(attention_mask), return_attention_scores, use_causal_mask, mods, attention,
+                                attention_options)
         if return_attention_scores:
             return _like(r[0], query), _like(r[1], query)
         return _like(r, query)
@@ -290,21 +304,24 @@ class KerasMultiHeadAttention:
     def backward(self, query: Any, value: Any, grad_output: Any, key: Any = None, query_mask: Any = None,
                  value_mask: Any = None, key_mask: Any = None, attention_mask: Any = None,
                  return_attention_scores: bool = False, use_causal_mask: bool = False,
-                 training: bool | None = None) -> tuple:
+                 training: bool | None = None, mods: Any = None, attention: str | None = None,
+                 attention_options: Mapping[str, Any] | None = None) -> tuple:
         """(d_query, d_value, d_key or None, grads): the gradients of a loss through
         layer(query, value, key=key, ...) given grad_output = d loss / d output, and grads =
         {Keras weight name ("query/kernel", ..., "attention_output/bias"): gradient}. Same arguments
         as the call (return_attention_scores selects Keras' path for fully masked rows); masks are
         constants, dropout (training) is redrawn from dropout_seed. Without key the value is also
         the key and d_value holds both uses; when query and value are one array its gradient is
-        d_query + d_value (docs/nn.md)."""
+        d_query + d_value (docs/nn.md). mods as in the call; attention other than "softmax" has no
+        backward (ValueError)."""
         if training is not None:
             self._layer.training = bool(training)
         q = _array(query)
         v = q if value is query else _array(value)
         dq, dv, dk, grads = self._layer.backward(q, v, _array(grad_output), _array(key), _array(query_mask),
                                                  _array(value_mask), _array(key_mask), _array(attention_mask),
-                                                 return_attention_scores, use_causal_mask)
+                                                 return_attention_scores, use_causal_mask, mods, attention,
+                                                 attention_options)
         return (_like(dq, query), _like(dv, query), None if dk is None else _like(dk, query),
                 {n: _like(g, query) for n, g in grads.items()})
 

@@ -15,6 +15,7 @@
 #include "args.h"
 #include "array_like.h"
 #include "interrupt.h"
+#include "layer_attention_arg.h"
 #include "mods_arg.h"
 #include "qkv/kv_cache.h"
 #include "qkv/nn/keras_layers.h"
@@ -122,7 +123,7 @@ struct TorchCall {
 
 TorchCall torch_call(const std::string& op, nb::handle query, nb::handle key, nb::handle value,
                      nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask, bool is_causal,
-                     nb::handle mods) {
+                     nb::handle mods, nb::handle attention, nb::handle attention_options) {
   TorchCall c;
   c.q = to_tensor(query, (op + ": query").c_str());
   c.k = key.is(query) ? c.q : to_tensor(key, (op + ": key").c_str());
@@ -132,14 +133,15 @@ TorchCall torch_call(const std::string& op, nb::handle query, nb::handle key, nb
   c.o.need_weights = need_weights;
   c.o.is_causal = is_causal;
   c.o.mods = qkv::python::mods_arg(mods, op.c_str());
+  c.o.attention = qkv::python::layer_attention_arg(attention, attention_options, op.c_str());
   return c;
 }
 
 nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, nb::handle key, nb::handle value,
                         nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask, bool average_attn_weights,
-                        bool is_causal, nb::handle mods) {
-  TorchCall c =
-      torch_call("MultiheadAttention", query, key, value, key_padding_mask, need_weights, attn_mask, is_causal, mods);
+                        bool is_causal, nb::handle mods, nb::handle attention, nb::handle attention_options) {
+  TorchCall c = torch_call("MultiheadAttention", query, key, value, key_padding_mask, need_weights, attn_mask,
+                           is_causal, mods, attention, attention_options);
   c.o.average_attn_weights = average_attn_weights;
   qkv::nn::MultiheadAttentionResult r;
   {
@@ -152,9 +154,9 @@ nb::tuple torch_forward(const qkv::nn::MultiheadAttention& m, nb::handle query, 
 // (d_query, d_key, d_value, {parameter name: gradient}) as NumPy arrays.
 nb::tuple torch_backward(const qkv::nn::MultiheadAttention& m, nb::handle query, nb::handle key, nb::handle value,
                          nb::handle grad_output, nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask,
-                         bool is_causal, nb::handle mods) {
+                         bool is_causal, nb::handle mods, nb::handle attention, nb::handle attention_options) {
   const TorchCall c = torch_call("MultiheadAttention.backward", query, key, value, key_padding_mask, need_weights,
-                                 attn_mask, is_causal, mods);
+                                 attn_mask, is_causal, mods, attention, attention_options);
   const Tensor g = to_tensor(grad_output, "MultiheadAttention.backward: grad_output");
   qkv::nn::MultiheadAttentionGradients r;
   {
@@ -182,10 +184,12 @@ void bind_torch_flavour(nb::module_& nn) {
       .def("forward", &torch_forward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
            nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
            nb::arg("attn_mask").none() = nb::none(), nb::arg("average_attn_weights") = true,
-           nb::arg("is_causal") = false, nb::arg("mods").none() = nb::none())
+           nb::arg("is_causal") = false, nb::arg("mods").none() = nb::none(), nb::arg("attention").none() = nb::none(),
+           nb::arg("attention_options").none() = nb::none())
       .def("backward", &torch_backward, nb::arg("query"), nb::arg("key"), nb::arg("value"), nb::arg("grad_output"),
            nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
-           nb::arg("attn_mask").none() = nb::none(), nb::arg("is_causal") = false, nb::arg("mods").none() = nb::none())
+           nb::arg("attn_mask").none() = nb::none(), nb::arg("is_causal") = false, nb::arg("mods").none() = nb::none(),
+           nb::arg("attention").none() = nb::none(), nb::arg("attention_options").none() = nb::none())
       .def(
           "forward_cached",
           [](const qkv::nn::MultiheadAttention& m, nb::handle x, qkv::KVCache& cache) {
@@ -240,10 +244,18 @@ qkv::nn::KerasMultiHeadAttention make_keras(nb::handle num_heads, nb::handle key
   return qkv::nn::KerasMultiHeadAttention(c);
 }
 
+// The call's keywords past use_causal_mask: mods, attention, attention_options.
+struct KerasExtras {
+  nb::handle mods, attention, attention_options;
+};
+
 qkv::nn::KerasMultiHeadAttentionOptions keras_options(nb::handle key, nb::handle query_mask, nb::handle value_mask,
                                                       nb::handle key_mask, nb::handle attention_mask,
-                                                      bool return_attention_scores, bool use_causal_mask) {
+                                                      bool return_attention_scores, bool use_causal_mask,
+                                                      const KerasExtras& extras, const char* op) {
   qkv::nn::KerasMultiHeadAttentionOptions o;
+  o.mods = qkv::python::mods_arg(extras.mods, op);
+  o.attention = qkv::python::layer_attention_arg(extras.attention, extras.attention_options, op);
   o.key = to_optional_tensor(key, "KerasMultiHeadAttention: key");
   o.query_mask = to_optional_tensor(query_mask, "KerasMultiHeadAttention: query_mask");
   o.value_mask = to_optional_tensor(value_mask, "KerasMultiHeadAttention: value_mask");
@@ -256,11 +268,14 @@ qkv::nn::KerasMultiHeadAttentionOptions keras_options(nb::handle key, nb::handle
 
 nb::object keras_call(qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb::handle value, nb::handle key,
                       nb::handle query_mask, nb::handle value_mask, nb::handle key_mask, nb::handle attention_mask,
-                      bool return_attention_scores, bool use_causal_mask) {
+                      bool return_attention_scores, bool use_causal_mask, nb::handle mods, nb::handle attention,
+                      nb::handle attention_options) {
   const Tensor q = to_tensor(query, "KerasMultiHeadAttention: query");
   const Tensor v = value.is(query) ? q : to_tensor(value, "KerasMultiHeadAttention: value");
-  const qkv::nn::KerasMultiHeadAttentionOptions o =
-      keras_options(key, query_mask, value_mask, key_mask, attention_mask, return_attention_scores, use_causal_mask);
+  qkv::nn::KerasMultiHeadAttentionOptions o =
+      keras_options(key, query_mask, value_mask, key_mask, attention_mask, return_attention_scores, use_causal_mask,
+                    {mods, attention, attention_options}, "KerasMultiHeadAttention");
+  if (key.is(query)) o.key = q;  // one tensor: self-attention, as attention='lsh' needs
   qkv::nn::KerasMultiHeadAttentionResult r;
   {
     qkv::python::InterruptibleRelease release;
@@ -274,12 +289,13 @@ nb::object keras_call(qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb:
 nb::tuple keras_backward(const qkv::nn::KerasMultiHeadAttention& m, nb::handle query, nb::handle value,
                          nb::handle grad_output, nb::handle key, nb::handle query_mask, nb::handle value_mask,
                          nb::handle key_mask, nb::handle attention_mask, bool return_attention_scores,
-                         bool use_causal_mask) {
+                         bool use_causal_mask, nb::handle mods, nb::handle attention, nb::handle attention_options) {
   const Tensor q = to_tensor(query, "KerasMultiHeadAttention.backward: query");
   const Tensor v = value.is(query) ? q : to_tensor(value, "KerasMultiHeadAttention.backward: value");
   const Tensor g = to_tensor(grad_output, "KerasMultiHeadAttention.backward: grad_output");
   const qkv::nn::KerasMultiHeadAttentionOptions o =
-      keras_options(key, query_mask, value_mask, key_mask, attention_mask, return_attention_scores, use_causal_mask);
+      keras_options(key, query_mask, value_mask, key_mask, attention_mask, return_attention_scores, use_causal_mask,
+                    {mods, attention, attention_options}, "KerasMultiHeadAttention.backward");
   qkv::nn::KerasMultiHeadAttentionGradients r;
   {
     qkv::python::InterruptibleRelease release;
@@ -322,12 +338,15 @@ void bind_keras_flavour(nb::module_& nn) {
       .def("forward", &keras_call, nb::arg("query"), nb::arg("value"), nb::arg("key").none() = nb::none(),
            nb::arg("query_mask").none() = nb::none(), nb::arg("value_mask").none() = nb::none(),
            nb::arg("key_mask").none() = nb::none(), nb::arg("attention_mask").none() = nb::none(),
-           nb::arg("return_attention_scores") = false, nb::arg("use_causal_mask") = false)
+           nb::arg("return_attention_scores") = false, nb::arg("use_causal_mask") = false,
+           nb::arg("mods").none() = nb::none(), nb::arg("attention").none() = nb::none(),
+           nb::arg("attention_options").none() = nb::none())
       .def("backward", &keras_backward, nb::arg("query"), nb::arg("value"), nb::arg("grad_output"),
            nb::arg("key").none() = nb::none(), nb::arg("query_mask").none() = nb::none(),
            nb::arg("value_mask").none() = nb::none(), nb::arg("key_mask").none() = nb::none(),
            nb::arg("attention_mask").none() = nb::none(), nb::arg("return_attention_scores") = false,
-           nb::arg("use_causal_mask") = false)
+           nb::arg("use_causal_mask") = false, nb::arg("mods").none() = nb::none(),
+           nb::arg("attention").none() = nb::none(), nb::arg("attention_options").none() = nb::none())
       .def_rw("training", &qkv::nn::KerasMultiHeadAttention::training)
       .def_rw("dropout_seed", &qkv::nn::KerasMultiHeadAttention::dropout_seed);
   // One MHA layer's weights out of qkv.load's dict of any weight file, and the config they imply.
@@ -378,11 +397,18 @@ void bind_state(nb::class_<Layer>& c) {
 // name the layer and the argument.
 template <class Layer>
 auto self_attention_call(std::string layer) {
-  return [layer](const Layer& m, nb::handle x, nb::handle mask) {
+  return [layer](const Layer& m, nb::handle x, nb::handle mask, nb::handle cache) {
     const Tensor t = to_tensor(x, (layer + ": x").c_str());
     const auto mk = to_optional_tensor(mask, (layer + ": mask").c_str());
+    if (!cache.is_none() && mk) {
+      throw nb::value_error((layer + ": with a cache the attention is causal; pass no mask").c_str());
+    }
     Tensor r;
-    {
+    if (!cache.is_none()) {
+      qkv::KVCache& c = nb::cast<qkv::KVCache&>(cache);
+      qkv::python::InterruptibleRelease release;
+      r = m.forward(t, c);
+    } else {
       qkv::python::InterruptibleRelease release;
       r = m.forward(t, mk);
     }
@@ -435,7 +461,9 @@ void bind_seed000(nb::module_& nn) {
         nb::arg("dim").none(), nb::arg("seed").none() = 0,
         nb::sig("def __init__(self, dim: int, seed: int = 0) -> None"))
       .def("__call__", self_attention_call<SelfAttention>("SelfAttention"), nb::arg("x"),
-           nb::arg("mask").none() = nb::none())
+           nb::arg("mask").none() = nb::none(), nb::arg("cache").none() = nb::none(),
+           "forward(x, mask); with cache=qkv.KVCache [B, 1, capacity, dim]: causal self-attention of the new\n"
+           "tokens x against the cache (appended first; prefill, then decode token by token; docs/decode.md).")
       .def("backward", self_attention_backward<SelfAttention>("SelfAttention"), nb::arg("x"), nb::arg("grad_output"),
            nb::arg("mask").none() = nb::none(),
            "(d x, {state_dict name: gradient}) of sum(forward(x, mask) * grad_output).");
@@ -453,7 +481,9 @@ void bind_seed000(nb::module_& nn) {
         nb::arg("seed").none() = 0,
         nb::sig("def __init__(self, dim: int, heads: int = 8, dim_head: int | None = None, seed: int = 0) -> None"))
       .def("__call__", self_attention_call<MultiHeadSelfAttention>("MultiHeadSelfAttention"), nb::arg("x"),
-           nb::arg("mask").none() = nb::none())
+           nb::arg("mask").none() = nb::none(), nb::arg("cache").none() = nb::none(),
+           "forward(x, mask); with cache=qkv.KVCache [B, heads, capacity, dim_head]: causal self-attention of\n"
+           "the new tokens x against the cache (appended first; docs/decode.md).")
       .def("backward", self_attention_backward<MultiHeadSelfAttention>("MultiHeadSelfAttention"), nb::arg("x"),
            nb::arg("grad_output"), nb::arg("mask").none() = nb::none(),
            "(d x, {state_dict name: gradient}) of sum(forward(x, mask) * grad_output).");
@@ -481,8 +511,20 @@ void bind_seed003_004(nb::module_& nn) {
                 "scale: float | None = None, causal: bool = False, seed: int = 0) -> None"))
       .def(
           "__call__",
-          [](const SeparateHeadsAttention& m, nb::handle q, nb::handle k, nb::handle v) {
+          [](const SeparateHeadsAttention& m, nb::handle q, nb::handle k, nb::handle v, nb::handle cache) {
             const Tensor tq = to_tensor(q, "SeparateHeadsAttention: q");
+            if (!cache.is_none()) {  // self-attention of new tokens against the cache: (output, None)
+              if (!k.is(q) || !v.is(q)) {
+                throw nb::value_error("SeparateHeadsAttention: with a cache, k and v must be q itself");
+              }
+              qkv::KVCache& c = nb::cast<qkv::KVCache&>(cache);
+              Tensor out;
+              {
+                qkv::python::InterruptibleRelease release;
+                out = m.forward(tq, c);
+              }
+              return nb::make_tuple(qkv::python::to_array_like(out, q), nb::none());
+            }
             const Tensor tk = to_tensor(k, "SeparateHeadsAttention: k");
             const Tensor tv = to_tensor(v, "SeparateHeadsAttention: v");
             SeparateHeadsAttentionResult r;
@@ -492,7 +534,9 @@ void bind_seed003_004(nb::module_& nn) {
             }
             return nb::make_tuple(qkv::python::to_array_like(r.output, q), qkv::python::to_array_like(r.scores, q));
           },
-          nb::arg("q"), nb::arg("k"), nb::arg("v"))
+          nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cache").none() = nb::none(),
+          "(output, scores); with cache=qkv.KVCache [B, H, capacity, d_kq] (value_dim d_v) and k, v the\n"
+          "array q: a causal layer's self-attention of the new tokens against the cache, (output, None).")
       .def("backward", qkv_layer_backward<SeparateHeadsAttention>("SeparateHeadsAttention"), nb::arg("q"), nb::arg("k"),
            nb::arg("v"), nb::arg("grad_output"),
            "(d q, d k, d v, {state_dict name: gradient}); grad_output is the output's (scores not differentiated).");
