@@ -7,7 +7,8 @@ communicator's MPI handle; qkv never starts or stops MPI when mpi4py owns it.
 
 - ``ring_attention`` (and ``ring_attention_backward``): sequence-parallel; keys and values
   travel around the ring.
-- ``ulysses_attention``: sequence shards re-split by heads with all-to-alls.
+- ``ulysses_attention`` (and ``ulysses_attention_backward``): sequence shards re-split by heads
+  with all-to-alls.
 - ``TensorParallelAttention``: Megatron's heads-split layer (one all-reduce).
 - ``shard_sequence`` / ``unshard_sequence``: the ``contiguous`` and ``zigzag`` layouts.
 
@@ -62,6 +63,14 @@ def ulysses_attention(q, k, v, comm, *, is_causal=False, layout="contiguous", sc
     rank's output rows. attn_mask covers the whole sequence ([Lq, Lk] or [..., Hq, Lq, Lk])."""
     return _d.ulysses_attention(q, k, v, _handle(comm), is_causal=is_causal, layout=layout, scale=scale,
                                 enable_gqa=enable_gqa, attn_mask=attn_mask)
+
+
+def ulysses_attention_backward(q, k, v, grad_out, comm, *, is_causal=False, layout="contiguous", scale=None,
+                               enable_gqa=False, attn_mask=None):
+    """(dq, dk, dv) of this rank's shards given ``grad_out`` (this rank's rows of d loss / d out)
+    and the forward's options; each rank recomputes the forward on its heads."""
+    return _d.ulysses_attention_backward(q, k, v, grad_out, _handle(comm), is_causal=is_causal, layout=layout,
+                                         scale=scale, enable_gqa=enable_gqa, attn_mask=attn_mask)
 
 
 def _chunks(length, rank, size, layout):

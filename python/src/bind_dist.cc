@@ -120,6 +120,25 @@ nb::object ring_backward(nb::handle q, nb::handle k, nb::handle v, nb::handle ou
   return nb::make_tuple(to_array_like(g.dq, q), to_array_like(g.dk, q), to_array_like(g.dv, q));
 }
 
+nb::object ulysses_backward(nb::handle q, nb::handle k, nb::handle v, nb::handle grad_out, uint64_t comm,
+                            nb::handle is_causal, nb::handle layout, nb::handle scale, nb::handle enable_gqa,
+                            nb::handle attn_mask) {
+  constexpr const char* kOp = "ulysses_attention_backward";
+  const Common c = common_args(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
+  qkv::dist::UlyssesAttentionOptions o;
+  o.is_causal = c.is_causal, o.layout = c.layout, o.scale = c.scale, o.enable_gqa = c.enable_gqa;
+  o.attn_mask = c.attn_mask;
+  auto arg = [&](nb::handle h, const char* name) { return to_tensor(h, arg_name(kOp, name).c_str()); };
+  const qkv::Tensor tq = arg(q, "q"), tk = arg(k, "k"), tv = arg(v, "v"), tg = arg(grad_out, "grad_out");
+  const qkv::dist::Communicator world = communicator(comm);
+  qkv::AttentionGradients g;
+  {
+    nb::gil_scoped_release release;
+    g = qkv::dist::ulysses_attention_backward(tq, tk, tv, tg, world, o);
+  }
+  return nb::make_tuple(to_array_like(g.dq, q), to_array_like(g.dk, q), to_array_like(g.dv, q));
+}
+
 std::vector<std::pair<int64_t, int64_t>> chunks(int64_t length, int rank, int size, const std::string& layout) {
   std::vector<std::pair<int64_t, int64_t>> out;
   for (const qkv::dist::Chunk& c :
@@ -204,6 +223,11 @@ void bind_dist(nb::module_& m) {
         nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
         nb::arg("attn_mask").none() = nb::none(),
         "Ulysses attention on this rank's shards (qkv.dist.ulysses_attention).");
+  d.def("ulysses_attention_backward", &ulysses_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("grad_out"),
+        nb::arg("comm"), nb::arg("is_causal").none() = false, nb::arg("layout").none() = "contiguous",
+        nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
+        nb::arg("attn_mask").none() = nb::none(),
+        "(dq, dk, dv) of this rank's shards (qkv.dist.ulysses_attention_backward).");
   d.def("sequence_chunks", &chunks, nb::arg("length"), nb::arg("rank"), nb::arg("size"),
         nb::arg("layout") = "contiguous", "[(start, length)] of the positions `rank` holds (qkv/dist/shard.h).");
   bind_tensor_parallel(d);

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "dist/internal.h"
+#include "qkv/attention_backward.h"
+#include "qkv/einops.h"
 #include "qkv/error.h"
 
 namespace qkv::dist {
@@ -72,41 +74,95 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Ulyss
   }
 }
 
+// Who holds which heads, and every rank's sequence lengths.
+struct UlyssesPlan {
+  bool replicate = false;  // Hk < P with GQA: K/V repeated to Hq first
+  int64_t group = 1;       // query heads per key/value head after that
+  std::vector<int64_t> q_bounds, kv_bounds, q_lengths, kv_lengths;
+};
+
+UlyssesPlan plan_of(const Tensor& q, const Tensor& k, const Communicator& comm) {
+  UlyssesPlan plan;
+  const int64_t g = q.size(1) / k.size(1);
+  // Key/value heads are split when every rank gets one; else replicated to Hq (group 1).
+  plan.replicate = g > 1 && k.size(1) < comm.size();
+  plan.group = plan.replicate ? 1 : g;
+  plan.kv_bounds = head_bounds(plan.replicate ? q.size(1) : k.size(1), comm.size());
+  for (int64_t b : plan.kv_bounds) plan.q_bounds.push_back(b * plan.group);
+  plan.q_lengths = comm.all_gather_values(q.size(2));
+  plan.kv_lengths = comm.all_gather_values(k.size(2));
+  return plan;
+}
+
+// This rank's heads over the whole sequence: q [B, hq, Lq, D], k/v [B, hk, Lk, D].
+struct Heads {
+  Tensor q, k, v;
+};
+
+Heads heads_of(const Tensor& q, const Tensor& k, const Tensor& v, const UlyssesPlan& plan, const Communicator& comm,
+               SequenceLayout layout) {
+  const int64_t g = q.size(1) / k.size(1);
+  return {to_heads(q, plan.q_bounds, plan.q_lengths, comm, layout),
+          to_heads(plan.replicate ? repeat_heads(k, g) : k, plan.kv_bounds, plan.kv_lengths, comm, layout),
+          to_heads(plan.replicate ? repeat_heads(v, g) : v, plan.kv_bounds, plan.kv_lengths, comm, layout)};
+}
+
+AttentionOptions local_options(const UlyssesAttentionOptions& options, const UlyssesPlan& plan, int rank, int64_t hq) {
+  AttentionOptions o;
+  o.is_causal = options.is_causal;
+  o.scale = options.scale;
+  o.enable_gqa = plan.group > 1;
+  o.matmul_precision = options.matmul_precision;
+  if (options.attn_mask) {
+    Tensor m = *options.attn_mask;  // per-head masks follow the heads of this rank
+    if (m.dim() >= 3 && m.size(-3) == hq) {
+      m = m.slice(-3, plan.q_bounds[static_cast<size_t>(rank)], plan.q_bounds[static_cast<size_t>(rank) + 1]);
+    }
+    o.attn_mask = m;
+  }
+  return o;
+}
+
 Tensor run_ulysses(const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
                    const UlyssesAttentionOptions& options) {
   check_inputs(q, k, v, options);
-  const int p = comm.size(), rank = comm.rank();
-  const int64_t hq = q.size(1), g = hq / k.size(1);
-  // Key/value heads are split when every rank gets one; else replicated to Hq (group 1).
-  const bool replicate = g > 1 && k.size(1) < p;
-  const Tensor kk = replicate ? repeat_heads(k, g) : k;
-  const Tensor vv = replicate ? repeat_heads(v, g) : v;
-  const int64_t group = replicate ? 1 : g;
-  const std::vector<int64_t> kv_bounds = head_bounds(kk.size(1), p);
-  std::vector<int64_t> q_bounds;
-  for (int64_t b : kv_bounds) q_bounds.push_back(b * group);
-  const std::vector<int64_t> q_lengths = comm.all_gather_values(q.size(2));
-  const std::vector<int64_t> kv_lengths = comm.all_gather_values(k.size(2));
-
-  const Tensor qh = to_heads(q, q_bounds, q_lengths, comm, options.layout);  // [B, Hq_mine, Lq, D]
-  const Tensor kh = to_heads(kk, kv_bounds, kv_lengths, comm, options.layout);
-  const Tensor vh = to_heads(vv, kv_bounds, kv_lengths, comm, options.layout);
-  Tensor oh = Tensor::zeros({q.size(0), qh.size(1), qh.size(2), v.size(3)});  // [B, Hq_mine, Lq, Dv]
-  if (qh.size(1) > 0) {
-    AttentionOptions o;
-    o.is_causal = options.is_causal;
-    o.scale = options.scale;
-    o.enable_gqa = group > 1;
-    o.matmul_precision = options.matmul_precision;
-    if (options.attn_mask) {
-      Tensor m = *options.attn_mask;  // per-head masks follow the heads of this rank
-      if (m.dim() >= 3 && m.size(-3) == hq)
-        m = m.slice(-3, q_bounds[static_cast<size_t>(rank)], q_bounds[static_cast<size_t>(rank) + 1]);
-      o.attn_mask = m;
-    }
-    oh = scaled_dot_product_attention(qh, kh, vh, o).output;
+  const UlyssesPlan plan = plan_of(q, k, comm);
+  const Heads h = heads_of(q, k, v, plan, comm, options.layout);
+  Tensor oh = Tensor::zeros({q.size(0), h.q.size(1), h.q.size(2), v.size(3)});  // [B, hq, Lq, Dv]
+  if (h.q.size(1) > 0) {
+    oh = scaled_dot_product_attention(h.q, h.k, h.v, local_options(options, plan, comm.rank(), q.size(1))).output;
   }
-  return to_sequence(oh.contiguous(), q_bounds, comm, options.layout, q.size(2));
+  return to_sequence(oh.contiguous(), plan.q_bounds, comm, options.layout, q.size(2));
+}
+
+AttentionGradients run_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
+                                const Communicator& comm, const UlyssesAttentionOptions& options) {
+  check_inputs(q, k, v, options);
+  const Shape out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
+  if (grad_out.shape() != out_shape) {
+    fail<ShapeError>("ulysses_attention_backward: grad_out is ", shape_str(grad_out.shape()), ", the output ",
+                     shape_str(out_shape));
+  }
+  const UlyssesPlan plan = plan_of(q, k, comm);
+  const Heads h = heads_of(q, k, v, plan, comm, options.layout);
+  const Tensor dout = to_heads(grad_out, plan.q_bounds, plan.q_lengths, comm, options.layout);
+  AttentionGradients local{Tensor::zeros(h.q.shape()), Tensor::zeros(h.k.shape()), Tensor::zeros(h.v.shape())};
+  if (h.q.size(1) > 0) {  // the forward on this rank's heads again, for its output and logsumexp
+    AttentionOptions o = local_options(options, plan, comm.rank(), q.size(1));
+    o.return_logsumexp = true;
+    const AttentionResult f = scaled_dot_product_attention(h.q, h.k, h.v, o);
+    local = scaled_dot_product_attention_backward(h.q, h.k, h.v, f.output, dout, *f.logsumexp, o);
+  }
+  AttentionGradients g;
+  g.dq = to_sequence(local.dq.contiguous(), plan.q_bounds, comm, options.layout, q.size(2));
+  g.dk = to_sequence(local.dk.contiguous(), plan.kv_bounds, comm, options.layout, k.size(2));
+  g.dv = to_sequence(local.dv.contiguous(), plan.kv_bounds, comm, options.layout, k.size(2));
+  if (plan.replicate) {  // the repeated heads' gradients sum into their key/value head
+    const einops::AxisLengths g_axis{{"g", q.size(1) / k.size(1)}};
+    g.dk = einops::reduce(g.dk, "b (h g) l d -> b h l d", einops::Reduction::sum, g_axis);
+    g.dv = einops::reduce(g.dv, "b (h g) l d -> b h l d", einops::Reduction::sum, g_axis);
+  }
+  return g;
 }
 
 }  // namespace
@@ -114,6 +170,12 @@ Tensor run_ulysses(const Tensor& q, const Tensor& k, const Tensor& v, const Comm
 Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
                          const UlyssesAttentionOptions& options) {
   return naming_failures("ulysses_attention", comm, q, [&] { return run_ulysses(q, k, v, comm, options); });
+}
+
+AttentionGradients ulysses_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
+                                              const Communicator& comm, const UlyssesAttentionOptions& options) {
+  return naming_failures("ulysses_attention_backward", comm, q,
+                         [&] { return run_backward(q, k, v, grad_out, comm, options); });
 }
 
 }  // namespace qkv::dist

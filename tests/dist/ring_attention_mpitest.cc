@@ -84,28 +84,49 @@ TEST(RingAttention, EqualsTheFusedKernelOnTheWholeSequence) {
   }
 }
 
+// The single-process gradients of sum(out * dout) for a case.
+AttentionGradients whole_sequence_gradients(const Problem& p, const Case& c, const Tensor& dout) {
+  AttentionOptions full;
+  full.is_causal = c.causal;
+  full.enable_gqa = c.hq != c.hk;
+  full.return_logsumexp = true;
+  const AttentionResult f = scaled_dot_product_attention(p.q, p.k, p.v, full);
+  return scaled_dot_product_attention_backward(p.q, p.k, p.v, f.output, dout, *f.logsumexp, full);
+}
+
+void expect_shards_of(const AttentionGradients& got, const AttentionGradients& want, const Case& c,
+                      const Communicator& comm) {
+  EXPECT_LE(relative_error(got.dq, Problem::shard(want.dq, c, comm)), kTolerance);
+  EXPECT_LE(relative_error(got.dk, Problem::shard(want.dk, c, comm)), kTolerance);
+  EXPECT_LE(relative_error(got.dv, Problem::shard(want.dv, c, comm)), kTolerance);
+}
+
 TEST(RingAttention, BackwardEqualsTheFusedBackwardOnTheWholeSequence) {
   const Communicator comm = world();
   for (const Case& c : kCases) {
     SCOPED_TRACE(name(c));
     const Problem p(c, comm);
     const Tensor dout = Tensor::randn({c.batch, c.hq, c.lq, c.dv}, 14);
-    AttentionOptions full;
-    full.is_causal = c.causal;
-    full.enable_gqa = c.hq != c.hk;
-    full.return_logsumexp = true;
-    const AttentionResult f = scaled_dot_product_attention(p.q, p.k, p.v, full);
-    const AttentionGradients want =
-        scaled_dot_product_attention_backward(p.q, p.k, p.v, f.output, dout, *f.logsumexp, full);
     RingAttentionOptions o = options_of<RingAttentionOptions>(c);
     o.return_logsumexp = true;
     const Tensor q = Problem::shard(p.q, c, comm), k = Problem::shard(p.k, c, comm), v = Problem::shard(p.v, c, comm);
     const AttentionResult r = ring_attention(q, k, v, comm, o);
     const AttentionGradients got =
         ring_attention_backward(q, k, v, r.output, Problem::shard(dout, c, comm), *r.logsumexp, comm, o);
-    EXPECT_LE(relative_error(got.dq, Problem::shard(want.dq, c, comm)), kTolerance);
-    EXPECT_LE(relative_error(got.dk, Problem::shard(want.dk, c, comm)), kTolerance);
-    EXPECT_LE(relative_error(got.dv, Problem::shard(want.dv, c, comm)), kTolerance);
+    expect_shards_of(got, whole_sequence_gradients(p, c, dout), c, comm);
+  }
+}
+
+TEST(UlyssesAttention, BackwardEqualsTheFusedBackwardOnTheWholeSequence) {
+  const Communicator comm = world();
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name(c));
+    const Problem p(c, comm);
+    const Tensor dout = Tensor::randn({c.batch, c.hq, c.lq, c.dv}, 15);
+    const AttentionGradients got = ulysses_attention_backward(
+        Problem::shard(p.q, c, comm), Problem::shard(p.k, c, comm), Problem::shard(p.v, c, comm),
+        Problem::shard(dout, c, comm), comm, options_of<UlyssesAttentionOptions>(c));
+    expect_shards_of(got, whole_sequence_gradients(p, c, dout), c, comm);
   }
 }
 

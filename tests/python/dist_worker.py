@@ -60,9 +60,11 @@ def main():
     mine = [qkv.dist.shard_sequence(x.astype(np.float32), r, p, layout="zigzag") for x in (q, k, v, dout)]
     out, lse = qkv.dist.ring_attention(*mine[:3], comm, is_causal=True, layout="zigzag", return_logsumexp=True)
     grads = qkv.dist.ring_attention_backward(*mine[:3], out, mine[3], lse, comm, is_causal=True, layout="zigzag")
-    for name, g in zip(("dq", "dk", "dv"), grads):
-        whole = qkv.dist.unshard_sequence(comm.allgather(np.asarray(g)), layout="zigzag")
-        errors[f"ring-backward-{name}"] = rel(whole, want[name])
+    uly = qkv.dist.ulysses_attention_backward(*mine[:3], mine[3], comm, is_causal=True, layout="zigzag")
+    for scheme, gs in (("ring", grads), ("ulysses", uly)):
+        for name, g in zip(("dq", "dk", "dv"), gs):
+            whole = qkv.dist.unshard_sequence(comm.allgather(np.asarray(g)), layout="zigzag")
+            errors[f"{scheme}-backward-{name}"] = rel(whole, want[name])
     # Tensor parallel: Llama-style projections with GQA, against the same layer in NumPy.
     e, hq, hk, d = 16, 4, 2, 4
     sd = {n: rng.standard_normal(s).astype(np.float32) for n, s in

@@ -30,7 +30,7 @@ def test_every_scheme_matches_numpy_float64(ranks):
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["ranks"] == ranks
-    assert len(result["errors"]) == 11
+    assert len(result["errors"]) == 14
     for name, err in result["errors"].items():
         assert err <= 1e-5, f"{name}: {err}"
 

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "qkv/attention.h"
+#include "qkv/attention_backward.h"
 #include "qkv/dist/communicator.h"
 #include "qkv/dist/shard.h"
 
@@ -30,5 +31,13 @@ struct UlyssesAttentionOptions {
 // along the sequence axis in `options.layout`. Returns this rank's rows [B, Hq, Lq_r, Dv].
 Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
                          const UlyssesAttentionOptions& options = {});
+
+// Backward of ulysses_attention: this rank's dq, dk, dv ([q, k, v]'s shapes) given grad_out
+// = d loss / d output (this rank's rows) and the forward's options. The same all-to-alls
+// (q, k, v and grad_out to heads; dq, dk, dv back); each rank recomputes the forward on its
+// heads for their output and logsumexp (activation recomputation, as Megatron does for
+// attention) and runs the fused backward. Replicated key/value heads sum their gradients.
+AttentionGradients ulysses_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
+                                              const Communicator& comm, const UlyssesAttentionOptions& options = {});
 
 }  // namespace qkv::dist
