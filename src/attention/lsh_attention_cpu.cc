@@ -6,9 +6,9 @@
 //      [C, Dv] through qkv::gemm, Reformer's masks and self mask, softmax with its logsumexp;
 //      O scattered back to the queries' positions (per round when n_hashes > 1);
 //   3. n_hashes > 1: the rounds merged with weights exp(lse_r - logsumexp_r lse_r).
-// Entries go threads-many at a time. Memory: perm [threads, rounds, L], with several rounds
-// their outputs [threads, rounds, L, Dv] and logsumexps (float64); per thread O(C K) scratch.
-// No [L, L] array.
+// Entries go in groups (as many as 64 MB of buffers hold, at least threads-many). Memory: perm
+// [group, rounds, L], with several rounds their outputs [group, rounds, L, Dv] and logsumexps
+// (float64); per thread O(C K) scratch. No [L, L] array.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -144,13 +144,18 @@ std::vector<int64_t> sort_group(const LshProblem& p, int64_t e0, int64_t g) {
   return perm;
 }
 
-// Phase 3: out [L, Dv] of one entry = sum_r outs_r exp(lse_r - logsumexp_r lse_r) from its
-// rounds' outputs outs [rounds, L, Dv] and logsumexps lses [rounds, L].
+// Phase 3: out [g, L, Dv] = sum_r outs_r exp(lse_r - logsumexp_r lse_r) from the entries'
+// rounds' outputs outs [g, rounds, L, Dv] and logsumexps lses [g, rounds, L].
 template <class T>
-void merge_rounds(const LshProblem& p, int64_t rounds, const T* outs, const double* lses, T* out) {
-  parallel_for(0, p.l, 256, [&](int64_t lo, int64_t hi) {
+void merge_rounds(const LshProblem& p, int64_t g, int64_t rounds, const T* outs_all, const double* lses_all,
+                  T* out_all) {
+  parallel_for(0, g * p.l, 256, [&](int64_t lo, int64_t hi) {
     std::vector<double> acc(static_cast<size_t>(p.dv));
-    for (int64_t i = lo; i < hi; ++i) {
+    for (int64_t item = lo; item < hi; ++item) {
+      const int64_t el = item / p.l, i = item % p.l;
+      const T* outs = outs_all + el * rounds * p.l * p.dv;
+      const double* lses = lses_all + el * rounds * p.l;
+      T* out = out_all + el * p.l * p.dv;
       double top = -INFINITY, sum = 0;
       for (int64_t r = 0; r < rounds; ++r) top = std::max(top, lses[r * p.l + i]);
       for (int64_t r = 0; r < rounds; ++r) sum += std::exp(lses[r * p.l + i] - top);
@@ -191,17 +196,18 @@ void run_group(const LshProblem& p, int64_t e0, int64_t g, T* out) {
       }
     }
   });
-  for (int64_t el = 0; el < g && rounds > 1; ++el) {
-    merge_rounds<T>(p, rounds, outs.data() + el * rounds * p.l * p.dv, lses.data() + el * rounds * p.l,
-                    out + (e0 + el) * p.l * p.dv);
-  }
+  if (rounds > 1) merge_rounds<T>(p, g, rounds, outs.data(), lses.data(), out + e0 * p.l * p.dv);
 }
 
 template <class T>
 Tensor run(const LshProblem& p) {
   Tensor out = Tensor::empty({p.batch, p.l, p.dv}, dtype_of<T>::value);  // [batch, L, Dv]
   if (p.batch * p.l == 0) return out;
-  const int64_t group = std::max(1, get_num_threads());
+  // As many entries per group as 64 MB of sort orders and round buffers allow (fewer
+  // parallel_for barriers: under a loaded CPU each one can cost a time slice), at least
+  // threads-many (every thread busy hashing).
+  const int64_t per_entry = p.rounds() * p.l * (8 + (p.rounds() > 1 ? p.dv * int64_t{sizeof(T)} + 8 : 0));
+  const int64_t group = std::max<int64_t>(get_num_threads(), (int64_t{64} << 20) / std::max<int64_t>(per_entry, 1));
   for (int64_t e0 = 0; e0 < p.batch; e0 += group) run_group<T>(p, e0, std::min(group, p.batch - e0), out.data<T>());
   return out;
 }
