@@ -4,6 +4,7 @@
 // ValueError; Keras' mods equal the same mask given densely, forward and backward.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -114,6 +115,15 @@ TEST(LayerAttention, TorchLayerRefusesWhatAChoiceCannotDo) {
                     "attention=lsh does not support add_bias_kv / add_zero_attn");
 }
 
+// A built Keras layer: 2 heads of key_dim 4 over inputs of `dim` features.
+KerasMultiHeadAttention small_keras(int64_t dim, uint64_t seed, std::optional<int64_t> sliding_window = std::nullopt) {
+  KerasMultiHeadAttentionConfig cfg;
+  cfg.num_heads = 2, cfg.key_dim = 4, cfg.sliding_window = sliding_window;
+  KerasMultiHeadAttention m(cfg);
+  m.build(dim, dim, dim, seed);
+  return m;
+}
+
 // keras.layers.MultiHeadAttention by hand: EinsumDense projections, heads, the choice, output dense.
 Tensor keras_by_hand(const KerasMultiHeadAttention& m, const Tensor& q_in, const Tensor& v_in,
                      const LayerAttention& a) {
@@ -137,10 +147,7 @@ TEST(LayerAttention, KerasLayerEqualsItsProjectionsWithTheStandaloneFunction) {
                                                     {LayerAttention::performer(24, 3), true},
                                                     {lsh_choice(false), true},
                                                     {lsh_choice(true), true}}) {
-    KerasMultiHeadAttentionConfig cfg;
-    cfg.num_heads = 2, cfg.key_dim = 4;
-    KerasMultiHeadAttention m(cfg);
-    m.build(12, 12, 12, 5);
+    KerasMultiHeadAttention m = small_keras(12, 5);
     std::vector<Tensor> w = m.get_weights();
     for (size_t i = 1; i < w.size(); i += 2) w[i] = Tensor::randn(w[i].shape(), 20 + i);  // nonzero biases
     m.set_weights(w);
@@ -153,10 +160,7 @@ TEST(LayerAttention, KerasLayerEqualsItsProjectionsWithTheStandaloneFunction) {
 }
 
 TEST(LayerAttention, KerasUseCausalMaskMakesTheChoiceCausalAndErrors) {
-  KerasMultiHeadAttentionConfig cfg;
-  cfg.num_heads = 2, cfg.key_dim = 4;
-  KerasMultiHeadAttention m(cfg);
-  m.build(8, 8, 8, 1);
+  KerasMultiHeadAttention m = small_keras(8, 1);
   const Tensor x = Tensor::randn({2, 16, 8}, 2), y = Tensor::randn({2, 16, 8}, 3);
   LinearAttentionOptions causal;
   causal.is_causal = true;
@@ -176,19 +180,13 @@ TEST(LayerAttention, KerasUseCausalMaskMakesTheChoiceCausalAndErrors) {
                     "KerasMultiHeadAttention.backward: attention=linear is forward-only");
   o.attention = lsh_choice(false);
   EXPECT_THROW_WITH(m.forward(x, y, o), ValueError, "the call must be self-attention");
-  cfg.sliding_window = 3;
-  KerasMultiHeadAttention windowed(cfg);
-  windowed.build(8, 8, 8, 1);
-  EXPECT_THROW_WITH(windowed.forward(x, x, o), ValueError, "attention=lsh does not support sliding_window");
+  EXPECT_THROW_WITH(small_keras(8, 1, 3).forward(x, x, o), ValueError, "attention=lsh does not support sliding_window");
 }
 
 // KerasMultiHeadAttentionOptions::mods: a window of keys i-2 .. i+1 equals the same window given as
 // a bool attention_mask, forward and backward.
 TEST(LayerAttention, KerasModsEqualTheDenseMaskForwardAndBackward) {
-  KerasMultiHeadAttentionConfig cfg;
-  cfg.num_heads = 2, cfg.key_dim = 4;
-  KerasMultiHeadAttention m(cfg);
-  m.build(8, 8, 8, 4);
+  KerasMultiHeadAttention m = small_keras(8, 4);
   const Tensor x = Tensor::randn({2, 12, 8}, 5), g = Tensor::randn({2, 12, 8}, 6);
   KerasMultiHeadAttentionOptions with_mods, with_mask;
   with_mods.mods = AttentionMods::sliding_window(2, 1);
