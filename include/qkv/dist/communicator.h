@@ -84,6 +84,8 @@ class Communicator {
   // MPI_COMM_WORLD (MPI must be initialised: MpiSession, mpi4py, or the caller).
   static Communicator world();
   // Borrows `comm` (not freed here): an mpi4py communicator's handle, for instance.
+  // Both set MPI_ERRORS_RETURN on the communicator (MPI's default aborts the job on any
+  // error; qkv turns errors into CommunicationError), which stays set for the caller too.
   static Communicator borrow(MPI_Comm comm);
 
   int rank() const { return rank_; }
