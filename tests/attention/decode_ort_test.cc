@@ -29,9 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "attention/attention_test_configs.h"
-#include "common/sdpa_fixtures.h"
-#include "qkv/io.h"
+#include "nn/fixtures.h"
 #include "qkv/kv_cache.h"
 #include "qkv/rotary.h"
 #include "qkv/tensor.h"
@@ -40,43 +38,27 @@ namespace qkv {
 namespace {
 
 namespace fs = std::filesystem;
-using test::max_abs_diff;
+using nn::testing::relative_error;  // max |got - want| / max |want|
 
 constexpr double kTol = 1e-5;
 
-std::vector<fs::path> fixture_files() { return sdpa_fixtures::fixture_files(sdpa_fixtures::fixture_dir("gqa")); }
+std::vector<fs::path> fixture_files() { return nn::testing::fixture_files("gqa"); }
 
 struct Gqa {
-  std::string name;
-  io::SafetensorsFile file;
-  nlohmann::json o;  // the node's attributes, shapes, steps, rotary base / dim
+  nn::testing::Fixture f;  // options: the node's attributes, shapes, steps, rotary base / dim
   int64_t b = 0, hq = 0, hk = 0, d = 0, steps = 0;
 
-  const Tensor& get(const std::string& key) const {
-    auto it = file.tensors.find(key);
-    if (it == file.tensors.end()) throw std::runtime_error(name + ": no tensor '" + key + "'");
-    return it->second;
-  }
-  const Tensor& step(int64_t i, const std::string& what) const { return get("step" + std::to_string(i) + "." + what); }
-  int64_t attr(const char* key, int64_t fallback) const { return o.value(key, fallback); }
+  const Tensor& get(const std::string& key) const { return f.at(key); }
+  const Tensor& step(int64_t i, const std::string& what) const { return f.at("step" + std::to_string(i) + "." + what); }
+  int64_t attr(const char* key, int64_t fallback) const { return f.options.value(key, fallback); }
 };
 
 Gqa load(const fs::path& path) {
-  Gqa g;
-  g.name = path.stem().string();
-  g.file = io::load_safetensors(path);
-  g.o = nlohmann::json::parse(g.file.metadata.at("options"));
-  g.b = g.o.at("batch"), g.hq = g.o.at("num_heads"), g.hk = g.o.at("kv_num_heads");
-  g.d = g.o.at("head_dim"), g.steps = g.o.at("steps");
+  Gqa g{nn::testing::load_fixture(path)};
+  const nlohmann::json& o = g.f.options;
+  g.b = o.at("batch"), g.hq = o.at("num_heads"), g.hk = o.at("kv_num_heads"), g.d = o.at("head_dim");
+  g.steps = o.at("steps");
   return g;
-}
-
-// max |got - want| / max |want|.
-double rel_err(const Tensor& got, const Tensor& want) {
-  const auto w = want.to_vector<double>();
-  double scale = 0.0;
-  for (double x : w) scale = std::max(scale, std::fabs(x));
-  return max_abs_diff(got, want) / std::max(scale, 1e-300);
 }
 
 // ORT's [B, S, H*D] as qkv's [B, H, S, D].
@@ -89,7 +71,7 @@ int64_t window_of(const Gqa& g) { return std::max<int64_t>(g.attr("local_window_
 
 CacheRotary rotary_of(const Gqa& g) {
   const RotaryLayout layout = g.attr("rotary_interleaved", 0) != 0 ? RotaryLayout::gptj : RotaryLayout::neox;
-  return {g.o.at("rotary_base").get<double>(), layout, g.o.at("rotary_dim").get<int64_t>()};
+  return {g.f.options.at("rotary_base").get<double>(), layout, g.f.options.at("rotary_dim").get<int64_t>()};
 }
 
 // By hand: x rotated at `positions` ([B, S] flattened); fused: x as it is (the cache rotates).
@@ -118,8 +100,8 @@ KVCache make_cache(const Gqa& g, bool fused) {
 
 DecodeOptions decode_options(const Gqa& g, bool fused) {
   DecodeOptions o;
-  if (g.o.contains("scale")) o.scale = g.o.at("scale").get<double>();
-  o.softcap = g.o.value("softcap", 0.0);
+  if (g.f.options.contains("scale")) o.scale = g.f.options.at("scale").get<double>();
+  o.softcap = g.f.options.value("softcap", 0.0);
   o.window = fused ? 0 : window_of(g);  // fused: the cache's window
   return o;
 }
@@ -151,13 +133,14 @@ void run_step(const Gqa& g, int64_t i, KVCache& cache, std::vector<int64_t>& hel
     SCOPED_TRACE("sequence " + std::to_string(b));
     held[b] += counts[b];
     EXPECT_EQ(cache.length(b), held[b]);
-    EXPECT_LE(rel_err(out.select(0, b).slice(1, s - counts[b], s), want.select(0, b).slice(1, 0, counts[b])), kTol);
+    EXPECT_LE(relative_error(out.select(0, b).slice(1, s - counts[b], s), want.select(0, b).slice(1, 0, counts[b])),
+              kTol);
     const int64_t first = cache.first_kept(b);  // > 0 once a ring evicted old positions
     const std::pair<Tensor, const char*> stored[] = {{cache.sequence_keys(b), "present_key"},
                                                      {cache.sequence_values(b), "present_value"}};
     for (const auto& [mine, theirs] : stored) {
       const Tensor ort = g.step(i, theirs).select(0, b).slice(1, first, held[b]);  // [Hk, kept, D]
-      EXPECT_LE(rel_err(mine, ort), kTol) << theirs;
+      EXPECT_LE(relative_error(mine, ort), kTol) << theirs;
     }
   }
 }
@@ -167,7 +150,7 @@ class DecodeOrtTest : public ::testing::TestWithParam<std::tuple<fs::path, bool>
 TEST_P(DecodeOrtTest, EqualsGroupQueryAttention) {
   const auto& [path, fused] = GetParam();
   const Gqa g = load(path);
-  SCOPED_TRACE(g.name + (fused ? " (fused): " : " (by hand): ") + g.o.dump());
+  SCOPED_TRACE(g.f.name + (fused ? " (fused): " : " (by hand): ") + g.f.options.dump());
   KVCache cache = make_cache(g, fused);
   std::vector<int64_t> held(g.b, 0);
   const Tensor& past_k = g.get("step0.past_key");
@@ -183,7 +166,7 @@ TEST_P(DecodeOrtTest, EqualsGroupQueryAttention) {
 }
 
 std::string param_name(const ::testing::TestParamInfo<std::tuple<fs::path, bool>>& info) {
-  return sdpa_fixtures::test_name(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_fused" : "_by_hand");
+  return std::get<0>(info.param).stem().string() + (std::get<1>(info.param) ? "_fused" : "_by_hand");
 }
 
 INSTANTIATE_TEST_SUITE_P(Ort, DecodeOrtTest,
