@@ -97,7 +97,8 @@ class KVCache {
   const Tensor& values() const { return v_; }
   int64_t row(int64_t b, int64_t hk, int64_t position) const;
   int64_t run_end(int64_t b, int64_t position) const;
-  // The first position of sequence b still stored (> 0 once a window evicted older ones).
+  // The first position of sequence b still stored (> 0 once a window evicted older ones; a
+  // windowed cache's set_length going back keeps it: the positions after the new length are gone).
   int64_t first_kept(int64_t b) const;
   // Sequence b's stored keys and values in position order, [Hk, n, D] / [Hk, n, Dv] in the cache's
   // dtype (positions first_kept(b) .. length(b) - 1), copies.
@@ -125,8 +126,8 @@ class KVCache {
   // Save / load (e.g. through qkv::io::save as safetensors): "keys", "values" [B, Hk, n, D] with
   // sequence b's stored positions first_kept(b) .. length(b) - 1 from index 0 (n the most any
   // sequence stores), "lengths" int64 [B], "capacity" int64 [1], "window", "page_size", "pages"
-  // int64 [1] (absent: 0), the rotary settings ("rotary" f64 [base, layout (0 neox, 1 gptj),
-  // rotary_dim]) when set, and for int8 caches "key_scales", "value_scales" (same prefix),
+  // int64 [1] (absent: 0), "first_kept" int64 [B] (windowed caches), the rotary settings ("rotary" f64 [base, layout (0
+  // neox, 1 gptj), rotary_dim]) when set, and for int8 caches "key_scales", "value_scales" (same prefix),
   // "key_offsets", "key_spreads". The layout does not matter to the file (a paged cache's pages
   // are taken afresh). from_state restores an equal cache (ValueError / ShapeError otherwise).
   std::map<std::string, Tensor> state() const;
@@ -144,6 +145,7 @@ class KVCache {
   Tensor k_, v_;
   Tensor k_scale_, v_scale_, k_offset_, k_spread_;  // i8 caches only
   std::vector<int64_t> lengths_;
+  std::vector<int64_t> kept_;                 // windowed: each sequence's first stored position
   std::vector<std::vector<int64_t>> blocks_;  // paged: block table per sequence
   std::vector<int64_t> free_;                 // paged: free pages (a stack)
 };

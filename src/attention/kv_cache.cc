@@ -77,6 +77,7 @@ KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
     k_spread_ = Tensor::ones({c.batch, c.kv_heads, c.head_dim});
   }
   lengths_.assign(static_cast<size_t>(c.batch), 0);
+  kept_.assign(static_cast<size_t>(c.batch), 0);
   blocks_.assign(static_cast<size_t>(c.batch), {});
 }
 
@@ -96,9 +97,7 @@ int64_t KVCache::run_end(int64_t, int64_t position) const {
   return std::numeric_limits<int64_t>::max();
 }
 
-int64_t KVCache::first_kept(int64_t b) const {
-  return config_.window > 0 ? std::max<int64_t>(0, length(b) - config_.capacity) : 0;
-}
+int64_t KVCache::first_kept(int64_t b) const { return kept_.at(static_cast<size_t>(b)); }
 
 void KVCache::reserve_pages(int64_t b, int64_t length) {
   auto& blocks = blocks_[static_cast<size_t>(b)];
@@ -182,6 +181,7 @@ void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t
       write_rows(b, at + skip, kb.to(c.dtype), vb.to(c.dtype), nullptr, nullptr);
     }
     lengths_[static_cast<size_t>(b)] = at + n;
+    if (c.window > 0) kept_[static_cast<size_t>(b)] = std::max(kept_[static_cast<size_t>(b)], at + n - c.capacity);
   }
 }
 
@@ -194,9 +194,10 @@ void KVCache::set_length(int64_t b, int64_t length) {
                      c.capacity, "]");
   }
   // a ring cannot go back past the positions it evicted: the window before `length` must be stored
-  if (c.window > 0 && length < old && std::max<int64_t>(0, length - c.window) < old - c.capacity) {
-    fail<ValueError>("KVCache.set_length: sequence ", b, " cannot go back to ", length, ": positions before ",
-                     old - c.capacity, " were evicted (window ", c.window, ")");
+  const int64_t kept = c.window > 0 && b >= 0 && b < c.batch ? first_kept(b) : 0;
+  if (c.window > 0 && length < old && std::max<int64_t>(0, length - c.window) < kept) {
+    fail<ValueError>("KVCache.set_length: sequence ", b, " cannot go back to ", length, ": positions before ", kept,
+                     " were evicted (window ", c.window, ")");
   }
   if (c.page_size > 0) {
     const int64_t more = ceil_div(length, c.page_size) - static_cast<int64_t>(block_table(b).size());
@@ -208,12 +209,14 @@ void KVCache::set_length(int64_t b, int64_t length) {
     reserve_pages(b, length);
   }
   lengths_[static_cast<size_t>(b)] = length;
+  if (c.window > 0) kept_[static_cast<size_t>(b)] = std::max(kept, length - c.capacity);
 }
 
 void KVCache::reset() {
   for (int64_t b = 0; b < config_.batch; ++b) {
     if (config_.page_size > 0) release_pages(b, 0);
     lengths_[static_cast<size_t>(b)] = 0;
+    kept_[static_cast<size_t>(b)] = 0;
   }
 }
 
@@ -245,6 +248,13 @@ DecodeCall check_decode(const Tensor& q, const KVCache& cache, const DecodeOptio
     if (d.window + d.lq - 1 > c.capacity) {
       fail<ValueError>(op, ": ", d.lq, " queries with a window of ", d.window, " need a cache capacity of at least ",
                        d.window + d.lq - 1, ", the cache has ", c.capacity);
+    }
+    for (int64_t b = 0; b < c.batch; ++b) {  // after set_length went back, fewer keys may be stored
+      const int64_t first = std::max<int64_t>(0, cache.length(b) - d.lq - d.window + 1);
+      if (first < cache.first_kept(b)) {
+        fail<ValueError>(op, ": sequence ", b, "'s queries need keys from position ", first,
+                         ", the cache keeps them from ", cache.first_kept(b));
+      }
     }
   }
   return d;

@@ -3,6 +3,7 @@
 // order from index 0.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "qkv/error.h"
 #include "qkv/kv_cache.h"
@@ -66,6 +67,7 @@ std::map<std::string, Tensor> KVCache::state() const {
   s["window"] = Tensor::from_vector<int64_t>({c.window}, {1});
   s["page_size"] = Tensor::from_vector<int64_t>({c.page_size}, {1});
   s["pages"] = Tensor::from_vector<int64_t>({c.pages}, {1});
+  if (c.window > 0) s["first_kept"] = Tensor::from_vector(kept_, {c.batch});
   if (c.rotary) {
     const double layout = c.rotary->layout == RotaryLayout::gptj ? 1.0 : 0.0;
     s["rotary"] = Tensor::from_vector<double>({c.rotary->base, layout, static_cast<double>(c.rotary->rotary_dim)}, {3});
@@ -105,12 +107,16 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
     cache.k_offset_.copy_from(need(s, "key_offsets"));
     cache.k_spread_.copy_from(need(s, "key_spreads"));
   }
+  std::vector<int64_t> kept(lengths.size(), 0);  // each sequence's first stored position
+  if (s.count("first_kept")) kept = s.at("first_kept").to_vector<int64_t>();
   for (size_t b = 0; b < lengths.size(); ++b) {
-    const int64_t n = lengths[b], first = config.window > 0 ? std::max<int64_t>(0, n - config.capacity) : 0;
-    if (n < 0 || n - first > k.size(2) || (config.window == 0 && n > config.capacity)) {
+    const int64_t n = lengths[b], least = config.window > 0 ? std::max<int64_t>(0, n - config.capacity) : 0;
+    const int64_t first = b < kept.size() ? std::max(kept[b], least) : least;
+    if (n < 0 || first > n || n - first > k.size(2) || (config.window == 0 && n > config.capacity)) {
       fail<ValueError>(kOp, ": lengths[", b, "] = ", n, " does not fit keys of ", k.size(2), " positions");
     }
-    cache.set_length(static_cast<int64_t>(b), n);                                   // pages taken afresh
+    cache.set_length(static_cast<int64_t>(b), n);  // pages taken afresh
+    cache.kept_[b] = first;
     const Tensor kb = k.select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);  // [Hk, n, D]
     const Tensor vb = v.select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);
     if (int8) {

@@ -92,6 +92,31 @@ TEST(KVCacheWindow, LongAppendsStateAndErrors) {
   EXPECT_THROW_WITH(ring.set_length(0, 5), ValueError, "were evicted");
 }
 
+// Speculative decoding rolls back rejected tokens: a ring's set_length going back keeps the
+// positions it still has, decodes as a full cache would, refuses queries whose keys are gone.
+TEST(KVCacheWindow, GoingBackKeepsWhatIsStored) {
+  KVCache ring(config(1, 20, DType::f32, 16)), full(config(1, 100, DType::f32));
+  const Tensor k = Tensor::randn({1, 2, 50, 16}, 5), v = Tensor::randn({1, 2, 50, 8}, 6);
+  ring.append(k, v);
+  full.append(k, v);
+  ring.set_length(0, 46);
+  full.set_length(0, 46);
+  EXPECT_EQ(ring.first_kept(0), 30);
+  const DecodeOptions w16{std::nullopt, true, 16};
+  const Tensor q = Tensor::randn({1, 4, 1, 16}, 7);
+  EXPECT_LE(max_abs_diff(decode_attention(q, ring).output, decode_attention(q, full, w16).output), 2e-6);
+  EXPECT_THROW_WITH(decode_attention(Tensor::randn({1, 4, 3, 16}, 8), ring), ValueError,
+                    "decode_attention: sequence 0's queries need keys from position 28, the cache keeps them from 30");
+  const KVCache back = KVCache::from_state(ring.state());
+  EXPECT_EQ(back.first_kept(0), 30);
+  EXPECT_EQ(max_abs_diff(decode_attention(q, back).output, decode_attention(q, ring).output), 0.0);
+  ring.append(k.slice(2, 0, 7), v.slice(2, 0, 7));
+  full.append(k.slice(2, 0, 7), v.slice(2, 0, 7));
+  EXPECT_EQ(ring.first_kept(0), 33);
+  const Tensor q3 = Tensor::randn({1, 4, 3, 16}, 9);
+  EXPECT_LE(max_abs_diff(decode_attention(q3, ring).output, decode_attention(q3, full, w16).output), 2e-6);
+}
+
 // Rotary in the cache: keys rotated on append at their absolute positions, q in the kernel;
 // equal to apply_rotary by hand on a plain cache, and to the float64 reference.
 TEST(KVCacheRotary, FusedEqualsApplyRotaryThenDecode) {
