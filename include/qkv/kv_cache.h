@@ -65,7 +65,8 @@ struct KVCacheConfig {
   // > 0: paged (vLLM-style): K and V live in a pool of `pages` pages of page_size positions,
   // [pages, Hk, page_size, D], and each sequence has a block table (its pages in order); append
   // takes pages from the pool as sequences grow (ValueError when it is exhausted), set_length /
-  // reset give them back. capacity stays the per-sequence limit. Not combined with `window`.
+  // reset give them back. capacity stays the per-sequence limit; with a `window`, capacity is the
+  // positions kept, and the pages a window leaves behind go back to the pool (block table entry -1).
   int64_t page_size = 0;
   int64_t pages = 0;  // paged: the pool; 0: enough for every sequence at capacity
   std::optional<CacheRotary> rotary = std::nullopt;
@@ -139,7 +140,10 @@ class KVCache {
   // at .. at + n - 1 of sequence b, run by run; pages must have been reserved.
   void write_rows(int64_t b, int64_t at, const Tensor& k, const Tensor& v, const Tensor* ks, const Tensor* vs);
   void append_int8(int64_t b, int64_t at, const Tensor& k, const Tensor& v);  // [Hk, n, D] each
-  void reserve_pages(int64_t b, int64_t length);                              // paged: pages for positions [0, length)
+  int64_t pages_for(int64_t first, int64_t length) const;  // paged: pages positions [first, length) span
+  int64_t held_pages(int64_t b) const;
+  void reserve_pages(int64_t b, int64_t length, int64_t first = 0);  // paged: pages for [first, length)
+  void evict_pages(int64_t b, int64_t first);             // paged: pages wholly before `first` back to the pool
   void release_pages(int64_t b, int64_t length);          // paged: pages past those of [0, length) back
   Tensor gather(const Tensor& storage, int64_t b) const;  // [Hk, kept, ...] of sequence b
   Tensor k_, v_;

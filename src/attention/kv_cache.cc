@@ -32,7 +32,6 @@ void check_config(const KVCacheConfig& c) {
     fail<ValueError>("KVCache: window, page_size and pages must be >= 0 and capacity >= window; got window ", c.window,
                      ", page_size ", c.page_size, ", pages ", c.pages, ", capacity ", c.capacity);
   }
-  if (c.window > 0 && c.page_size > 0) fail<ValueError>("KVCache: window and page_size cannot be combined (yet)");
   if (c.rotary) {
     const int64_t rd = c.rotary->rotary_dim;
     if (rd < 0 || rd > c.head_dim || rd % 2 != 0 || !(c.rotary->base > 0.0) || !std::isfinite(c.rotary->base)) {
@@ -61,7 +60,8 @@ KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
   int64_t slots = c.batch, span = c.capacity;  // [slots, Hk, span, D]
   if (c.page_size > 0) {
     if (c.pages == 0) {
-      const auto all = checked_mul(c.batch, ceil_div(c.capacity, c.page_size));
+      // a window's `capacity` positions may straddle one page more
+      const auto all = checked_mul(c.batch, ceil_div(c.capacity, c.page_size) + (c.window > 0 ? 1 : 0));
       if (!all) fail<ValueError>("KVCache: batch ", c.batch, " x capacity ", c.capacity, " is too large");
       c.pages = *all;
     }
@@ -99,9 +99,22 @@ int64_t KVCache::run_end(int64_t, int64_t position) const {
 
 int64_t KVCache::first_kept(int64_t b) const { return kept_.at(static_cast<size_t>(b)); }
 
-void KVCache::reserve_pages(int64_t b, int64_t length) {
+int64_t KVCache::pages_for(int64_t first, int64_t length) const {
+  return first < length ? ceil_div(length, config_.page_size) - first / config_.page_size : 0;
+}
+
+int64_t KVCache::held_pages(int64_t b) const {
+  const auto& blocks = block_table(b);
+  return static_cast<int64_t>(std::count_if(blocks.begin(), blocks.end(), [](int64_t p) { return p >= 0; }));
+}
+
+void KVCache::reserve_pages(int64_t b, int64_t length, int64_t first) {
   auto& blocks = blocks_[static_cast<size_t>(b)];
   while (static_cast<int64_t>(blocks.size()) * config_.page_size < length) {
+    if (static_cast<int64_t>(blocks.size() + 1) * config_.page_size <= first) {
+      blocks.push_back(-1);  // all its positions are evicted already
+      continue;
+    }
     blocks.push_back(free_.back());  // the caller checked that the pool has enough
     free_.pop_back();
   }
@@ -110,8 +123,16 @@ void KVCache::reserve_pages(int64_t b, int64_t length) {
 void KVCache::release_pages(int64_t b, int64_t length) {
   auto& blocks = blocks_[static_cast<size_t>(b)];
   while (!blocks.empty() && static_cast<int64_t>(blocks.size() - 1) * config_.page_size >= length) {
-    free_.push_back(blocks.back());
+    if (blocks.back() >= 0) free_.push_back(blocks.back());
     blocks.pop_back();
+  }
+}
+
+void KVCache::evict_pages(int64_t b, int64_t first) {
+  auto& blocks = blocks_[static_cast<size_t>(b)];
+  for (size_t i = 0; i < blocks.size() && static_cast<int64_t>(i + 1) * config_.page_size <= first; ++i) {
+    if (blocks[i] >= 0) free_.push_back(blocks[i]);
+    blocks[i] = -1;
   }
 }
 
@@ -147,13 +168,15 @@ void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t
     fail<ValueError>(kAppend, ": counts must have one value per sequence (", c.batch, "), got ", counts.size());
   }
   int64_t new_pages = 0;
-  for (int64_t b = 0; b < c.batch; ++b) {  // every check before the first write
+  std::vector<int64_t> kept_after(static_cast<size_t>(c.batch), 0);  // windowed: the first position kept
+  for (int64_t b = 0; b < c.batch; ++b) {                            // every check before the first write
     const int64_t n = counts.empty() ? t : counts[static_cast<size_t>(b)], at = length(b);
     if (n < 0 || n > t) fail<ValueError>(kAppend, ": counts[", b, "] = ", n, " is outside [0, ", t, "]");
     if (c.window == 0 && at + n > c.capacity) {
       fail<ValueError>(kAppend, ": sequence ", b, " would hold ", at + n, " positions, past the capacity ", c.capacity);
     }
-    if (c.page_size > 0) new_pages += ceil_div(at + n, c.page_size) - static_cast<int64_t>(block_table(b).size());
+    if (c.window > 0) kept_after[static_cast<size_t>(b)] = std::max(first_kept(b), at + n - c.capacity);
+    if (c.page_size > 0) new_pages += pages_for(kept_after[static_cast<size_t>(b)], at + n) - held_pages(b);
   }
   if (new_pages > free_pages()) {
     fail<ValueError>(kAppend, ": the page pool is exhausted: this append needs ", new_pages, " more pages of ",
@@ -168,10 +191,13 @@ void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t
     const Tensor wide = k.dtype() == DType::f64 ? k : k.to(DType::f32);  // rotated before any rounding
     kr = apply_rotary(wide, rotary_at(*c.rotary, positions, c.batch, t));
   }
+  if (c.page_size > 0 && c.window > 0) {  // pages the windows leave go back first: they may serve this append
+    for (int64_t b = 0; b < c.batch; ++b) evict_pages(b, kept_after[static_cast<size_t>(b)]);
+  }
   for (int64_t b = 0; b < c.batch; ++b) {
     const int64_t n = counts.empty() ? t : counts[static_cast<size_t>(b)], at = length(b);
     if (n == 0) continue;
-    if (c.page_size > 0) reserve_pages(b, at + n);
+    if (c.page_size > 0) reserve_pages(b, at + n, kept_after[static_cast<size_t>(b)]);
     // a ring keeps only its last `capacity` positions: earlier ones of this append are skipped
     const int64_t skip = c.window > 0 ? std::max<int64_t>(0, n - c.capacity) : 0;
     const Tensor kb = kr.select(0, b).slice(1, skip, n), vb = v.select(0, b).slice(1, skip, n);  // [Hk, n, D]
@@ -181,7 +207,7 @@ void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t
       write_rows(b, at + skip, kb.to(c.dtype), vb.to(c.dtype), nullptr, nullptr);
     }
     lengths_[static_cast<size_t>(b)] = at + n;
-    if (c.window > 0) kept_[static_cast<size_t>(b)] = std::max(kept_[static_cast<size_t>(b)], at + n - c.capacity);
+    if (c.window > 0) kept_[static_cast<size_t>(b)] = kept_after[static_cast<size_t>(b)];
   }
 }
 
@@ -199,17 +225,19 @@ void KVCache::set_length(int64_t b, int64_t length) {
     fail<ValueError>("KVCache.set_length: sequence ", b, " cannot go back to ", length, ": positions before ", kept,
                      " were evicted (window ", c.window, ")");
   }
+  const int64_t kept_now = c.window > 0 ? std::max(kept, length - c.capacity) : 0;
   if (c.page_size > 0) {
-    const int64_t more = ceil_div(length, c.page_size) - static_cast<int64_t>(block_table(b).size());
+    const int64_t more = pages_for(kept_now, length) - held_pages(b);
     if (more > free_pages()) {
       fail<ValueError>("KVCache.set_length: the page pool is exhausted: ", more, " more pages needed, ", free_pages(),
                        " free");
     }
     release_pages(b, length);
-    reserve_pages(b, length);
+    evict_pages(b, kept_now);
+    reserve_pages(b, length, kept_now);
   }
   lengths_[static_cast<size_t>(b)] = length;
-  if (c.window > 0) kept_[static_cast<size_t>(b)] = std::max(kept, length - c.capacity);
+  kept_[static_cast<size_t>(b)] = kept_now;
 }
 
 void KVCache::reset() {

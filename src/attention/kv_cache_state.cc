@@ -117,6 +117,7 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
     }
     cache.set_length(static_cast<int64_t>(b), n);  // pages taken afresh
     cache.kept_[b] = first;
+    if (config.page_size > 0) cache.evict_pages(static_cast<int64_t>(b), first);
     const Tensor kb = k.select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);  // [Hk, n, D]
     const Tensor vb = v.select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);
     if (int8) {

@@ -227,9 +227,35 @@ TEST(KVCachePaged, PoolExhaustionAndReturningPages) {
   EXPECT_THROW_WITH(cache.append(k, v, {0, 5}), ValueError, "past the capacity 16");
   cache.reset();
   EXPECT_EQ(cache.free_pages(), 5);
-  KVCacheConfig both = c;
-  both.window = 4;
-  EXPECT_THROW_WITH(KVCache{both}, ValueError, "window and page_size cannot be combined");
+}
+
+// A window over pages: the pages a sequence's window leaves go back to the pool (block table -1),
+// and it decodes to the ring's bits, through a rollback and a state round trip.
+TEST(KVCachePaged, WindowedPagesEqualTheRing) {
+  for (int64_t page : {1, 7, 32}) {
+    SCOPED_TRACE("page " + std::to_string(page));
+    KVCacheConfig pc = config(3, 20, DType::f32, 16);
+    pc.page_size = page;
+    KVCache paged(pc), ring(config(3, 20, DType::f32, 16));
+    feed({&paged, &ring}, 25, 9, 5);
+    const Tensor q = Tensor::randn({3, 4, 2, 16}, 9);
+    EXPECT_EQ(max_abs_diff(decode_attention(q, paged).output, decode_attention(q, ring).output), 0.0);
+    int64_t held = 0;
+    for (int64_t b = 0; b < 3; ++b) {
+      const auto& blocks = paged.block_table(b);
+      const auto live = std::count_if(blocks.begin(), blocks.end(), [](int64_t p) { return p >= 0; });
+      EXPECT_LE(live, (20 + page - 1) / page + 1);  // the window's pages only
+      held += live;
+    }
+    EXPECT_EQ(paged.free_pages(), paged.config().pages - held);
+    paged.set_length(1, paged.length(1) - 2);  // a rollback
+    ring.set_length(1, ring.length(1) - 2);
+    const KVCache back = KVCache::from_state(paged.state());
+    const Tensor q1 = Tensor::randn({3, 4, 1, 16}, 10);
+    EXPECT_EQ(max_abs_diff(decode_attention(q1, back).output, decode_attention(q1, ring).output), 0.0);
+    feed({&paged, &ring}, 5, 9, 6);
+    EXPECT_EQ(max_abs_diff(decode_attention(q1, paged).output, decode_attention(q1, ring).output), 0.0);
+  }
 }
 
 }  // namespace

@@ -99,3 +99,13 @@ def test_cli_bench_decode_paged_and_windowed(run):
         assert out.returncode == 0, out.stderr
         row = json.loads(out.stdout)
         assert row[key] == value and row["ms"] > 0 and row["gb_per_s"] > 0
+
+
+def test_windowed_pages_return_to_the_pool_and_decode_as_the_ring():
+    paged = qkv.KVCache(3, 2, 16, 20, window=16, page_size=7)
+    ring = qkv.KVCache(3, 2, 16, 20, window=16)
+    feed([paged, ring], 25, 9)
+    q = rng.standard_normal((3, 4, 2, 16)).astype(np.float32)
+    np.testing.assert_array_equal(qkv.decode_attention(q, paged), qkv.decode_attention(q, ring))
+    assert all(sum(p >= 0 for p in paged.block_table(b)) <= 4 for b in range(3))
+    assert -1 in paged.block_table(0) and paged.pages == 12
