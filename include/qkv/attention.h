@@ -92,6 +92,26 @@ enum class MatmulPrecision { highest, high, medium };
 MatmulPrecision matmul_precision_from_name(std::string_view name);
 std::string_view matmul_precision_name(MatmulPrecision precision);
 
+// Opt-in int8 Q K^T in the fused kernel (SageAttention, Zhang et al. 2024), float32
+// inputs only (ValueError for other dtypes, and from the backward):
+//   none            (default) Q K^T as matmul_precision says.
+//   int8            K smoothed (its mean over the keys of each (batch, head) subtracted per
+//                   channel), then quantized symmetrically per block of 64 keys; Q quantized
+//                   per query tile of the kernel; S = s_q s_k (q8 . k8) on an int8 x int8 ->
+//                   int32 qkv::gemm, plus q . mean(k) added back per row, so that the scores
+//                   (and the logsumexp, weights and score modifiers) approximate the exact
+//                   ones; softmax float32; P V as matmul_precision says (float32, or bf16 tiles
+//                   with "medium"). Masks, causal, GQA, dropout and return_weights keep working.
+//   int8_unsmoothed the same without the smoothing (SageAttention's smooth_k=False): keys
+//                   with a large per-channel offset, as LLMs' have, then lose their precision.
+// A Q tile or a (batch, head) of K with a NaN or Inf uses the float tiles instead, so the
+// NaN and Inf rules above still hold. The error it costs: docs/performance.md.
+enum class QKQuantization { none, int8, int8_unsmoothed };
+
+// "none", "int8", "int8_unsmoothed" (ValueError naming the op for anything else).
+QKQuantization qk_quantization_from_name(std::string_view name);
+std::string_view qk_quantization_name(QKQuantization quantization);
+
 // Kernel knobs: they choose how the result is computed, not what it is.
 struct AttentionTuning {
   FlashTiles flash_tiles;  // default: automatic (see above)
@@ -108,6 +128,7 @@ struct AttentionOptions {
   bool return_logsumexp = false;                                // also return the row logsumexp (see above)
   AttentionTuning tuning;                                       // kernel knobs (default: automatic)
   MatmulPrecision matmul_precision = MatmulPrecision::highest;  // f32 inputs only (see above)
+  QKQuantization qk_quantization = QKQuantization::none;        // int8 Q K^T, f32 inputs only (see above)
   AttentionMods mods;  // score and mask modifiers (qkv/attention_mods.h); default: none
 };
 

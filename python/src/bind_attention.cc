@@ -33,6 +33,7 @@ struct Args {
   nb::handle attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, seed, return_logsumexp;
   nb::handle matmul_precision = nb::none();  // sdpa only
   nb::handle mods = nb::none();              // a qkv.AttentionMods or None
+  nb::handle qk_quantization = nb::none();   // sdpa only
 };
 
 qkv::AttentionOptions make_options(const Args& a, const char* op) {
@@ -50,6 +51,9 @@ qkv::AttentionOptions make_options(const Args& a, const char* op) {
   if (!a.matmul_precision.is_none()) {
     const std::string name = str_arg(a.matmul_precision, arg_name(op, "matmul_precision"));
     o.matmul_precision = qkv::matmul_precision_from_name(name);
+  }
+  if (!a.qk_quantization.is_none()) {
+    o.qk_quantization = qkv::qk_quantization_from_name(str_arg(a.qk_quantization, arg_name(op, "qk_quantization")));
   }
   o.mods = qkv::python::mods_arg(a.mods, op);
   return o;
@@ -88,10 +92,11 @@ nb::object attention_reference(nb::handle q, nb::handle k, nb::handle v, nb::han
 
 nb::object sdpa(nb::handle query, nb::handle key, nb::handle value, nb::handle attn_mask, nb::handle dropout_p,
                 nb::handle is_causal, nb::handle scale, nb::handle enable_gqa, nb::handle seed,
-                nb::handle return_weights, nb::handle return_logsumexp, nb::handle matmul_precision, nb::handle mods) {
+                nb::handle return_weights, nb::handle return_logsumexp, nb::handle matmul_precision, nb::handle mods,
+                nb::handle qk_quantization) {
   static const char* names[3] = {"query", "key", "value"};
-  const Args args{attn_mask, dropout_p,        is_causal,        scale, enable_gqa, return_weights,
-                  seed,      return_logsumexp, matmul_precision, mods};
+  const Args args{attn_mask, dropout_p,        is_causal,        scale, enable_gqa,     return_weights,
+                  seed,      return_logsumexp, matmul_precision, mods,  qk_quantization};
   return run(query, key, value, args, "scaled_dot_product_attention", names, &qkv::scaled_dot_product_attention);
 }
 
@@ -177,16 +182,17 @@ void bind_attention(nb::module_& m) {
         nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
         nb::kw_only(), nb::arg("seed").none() = nb::none(), nb::arg("return_weights").none() = false,
         nb::arg("return_logsumexp").none() = false, nb::arg("matmul_precision").none() = "highest",
-        nb::arg("mods").none() = nb::none(),
+        nb::arg("mods").none() = nb::none(), nb::arg("qk_quantization").none() = "none",
         nb::sig("def scaled_dot_product_attention(query: numpy.typing.ArrayLike, "
                 "key: numpy.typing.ArrayLike, value: numpy.typing.ArrayLike, "
                 "attn_mask: numpy.typing.ArrayLike | None = None, dropout_p: float = 0.0, "
                 "is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *, "
                 "seed: int | None = None, return_weights: bool = False, return_logsumexp: bool = False, "
-                "matmul_precision: str = 'highest', mods: typing.Any = None) "
+                "matmul_precision: str = 'highest', mods: typing.Any = None, qk_quantization: str = 'none') "
                 "-> typing.Any"),
         (std::string("torch.nn.functional.scaled_dot_product_attention, same arguments (plus the\n"
-                     "keywords seed, return_weights, return_logsumexp, matmul_precision):\n"
+                     "keywords seed, return_weights, return_logsumexp, matmul_precision, mods,\n"
+                     "qk_quantization):\n"
                      "qkv::scaled_dot_product_attention,\n"
                      "which runs the fastest qkv kernel that supports the inputs and options.\n"
                      "Returns the output [..., Hq, Lq, Dv]; with return_weights and/or return_logsumexp\n"
@@ -197,7 +203,11 @@ void bind_attention(nb::module_& m) {
                      "matmul_precision ('highest', 'high', 'medium'; torch.set_float32_matmul_precision's\n"
                      "names) applies to float32 inputs: 'medium' runs the tile products on bfloat16\n"
                      "operands with float32 accumulation where the CPU has native bf16 (AVX512-BF16,\n"
-                     "AMX), else exact float32; 'high' is exact float32 on CPUs.\n") +
+                     "AMX), else exact float32; 'high' is exact float32 on CPUs.\n"
+                     "qk_quantization ('none', 'int8', 'int8_unsmoothed'; float32 inputs only, no\n"
+                     "backward): 'int8' computes Q K^T on int8 as SageAttention does (K minus its mean\n"
+                     "over the keys, per-block scales for Q and K, int32 products), softmax and P V\n"
+                     "as matmul_precision says; about 1e-2 relative error (docs/performance.md).\n") +
          kConventions)
             .c_str());
   m.def("scaled_dot_product_attention_backward", &sdpa_backward, nb::arg("query").none(), nb::arg("key").none(),

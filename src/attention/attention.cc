@@ -20,6 +20,22 @@ MatmulPrecision matmul_precision_from_name(std::string_view name) {
   fail<ValueError>(kOp, ": matmul_precision must be 'highest', 'high' or 'medium', got '", name, "'");
 }
 
+QKQuantization qk_quantization_from_name(std::string_view name) {
+  if (name == "none") return QKQuantization::none;
+  if (name == "int8") return QKQuantization::int8;
+  if (name == "int8_unsmoothed") return QKQuantization::int8_unsmoothed;
+  fail<ValueError>(kOp, ": qk_quantization must be 'none', 'int8' or 'int8_unsmoothed', got '", name, "'");
+}
+
+std::string_view qk_quantization_name(QKQuantization quantization) {
+  switch (quantization) {
+    case QKQuantization::int8: return "int8";
+    case QKQuantization::int8_unsmoothed: return "int8_unsmoothed";
+    case QKQuantization::none: break;
+  }
+  return "none";
+}
+
 std::string_view matmul_precision_name(MatmulPrecision precision) {
   switch (precision) {
     case MatmulPrecision::high: return "high";

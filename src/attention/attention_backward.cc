@@ -21,6 +21,9 @@ AttentionGradients scaled_dot_product_attention_backward(const Tensor& q, const 
   if (options.mods.score_mod || options.mods.masked_fill) {
     fail<ValueError>(kOp, ": mods.score_mod and mods.masked_fill have no backward (qkv/attention_mods.h)");
   }
+  if (options.qk_quantization != QKQuantization::none) {
+    fail<ValueError>(kOp, ": qk_quantization (int8 Q K^T) has no backward; differentiate the float32 forward");
+  }
   Shape out_shape = p.batch, lse_shape = p.batch;  // [batch..., Lq, Dv], [batch..., Lq]
   out_shape.insert(out_shape.end(), {p.lq, p.dv});
   lse_shape.push_back(p.lq);

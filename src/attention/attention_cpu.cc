@@ -27,6 +27,10 @@
 // rows once per work item, K and V tiles each time they are used. K and V are never
 // converted as whole tensors.
 //
+// int8 Q K^T (options.qk_quantization, float32 inputs): K is smoothed and quantized once per
+// call, each item's Q rows once per item, and score_tile runs the int8 product instead of
+// the G one (attention_int8.h); P V stays on G (float, or bf16 with "medium").
+//
 // Work items are handed out dynamically (an atomic counter) to get_num_threads()
 // workers; an item's arithmetic does not depend on which worker runs it, so the
 // results do not depend on the thread count (except that a call with a single
@@ -71,21 +75,23 @@ template <class K>
 struct Scratch {
   using T = typename K::T;
   using G = typename K::G;
-  std::vector<T> s;   // [Br, Bc] scores, then probabilities
-  std::vector<T> m;   // [Br] running row max
-  std::vector<T> l;   // [Br] running row sum of exp(s - m)
-  std::vector<G> pg;  // [Br, Bc] P rounded for P V (kRoundP)
-  std::vector<G> qg;  // [Br, Dk] the item's Q rows widened (kWiden)
-  std::vector<G> kg;  // [Bc, Dk] a K tile widened (kWiden)
-  std::vector<G> vg;  // [Bc, Dv] a V tile widened (kWiden)
-  Scratch(const FlashTiles& t, int64_t dk, int64_t dv)
+  std::vector<T> s;         // [Br, Bc] scores, then probabilities
+  std::vector<T> m;         // [Br] running row max
+  std::vector<T> l;         // [Br] running row sum of exp(s - m)
+  std::vector<G> pg;        // [Br, Bc] P rounded for P V (kRoundP)
+  std::vector<G> qg;        // [Br, Dk] the item's Q rows widened (kWiden)
+  std::vector<G> kg;        // [Bc, Dk] a K tile widened (kWiden)
+  std::vector<G> vg;        // [Bc, Dv] a V tile widened (kWiden)
+  int8::QuantizedQuery q8;  // the item's Q rows on int8 (qk_quantization; empty otherwise)
+  Scratch(const FlashTiles& t, int64_t dk, int64_t dv, bool int8)
       : s(size(t.br * t.bc)),
         m(size(t.br)),
         l(size(t.br)),
         pg(size(K::kRoundP ? t.br * t.bc : 0)),
         qg(size(K::kWiden ? t.br * dk : 0)),
         kg(size(K::kWiden ? t.bc * dk : 0)),
-        vg(size(K::kWiden ? t.bc * dv : 0)) {}
+        vg(size(K::kWiden ? t.bc * dv : 0)),
+        q8(int8 ? t.br : 0, int8 ? t.bc : 0, int8 ? dk : 0) {}
   static size_t size(int64_t n) { return static_cast<size_t>(n); }
 };
 
@@ -192,14 +198,15 @@ void finish_rows(const Flash<K>& f, const Rows<K>& r, const T* m, const T* l) {
 // Second pass: the item's rows of the weights [rows, Lk], recomputed tile by
 // tile, then a plain softmax per row and the dropout.
 template <class K, class G = typename K::G>
-void weight_rows(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Scratch<K>& sc) {
+void weight_rows(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Scratch<K>& sc, int8::QuantizedQuery* q8) {
   using T = typename K::T;
   const Problem& p = *f.p;
   T* w = f.weights + (r.b * p.lq + r.i0) * p.lk;  // [rows, Lk]
   const std::optional<double>& fill = f.mods.mods->masked_fill;
   const T masked = fill ? static_cast<T>(*fill) : kNegInf<T>;  // masked_fill: its softmax, exactly
   for (int64_t j0 = 0; j0 < r.kv_end; j0 += f.tiles.bc) {
-    score_tile(f, r, q, j0, std::min(f.tiles.bc, r.kv_end - j0), w + j0, p.lk, sc.kg, masked);
+    score_tile(f, r, q, j0, std::min(f.tiles.bc, r.kv_end - j0), w + j0, p.lk, sc.kg, masked, static_cast<T*>(nullptr),
+               q8);
   }
   kernels::softmax_rows(w, r.rows, r.kv_end, p.lk);  // fully masked rows give zeros
   // Keys after the row's own causal end are not in the row: weight 0, even in a NaN row.
@@ -216,12 +223,19 @@ void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
   const Problem& p = *f.p;
   const int64_t lds = f.tiles.bc;
   const auto q = gemm_operand(r.q, r.rows, p.dk, p.q.stride(-2), sc.qg);  // [rows, Dk], once per item
+  int8::QuantizedQuery* q8 = nullptr;  // the same rows on int8, once per item (qk_quantization)
+  if constexpr (std::is_same_v<typename K::S, float>) {
+    if (f.k8) {
+      int8::quantize_query(r.q, r.rows, p.q.stride(-2), *f.k8, r.b, sc.q8);
+      q8 = &sc.q8;
+    }
+  }
   std::fill(sc.m.begin(), sc.m.begin() + r.rows, kNegInf<T>);
   std::fill(sc.l.begin(), sc.l.begin() + r.rows, T(0));
   std::fill(r.o, r.o + r.rows * p.dv, T(0));
   auto tile = [&](int64_t j0, int64_t cols) {
     if (empty_tile(f, r, j0, cols)) return;  // no key of the tile is allowed: nothing to add
-    score_tile(f, r, q, j0, cols, sc.s.data(), lds, sc.kg);
+    score_tile(f, r, q, j0, cols, sc.s.data(), lds, sc.kg, kNegInf<T>, static_cast<T*>(nullptr), q8);
     softmax_tile(sc.s.data(), lds, r.rows, cols, sc.m.data(), sc.l.data(), r.o, p.dv);
     if (f.dropout_p > 0.0) dropout_tile(f, r, j0, cols, sc.s.data(), lds);
     value_tile(f, r, j0, cols, sc.s.data(), lds, sc);
@@ -245,7 +259,7 @@ void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
     }
   }
   finish_rows(f, r, sc.m.data(), sc.l.data());
-  if (f.weights) weight_rows(f, r, q, sc);
+  if (f.weights) weight_rows(f, r, q, sc, q8);
 }
 
 // Every item, on get_num_threads() workers taking items from a shared counter.
@@ -257,7 +271,7 @@ void run_all(const Flash<K>& f) {
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(get_num_threads(), items);
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch<K> sc(f.tiles, p.dk, p.dv);
+    Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr);
     for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
       run_rows(f, rows_of(f, item), sc);
     }
@@ -288,6 +302,13 @@ AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
   f.out = out.data<T>();
   f.lse = lse ? lse->data<T>() : nullptr;
   f.weights = weights ? weights->data<T>() : nullptr;
+  std::optional<int8::QuantizedKeys> k8;  // K smoothed and quantized once per call (attention_int8.h)
+  if constexpr (std::is_same_v<typename K::S, float>) {
+    if (options.qk_quantization != QKQuantization::none) {
+      k8 = int8::quantize_keys(p, options.qk_quantization == QKQuantization::int8);
+      f.k8 = &*k8;
+    }
+  }
   run_all(f);
 
   AttentionResult result;

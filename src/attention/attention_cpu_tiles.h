@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention/attention_int8.h"
 #include "attention/flash_tiles.h"
 #include "attention/mods.h"
 #include "attention/problem.h"
@@ -71,15 +72,16 @@ struct Flash {
   double dropout_p = 0.0;
   uint64_t seed = 0;
   T keep_scale = 1;
-  ModPlan mods;                     // options.mods prepared (inactive when none is set)
-  const S* q = nullptr;             // p->q [batch..., Lq, Dk] element 0
-  const S* k = nullptr;             // p->k [kv batch..., Lk, Dk]
-  const S* v = nullptr;             // p->v [kv batch..., Lk, Dv]
-  const bool* mask_bool = nullptr;  // p->mask [batch..., Lq, Lk] when bool
-  const T* mask_float = nullptr;    // p->mask when floating (as T)
-  T* out = nullptr;                 // [batch, Lq, Dv] contiguous
-  T* lse = nullptr;                 // [batch, Lq] or null
-  T* weights = nullptr;             // [batch, Lq, Lk] or null
+  ModPlan mods;                             // options.mods prepared (inactive when none is set)
+  const int8::QuantizedKeys* k8 = nullptr;  // int8 Q K^T (options.qk_quantization, forward only) or null
+  const S* q = nullptr;                     // p->q [batch..., Lq, Dk] element 0
+  const S* k = nullptr;                     // p->k [kv batch..., Lk, Dk]
+  const S* v = nullptr;                     // p->v [kv batch..., Lk, Dv]
+  const bool* mask_bool = nullptr;          // p->mask [batch..., Lq, Lk] when bool
+  const T* mask_float = nullptr;            // p->mask when floating (as T)
+  T* out = nullptr;                         // [batch, Lq, Dv] contiguous
+  T* lse = nullptr;                         // [batch, Lq] or null
+  T* weights = nullptr;                     // [batch, Lq, Lk] or null
 };
 
 // The read-only state of a call over problem p (q, k, v of type S, a bool or T mask),
@@ -193,12 +195,10 @@ bool empty_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols) {
   return f.mods.masking && f.mods.classify(r.i0, r.i0 + r.rows, j0, j0 + cols) == TileClass::empty;
 }
 
-// s [rows, cols] = scale * Q K[j0:j0+cols]^T + bias (score mods, mask, mask mods, causal);
-// q: the item's Q rows; k_buffer: [Bc, Dk] where K tiles are widened (K::kWiden). Keys a
-// mask modifier hides get `masked`; cap_grad: see score_mods.
+// s [rows, cols] = scale * Q K[j0:j0+cols]^T on the tile GEMM of type G.
 template <class K, class T = typename K::T, class G = typename K::G>
-void score_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
-                std::vector<G>& k_buffer, T masked = kNegInf<T>, T* cap_grad = nullptr) {
+void product_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
+                  std::vector<G>& k_buffer) {
   const Problem& p = *f.p;
   const Mat<G> k = gemm_operand(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), k_buffer);  // [cols, Dk]
   GemmShape g;
@@ -214,6 +214,22 @@ void score_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64
   gemm(g, alpha == T(0) ? T(1) : alpha, q.data, k.data, T(0), s);
   if (alpha == T(0)) {
     for (int64_t x = 0; x < r.rows; ++x) kernels::scale(s + x * lds, cols, T(0));
+  }
+}
+
+// s [rows, cols] = scale * Q K[j0:j0+cols]^T + bias (score mods, mask, mask mods, causal);
+// q: the item's Q rows; k_buffer: [Bc, Dk] where K tiles are widened (K::kWiden). Keys a
+// mask modifier hides get `masked`; cap_grad: see score_mods. q8: the item's Q rows on
+// int8 (attention_int8.h) when the call quantizes Q K^T, else null.
+template <class K, class T = typename K::T, class G = typename K::G>
+void score_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
+                std::vector<G>& k_buffer, T masked = kNegInf<T>, T* cap_grad = nullptr,
+                int8::QuantizedQuery* q8 = nullptr) {
+  const Problem& p = *f.p;
+  if (q8 == nullptr || !q8->ok) {
+    product_tile(f, r, q, j0, cols, s, lds, k_buffer);
+  } else if constexpr (std::is_same_v<T, float>) {
+    int8::quantized_scores(*q8, r.rows, j0, cols, static_cast<float>(p.scale), s, lds);
   }
   if (f.mods.scoring) score_mods(f, r, j0, cols, s, lds, cap_grad);
   if (p.mask) add_mask(f, r, j0, cols, s, lds);

@@ -137,6 +137,10 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   p.dk = q.size(-1);
   p.dv = v.size(-1);
   p.out_dtype = q.dtype();
+  if (options.qk_quantization != QKQuantization::none && q.dtype() != DType::f32) {
+    fail<ValueError>(op, ": qk_quantization='", qk_quantization_name(options.qk_quantization),
+                     "' needs float32 q, k and v, got ", dtype_name(q.dtype()));
+  }
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(p.dk));
   p.batch = broadcast_batch(q, k, v, p.gqa_group, op);
   p.batch_size = shape_numel(p.batch);

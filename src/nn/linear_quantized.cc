@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/quantize.h"
 #include "qkv/gemm.h"
 #include "qkv/nn/linear.h"
 #include "qkv/parallel.h"
@@ -17,25 +18,9 @@ namespace {
 // q[i] = round(x[i] / scale) in [-127, 127], scale = max|x| / 127 (1 when x is all 0, so
 // that q is 0). Round half to even, as torch's quantize_per_channel. A NaN or inf in x
 // gives scale 1 and saturated or undefined q: garbage in, as for torch. Returns the scale.
-// q[i] = round(x[i] / scale) clipped to [-127, 127].
-void quantize_with(const float* x, int64_t n, float scale, int8_t* q) {
-  const float inv = 1.0f / scale;
-  // Round half to even by the 1.5 * 2^23 trick (exact for |r| <= 2^22, in the default
-  // rounding mode): unlike std::nearbyint it vectorizes. Measured with
-  // bench/peers/quant_peers.py, (8, 512, 768, 12), 2 threads: the int8 layer took 83.1 ms
-  // with nearbyint, 75.9 ms with this.
-  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
-  for (int64_t i = 0; i < n; ++i) {
-    const float r = (std::clamp(x[i] * inv, -127.0f, 127.0f) + kMagic) - kMagic;
-    q[i] = static_cast<int8_t>(r);
-  }
-}
-
 float quantize_row(const float* x, int64_t n, int8_t* q) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float scale = amax > 0.0f && std::isfinite(amax) ? amax / 127.0f : 1.0f;
-  quantize_with(x, n, scale, q);
+  const float scale = kernels::symmetric_scale(kernels::max_abs(x, n));
+  kernels::quantize_with(x, n, scale, q);
   return scale;
 }
 
@@ -101,7 +86,7 @@ Tensor Linear::forward_int8(const Tensor& x) const {
   parallel_for(0, rows, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t m = lo; m < hi; ++m) {
       if (fixed > 0.0f) {
-        quantize_with(af + m * in_, in_, fixed, q + m * in_);
+        kernels::quantize_with(af + m * in_, in_, fixed, q + m * in_);
         xs[static_cast<size_t>(m)] = fixed;
       } else {
         xs[static_cast<size_t>(m)] = quantize_row(af + m * in_, in_, q + m * in_);

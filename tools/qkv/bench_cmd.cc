@@ -4,7 +4,8 @@
 // bench/peers/precision_peers.py per dtype beside PyTorch's.
 //
 //   qkv bench attention --shape 4,8,1024,64 [--causal] [--dtype bfloat16] [--backward] [--threads 2]
-//                       [--min-time 1] [--gemm 2048] [--json]
+//                       [--min-time 1] [--gemm 2048] [--json] [--matmul-precision medium]
+//                       [--qk-quantization int8]
 //
 // GFLOP/s count 4*B*H*L*L*D (non-causal) or 4*B*H*D*L(L+1)/2 (causal: the
 // unmasked half only). Time per call is the fastest of the timed calls. A progress
@@ -33,6 +34,7 @@ struct BenchArgs {
   std::vector<std::string> shapes;    // "B,H,L,D"
   std::string dtype = "float32";      // of q, k, v and the gemm's operands
   std::string precision = "highest";  // AttentionOptions::matmul_precision
+  std::string qk = "none";            // AttentionOptions::qk_quantization (float32 inputs)
   bool causal = false, json = false, backward = false;
   int threads = 0;
   double min_time = 1.0;
@@ -56,10 +58,12 @@ std::vector<int64_t> parse_shape(const std::string& text) {
 }
 
 // " bfloat16" for a dtype other than float32, else "" (float32 lines as they were).
-// (and " matmul_precision=medium" for a precision other than highest).
+// (and " matmul_precision=medium" for a precision other than highest, " qk_quantization=int8"
+// for int8 Q K^T).
 std::string dtype_note(const BenchArgs& a) {
   return (a.dtype == "float32" ? "" : " " + a.dtype) +
-         (a.precision == "highest" ? "" : " matmul_precision=" + a.precision);
+         (a.precision == "highest" ? "" : " matmul_precision=" + a.precision) +
+         (a.qk == "none" ? "" : " qk_quantization=" + a.qk);
 }
 
 // "[2/3] attention 1,8,1024,64 ...": before each measurement, which can take seconds.
@@ -80,6 +84,16 @@ double bench_gemm_of(int64_t n, double min_time) {
   return 2.0 * static_cast<double>(n * n * n) / sec * 1e-9;
 }
 
+// The int8 x int8 -> int32 gemm (qk_quantization's Q K^T), in GOP/s.
+double bench_gemm_int8(int64_t n, double min_time) {
+  std::vector<int8_t> a(static_cast<size_t>(n * n), int8_t{3}), b(a);  // [n, n] each
+  std::vector<int32_t> c(a.size());
+  GemmShape s;
+  s.m = s.n = s.k = s.lda = s.ldb = s.ldc = n;
+  const double sec = best_seconds(min_time, 1, [&] { gemm(s, a.data(), b.data(), c.data()); });
+  return 2.0 * static_cast<double>(n * n * n) / sec * 1e-9;
+}
+
 double bench_gemm(DType dt, int64_t n, double min_time) {
   switch (dt) {
     case DType::f64: return bench_gemm_of<double, double>(n, min_time);
@@ -97,6 +111,7 @@ void bench_backward(const BenchArgs& a, const std::vector<int64_t>& d, const Ten
   AttentionOptions o;
   o.is_causal = a.causal;
   o.matmul_precision = matmul_precision_from_name(a.precision);
+  o.qk_quantization = qk_quantization_from_name(a.qk);
   o.return_logsumexp = true;
   const Tensor g = Tensor::randn(q.shape(), 4).to(q.dtype());  // dO [B, H, L, D]
   const AttentionResult fwd = scaled_dot_product_attention(q, k, v, o);
@@ -135,14 +150,17 @@ void bench_one(const BenchArgs& a, const std::string& shape_text, double gemm_gf
   AttentionOptions o;
   o.is_causal = a.causal;
   o.matmul_precision = matmul_precision_from_name(a.precision);
+  o.qk_quantization = qk_quantization_from_name(a.qk);
   const double sec = best_seconds(a.min_time, 1, [&] { (void)scaled_dot_product_attention(q, k, v, o); });
   const double gflops = attention_flops(d[0], d[1], d[2], d[3], a.causal) / sec * 1e-9;
   if (a.json) {
     std::printf(
         "{\"op\": \"attention\", \"shape\": [%ld, %ld, %ld, %ld], \"causal\": %s, \"threads\": %d, "
-        "\"ms\": %.4f, \"gflops\": %.2f, \"dtype\": \"%s\", \"matmul_precision\": \"%s\"}\n",
+        "\"ms\": %.4f, \"gflops\": %.2f, \"dtype\": \"%s\", \"matmul_precision\": \"%s\", "
+        "\"qk_quantization\": \"%s\"}\n",
         static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]), static_cast<long>(d[3]),
-        a.causal ? "true" : "false", get_num_threads(), sec * 1e3, gflops, a.dtype.c_str(), a.precision.c_str());
+        a.causal ? "true" : "false", get_num_threads(), sec * 1e3, gflops, a.dtype.c_str(), a.precision.c_str(),
+        a.qk.c_str());
     return;
   }
   std::printf("attention (B,H,L,D)=(%s)%s %s, %d thread(s): %.3f ms, %.1f GFLOP/s", shape_text.c_str(),
@@ -164,6 +182,16 @@ void run_bench_attention(const BenchArgs& a) {
     } else {
       std::printf("gemm %s %ld^3, %d thread(s): %.1f GFLOP/s\n", a.dtype.c_str(), static_cast<long>(a.gemm_n),
                   get_num_threads(), gemm_gflops);
+    }
+    if (a.qk != "none") {  // the yardstick of the int8 Q K^T: the int8 gemm as well
+      const double gops = bench_gemm_int8(a.gemm_n, a.min_time);
+      if (a.json) {
+        std::printf("{\"op\": \"gemm\", \"n\": %ld, \"threads\": %d, \"gflops\": %.2f, \"dtype\": \"int8\"}\n",
+                    static_cast<long>(a.gemm_n), get_num_threads(), gops);
+      } else {
+        std::printf("gemm int8 %ld^3, %d thread(s): %.1f GOP/s\n", static_cast<long>(a.gemm_n), get_num_threads(),
+                    gops);
+      }
     }
   }
   for (size_t i = 0; i < a.shapes.size(); ++i) {
@@ -188,6 +216,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--matmul-precision", args->precision,
                   "float32 inputs: highest (default), high or medium (bf16 tiles)")
       ->check(CLI::IsMember({"highest", "high", "medium"}));
+  cmd->add_option("--qk-quantization", args->qk,
+                  "float32 inputs: none (default), int8 (SageAttention's smoothed int8 Q K^T) or int8_unsmoothed")
+      ->check(CLI::IsMember({"none", "int8", "int8_unsmoothed"}));
   cmd->add_option("--dtype", args->dtype, "dtype of q, k, v and of the gemm's operands (default float32)")
       ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}));
   cmd->add_option("--threads", args->threads, "threads (default QKV_NUM_THREADS, else OMP_NUM_THREADS, else cores)")
