@@ -31,10 +31,13 @@ TEST(Quantize, RoundsHalfToEvenAndClipsTo127) {
   EXPECT_EQ(q[2], 1);  // 1.25
 }
 
-TEST(Quantize, MaxAbsSkipsNaN) {
-  const std::vector<float> x = {1.0f, -3.0f, NAN, 2.0f};
-  EXPECT_EQ(max_abs(x.data(), 4), 3.0f);
+TEST(Quantize, MaxAbsIsTheLargestMagnitudeAndReturnsInfAndNaN) {
+  const std::vector<float> x = {1.0f, -3.0f, 0.5f, -0.0f, 2.0f, NAN, -INFINITY};
+  EXPECT_EQ(max_abs(x.data(), 5), 3.0f);
   EXPECT_EQ(max_abs(x.data(), 0), 0.0f);
+  EXPECT_TRUE(std::isnan(max_abs(x.data(), 6)));
+  EXPECT_EQ(max_abs(x.data() + 6, 1), INFINITY);
+  EXPECT_TRUE(std::isnan(max_abs(x.data() + 5, 2)));  // NaN orders above Inf
 }
 
 }  // namespace
