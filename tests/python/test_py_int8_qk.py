@@ -50,3 +50,20 @@ def test_bench_attention_times_the_int8_scores_and_the_int8_gemm(qkv_cli):
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert [(x["op"], x["dtype"]) for x in lines] == [("gemm", "float32"), ("gemm", "int8"), ("attention", "float32")]
     assert lines[2]["qk_quantization"] == "int8" and lines[1]["gflops"] > 0
+
+
+def test_cli_attention_qk_quantization(qkv_cli, tmp_path):
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((1, 2, 128, 32)).astype(np.float32)
+    np.save(tmp_path / "q.npy", q)
+    for qk in ("none", "int8"):
+        result = subprocess.run([qkv_cli, "attention", "--q", tmp_path / "q.npy", "--k", tmp_path / "q.npy", "--v",
+                                 tmp_path / "q.npy", "--qk-quantization", qk, "-o", tmp_path / f"{qk}.npy"],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+    exact, int8 = np.load(tmp_path / "none.npy"), np.load(tmp_path / "int8.npy")
+    assert 1e-5 < relative_l1(int8, exact) < 2e-2
+    bad = subprocess.run([qkv_cli, "attention", "--q", tmp_path / "q.npy", "--v", tmp_path / "q.npy", "--variant",
+                          "lsh", "--qk-quantization", "int8", "-o", tmp_path / "x.npy"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--qk-quantization is for the fused softmax attention" in bad.stderr, bad.stderr

@@ -1,6 +1,6 @@
 // qkv attention --q q.npy --k k.npy --v v.npy [--mask m.npy] [--causal] [--scale S]
-//               [--matmul-precision medium] [--variant window --window W ...] [--weights w.npy]
-//               -o out.npy
+//               [--matmul-precision medium] [--qk-quantization int8] [--variant window --window W ...] [--weights
+//               w.npy] -o out.npy
 // qkv attention --q qk.npy --v v.npy --variant lsh [--hashes N --buckets B --chunk C ...] -o out.npy
 #include "commands.h"
 #include "qkv/attention.h"
@@ -18,6 +18,7 @@ struct AttentionArgs {
   double dropout = 0.0;
   uint64_t seed = 0;
   std::string precision = "highest";  // AttentionOptions::matmul_precision (float32 inputs)
+  std::string qk = "none";            // AttentionOptions::qk_quantization (float32 inputs)
   // --variant and its settings (qkv/attention_mods.h, qkv/linear_attention.h)
   std::string variant = "full", align = "top-left";
   int64_t window = 0, prefix = 0, block = 64, window_blocks = 1, random = 2, features = 0;
@@ -64,6 +65,11 @@ void run_attention(const AttentionArgs& a) {
   if (a.k.empty() && a.variant != "lsh") {
     fail<ValueError>("attention: --k is required (but for --variant lsh, whose keys are --q)");
   }
+  if (a.qk != "none" && (!a.parallel.empty() || a.variant == "linear" || a.variant == "lsh")) {
+    fail<ValueError>(
+        "attention: --qk-quantization is for the fused softmax attention (not --parallel, "
+        "--variant linear or lsh)");
+  }
   if (!a.parallel.empty()) {
     if (!a.mask.empty() || !a.weights.empty() || a.variant != "full" || a.dropout > 0) {
       fail<ValueError>("attention --parallel: takes no --mask, --weights, --variant or --dropout");
@@ -90,6 +96,7 @@ void run_attention(const AttentionArgs& a) {
   options.dropout_p = a.dropout;
   options.seed = a.seed;
   options.matmul_precision = matmul_precision_from_name(a.precision);
+  options.qk_quantization = qk_quantization_from_name(a.qk);
   options.return_weights = !a.weights.empty();
   options.mods = variant_mods(a, k.dim() >= 2 ? k.size(-2) : 0);
   const AttentionResult r = scaled_dot_product_attention(q, k, v, options);
@@ -132,6 +139,10 @@ void register_attention(CLI::App& app) {
   cmd->add_option("--matmul-precision", args->precision,
                   "float32 inputs: highest (default), high, or medium (bf16 tiles where the CPU has native bf16)")
       ->check(CLI::IsMember({"highest", "high", "medium"}));
+  cmd->add_option("--qk-quantization", args->qk,
+                  "float32 inputs: none (default), int8 (Q K^T on int8 with SageAttention's smoothing of K, "
+                  "about 1e-2 relative error) or int8_unsmoothed")
+      ->check(CLI::IsMember({"none", "int8", "int8_unsmoothed"}));
   cmd->add_option("--variant", args->variant, kVariantHelp)
       ->check(CLI::IsMember({"full", "window", "longformer", "prefix-lm", "bigbird", "linear", "lsh"}));
   cmd->add_option("--window", args->window, "window/longformer: W (see --variant)")->check(integer_in(0));
