@@ -2,10 +2,13 @@
 and extrapolates it to 8-1024 ranks on 100 and 400 Gb/s networks (docs/distributed.md).
 
     for p in 1 2 3 4; do
-      QKV_NUM_THREADS=$(( p == 1 ? 2 : 1 )) mpiexec -n $p build/release/dist_bench \\
+      QKV_NUM_THREADS=$(( p == 1 ? 2 : 1 )) mpiexec --bind-to none -n $p build/release/dist_bench \\
           --benchmark_format=json > /tmp/dist_$p.json
     done
     python3 bench/peers/dist_model.py /tmp/dist_[1-4].json
+
+(--bind-to none: Open MPI binds each rank to one core by default, so one rank with two
+threads would run both on one core.)
 
 The model (per attention step, B = 1, f32; F = 4 L^2 D H flops, half when causal):
   compute  c(P) = F / (P * R * s(P)),  R: one core's attention rate, s(P) = min(threads, cores / P)
