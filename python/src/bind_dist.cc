@@ -44,34 +44,33 @@ qkv::dist::Communicator communicator(uint64_t handle) {
   return qkv::dist::Communicator::borrow(comm_from_handle<MPI_Comm>(handle));
 }
 
-struct Common {
-  bool is_causal = false, enable_gqa = false;
-  qkv::dist::SequenceLayout layout = qkv::dist::SequenceLayout::contiguous;
-  std::optional<double> scale;
-  std::optional<qkv::Tensor> attn_mask;
-};
+// Ring's or Ulysses' options from the Python arguments both take (errors name `op`).
+template <class Options>
+Options scheme_options(const char* op, nb::handle is_causal, nb::handle layout, nb::handle scale, nb::handle enable_gqa,
+                       nb::handle attn_mask) {
+  Options o;
+  o.is_causal = bool_arg(is_causal, arg_name(op, "is_causal"));
+  o.layout = qkv::dist::sequence_layout_from_name(str_arg(layout, arg_name(op, "layout")));
+  o.scale = optional_float_arg(scale, arg_name(op, "scale"));
+  o.enable_gqa = bool_arg(enable_gqa, arg_name(op, "enable_gqa"));
+  o.attn_mask = to_optional_tensor(attn_mask, arg_name(op, "attn_mask").c_str());
+  return o;
+}
 
-Common common_args(const char* op, nb::handle is_causal, nb::handle layout, nb::handle scale, nb::handle enable_gqa,
-                   nb::handle attn_mask) {
-  Common c;
-  c.is_causal = bool_arg(is_causal, arg_name(op, "is_causal"));
-  c.layout = qkv::dist::sequence_layout_from_name(str_arg(layout, arg_name(op, "layout")));
-  c.scale = optional_float_arg(scale, arg_name(op, "scale"));
-  c.enable_gqa = bool_arg(enable_gqa, arg_name(op, "enable_gqa"));
-  c.attn_mask = to_optional_tensor(attn_mask, arg_name(op, "attn_mask").c_str());
-  return c;
+qkv::Tensor tensor_arg(nb::handle h, const char* op, const char* name) {
+  return to_tensor(h, arg_name(op, name).c_str());
+}
+
+nb::object gradients(const qkv::AttentionGradients& g, nb::handle like) {
+  return nb::make_tuple(to_array_like(g.dq, like), to_array_like(g.dk, like), to_array_like(g.dv, like));
 }
 
 nb::object ring(nb::handle q, nb::handle k, nb::handle v, uint64_t comm, nb::handle is_causal, nb::handle layout,
                 nb::handle scale, nb::handle enable_gqa, nb::handle attn_mask, nb::handle return_logsumexp) {
   constexpr const char* kOp = "ring_attention";
-  const Common c = common_args(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
-  qkv::dist::RingAttentionOptions o;
-  o.is_causal = c.is_causal, o.layout = c.layout, o.scale = c.scale, o.enable_gqa = c.enable_gqa;
-  o.attn_mask = c.attn_mask;
+  auto o = scheme_options<qkv::dist::RingAttentionOptions>(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
   o.return_logsumexp = bool_arg(return_logsumexp, arg_name(kOp, "return_logsumexp"));
-  const qkv::Tensor tq = to_tensor(q, arg_name(kOp, "q").c_str()), tk = to_tensor(k, arg_name(kOp, "k").c_str()),
-                    tv = to_tensor(v, arg_name(kOp, "v").c_str());
+  const qkv::Tensor tq = tensor_arg(q, kOp, "q"), tk = tensor_arg(k, kOp, "k"), tv = tensor_arg(v, kOp, "v");
   const qkv::dist::Communicator world = communicator(comm);
   qkv::AttentionResult r;
   {
@@ -85,12 +84,9 @@ nb::object ring(nb::handle q, nb::handle k, nb::handle v, uint64_t comm, nb::han
 nb::object ulysses(nb::handle q, nb::handle k, nb::handle v, uint64_t comm, nb::handle is_causal, nb::handle layout,
                    nb::handle scale, nb::handle enable_gqa, nb::handle attn_mask) {
   constexpr const char* kOp = "ulysses_attention";
-  const Common c = common_args(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
-  qkv::dist::UlyssesAttentionOptions o;
-  o.is_causal = c.is_causal, o.layout = c.layout, o.scale = c.scale, o.enable_gqa = c.enable_gqa;
-  o.attn_mask = c.attn_mask;
-  const qkv::Tensor tq = to_tensor(q, arg_name(kOp, "q").c_str()), tk = to_tensor(k, arg_name(kOp, "k").c_str()),
-                    tv = to_tensor(v, arg_name(kOp, "v").c_str());
+  const auto o =
+      scheme_options<qkv::dist::UlyssesAttentionOptions>(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
+  const qkv::Tensor tq = tensor_arg(q, kOp, "q"), tk = tensor_arg(k, kOp, "k"), tv = tensor_arg(v, kOp, "v");
   const qkv::dist::Communicator world = communicator(comm);
   qkv::Tensor out;
   {
@@ -104,39 +100,34 @@ nb::object ring_backward(nb::handle q, nb::handle k, nb::handle v, nb::handle ou
                          nb::handle logsumexp, uint64_t comm, nb::handle is_causal, nb::handle layout, nb::handle scale,
                          nb::handle enable_gqa, nb::handle attn_mask) {
   constexpr const char* kOp = "ring_attention_backward";
-  const Common c = common_args(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
-  qkv::dist::RingAttentionOptions o;
-  o.is_causal = c.is_causal, o.layout = c.layout, o.scale = c.scale, o.enable_gqa = c.enable_gqa;
-  o.attn_mask = c.attn_mask;
-  auto arg = [&](nb::handle h, const char* name) { return to_tensor(h, arg_name(kOp, name).c_str()); };
-  const qkv::Tensor tq = arg(q, "q"), tk = arg(k, "k"), tv = arg(v, "v"), to = arg(out, "out"),
-                    tg = arg(grad_out, "grad_out"), tl = arg(logsumexp, "logsumexp");
+  const auto o = scheme_options<qkv::dist::RingAttentionOptions>(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
+  const qkv::Tensor tq = tensor_arg(q, kOp, "q"), tk = tensor_arg(k, kOp, "k"), tv = tensor_arg(v, kOp, "v"),
+                    to = tensor_arg(out, kOp, "out"), tg = tensor_arg(grad_out, kOp, "grad_out"),
+                    tl = tensor_arg(logsumexp, kOp, "logsumexp");
   const qkv::dist::Communicator world = communicator(comm);
   qkv::AttentionGradients g;
   {
     nb::gil_scoped_release release;
     g = qkv::dist::ring_attention_backward(tq, tk, tv, to, tg, tl, world, o);
   }
-  return nb::make_tuple(to_array_like(g.dq, q), to_array_like(g.dk, q), to_array_like(g.dv, q));
+  return gradients(g, q);
 }
 
 nb::object ulysses_backward(nb::handle q, nb::handle k, nb::handle v, nb::handle grad_out, uint64_t comm,
                             nb::handle is_causal, nb::handle layout, nb::handle scale, nb::handle enable_gqa,
                             nb::handle attn_mask) {
   constexpr const char* kOp = "ulysses_attention_backward";
-  const Common c = common_args(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
-  qkv::dist::UlyssesAttentionOptions o;
-  o.is_causal = c.is_causal, o.layout = c.layout, o.scale = c.scale, o.enable_gqa = c.enable_gqa;
-  o.attn_mask = c.attn_mask;
-  auto arg = [&](nb::handle h, const char* name) { return to_tensor(h, arg_name(kOp, name).c_str()); };
-  const qkv::Tensor tq = arg(q, "q"), tk = arg(k, "k"), tv = arg(v, "v"), tg = arg(grad_out, "grad_out");
+  const auto o =
+      scheme_options<qkv::dist::UlyssesAttentionOptions>(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
+  const qkv::Tensor tq = tensor_arg(q, kOp, "q"), tk = tensor_arg(k, kOp, "k"), tv = tensor_arg(v, kOp, "v"),
+                    tg = tensor_arg(grad_out, kOp, "grad_out");
   const qkv::dist::Communicator world = communicator(comm);
   qkv::AttentionGradients g;
   {
     nb::gil_scoped_release release;
     g = qkv::dist::ulysses_attention_backward(tq, tk, tv, tg, world, o);
   }
-  return nb::make_tuple(to_array_like(g.dq, q), to_array_like(g.dk, q), to_array_like(g.dv, q));
+  return gradients(g, q);
 }
 
 std::vector<std::pair<int64_t, int64_t>> chunks(int64_t length, int rank, int size, const std::string& layout) {
