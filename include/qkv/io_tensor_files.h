@@ -28,6 +28,12 @@ namespace qkv::io {
 // '|V2' and '>V2' are read as bfloat16 (see docs/formats.md).
 // The tensor is a view into one buffer holding the file when its data is aligned.
 Tensor load_npy(const std::filesystem::path& path);
+// Rows [start, stop) along `dim` of the array in a .npy file, reading only their bytes (one
+// read per contiguous run: prod(shape[:dim]) runs) after validating the header as load_npy
+// does: what each rank of a distributed job reads of a shared file (qkv attention --parallel).
+// A new contiguous tensor; a Fortran-order file is read whole and sliced. IndexError for a
+// dim or range outside the array.
+Tensor load_npy_slice(const std::filesystem::path& path, int64_t dim, int64_t start, int64_t stop);
 // `source` names the buffer in error messages. The bytes are copied.
 Tensor parse_npy(std::span<const std::byte> bytes, const std::string& source);
 // Writes C order, or Fortran order when `fortran_order` (numpy's layout for order='F').

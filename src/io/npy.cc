@@ -230,12 +230,17 @@ Tensor npy_from_storage(std::shared_ptr<Storage> file, const Context& ctx) {
   return view_or_copy(std::move(file), static_cast<size_t>(layout.data_offset), dtype, shape, strides);
 }
 
-std::vector<TensorInfo> inspect_npy(const std::filesystem::path& path, const Context& ctx) {
+// The header of a .npy file, validated against its size, reading only the header's bytes.
+Layout read_file_layout(const std::filesystem::path& path, const Context& ctx) {
   const uint64_t size = file_size(path, ctx);
   std::vector<std::byte> head = read_range(path, 0, 12, ctx);
   const Preamble p = read_preamble(head, size, ctx);
   head = read_range(path, 0, static_cast<size_t>(p.header_offset + p.header_len), ctx);
-  const Layout layout = read_layout(head, size, ctx);
+  return read_layout(head, size, ctx);
+}
+
+std::vector<TensorInfo> inspect_npy(const std::filesystem::path& path, const Context& ctx) {
+  const Layout layout = read_file_layout(path, ctx);
   return {
       TensorInfo{path.stem().string(), path.stem().string(), std::string(listed_dtype(layout)), layout.header.shape}};
 }
@@ -249,6 +254,40 @@ Tensor parse_npy(std::span<const std::byte> bytes, const std::string& source) {
 Tensor load_npy(const std::filesystem::path& path) {
   const detail::Context ctx{"load_npy", path.string()};
   return detail::npy_from_storage(detail::read_file(path, ctx), ctx);
+}
+
+Tensor load_npy_slice(const std::filesystem::path& path, int64_t dim, int64_t start, int64_t stop) {
+  const detail::Context ctx{"load_npy_slice", path.string()};
+  const detail::Layout layout = detail::read_file_layout(path, ctx);
+  if (!layout.descr.supported) detail::fail_unsupported(layout, ctx);
+  const Shape& shape = layout.header.shape;
+  const int64_t axis = dim < 0 ? dim + static_cast<int64_t>(shape.size()) : dim;
+  if (axis < 0 || axis >= static_cast<int64_t>(shape.size()) || start < 0 || start > stop ||
+      stop > shape[static_cast<size_t>(axis)]) {
+    fail<IndexError>("load_npy_slice: [", start, ", ", stop, ") along dim ", dim, " of ", shape_str(shape), " in ",
+                     path.string());
+  }
+  if (layout.header.fortran_order) return load_npy(path).slice(axis, start, stop).contiguous();  // runs are columns
+  const DType dtype = layout.descr.dtype;
+  Shape out_shape = shape;
+  out_shape[static_cast<size_t>(axis)] = stop - start;
+  Tensor out = Tensor::empty(out_shape, dtype);
+  // C order: the slice is prod(shape[:axis]) runs of (stop - start) * prod(shape[axis+1:]) elements.
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= shape[static_cast<size_t>(d)];
+  for (size_t d = static_cast<size_t>(axis) + 1; d < shape.size(); ++d) inner *= shape[d];
+  const auto item = static_cast<uint64_t>(qkv::itemsize(dtype));
+  const auto run = static_cast<size_t>(static_cast<uint64_t>((stop - start) * inner) * item);
+  auto* dst = static_cast<std::byte*>(out.raw_data());
+  for (int64_t o = 0; o < outer && run > 0; ++o) {
+    const uint64_t at = layout.data_offset + static_cast<uint64_t>(o * shape[static_cast<size_t>(axis)] + start) *
+                                                 static_cast<uint64_t>(inner) * item;
+    const std::vector<std::byte> bytes = detail::read_range(path, at, run, ctx);
+    std::memcpy(dst + static_cast<size_t>(o) * run, bytes.data(), run);
+  }
+  if (layout.descr.big_endian) detail::byteswap_inplace(dst, out.nbytes(), qkv::itemsize(dtype));
+  if (dtype == DType::b8) detail::normalize_bools(dst, out.nbytes());
+  return out;
 }
 
 std::vector<std::byte> serialize_npy(const Tensor& tensor, bool fortran_order) {

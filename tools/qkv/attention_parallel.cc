@@ -2,15 +2,19 @@
 // mpiexec job (qkv/dist; docs/distributed.md).
 //
 //   mpiexec -np 4 qkv attention --q q.npy --k k.npy --v v.npy --parallel ring --causal -o o.npy
-// Every rank loads the full files and keeps its shard (ring, ulysses: along the sequence, in
-// --layout; heads: its heads); rank 0 gathers and writes the full output. With "{rank}" in
+// Every rank reads only its shard of the full files (ring, ulysses: its sequence chunks in
+// --layout; heads: its heads; .npy files through io::load_npy_slice, other formats whole and
+// sliced); rank 0 gathers and writes the full output. With "{rank}" in
 // the file names, each rank reads its own pre-sharded files and writes its own output.
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
+#include "qkv/io_tensor_files.h"
 #ifdef QKV_HAVE_MPI
 #include "qkv/dist/ring_attention.h"
 #include "qkv/dist/ulysses_attention.h"
@@ -38,6 +42,34 @@ Tensor local_part(const Tensor& full, const ParallelAttentionCall& c, const dist
   int64_t first = 0;
   for (int r = 0; r < comm.rank(); ++r) first += sizes[static_cast<size_t>(r)];
   return full.slice(-3, first, first + sizes[static_cast<size_t>(comm.rank())]);
+}
+
+// This rank's part of a .npy file, reading only its rows (io::load_npy_slice: one read per
+// contiguous run); other formats are loaded whole and sliced.
+Tensor read_local_part(const std::string& spec, const ParallelAttentionCall& c, const dist::Communicator& comm) {
+  const std::filesystem::path path(spec);
+  if (path.extension() != ".npy") return local_part(load_tensor(spec), c, comm);
+  const Shape shape = io::inspect(path).at(0).shape;
+  const auto nd = static_cast<int64_t>(shape.size());
+  if (nd < 3) return local_part(load_tensor(spec), c, comm);  // the scheme's own shape error
+  if (c.scheme == "heads") {
+    const std::vector<int64_t> sizes = dist::split_sizes(shape[static_cast<size_t>(nd - 3)], comm.size());
+    int64_t first = 0;
+    for (int r = 0; r < comm.rank(); ++r) first += sizes[static_cast<size_t>(r)];
+    return io::load_npy_slice(path, nd - 3, first, first + sizes[static_cast<size_t>(comm.rank())]);
+  }
+  std::vector<Tensor> parts;
+  for (const dist::Chunk& ch : dist::sequence_chunks(shape[static_cast<size_t>(nd - 2)], comm.rank(), comm.size(),
+                                                     dist::sequence_layout_from_name(c.layout))) {
+    parts.push_back(io::load_npy_slice(path, nd - 2, ch.start, ch.start + ch.length));
+  }
+  if (parts.size() == 1) return parts[0];
+  Shape out_shape = shape;
+  out_shape[static_cast<size_t>(nd - 2)] = parts[0].size(-2) + parts[1].size(-2);
+  Tensor out = Tensor::empty(out_shape, parts[0].dtype());
+  out.slice(-2, 0, parts[0].size(-2)).copy_from(parts[0]);
+  out.slice(-2, parts[0].size(-2), out_shape[static_cast<size_t>(nd - 2)]).copy_from(parts[1]);
+  return out;
 }
 
 Tensor run_scheme(const Tensor& q, const Tensor& k, const Tensor& v, const ParallelAttentionCall& c,
@@ -70,8 +102,8 @@ void run_parallel_attention(const ParallelAttentionCall& c) {
   const dist::Communicator comm = dist::Communicator::world();
   const bool sharded = per_rank(c);
   auto input = [&](const std::string& spec) {
-    const Tensor t = load_tensor(for_rank(spec, comm.rank()));
-    return (sharded ? t : local_part(t, c, comm)).to(DType::f32).contiguous();
+    const Tensor t = sharded ? load_tensor(for_rank(spec, comm.rank())) : read_local_part(spec, c, comm);
+    return t.to(DType::f32).contiguous();
   };
   const Tensor q = input(c.q), k = input(c.k), v = input(c.v);
   const Tensor out = run_scheme(q, k, v, c, comm).contiguous();
