@@ -10,23 +10,14 @@
 #include <vector>
 
 #include "common/expect.h"
+#include "common/relative_error.h"
 #include "qkv/attention.h"
 #include "qkv/linear_attention.h"
 
 namespace qkv {
 namespace {
 
-double max_rel(const Tensor& got, const Tensor& want) {
-  EXPECT_EQ(got.shape(), want.shape());
-  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < w.size(); ++i) {
-    const double d = std::fabs(g[i] - w[i]);
-    err = std::isnan(d) ? INFINITY : std::max(err, d);
-    scale = std::max(scale, std::fabs(w[i]));
-  }
-  return err / std::max(scale, 1e-300);
-}
+using qkv::testing::max_relative_error;
 
 TEST(LinearAttention, ReferenceIsTheFormulaOnAHandCase) {
   // One key: every query's output is that key's value (phi > 0, weights normalised).
@@ -57,8 +48,9 @@ TEST(LinearAttention, FusedMatchesTheReference) {
                  k = Tensor::randn({b, h, lk, d}, rng()).to(DType::f64);
     const Tensor v = Tensor::randn({b, h, lk, dv}, rng()).to(DType::f64);
     const Tensor want = linear_attention_reference(q, k, v, o);
-    const double e64 = max_rel(linear_attention(q, k, v, o), want);
-    const double e32 = max_rel(linear_attention(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), o), want);
+    const double e64 = max_relative_error(linear_attention(q, k, v, o), want);
+    const double e32 =
+        max_relative_error(linear_attention(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), o), want);
     EXPECT_LE(e64, 1e-12) << i;
     EXPECT_LE(e32, 2e-5) << i;
     worst64 = std::max(worst64, e64), worst32 = std::max(worst32, e32);
@@ -108,7 +100,7 @@ TEST(LinearAttention, FavorMatchesItsReferenceAndApproachesSoftmax) {
     o.chunk = 7;
     const Tensor q = Tensor::randn({2, l, d}, rng(), DType::f64), k = Tensor::randn({2, l, d}, rng(), DType::f64);
     const Tensor v = Tensor::randn({2, l, 3}, rng(), DType::f64);
-    EXPECT_LE(max_rel(linear_attention(q, k, v, o), linear_attention_reference(q, k, v, o)), 1e-12) << i;
+    EXPECT_LE(max_relative_error(linear_attention(q, k, v, o), linear_attention_reference(q, k, v, o)), 1e-12) << i;
   }
   // ... and, as the number of features grows, towards exact softmax attention (an unbiased
   // estimate of exp(q . k / sqrt(D)) whose variance falls as 1/m; fixed seeds).

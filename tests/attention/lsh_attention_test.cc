@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/expect.h"
+#include "common/relative_error.h"
 #include "common/sdpa_fixtures.h"
 #include "common/thread_guard.h"
 #include "qkv/einsum.h"
@@ -23,19 +24,7 @@
 namespace qkv {
 namespace {
 
-// max |got - want| / max |want|, NaN-aware; shapes must agree.
-double max_rel(const Tensor& got, const Tensor& want) {
-  EXPECT_EQ(got.shape(), want.shape());
-  if (got.shape() != want.shape()) return INFINITY;
-  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < w.size(); ++i) {
-    const double d = std::fabs(g[i] - w[i]);
-    err = std::isnan(d) ? INFINITY : std::max(err, d);
-    scale = std::max(scale, std::fabs(w[i]));
-  }
-  return err / std::max(scale, 1e-300);
-}
+using qkv::testing::max_relative_error;
 
 // [B, H, L, D] -> Reformer's merged heads [B, L, H * D].
 Tensor merge_heads(const Tensor& x) {
@@ -72,15 +61,16 @@ TEST(LshAttention, MatchesReformerLSHSelfAttention) {
     // log(2) rounded to a spacing of 2^-7, weighs each round exp(-0.6953) = 0.4989, not 1/2 (the
     // token's output is 0.998 of its value). qkv weighs by exp(lse_r - max) / sum instead.
     const double hf_tol = f64 || !o.is_causal ? tol : 3e-3;
-    EXPECT_LE(max_rel(merge_heads(lsh_attention(qk, v, o)), want), hf_tol);
-    EXPECT_LE(max_rel(merge_heads(lsh_attention_reference(qk, v, o)), want), hf_tol);
+    EXPECT_LE(max_relative_error(merge_heads(lsh_attention(qk, v, o)), want), hf_tol);
+    EXPECT_LE(max_relative_error(merge_heads(lsh_attention_reference(qk, v, o)), want), hf_tol);
     // The layer end to end: its projections by einsum, then the attention.
     const Tensor& hidden = f.tensors.at("hidden");
     const int64_t b = hidden.size(0), l = hidden.size(1), h = qk.size(1), d = qk.size(3);
     auto project = [&](const Tensor& w) {
       return einsum("bli,oi->blo", {hidden, w}).reshape({b, l, h, d}).permute({0, 2, 1, 3}).contiguous();
     };
-    EXPECT_LE(max_rel(merge_heads(lsh_attention(project(f.tensors.at("w_qk")), project(f.tensors.at("w_v")), o)), want),
+    EXPECT_LE(max_relative_error(
+                  merge_heads(lsh_attention(project(f.tensors.at("w_qk")), project(f.tensors.at("w_v")), o)), want),
               hf_tol);
     // The buckets, with Reformer's offsets: round r adds r * (n + 1 if any token is padding).
     const auto hf = f.tensors.find("buckets");
@@ -133,7 +123,7 @@ TEST(LshAttention, KernelMatchesTheReference) {
     const RandomCase c = random_case(rng, i, i % 2 == 0 ? DType::f64 : DType::f32);
     const Tensor got = lsh_attention(c.qk, c.v, c.o), want = lsh_attention_reference(c.qk, c.v, c.o);
     EXPECT_EQ(got.dtype(), c.qk.dtype());
-    const double e = max_rel(got, want);
+    const double e = max_relative_error(got, want);
     (c.qk.dtype() == DType::f64 ? worst64 : worst32) = std::max(e, c.qk.dtype() == DType::f64 ? worst64 : worst32);
   }
   std::printf("lsh kernel vs reference: worst f64 %.2e, f32 %.2e\n", worst64, worst32);
@@ -147,7 +137,7 @@ TEST(LshAttention, LongerSequencesMatchTheReference) {
     LshAttentionOptions o;
     o.chunk_length = 32, o.n_hashes = 2, o.is_causal = l == 512;
     const Tensor qk = Tensor::randn({1, 2, l, 32}, rng()).to(DType::f64), v = Tensor::randn({1, 2, l, 16}, rng());
-    EXPECT_LE(max_rel(lsh_attention(qk, v.to(DType::f64), o), lsh_attention_reference(qk, v, o)), 1e-11);
+    EXPECT_LE(max_relative_error(lsh_attention(qk, v.to(DType::f64), o), lsh_attention_reference(qk, v, o)), 1e-11);
   }
 }
 
@@ -219,7 +209,7 @@ TEST(LshAttention, OneRotationForEveryHeadAndHalfInputs) {
   // bf16 inputs compute in float32 and come back in bf16.
   const Tensor half = lsh_attention(qk.to(DType::bf16), v.to(DType::bf16), shared);
   EXPECT_EQ(half.dtype(), DType::bf16);
-  EXPECT_LE(max_rel(half, lsh_attention_reference(qk.to(DType::bf16), v.to(DType::bf16), shared)), 1e-2);
+  EXPECT_LE(max_relative_error(half, lsh_attention_reference(qk.to(DType::bf16), v.to(DType::bf16), shared)), 1e-2);
 }
 
 TEST(LshAttention, DefaultBucketsAreReformers) {

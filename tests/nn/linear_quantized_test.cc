@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/relative_error.h"
 #include "qkv/nn/linear.h"
 #include "qkv/nn/mha.h"
 
@@ -27,15 +28,7 @@ std::vector<double> quantized_row(const float* x, int64_t n, double& scale) {
   return q;
 }
 
-double max_rel(const Tensor& got, const Tensor& want) {
-  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
-  double err = 0.0, scale = 0.0;
-  for (size_t i = 0; i < w.size(); ++i) {
-    err = std::max(err, std::fabs(g[i] - w[i]));
-    scale = std::max(scale, std::fabs(w[i]));
-  }
-  return err / std::max(scale, 1e-30);
-}
+using qkv::testing::max_relative_error;
 
 // ||got - want|| / ||want|| (Frobenius): the relative error issue 14 bounds by 1e-2.
 double norm_rel(const Tensor& got, const Tensor& want) {
@@ -76,7 +69,7 @@ TEST(LinearQuantized, MatchesTheDefinitionInFloat64) {
   // The zero token gives exactly the bias.
   for (int64_t n = 0; n < out; ++n) EXPECT_EQ(yv[static_cast<size_t>(5 * out + n)], bv[static_cast<size_t>(n)]);
   // Against float32: int8 costs ~1e-2 of the output's scale at most.
-  const double rel = max_rel(y, Linear::torch(w, b).forward(x));
+  const double rel = max_relative_error(y, Linear::torch(w, b).forward(x));
   EXPECT_LT(rel, 2e-2);
   EXPECT_GT(rel, 0.0);
 }
@@ -86,7 +79,7 @@ TEST(LinearQuantized, LayoutsAndErrors) {
   const Linear f = Linear::keras(kernel, std::nullopt);
   const Linear q = f.quantize_dynamic();
   const Tensor x = Tensor::randn({5, 16}, 5);
-  EXPECT_LT(max_rel(q.forward(x), f.forward(x)), 2e-2);
+  EXPECT_LT(max_relative_error(q.forward(x), f.forward(x)), 2e-2);
   EXPECT_THROW((void)f.quantized_weight(), ValueError);
   EXPECT_THROW((void)q.forward(Tensor::randn({5, 15}, 6)), ShapeError);
 }
@@ -109,7 +102,7 @@ TEST(MultiheadAttentionQuantized, StaysWithinTwoPercentOfFloat32) {
   for (bool self : {true, false}) {
     const Tensor& k = self ? x : kv;
     const Tensor yq = q.forward(x, k, k, o).output, yf = f.forward(x, k, k, o).output;
-    const double rel = norm_rel(yq, yf), rel_max = max_rel(yq, yf);
+    const double rel = norm_rel(yq, yf), rel_max = max_relative_error(yq, yf);
     EXPECT_LT(rel, 2e-2) << "self " << self;
     EXPECT_LT(rel_max, 3e-2) << "self " << self;
     worst = std::max(worst, rel), worst_max = std::max(worst_max, rel_max);
