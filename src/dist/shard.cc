@@ -24,17 +24,19 @@ std::vector<int64_t> split_sizes(int64_t n, int64_t parts) {
   return sizes;
 }
 
+Chunk split_part(int64_t n, int64_t parts, int64_t index) {
+  if (index < 0 || index >= parts) fail<ValueError>("split_part: part ", index, " of ", parts);
+  const std::vector<int64_t> sizes = split_sizes(n, parts);
+  int64_t start = 0;
+  for (int64_t i = 0; i < index; ++i) start += sizes[static_cast<size_t>(i)];
+  return {start, sizes[static_cast<size_t>(index)]};
+}
+
 std::vector<Chunk> sequence_chunks(int64_t length, int rank, int size, SequenceLayout layout) {
   if (size < 1 || rank < 0 || rank >= size) fail<ValueError>("sequence_chunks: rank ", rank, " of ", size);
-  const int64_t parts = layout == SequenceLayout::zigzag ? 2 * int64_t{size} : size;
-  const std::vector<int64_t> sizes = split_sizes(length, parts);
-  auto chunk = [&](int64_t c) {
-    int64_t start = 0;
-    for (int64_t i = 0; i < c; ++i) start += sizes[static_cast<size_t>(i)];
-    return Chunk{start, sizes[static_cast<size_t>(c)]};
-  };
-  if (layout == SequenceLayout::contiguous) return {chunk(rank)};
-  return {chunk(rank), chunk(parts - 1 - rank)};
+  if (layout == SequenceLayout::contiguous) return {split_part(length, size, rank)};
+  const int64_t parts = 2 * int64_t{size};
+  return {split_part(length, parts, rank), split_part(length, parts, parts - 1 - rank)};
 }
 
 namespace {

@@ -63,15 +63,15 @@ TensorParallelAttention::TensorParallelAttention(const TensorParallelAttentionCo
   const int64_t g = c.num_heads / c.num_kv_heads;
   const int p = comm.size(), r = comm.rank();
   if (c.num_kv_heads >= p) {  // split the key/value heads; query heads follow their groups
-    const std::vector<int64_t> kv = split_sizes(c.num_kv_heads, p);
-    for (int i = 0; i < r; ++i) k0_ += kv[static_cast<size_t>(i)];
-    hk_local_ = kv[static_cast<size_t>(r)];
+    const Chunk kv = split_part(c.num_kv_heads, p, r);
+    k0_ = kv.start;
+    hk_local_ = kv.length;
     q0_ = k0_ * g;
     hq_local_ = hk_local_ * g;
   } else {  // split the query heads; replicate the key/value heads they use
-    const std::vector<int64_t> qs = split_sizes(c.num_heads, p);
-    for (int i = 0; i < r; ++i) q0_ += qs[static_cast<size_t>(i)];
-    hq_local_ = qs[static_cast<size_t>(r)];
+    const Chunk qs = split_part(c.num_heads, p, r);
+    q0_ = qs.start;
+    hq_local_ = qs.length;
     k0_ = q0_ / g;
     hk_local_ = hq_local_ == 0 ? 0 : (q0_ + hq_local_ - 1) / g - k0_ + 1;
   }

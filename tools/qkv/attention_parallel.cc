@@ -38,10 +38,8 @@ bool per_rank(const ParallelAttentionCall& c) { return c.q.find("{rank}") != std
 Tensor local_part(const Tensor& full, const ParallelAttentionCall& c, const dist::Communicator& comm) {
   const dist::SequenceLayout layout = dist::sequence_layout_from_name(c.layout);
   if (c.scheme != "heads") return dist::shard_sequence(full, -2, comm.rank(), comm.size(), layout);
-  const std::vector<int64_t> sizes = dist::split_sizes(full.size(-3), comm.size());
-  int64_t first = 0;
-  for (int r = 0; r < comm.rank(); ++r) first += sizes[static_cast<size_t>(r)];
-  return full.slice(-3, first, first + sizes[static_cast<size_t>(comm.rank())]);
+  const dist::Chunk heads = dist::split_part(full.size(-3), comm.size(), comm.rank());
+  return full.slice(-3, heads.start, heads.start + heads.length);
 }
 
 // This rank's part of a .npy file, reading only its rows (io::load_npy_slice: one read per
@@ -53,10 +51,8 @@ Tensor read_local_part(const std::string& spec, const ParallelAttentionCall& c, 
   const auto nd = static_cast<int64_t>(shape.size());
   if (nd < 3) return local_part(load_tensor(spec), c, comm);  // the scheme's own shape error
   if (c.scheme == "heads") {
-    const std::vector<int64_t> sizes = dist::split_sizes(shape[static_cast<size_t>(nd - 3)], comm.size());
-    int64_t first = 0;
-    for (int r = 0; r < comm.rank(); ++r) first += sizes[static_cast<size_t>(r)];
-    return io::load_npy_slice(path, nd - 3, first, first + sizes[static_cast<size_t>(comm.rank())]);
+    const dist::Chunk heads = dist::split_part(shape[static_cast<size_t>(nd - 3)], comm.size(), comm.rank());
+    return io::load_npy_slice(path, nd - 3, heads.start, heads.start + heads.length);
   }
   std::vector<Tensor> parts;
   for (const dist::Chunk& ch : dist::sequence_chunks(shape[static_cast<size_t>(nd - 2)], comm.rank(), comm.size(),

@@ -22,11 +22,14 @@ std::string_view sequence_layout_name(SequenceLayout layout);
 // Sizes of an even split of n items into `parts` (the first n % parts one larger).
 std::vector<int64_t> split_sizes(int64_t n, int64_t parts);
 
-// One run of consecutive sequence positions a rank holds.
+// One run of consecutive sequence positions (or heads) a rank holds.
 struct Chunk {
   int64_t start = 0;   // first global position
   int64_t length = 0;  // positions
 };
+
+// Part `index` of split_sizes(n, parts): where it starts and how long it is.
+Chunk split_part(int64_t n, int64_t parts, int64_t index);
 
 // The chunks rank `rank` of `size` holds of a sequence of `length`, in the order they are
 // stored in its shard.
