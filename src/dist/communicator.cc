@@ -100,7 +100,7 @@ Request Communicator::irecv(const Tensor& into, int source, int tag) const {
   MPI_Request r = MPI_REQUEST_NULL;
   check_mpi(MPI_Irecv(into.raw_data(), byte_count(into.nbytes(), what), MPI_BYTE, source, tag, handle_->comm, &r),
             what);
-  return Request(r, what, {into});
+  return Request(r, what, {into}, static_cast<int64_t>(into.nbytes()));
 }
 
 void Communicator::all_reduce_sum(const Tensor& tensor) const {

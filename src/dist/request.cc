@@ -49,11 +49,12 @@ void check_mpi(int rc, const std::string& what) {
   fail<CommunicationError>(what, " failed: ", std::string(text, static_cast<size_t>(n)));
 }
 
-Request::Request(MPI_Request request, std::string what, std::vector<Tensor> keep_alive)
-    : request_(request), what_(std::move(what)), keep_alive_(std::move(keep_alive)) {}
+Request::Request(MPI_Request request, std::string what, std::vector<Tensor> keep_alive, int64_t expect_bytes)
+    : request_(request), expect_bytes_(expect_bytes), what_(std::move(what)), keep_alive_(std::move(keep_alive)) {}
 
 Request::Request(Request&& other) noexcept
     : request_(std::exchange(other.request_, MPI_REQUEST_NULL)),
+      expect_bytes_(other.expect_bytes_),
       what_(std::move(other.what_)),
       keep_alive_(std::move(other.keep_alive_)) {}
 
@@ -61,6 +62,7 @@ Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
     settle();
     request_ = std::exchange(other.request_, MPI_REQUEST_NULL);
+    expect_bytes_ = other.expect_bytes_;
     what_ = std::move(other.what_);
     keep_alive_ = std::move(other.keep_alive_);
   }
@@ -91,9 +93,17 @@ void Request::abandon() noexcept {
 bool Request::test() {
   if (request_ == MPI_REQUEST_NULL) return true;
   int done = 0;
-  check_mpi(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), what_);
-  if (done) keep_alive_.clear();
-  return done != 0;
+  MPI_Status status;
+  check_mpi(MPI_Test(&request_, &done, &status), what_);
+  if (!done) return false;
+  keep_alive_.clear();
+  // A longer message is MPI's truncation error above; a shorter one completes quietly.
+  int received = 0;
+  if (expect_bytes_ >= 0 && MPI_Get_count(&status, MPI_BYTE, &received) == MPI_SUCCESS && received != expect_bytes_) {
+    fail<CommunicationError>(what_, ": received ", received, " bytes, expected ", expect_bytes_,
+                             " (the sender's tensor has another shape or dtype)");
+  }
+  return true;
 }
 
 bool Request::poll(double limit) {

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "common/expect.h"
 #include "dist/dist_test_util.h"
 #include "qkv/dist/shard.h"
 #include "qkv/error.h"
@@ -31,6 +32,16 @@ TEST(Communicator, RingOfSendsAndReceivesDeliversEachNeighboursTensor) {
   r.push_back(c.isend(mine.transpose(0, 1).contiguous().transpose(0, 1), next, 7));  // strided: packed once
   wait_all(r);
   EXPECT_EQ(got.to_vector<float>(), tagged({3, 5}, prev).to_vector<float>());
+}
+
+TEST(Communicator, AShorterMessageThanTheReceivingTensorIsAnError) {
+  const Communicator c = world();
+  const int next = (c.rank() + 1) % c.size(), prev = (c.rank() - 1 + c.size()) % c.size();
+  const Tensor got = Tensor::empty({3});
+  Request recv = c.irecv(got, prev, 9);
+  Request send = c.isend(Tensor::zeros({2}), next, 9);
+  EXPECT_THROW_WITH(recv.wait(), CommunicationError, "received 8 bytes, expected 12");
+  send.wait();
 }
 
 TEST(Communicator, AllReduceSumsEveryRank) {

@@ -53,7 +53,8 @@ double default_timeout_seconds();
 class Request {
  public:
   Request() = default;
-  Request(MPI_Request request, std::string what, std::vector<Tensor> keep_alive);
+  // expect_bytes >= 0: a receive, whose completed message must be exactly that long.
+  Request(MPI_Request request, std::string what, std::vector<Tensor> keep_alive, int64_t expect_bytes = -1);
   Request(Request&& other) noexcept;
   Request& operator=(Request&& other) noexcept;
   Request(const Request&) = delete;
@@ -72,6 +73,7 @@ class Request {
   void abandon() noexcept;          // gives the request up; its buffers are never freed
 
   MPI_Request request_ = MPI_REQUEST_NULL;
+  int64_t expect_bytes_ = -1;       // receives: the buffer's size (a shorter message is an error too)
   std::string what_;                // "ring_attention: irecv of [1, 8, 512, 64] f32 from rank 1"
   std::vector<Tensor> keep_alive_;  // the buffers MPI reads or writes until completion
 };
