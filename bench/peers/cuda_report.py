@@ -9,7 +9,7 @@ benchmarks named `BM_AttentionCuda/B:4/H:16/L:4096/D:128/causal:0[/...]` and
 user counter TFLOPs.
 With --benchmark_repetitions the "median" aggregate is taken, else the median of the
 iteration rows of that name. Context keys read when present: gpu, cuda_driver,
-cuda_runtime (benchmark::AddCustomContext).
+cuda_runtime (benchmark::AddCustomContext; CUDA's integers, 13000, print as 13.0).
 --torch: bench/peers/sdpa_cuda.py's JSON ({"context": ..., "rows": [...]}).
 
 Columns: shape, causal, qkv TFLOP/s, torch flash TFLOP/s, qkv / torch, and each as a
@@ -99,16 +99,23 @@ def load_torch(path):
     return doc.get("context", {}), attention, gemm
 
 
+def cuda_version(value):
+    """CUDA's integer versions (cudaRuntimeGetVersion's 13000) as '13.0'; other text as it is."""
+    if str(value).isdigit() and int(value) >= 1000:
+        return f"{int(value) // 1000}.{int(value) % 1000 // 10}"
+    return value
+
+
 def header(qctx, tctx, cuda_runtime=None):
     """One line naming the GPU, driver, CUDA runtimes and torch version (what each side reported)."""
     gpu = qctx.get("gpu") or tctx.get("gpu") or "unknown GPU"
     extra = [f"cc {tctx['compute_capability']}"] if tctx.get("compute_capability") else []
     extra += [f"{tctx['multiprocessors']} SMs"] if tctx.get("multiprocessors") else []
-    driver = tctx.get("driver") or qctx.get("cuda_driver") or "?"
-    api = tctx.get("cuda_driver_api")
-    qkv_rt = qctx.get("cuda_runtime") or cuda_runtime or "?"
+    driver = tctx.get("driver") or "?"
+    api = tctx.get("cuda_driver_api") or qctx.get("cuda_driver")
+    qkv_rt = cuda_version(qctx.get("cuda_runtime") or cuda_runtime or "?")
     return (f"GPU: {gpu}{' (' + ', '.join(extra) + ')' if extra else ''}; driver {driver}"
-            f"{f' (CUDA {api // 1000}.{api % 1000 // 10})' if isinstance(api, int) else ''}; "
+            f"{f' (CUDA {cuda_version(api)})' if api else ''}; "
             f"CUDA runtime: qkv {qkv_rt}, torch {tctx.get('torch_cuda_runtime', '?')}; "
             f"torch {tctx.get('torch', '?')}")
 

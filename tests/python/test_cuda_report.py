@@ -140,6 +140,15 @@ def test_target_met_when_every_row_has_a_pair(tmp_path, files):
     assert cuda_report.report(str(path), files[1]).endswith("min 0.70 over 4 of 4 rows (target >= 0.70: not met)\n")
 
 
+def test_header_from_qkv_context_alone(tmp_path):
+    # attention_cuda_bench's context: cudaDriverGetVersion / cudaRuntimeGetVersion integers
+    path = tmp_path / "qkv.json"
+    path.write_text(json.dumps({"context": {"gpu": "NVIDIA H200", "cuda_driver": "13000", "cuda_runtime": "13000"},
+                                "benchmarks": []}))
+    assert cuda_report.report(str(path), None).splitlines()[0] == (
+        "GPU: NVIDIA H200; driver ? (CUDA 13.0); CUDA runtime: qkv 13.0, torch ?; torch ?")
+
+
 def test_missing_qkv_file_leaves_dashes_and_uses_torch_gemm(tmp_path, files, capsys):
     text = cuda_report.report(str(tmp_path / "absent.json"), files[1], cuda_runtime="13.0")
     assert "no qkv results" in capsys.readouterr().err
