@@ -12,7 +12,7 @@ FUZZ_SECONDS ?= 300
 PYTHON_EXT := $(if $(filter release debug,$(PRESET)),ON,OFF)
 PYTHON_FLAGS := -DQKV_BUILD_PYTHON=$(PYTHON_EXT) $(if $(filter ON,$(PYTHON_EXT)),-DPython_EXECUTABLE=$(abspath $(PY)))
 
-.PHONY: all deps venv configure build demo test ctest python pytest asan fuzz fixtures fixtures-venv test-torch bench fresh-check clean
+.PHONY: all deps venv configure build demo test test-cuda ctest python pytest asan fuzz fixtures fixtures-venv test-torch bench fresh-check clean
 
 all: build
 
@@ -38,8 +38,12 @@ build: configure
 demo: build
 	$(BUILD)/bin/qkv demo
 
+# GPU tests (label cuda) only where a GPU is: `make test-cuda` (docs/cuda.md).
 ctest: build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -LE cuda $(CTEST_ARGS)
+
+test-cuda: build
+	ctest --test-dir $(BUILD) --output-on-failure -L cuda
 
 # Installs the qkv package into .venv from the tree `make build` made: scikit-build-core
 # reconfigures $(BUILD), finds every target up to date (nothing is compiled again) and

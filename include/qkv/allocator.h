@@ -34,6 +34,13 @@ Allocator& cpu_allocator();
 // registered for it; DeviceError naming `op` and the device when there is none.
 Allocator& allocator_for(Device device, std::string_view op = "Storage::allocate");
 
+// True when `device`'s memory comes from qkv's own backend for it (cuda:N in a CUDA
+// build with that GPU present, no allocator registered over it): only then do the
+// backend's copies and kernels run on its tensors. False for the CPU and for devices
+// served by a registered allocator (a test's fake device), whose tensors every
+// operation refuses with DeviceError.
+bool served_by_backend(Device device);
+
 // Serves `device` with `allocator` from now on (nullptr: no longer served).
 // ValueError for the CPU, whose allocator is fixed.
 void register_allocator(Device device, Allocator* allocator);

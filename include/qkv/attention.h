@@ -151,4 +151,20 @@ AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tens
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& options = {});
 
+// Variable-length batches (FlashAttention's varlen layout): N sequences of different
+// lengths packed along dim 0, no padding.
+//   q [Tq, Hq, Dk], k [Tk, Hk, Dk], v [Tk, Hk, Dv]; sequence s is rows
+//   cu_seqlens_q[s] .. cu_seqlens_q[s+1] of q and cu_seqlens_k[s] .. cu_seqlens_k[s+1]
+//   of k and v (int32 or int64, [N + 1], starting at 0, non-decreasing, ending at Tq
+//   and Tk; on the CPU or the tensors' device). Each sequence attends only to itself.
+//   options: is_causal (per sequence, top-left), scale, enable_gqa (Hk divides Hq),
+//   return_logsumexp; attn_mask, dropout, return_weights and mods are a ValueError.
+//   output [Tq, Hq, Dv] in q's dtype; logsumexp [Hq, Tq] float32 (float64 for f64).
+// On the CPU each sequence runs scaled_dot_product_attention on views; on a GPU one
+// launch covers every sequence (docs/cuda.md). Errors name
+// "scaled_dot_product_attention_varlen".
+AttentionResult scaled_dot_product_attention_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                    const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                                    const AttentionOptions& options = {});
+
 }  // namespace qkv

@@ -121,8 +121,9 @@ class Tensor {
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   // Where the elements live. Views, data<T>() and raw_data() work on any device;
-  // element access, copies, to(), fill and to_string run on the CPU and are a
-  // DeviceError for a tensor elsewhere.
+  // element access, to(dtype), fill and to_string run on the CPU and are a
+  // DeviceError for a tensor elsewhere; clone, contiguous and copy_from (same dtype)
+  // also run on a GPU, and to(Device) moves between devices.
   Device device() const { return storage_->device(); }
   // True when the storage must not be written (a read-only buffer, and every view of it).
   bool is_read_only() const { return storage_->read_only(); }
@@ -191,6 +192,10 @@ class Tensor {
   Tensor clone() const;
   // Converted copy (this tensor itself when the dtype already matches).
   Tensor to(DType dtype) const;
+  // Contiguous copy on `device` (this tensor itself when already there): host to GPU,
+  // GPU to host (returns once the bytes are there), GPU to GPU (qkv/cuda.h).
+  // DeviceError when no backend serves the device.
+  Tensor to(Device device) const;
   // Writes `src` into this tensor, broadcasting src and converting its dtype
   // (ValueError when this tensor is read-only).
   void copy_from(const Tensor& src) const;

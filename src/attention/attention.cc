@@ -2,6 +2,7 @@
 // the inputs' device and dtype and hands it the checked problem.
 #include "qkv/attention.h"
 #include "attention/attention_cpu.h"
+#include "attention/attention_cuda.h"
 #include "attention/attention_reference.h"
 #include "attention/problem.h"
 
@@ -58,7 +59,8 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
       // 1/sqrt(0) by default), which the reference spells out.
       if (p.dk == 0) return attention::reference_attention(p, options);
       return attention::flash_attention_cpu(p, options);
-    case DeviceKind::cuda: break;  // no CUDA kernel yet: a CUDA backend returns its kernel here
+    case DeviceKind::cuda:
+      return attention::flash_attention_cuda(p, options);  // bf16/f16, FlashAttention-2 (docs/cuda.md)
   }
   fail_no_kernel(kOp, p.device);
 }

@@ -4,9 +4,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 
+#include "kernels/cuda/cuda_runtime.h"
+#include "qkv/cuda.h"
 #include "qkv/tensor.h"
 
 namespace qkv {
@@ -26,6 +29,38 @@ class CpuAllocator final : public Allocator {
  private:
   static constexpr size_t kAlign = Storage::kAlignment;
 };
+
+// Device memory of one GPU (cudaMalloc/cudaFree through the CUDA runtime): what
+// cuda:N gets unless an allocator was registered for it.
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(int index) : index_(index) {}
+  void* allocate(size_t nbytes) override { return kernels::cuda::malloc_device(nbytes, index_); }
+  void deallocate(void* p, size_t) noexcept override { kernels::cuda::free_device(p, index_); }
+
+ private:
+  int index_;
+};
+
+// The CUDA allocator of cuda:`index` (one per GPU, made on first use), or a
+// DeviceError naming `op` when the build has no CUDA backend or no such GPU.
+Allocator& cuda_allocator(int index, std::string_view op) {
+  if (!cuda::built()) {
+    fail<DeviceError>(op, ": no allocator for device cuda:", index,
+                      " (this build of qkv has no CUDA backend: rebuild with nvcc on PATH, QKV_CUDA=ON)");
+  }
+  const int count = cuda::device_count();
+  if (index >= count) {
+    fail<DeviceError>(op, ": no allocator for device cuda:", index, " (no such GPU: ", count, " visible)");
+  }
+  static std::mutex mutex;
+  // Never destroyed: storages may be freed during static destruction.
+  static auto& allocators = *new std::map<int, std::unique_ptr<CudaAllocator>>();
+  const std::lock_guard lock(mutex);
+  auto& a = allocators[index];
+  if (!a) a = std::make_unique<CudaAllocator>(index);
+  return *a;
+}
 
 struct Registry {
   std::mutex mutex;
@@ -49,11 +84,19 @@ Allocator& allocator_for(Device device, std::string_view op) {
   Registry& r = registry();
   const std::lock_guard lock(r.mutex);
   const auto it = r.allocators.find({device.kind, device.index});
+  if (it == r.allocators.end() && device.kind == DeviceKind::cuda) return cuda_allocator(device.index, op);
   if (it == r.allocators.end()) {
     fail<DeviceError>(op, ": no allocator for device ", device.to_string(),
                       " (this build of qkv has no backend for it)");
   }
   return *it->second;
+}
+
+bool served_by_backend(Device device) {
+  if (device.kind != DeviceKind::cuda || !cuda::built() || device.index >= cuda::device_count()) return false;
+  Registry& r = registry();
+  const std::lock_guard lock(r.mutex);
+  return r.allocators.find({device.kind, device.index}) == r.allocators.end();
 }
 
 void register_allocator(Device device, Allocator* allocator) {

@@ -1,0 +1,118 @@
+// The CUDA FlashAttention forward (scaled_dot_product_attention on cuda:0, bf16) in
+// TFLOP/s, beside cuBLAS's bf16 GEMM as the yardstick of the same GPU. Only built
+// with the CUDA backend; run on a machine with a GPU (docs/cuda.md):
+//
+//   build/release/attention_cuda_bench --benchmark_format=json > qkv.json
+//   python3 bench/peers/sdpa_cuda.py --out torch.json      # PyTorch's flash SDPA
+//   python3 bench/peers/cuda_report.py qkv.json torch.json
+//
+// Timed with CUDA events around each call (manual time): the kernel plus qkv's host
+// work per call (checks, the output's cudaMalloc). "TFLOPs" counts the two products,
+// 4 B H L^2 D, causal only the unmasked half (attention_flops), as FlashAttention does.
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "bench_main.h"
+#include "qkv/attention.h"
+#include "qkv/attention_flops.h"
+#include "qkv/cuda.h"
+
+namespace {
+
+using qkv::Device;
+using qkv::Tensor;
+
+// Milliseconds of `fn` on the GPU between two events on the current stream.
+template <class Fn>
+double gpu_ms(Fn&& fn) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start, nullptr);
+  fn();
+  cudaEventRecord(stop, nullptr);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
+// state.range: B, H, L, D, causal.
+void BM_AttentionCuda(benchmark::State& state) {
+  if (!qkv::cuda::available()) {
+    state.SkipWithError("no GPU");
+    return;
+  }
+  const int64_t b = state.range(0), h = state.range(1), l = state.range(2), d = state.range(3);
+  const bool causal = state.range(4) != 0;
+  const Tensor q = Tensor::randn({b, h, l, d}, 1, qkv::DType::bf16).to(Device::cuda());  // [B, H, L, D]
+  const Tensor k = Tensor::randn({b, h, l, d}, 2, qkv::DType::bf16).to(Device::cuda());
+  const Tensor v = Tensor::randn({b, h, l, d}, 3, qkv::DType::bf16).to(Device::cuda());
+  qkv::AttentionOptions o;
+  o.is_causal = causal;
+  (void)qkv::scaled_dot_product_attention(q, k, v, o);  // warm-up: module load, smem attribute
+  qkv::cuda::synchronize();
+  for (auto _ : state) {
+    state.SetIterationTime(gpu_ms([&] { benchmark::DoNotOptimize(qkv::scaled_dot_product_attention(q, k, v, o)); }) /
+                           1e3);
+  }
+  state.counters["TFLOPs"] = benchmark::Counter(qkv::attention_flops(b, h, l, d, causal) / 1e12,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AttentionCuda)
+    ->ArgNames({"B", "H", "L", "D", "causal"})
+    ->Args({4, 16, 4096, 128, 0})
+    ->Args({4, 16, 4096, 128, 1})
+    ->Args({1, 16, 16384, 128, 0})
+    ->Args({1, 16, 16384, 128, 1})
+    ->Args({4, 16, 4096, 64, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5);
+
+// The yardstick: cuBLAS bf16 GEMM, float32 accumulation (cublasGemmEx), M = N = K.
+void BM_CublasGemmBf16(benchmark::State& state) {
+  if (!qkv::cuda::available()) {
+    state.SkipWithError("no GPU");
+    return;
+  }
+  const int64_t n = state.range(0);
+  const Tensor a = Tensor::randn({n, n}, 4, qkv::DType::bf16).to(Device::cuda());
+  const Tensor bm = Tensor::randn({n, n}, 5, qkv::DType::bf16).to(Device::cuda());
+  const Tensor c = Tensor::empty({n, n}, qkv::DType::bf16, Device::cuda());
+  cublasHandle_t handle = nullptr;
+  cublasCreate(&handle);
+  const float one = 1, zero = 0;
+  const int m = static_cast<int>(n);
+  auto gemm = [&] {
+    cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &one, a.raw_data(), CUDA_R_16BF, m, bm.raw_data(),
+                 CUDA_R_16BF, m, &zero, c.raw_data(), CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  };
+  gemm();
+  cudaDeviceSynchronize();
+  for (auto _ : state) state.SetIterationTime(gpu_ms(gemm) / 1e3);
+  cublasDestroy(handle);
+  state.counters["TFLOPs"] =
+      benchmark::Counter(2.0 * static_cast<double>(n * n * n) / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_CublasGemmBf16)->ArgNames({"M"})->Arg(8192)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.5);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (qkv::cuda::available()) {
+    const qkv::cuda::DeviceProperties p = qkv::cuda::properties(0);
+    benchmark::AddCustomContext("gpu", p.name);
+    benchmark::AddCustomContext("gpu_sm", std::to_string(p.major) + std::to_string(p.minor));
+    benchmark::AddCustomContext("cuda_driver", std::to_string(p.driver_version));
+    benchmark::AddCustomContext("cuda_runtime", std::to_string(p.runtime_version));
+  }
+  return qkv::bench::run_benchmarks(argc, argv);
+}

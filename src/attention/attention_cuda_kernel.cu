@@ -1,0 +1,420 @@
+// FlashAttention-2's forward (Dao 2023, Algorithm 1) on tensor cores, bf16 or f16
+// operands with float32 accumulation, for sm_80 and later (mma.sync m16n8k16,
+// ldmatrix, cp.async; Hopper runs the same code).
+//
+// One block of 8 warps computes kBr = 128 query rows of one batch entry; each warp
+// owns 16 rows, so its scores, softmax statistics and output accumulator stay in
+// registers and no warp ever waits for another's softmax. Key/value tiles of kBc =
+// 64 rows stream through shared memory, double-buffered with cp.async: the next
+// tile's loads are in flight while the tensor cores work on this one. Shared memory
+// rows are swizzled (16-byte chunk c of row r lives at chunk c ^ (r % 8)), so the 8
+// row addresses of every ldmatrix phase fall in 8 different bank groups.
+// Scores are kept in base 2 (scale * log2 e folded in once), so the softmax is one
+// ex2.approx per score. Causal blocks skip the tiles right of the diagonal and run
+// heaviest first; only tiles that cross the diagonal, the key end or a mask pay for
+// masking.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/attention_cuda_kernel.h"
+#include "kernels/cuda/cuda_runtime.h"
+
+namespace qkv::attention::cuda_kernel {
+
+namespace {
+
+constexpr int kBr = 128;  // query rows per block
+constexpr int kBc = 64;   // key/value rows per tile
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+
+// ---- PTX wrappers ------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; `valid` false writes zeros (src-size 0) without reading.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+
+// c += a b: a 16x16 (row-major fragment), b 16x8 (column-major), c 16x8 float32.
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as the packed pair of T an mma operand register holds (lo = first).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- tiles in shared memory ---------------------------------------------------------
+
+// Element offset of (row, 16-byte chunk) in a swizzled tile of D columns.
+template <int D>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+// Rows [row0, row0 + R) of a [len, D] matrix (rows `stride` apart) into a swizzled
+// tile; rows at or past `len` become zeros (their scores are masked, and zero values
+// keep NaN out of P V).
+template <int R, int D, class T>
+__device__ __forceinline__ void load_tile(T* tile, const T* base, int64_t stride, int64_t row0, int64_t len) {
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int i = threadIdx.x; i < R * kChunks; i += kThreads) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    const bool valid = row0 + row < len;
+    const T* src = valid ? base + (row0 + row) * stride + chunk * 8 : base;
+    cp_async_16(tile + swizzle<D>(row, chunk), src, valid);
+  }
+}
+
+// ---- the per-block problem ---------------------------------------------------------
+
+struct Block {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;
+  const char* mask;  // bytes; element offset applied by the reader
+  int64_t mask_offset;
+  int64_t lq, lk;
+  int64_t m0;  // first query row of the block
+};
+
+// Decodes blockIdx into the block's pointers and lengths; false when the block has no rows.
+template <class T>
+__device__ bool locate(const FlashParams& p, Block& b) {
+  int64_t rest = blockIdx.y, q = 0, k = 0, v = 0, o = 0, l = 0, m = 0;
+  for (int d = p.batch_ndim - 1; d >= 0; --d) {
+    const int64_t index = rest % p.batch[d];
+    rest /= p.batch[d];
+    const int64_t kv_index = d == p.batch_ndim - 1 ? index / p.gqa_group : index;
+    q += index * p.q_batch_stride[d];
+    k += kv_index * p.k_batch_stride[d];
+    v += kv_index * p.v_batch_stride[d];
+    o += index * p.out_batch_stride[d];
+    l += index * p.lse_batch_stride[d];
+    m += index * p.mask_batch_stride[d];
+  }
+  b.lq = p.lq;
+  b.lk = p.lk;
+  if (p.cu_seqlens_q != nullptr) {
+    const int64_t s = blockIdx.z, qs = p.cu_seqlens_q[s], ks = p.cu_seqlens_k[s];
+    b.lq = p.cu_seqlens_q[s + 1] - qs;
+    b.lk = p.cu_seqlens_k[s + 1] - ks;
+    q += qs * p.q_row;
+    k += ks * p.k_row;
+    v += ks * p.v_row;
+    o += qs * p.out_row;
+    l += qs * p.lse_row;
+  }
+  // Causal blocks run heaviest (last rows) first, so the short ones fill the tail.
+  const int64_t m_block = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  b.m0 = m_block * kBr;
+  if (b.m0 >= b.lq) return false;
+  b.q = static_cast<const T*>(p.q) + q;
+  b.k = static_cast<const T*>(p.k) + k;
+  b.v = static_cast<const T*>(p.v) + v;
+  b.out = static_cast<T*>(p.out) + o;
+  b.lse = p.lse == nullptr ? nullptr : p.lse + l;
+  b.mask = static_cast<const char*>(p.mask);
+  b.mask_offset = m;
+  return true;
+}
+
+// The mask's value for score (i, j) in base-2 units to add (bool False: -inf).
+template <class T>
+__device__ __forceinline__ float mask_value(const FlashParams& p, const Block& b, int64_t i, int64_t j) {
+  const int64_t at = b.mask_offset + i * p.mask_row + j * p.mask_col;
+  constexpr float kLog2e = 1.4426950408889634f;
+  switch (p.mask_kind) {
+    case MaskKind::boolean: return b.mask[at] != 0 ? 0.0f : -INFINITY;
+    case MaskKind::f32: return reinterpret_cast<const float*>(b.mask)[at] * kLog2e;
+    case MaskKind::same_as_q: return static_cast<float>(reinterpret_cast<const T*>(b.mask)[at]) * kLog2e;
+    case MaskKind::none: break;
+  }
+  return 0.0f;
+}
+
+// ---- the kernel ---------------------------------------------------------------------
+
+template <class T, int D>
+struct Warp {
+  uint32_t q[D / 16][4];  // this warp's 16 query rows as A fragments, one per k-step of Q K^T
+  float o[D / 8][4];      // [16, D] output accumulator, one per 8-column tile
+  float row_max[2] = {-INFINITY, -INFINITY};  // rows lane/4 and lane/4 + 8, base 2
+  float row_sum[2] = {0.0f, 0.0f};            // this thread's part of the row sums
+};
+
+// S = Q K^T for the warp's 16 rows against a [kBc, D] key tile.
+template <class T, int D>
+__device__ __forceinline__ void scores(const Warp<T, D>& w, const T* sk, float (&s)[kBc / 8][4]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < kBc / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+    for (int np = 0; np < kBc / 16; ++np) {
+      uint32_t b[4];
+      const int key = np * 16 + (lane % 8) + 8 * (lane / 16), chunk = ks * 2 + (lane / 8) % 2;
+      ldmatrix_x4(b, sk + swizzle<D>(key, chunk));
+      mma_16816<T>(s[2 * np], w.q[ks], b[0], b[1]);
+      mma_16816<T>(s[2 * np + 1], w.q[ks], b[2], b[3]);
+    }
+  }
+}
+
+// Scales S to base 2 and masks the keys a row must not see (past the key end, right
+// of the diagonal, or the mask's).
+template <class T, int D>
+__device__ __forceinline__ void scale_and_mask(const FlashParams& p, const Block& b, int64_t n0, bool masked,
+                                               float (&s)[kBc / 8][4]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int n = 0; n < kBc / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[n][e] * p.scale_log2;
+      if (masked) {
+        const int64_t i = b.m0 + warp * 16 + lane / 4 + (e / 2) * 8;
+        const int64_t j = n0 + n * 8 + 2 * (lane % 4) + (e % 2);
+        if (j >= b.lk || (p.causal && j > i)) {
+          x = -INFINITY;
+        } else if (p.mask_kind != MaskKind::none && i < b.lq) {
+          x += mask_value<T>(p, b, i, j);
+        }
+      }
+      s[n][e] = x;
+    }
+  }
+}
+
+// Online softmax of one tile (rows lane/4 and lane/4 + 8): new maxima, the old
+// accumulator rescaled, S replaced by P = exp2(S - max).
+template <class T, int D>
+__device__ __forceinline__ void softmax_tile(Warp<T, D>& w, float (&s)[kBc / 8][4]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = w.row_max[r];
+#pragma unroll
+    for (int n = 0; n < kBc / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 threads of a row
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // A row with no visible key yet keeps max -inf: subtract 0 instead (exp2(-inf) = 0).
+    const float base = mx == -INFINITY ? 0.0f : mx;
+    const float correction = exp2_approx(w.row_max[r] - base);
+    w.row_max[r] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kBc / 8; ++n) {
+      s[n][2 * r] = exp2_approx(s[n][2 * r] - base);
+      s[n][2 * r + 1] = exp2_approx(s[n][2 * r + 1] - base);
+      sum += s[n][2 * r] + s[n][2 * r + 1];
+    }
+    w.row_sum[r] = w.row_sum[r] * correction + sum;
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+      w.o[t][2 * r] *= correction;
+      w.o[t][2 * r + 1] *= correction;
+    }
+  }
+}
+
+// O += P V for a [kBc, D] value tile; P comes straight from the score registers.
+template <class T, int D>
+__device__ __forceinline__ void accumulate(Warp<T, D>& w, const float (&s)[kBc / 8][4], const T* sv) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) {
+    const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                           pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2), chunk = dp * 2 + lane / 16;
+      ldmatrix_x4_trans(b, sv + swizzle<D>(key, chunk));
+      mma_16816<T>(w.o[2 * dp], a, b[0], b[1]);
+      mma_16816<T>(w.o[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// O / l to the output (through the warp's own rows of the Q tile, for 16-byte
+// stores), and the logsumexp.
+template <class T, int D>
+__device__ __forceinline__ void write_out(const FlashParams& p, const Block& b, Warp<T, D>& w, T* sq) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = w.row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    // No visible key: output 0 and lse -inf (log 0); a NaN sum stays NaN.
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+    const int row = warp * 16 + lane / 4 + 8 * r;
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+      const uint32_t pair = pack2<T>(w.o[t][2 * r] * inv, w.o[t][2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(sq + swizzle<D>(row, t) + 2 * (lane % 4)) = pair;
+    }
+    const int64_t i = b.m0 + row;
+    if (b.lse != nullptr && lane % 4 == 0 && i < b.lq) {
+      constexpr float kLn2 = 0.6931471805599453f;
+      b.lse[i * p.lse_row] = l == 0.0f ? -INFINITY : (w.row_max[r] + __log2f(l)) * kLn2;
+    }
+  }
+  __syncwarp();
+  constexpr int kChunks = D / 8;
+  T* out = static_cast<T*>(b.out);
+#pragma unroll
+  for (int c = lane; c < 16 * kChunks; c += 32) {
+    const int row = warp * 16 + c / kChunks, chunk = c % kChunks;
+    const int64_t i = b.m0 + row;
+    if (i < b.lq) {
+      *reinterpret_cast<uint4*>(out + i * p.out_row + chunk * 8) =
+          *reinterpret_cast<const uint4*>(sq + swizzle<D>(row, chunk));
+    }
+  }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads, 1) flash_forward(const __grid_constant__ FlashParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sq = reinterpret_cast<T*>(smem);  // [kBr, D]
+  T* sk = sq + kBr * D;                // [2][kBc, D]
+  T* sv = sk + 2 * kBc * D;            // [2][kBc, D]
+  Block b;
+  if (!locate<T>(p, b)) return;
+  const T* q = static_cast<const T*>(b.q);
+  const T* k = static_cast<const T*>(b.k);
+  const T* v = static_cast<const T*>(b.v);
+
+  // Key tiles this block needs: all, or up to its last row's diagonal when causal.
+  const int64_t last_row = min(b.m0 + kBr, b.lq) - 1;
+  const int64_t key_end = p.causal ? min(b.lk, last_row + 1) : b.lk;
+  const int tiles = static_cast<int>((key_end + kBc - 1) / kBc);
+
+  load_tile<kBr, D>(sq, q, p.q_row, b.m0, b.lq);
+  load_tile<kBc, D>(sk, k, p.k_row, 0, b.lk);
+  load_tile<kBc, D>(sv, v, p.v_row, 0, b.lk);
+  cp_async_commit();
+
+  Warp<T, D> w;
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t) w.o[t][0] = w.o[t][1] = w.o[t][2] = w.o[t][3] = 0.0f;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int n = 0; n < tiles; ++n) {
+    const int stage = n & 1;
+    if (n + 1 < tiles) {  // the next tile's loads fly while this one computes
+      load_tile<kBc, D>(sk + (stage ^ 1) * kBc * D, k, p.k_row, int64_t{n + 1} * kBc, b.lk);
+      load_tile<kBc, D>(sv + (stage ^ 1) * kBc * D, v, p.v_row, int64_t{n + 1} * kBc, b.lk);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (n == 0) {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        ldmatrix_x4(w.q[ks], sq + swizzle<D>(warp * 16 + lane % 16, ks * 2 + lane / 16));
+      }
+    }
+    const int64_t n0 = int64_t{n} * kBc;
+    const bool masked = n0 + kBc > b.lk || (p.causal && n0 + kBc - 1 > b.m0) || p.mask_kind != MaskKind::none;
+    float s[kBc / 8][4];
+    scores<T, D>(w, sk + stage * kBc * D, s);
+    scale_and_mask<T, D>(p, b, n0, masked, s);
+    softmax_tile<T, D>(w, s);
+    accumulate<T, D>(w, s, sv + stage * kBc * D);
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  cp_async_wait<0>();  // no tile: the first loads still land before the block ends
+  __syncthreads();
+  write_out<T, D>(p, b, w, sq);
+}
+
+template <class T, int D>
+void launch(const FlashParams& p, cudaStream_t stream, const char* op) {
+  constexpr int kSmem = (kBr * D + 4 * kBc * D) * static_cast<int>(sizeof(T));
+  auto* kernel = flash_forward<T, D>;
+  kernels::cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), op,
+                       "cudaFuncSetAttribute (dynamic shared memory)");
+  int64_t entries = 1;
+  for (int d = 0; d < p.batch_ndim; ++d) entries *= p.batch[d];
+  const dim3 grid(static_cast<unsigned>((p.max_lq + kBr - 1) / kBr), static_cast<unsigned>(entries),
+                  static_cast<unsigned>(p.sequences));
+  kernel<<<grid, kThreads, kSmem, stream>>>(p);
+  kernels::cuda::check(cudaGetLastError(), op, "the FlashAttention kernel's launch");
+}
+
+}  // namespace
+
+void launch_flash_forward(const FlashParams& p, void* stream_handle, const char* op) {
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  const bool bf16 = p.type == ElementType::bf16;
+  if (p.head_dim == 64) {
+    bf16 ? launch<__nv_bfloat16, 64>(p, stream, op) : launch<__half, 64>(p, stream, op);
+  } else {
+    bf16 ? launch<__nv_bfloat16, 128>(p, stream, op) : launch<__half, 128>(p, stream, op);
+  }
+}
+
+}  // namespace qkv::attention::cuda_kernel
