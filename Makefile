@@ -53,7 +53,7 @@ python: build venv
 	    -Cbuild-dir=$(BUILD) .
 
 pytest: python
-	QKV_CLI=$(abspath $(BUILD))/bin/qkv $(PY) -m pytest -q tests/python --ignore=tests/python/test_qkv_torch.py
+	QKV_CLI=$(abspath $(BUILD))/bin/qkv $(PY) -m pytest -q tests/python --ignore=tests/python/test_qkv_torch.py -m "not cuda"
 
 test: ctest pytest
 

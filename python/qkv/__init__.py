@@ -21,3 +21,4 @@ einops = _importlib.import_module(".einops", __name__)
 attention = _importlib.import_module(".attention", __name__)  # the attention family: qkv.attention.window, ...
 plot = _importlib.import_module(".plot", __name__)  # heatmaps (PNG)
 dist = _importlib.import_module(".dist", __name__)  # ring / Ulysses / tensor-parallel attention over MPI
+cuda = _importlib.import_module(".cuda", __name__)  # the CUDA backend's runtime (qkv.cuda.is_available(), ...)

@@ -3,8 +3,10 @@
 
 #include <nanobind/stl/string.h>
 
+#include <cstdint>
 #include <string>
 
+#include "qkv/cuda.h"
 #include "tensor_convert.h"
 
 namespace qkv::python {
@@ -29,6 +31,28 @@ nb::object numpy_like(nb::object array, nb::handle like) {
   return torch.attr("from_dlpack")(array);
 }
 
-nb::object to_array_like(const Tensor& t, nb::handle like) { return numpy_like(to_numpy(t), like); }
+namespace {
+
+// A result on cuda:N for torch: qkv queued it on the legacy default stream, which
+// torch's default stream is; a torch side stream (torch.cuda.stream(s), created
+// non-blocking) does not wait for that stream by itself, so it is told to (on the
+// device; the host does not wait).
+nb::object torch_cuda_result(const Tensor& t) {
+  nb::object out = to_cuda_array(t, /*torch=*/true);
+  if (qkv::cuda::current_stream() != nullptr) return out;
+  nb::object cuda = nb::module_::import_("torch").attr("cuda");
+  nb::object current = cuda.attr("current_stream")(t.device().index);
+  if (nb::cast<intptr_t>(current.attr("cuda_stream")) != 0) {
+    current.attr("wait_stream")(cuda.attr("default_stream")(t.device().index));
+  }
+  return out;
+}
+
+}  // namespace
+
+nb::object to_array_like(const Tensor& t, nb::handle like) {
+  if (t.device().kind == DeviceKind::cuda) return is_torch(like) ? torch_cuda_result(t) : to_cuda_array(t, false);
+  return numpy_like(to_numpy(t), like);
+}
 
 }  // namespace qkv::python

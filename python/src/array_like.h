@@ -6,6 +6,11 @@
 // exceptions copy, because torch has neither: a read-only result (a view of a
 // read-only input) and bfloat16 results (NumPy cannot export ml_dtypes' bfloat16
 // through DLPack, so its bits travel as uint16 and are viewed back, still no copy).
+//
+// A result on a CUDA device (from CUDA inputs) stays there, zero-copy: a torch
+// CUDA tensor when the first array argument is a torch tensor, else an array with
+// __dlpack__ / __dlpack_device__ (tensor_convert.h's to_cuda_array) that
+// cupy.from_dlpack, jax.dlpack.from_dlpack or torch.from_dlpack take as is.
 #pragma once
 
 #include <nanobind/nanobind.h>

@@ -13,6 +13,7 @@
 
 #include "args.h"
 #include "interrupt.h"
+#include "qkv/device.h"
 #include "qkv/io.h"
 #include "tensor_convert.h"
 
@@ -66,6 +67,8 @@ void save(nb::handle path_arg, nb::handle arrays, nb::handle metadata_arg) {
   if (metadata && !safetensors) {
     qkv::fail<qkv::ValueError>("save: metadata needs a .safetensors file, got ", path.string());
   }
+  // The writers copy the bytes on the host (qkv::io has no device check of its own yet).
+  for (const auto& [name, t] : tensors) qkv::require_cpu("save: " + name, {&t});
   qkv::python::InterruptibleRelease release;
   if (metadata) {
     qkv::io::save_safetensors(path, tensors, *metadata);

@@ -18,6 +18,7 @@
   AREA(plot)                   \
   AREA(decode)                 \
   AREA(dist)                   \
+  AREA(cuda)                   \
   AREA(einsum)                 \
   AREA(nn)
 

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "qkv/cuda.h"
 #include "qkv/error.h"
 
 namespace qkv::python {
@@ -19,8 +20,9 @@ namespace dlpack = nb::dlpack;
 using dlpack::dtype_code;
 
 // Read-only so that read-only NumPy arrays (np.broadcast_to, frombuffer) are
-// accepted too; qkv only writes into tensors it allocated.
-using InArray = nb::ndarray<nb::ro, nb::device::cpu>;
+// accepted too; qkv only writes into tensors it allocated. Any device: CUDA
+// memory is wrapped as a tensor on cuda:N (never read on the host here).
+using InArray = nb::ndarray<nb::ro>;
 using OutArray = nb::ndarray<nb::numpy>;
 
 DType dtype_from_dlpack(dlpack::dtype t, const char* what) {
@@ -100,16 +102,94 @@ bool dlpack_capsule_read_only(nb::handle capsule) {
   return head != nullptr && (head->flags & kDLPackReadOnly) != 0;
 }
 
-// A non-NumPy DLPack producer (torch, jax, a wrapper): ask it for a versioned
+// The DLPack device type of a producer's __dlpack_device__() (kDLCPU without one).
+int dlpack_device_type(nb::handle src) {
+  if (!nb::hasattr(src, "__dlpack_device__")) return nb::device::cpu::value;
+  try {
+    return nb::cast<int>(nb::tuple(src.attr("__dlpack_device__")())[0]);
+  } catch (nb::python_error&) {
+    return nb::device::cpu::value;  // then nanobind's import decides
+  }
+}
+
+// The `stream` argument of __dlpack__ for a CUDA producer: the stream qkv queues
+// its work on, so that the producer orders its pending writes before it. The
+// protocol's 1 is the legacy default stream (qkv's unless a StreamGuard is alive).
+nb::object consumer_stream() {
+  const qkv::cuda::Stream stream = qkv::cuda::current_stream();
+  return stream == nullptr ? nb::int_(1) : nb::int_(reinterpret_cast<intptr_t>(stream));
+}
+
+// A non-NumPy DLPack producer (torch, CuPy, jax, a wrapper): ask it for a versioned
 // capsule, which carries the read-only flag, and let nanobind import that; a
 // producer without max_version (or that refuses) is left to nanobind as before.
-nb::object versioned_capsule_or(nb::object src) {
+// A CUDA producer is always asked here, with the stream (nanobind would pass none).
+nb::object dlpack_capsule_of(nb::object src) {
+  const bool cuda = dlpack_device_type(src) == nb::device::cuda::value;
+  nb::object dlpack = src.attr("__dlpack__");
   try {
-    nb::object capsule = src.attr("__dlpack__")(nb::arg("max_version") = nb::make_tuple(1, 0));
+    nb::object capsule =
+        cuda ? dlpack(nb::arg("stream") = consumer_stream(), nb::arg("max_version") = nb::make_tuple(1, 0))
+             : dlpack(nb::arg("max_version") = nb::make_tuple(1, 0));
     if (PyCapsule_CheckExact(capsule.ptr())) return capsule;
   } catch (nb::python_error&) {
   }
-  return src;
+  if (!cuda) return src;
+  return dlpack(nb::arg("stream") = consumer_stream());  // a producer before DLPack 1.0: its error, if any
+}
+
+const char* dlpack_device_name(int type) {
+  switch (type) {
+    case 1: return "cpu";
+    case 2: return "cuda";
+    case 3: return "cuda_host";
+    case 4: return "opencl";
+    case 7: return "vulkan";
+    case 8: return "metal";
+    case 10: return "rocm";
+    case 13: return "cuda_managed";
+    case 14: return "oneapi";
+    default: return "device";
+  }
+}
+
+// A tensor on cuda:N over a CUDA DLPack array's memory, zero-copy: the storage spans
+// the elements the strides reach (negative strides too) and keeps `array` alive.
+Tensor device_tensor(InArray array, bool read_only, const char* what) {
+  if (array.device_type() != nb::device::cuda::value) {
+    fail<DeviceError>(what, ": an array on DLPack device ", dlpack_device_name(array.device_type()), " (type ",
+                      array.device_type(), "):", array.device_id(),
+                      " is not supported (qkv reads CPU and CUDA memory)");
+  }
+  const DType dtype = dtype_from_dlpack(array.dtype(), what);
+  Shape shape(array.ndim());
+  Strides strides(array.ndim());
+  int64_t lo = 0, hi = 0;  // the lowest and highest element reached, from element [0, ..., 0]
+  bool overflow = false;
+  for (size_t i = 0; i < array.ndim(); ++i) {
+    shape[i] = static_cast<int64_t>(array.shape(i));
+    strides[i] = array.stride(i);
+    int64_t extent = 0;
+    if (shape[i] > 0) {
+      overflow = overflow || __builtin_mul_overflow(shape[i] - 1, strides[i], &extent) ||
+                 __builtin_add_overflow(extent < 0 ? lo : hi, extent, extent < 0 ? &lo : &hi);
+    }
+  }
+  const int64_t numel = shape_numel(shape);
+  int64_t span = 0;
+  const auto itemsize = static_cast<int64_t>(qkv::itemsize(dtype));
+  if (numel > 0 && (overflow || __builtin_sub_overflow(hi, lo, &span) || __builtin_add_overflow(span, 1, &span) ||
+                    __builtin_mul_overflow(span, itemsize, &span))) {
+    fail<ShapeError>(what, ": a CUDA array of shape ", shape_str(shape), " strides ", shape_str(strides),
+                     " addresses more bytes than fit in 64 bits");
+  }
+  auto* first = static_cast<std::byte*>(const_cast<void*>(array.data()));  // byte_offset included
+  std::byte* base = numel > 0 ? first + lo * itemsize : first;
+  const int device = array.device_id();
+  auto keep_alive = std::make_shared<InArray>(std::move(array));  // holds the capsule's producer
+  auto storage = Storage::wrap(base, static_cast<size_t>(numel > 0 ? span : 0), std::move(keep_alive), read_only,
+                               Device::cuda(device));
+  return Tensor::view_of(std::move(storage), dtype, shape, strides, numel > 0 ? -lo : 0);
 }
 
 // NumPy refuses an array whose itemsize times its non-zero dims passes 2^63 - 1
@@ -140,7 +220,7 @@ Tensor to_tensor(nb::handle obj, const char* what) {
   if (nb::isinstance(src, np.attr("ndarray"))) {
     src = normalize_numpy(std::move(src), bf16);
   } else if (nb::hasattr(src, "__dlpack__")) {
-    src = versioned_capsule_or(std::move(src));
+    src = dlpack_capsule_of(std::move(src));
   } else if (!PyCapsule_CheckExact(src.ptr())) {
     // Lists, scalars, objects with __array__ or the buffer protocol: numpy's rules.
     nb::object converted;
@@ -163,8 +243,9 @@ Tensor to_tensor(nb::handle obj, const char* what) {
       const nb::object dtype = src.attr("dtype");
       detail += " of dtype " + nb::cast<std::string>(nb::str(nb::handle(dtype)));  // str(), not a cast
     }
-    fail<DTypeError>(what, ": expected a CPU array (NumPy or DLPack) of a dtype qkv supports, got ", detail);
+    fail<DTypeError>(what, ": expected an array (NumPy or DLPack, CPU or CUDA) of a dtype qkv supports, got ", detail);
   }
+  if (array.device_type() != nb::device::cpu::value) return device_tensor(std::move(array), read_only, what);
   const DType dtype = bf16 ? DType::bf16 : dtype_from_dlpack(array.dtype(), what);
   Shape shape(array.ndim());
   Strides strides(array.ndim());
@@ -188,11 +269,47 @@ std::optional<Tensor> to_optional_tensor(nb::handle obj, const char* what) {
   return to_tensor(obj, what);
 }
 
+namespace {
+
+// A capsule owning a reference to t's storage: what keeps qkv's memory alive in an array.
+nb::capsule storage_owner(const Tensor& t) {
+  auto* holder = new std::shared_ptr<Storage>(t.storage());
+  return nb::capsule(holder, [](void* p) noexcept { delete static_cast<std::shared_ptr<Storage>*>(p); });
+}
+
+template <class... Config>
+nb::object cuda_array(const Tensor& t) {
+  std::vector<size_t> shape(t.shape().begin(), t.shape().end());
+  const dlpack::dtype dtype = t.dtype() == DType::bf16 ? dlpack::dtype{static_cast<uint8_t>(dtype_code::Bfloat), 16, 1}
+                                                       : dtype_to_dlpack(t.dtype());
+  return nb::ndarray<Config...>(t.raw_data(), shape.size(), shape.data(), storage_owner(t), t.strides().data(), dtype,
+                                nb::device::cuda::value, t.device().index)
+      .cast();
+}
+
+}  // namespace
+
+nb::object to_cuda_array(const Tensor& t, bool torch) {
+  if (t.device().kind != DeviceKind::cuda) {
+    fail<DeviceError>("to_cuda_array: a tensor on ", t.device().to_string(), " is not on a CUDA device");
+  }
+  if (torch) {
+    nb::object out = cuda_array<nb::pytorch>(t);
+    // torch tensors are always writable: a read-only result is copied (on the device, by torch).
+    return t.is_read_only() ? out.attr("clone")() : out;
+  }
+  return t.is_read_only() ? cuda_array<nb::ro, nb::array_api>(t) : cuda_array<nb::array_api>(t);
+}
+
 nb::object to_numpy(const Tensor& t) {
+  if (!t.device().is_cpu()) {
+    fail<DeviceError>("qkv: a result on ", t.device().to_string(),
+                      " cannot become a NumPy array (NumPy reads host memory); this function returns NumPy "
+                      "arrays, so it takes CPU inputs only");
+  }
   check_numpy_size(t);
   // The capsule owns a reference to the storage; NumPy keeps the capsule.
-  auto* holder = new std::shared_ptr<Storage>(t.storage());
-  nb::capsule owner(holder, [](void* p) noexcept { delete static_cast<std::shared_ptr<Storage>*>(p); });
+  nb::capsule owner = storage_owner(t);
   std::vector<size_t> shape(t.shape().begin(), t.shape().end());
   OutArray array(t.raw_data(), shape.size(), shape.data(), owner, t.strides().data(), dtype_to_dlpack(t.dtype()),
                  nb::device::cpu::value);

@@ -7,6 +7,12 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def pytest_configure(config):
+    # GPU tests (tests/python/test_cuda.py): `make pytest` deselects them (-m "not cuda"), the
+    # device machine selects them (-m cuda), where they fail rather than skip without a GPU.
+    config.addinivalue_line("markers", "cuda: needs a GPU, qkv's CUDA backend and torch with CUDA (pytest -m cuda)")
+
+
 @pytest.fixture(scope="session")
 def qkv_cli():
     """Path of the built qkv tool (make pytest sets QKV_CLI)."""

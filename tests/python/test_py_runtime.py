@@ -87,8 +87,11 @@ def test_type_stubs_cover_the_extension_and_its_nn_submodule():
     init, nn = (stubs / "__init__.pyi").read_text(), (stubs / "nn.pyi").read_text()
     assert re.search(r"^from qkv\._qkv import (.*, )?nn as nn\b", init, re.M), init[:600]
     # qkv.dist's bindings (MPI builds; a stub of `available` alone otherwise) are a submodule too.
-    assert re.search(r"^from qkv\._qkv import dist as dist\b", init, re.M)
+    assert re.search(r"^from qkv\._qkv import (.*, )?dist as dist\b", init, re.M)
     assert (stubs / "dist.pyi").exists()
+    # qkv.cuda's runtime (python/src/bind_cuda.cc) too, in every build.
+    assert re.search(r"^from qkv\._qkv import (.*, )?cuda as cuda\b", init, re.M)
+    assert re.search(r"^def device_count\(\) -> int:", (stubs / "cuda.pyi").read_text(), re.M)
     assert re.search(r"^def einsum\(", init, re.M) and re.search(r"^def rearrange\(", init, re.M)
     assert re.search(r"^class SelfAttention:", nn, re.M) and re.search(r"^class LazyMultiHeadAttention:", nn, re.M)
     assert (pathlib.Path(qkv.__file__).parent / "py.typed").exists()
