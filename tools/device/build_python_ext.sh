@@ -72,7 +72,7 @@ done
 
 # The CUDA runtime, when the static libraries call it (a QKV_CUDA build).
 cuda_libs=""
-if nm "${static_paths[@]}" 2>/dev/null | grep -qE ' U (cuda[A-Z]|__cuda)'; then
+if nm "${static_paths[@]}" 2>/dev/null | grep -E ' U (cuda[A-Z]|__cuda)' >/dev/null; then  # not -q: nm's SIGPIPE would fail the pipe
   cuda_home=${CUDA_HOME:-}
   if [ -z "$cuda_home" ] && command -v nvcc >/dev/null; then cuda_home=$(dirname "$(dirname "$(command -v nvcc)")"); fi
   cuda_home=${cuda_home:-/usr/local/cuda}
