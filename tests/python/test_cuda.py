@@ -134,13 +134,18 @@ def test_attention_on_cuda_inputs_without_a_gpu_kernel_is_a_clear_error():
                 qkv.scaled_dot_product_attention(q, q, q)
 
 
-# Every function that reads its arrays on the host, on fake CUDA inputs: each must raise a
-# qkv error naming the device before touching the memory (a read faults: the child dies).
+# Every function that reads its arrays on the host, on CUDA inputs (fake ones, or torch's on
+# a GPU): each must raise a qkv error naming the device before touching the memory (a read
+# of the fake memory faults, of device memory too: the child dies).
 _HOST_ONLY = r'''
 import sys
 sys.path.insert(0, sys.argv[1])
 import numpy as np, qkv
-from fake_cuda_dlpack import FakeCudaArray as F
+if sys.argv[3] == "fake":
+    from fake_cuda_dlpack import FakeCudaArray as F
+else:
+    import torch
+    F = lambda shape: torch.ones(shape, device="cuda")
 x, w = F((1, 2, 8, 16)), F((16, 16))
 calls = {
     "attention_reference": lambda: qkv.attention_reference(x, x, x),
@@ -150,9 +155,11 @@ calls = {
     "lsh_attention": lambda: qkv.lsh_attention(x, x),
     "apply_rotary": lambda: qkv.apply_rotary(x),
     "einsum": lambda: qkv.einsum("ij,jk->ik", w, w),
+    "einsum (a view)": lambda: qkv.einsum("ij->ji", w),
     "rearrange (a view)": lambda: qkv.rearrange(x, "b h l d -> b l h d"),
     "rearrange (a copy)": lambda: qkv.rearrange(x, "b h l d -> b (l h) d"),
     "reduce": lambda: qkv.reduce(x, "b h l d -> b h d", "sum"),
+    "repeat": lambda: qkv.repeat(w, "i j -> i j k", k=2),
     "save": lambda: qkv.save(sys.argv[2], {"x": x}),
     "attn_mask": lambda: qkv.scaled_dot_product_attention(np.zeros((1, 2, 8, 16), np.float32),
         np.zeros((1, 2, 8, 16), np.float32), np.zeros((1, 2, 8, 16), np.float32), attn_mask=F((8, 8))),
@@ -172,14 +179,18 @@ for name, call in calls.items():
 '''
 
 
-def test_host_only_functions_refuse_cuda_arrays_without_reading_them(tmp_path):
-    r = subprocess.run([sys.executable, "-c", _HOST_ONLY, HERE, str(tmp_path / "x.safetensors")],
+def _host_only_sweep(tmp_path, kind):
+    r = subprocess.run([sys.executable, "-c", _HOST_ONLY, HERE, str(tmp_path / "x.safetensors"), kind],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"crashed (exit {r.returncode}) after:\n{r.stdout}\n{r.stderr}"
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == 17, r.stdout
+    assert len(lines) == 19, r.stdout
     for line in lines:
         assert ": RuntimeError" in line and "cuda:0" in line, line
+
+
+def test_host_only_functions_refuse_cuda_arrays_without_reading_them(tmp_path):
+    _host_only_sweep(tmp_path, "fake")
 
 
 # ---- on a GPU: torch CUDA tensors in and out (pytest -m cuda) ----------------------------
@@ -275,10 +286,19 @@ def test_torch_side_stream_sees_the_result_and_views_stay_in_place():
 
 
 @pytest.mark.cuda
-def test_host_only_function_on_a_torch_cuda_tensor_is_a_clear_error():
+def test_host_only_functions_refuse_torch_cuda_tensors(tmp_path):
+    _torch_cuda()
+    _host_only_sweep(tmp_path, "torch")  # real device memory: a host read would be a segfault
+
+
+@pytest.mark.cuda
+def test_kernel_limits_on_a_torch_cuda_tensor_are_clear_errors():
     torch = _torch_cuda()
     x = torch.zeros(1, 2, 8, 16, device="cuda")
-    with pytest.raises(RuntimeError, match="cuda:0"):
-        qkv.attention_reference(x, x, x)
     with pytest.raises(TypeError, match="scaled_dot_product_attention: .*cuda:0.*float32"):
         qkv.scaled_dot_product_attention(x, x, x)  # float32: the CUDA kernel takes bfloat16/float16
+    b = torch.zeros(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="dropout_p > 0 has no kernel on cuda:0"):
+        qkv.scaled_dot_product_attention(b, b, b, dropout_p=0.1)
+    with pytest.raises(ValueError, match="mods.*cuda:0"):
+        qkv.scaled_dot_product_attention(b, b, b, mods=qkv.AttentionMods.sliding_window(8, 0))
