@@ -2,11 +2,15 @@
 // operands with float32 accumulation, for sm_80 and later (mma.sync m16n8k16,
 // ldmatrix, cp.async; Hopper runs the same code).
 //
-// One block of 8 warps computes kBr = 128 query rows of one batch entry; each warp
-// owns 16 rows, so its scores, softmax statistics and output accumulator stay in
-// registers and no warp ever waits for another's softmax. Key/value tiles of kBc =
-// 64 rows stream through shared memory, double-buffered with cp.async: the next
-// tile's loads are in flight while the tensor cores work on this one. Shared memory
+// One block of 4 warps computes kBr = 128 query rows of one batch entry; each warp
+// owns 32 rows (two m16 tiles, so every K and V fragment read from shared memory
+// feeds two tensor-core products), and its scores, softmax statistics and output
+// accumulator stay in registers. Key/value tiles of 64 rows (128 at D = 64) stream
+// through shared memory, double-buffered with cp.async: the next tile's loads are in
+// flight while the tensor cores work on this one. Two blocks share an SM (about 230
+// registers a thread, 96 KB of shared memory a block at D = 128), so one block's
+// softmax and barriers overlap the other's products: with one block of 8 warps of 16
+// rows per SM the kernel ran at 145 TFLOP/s on an H200 (docs/cuda.md). Shared memory
 // rows are swizzled (16-byte chunk c of row r lives at chunk c ^ (r % 8)), so the 8
 // row addresses of every ldmatrix phase fall in 8 different bank groups.
 // Scores are kept in base 2 (scale * log2 e folded in once), so the softmax is one
@@ -18,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "attention/attention_cuda_kernel.h"
 #include "kernels/cuda/cuda_runtime.h"
@@ -26,9 +31,9 @@ namespace qkv::attention::cuda_kernel {
 
 namespace {
 
-constexpr int kBr = 128;  // query rows per block
-constexpr int kBc = 64;   // key/value rows per tile
-constexpr int kWarps = 8;
+constexpr int kWarps = 4;
+constexpr int kM = 2;                   // m-tiles of 16 query rows per warp
+constexpr int kBr = kWarps * 16 * kM;  // 128 query rows per block
 constexpr int kThreads = kWarps * 32;
 
 // ---- PTX wrappers ------------------------------------------------------------------
@@ -48,15 +53,19 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p)));
+// `address` is a shared-memory byte address (smem_address). Not volatile: the loads
+// may be scheduled freely between the barriers that order them.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+  asm("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(address)
+      : "memory");
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p)));
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t address) {
+  asm("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(address)
+      : "memory");
 }
 
 // c += a b: a 16x16 (row-major fragment), b 16x8 (column-major), c 16x8 float32.
@@ -108,18 +117,33 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
+// The byte address of an ldmatrix fragment in a swizzled tile at `tile`: this lane's
+// row `row` (row % 8 == lane % 8 for every fragment read here) and 16-byte chunk
+// 2 * step + half, half = 0 or 1 per lane. Written as (2 step) ^ (half ^ row % 8) so
+// that the lane-dependent part is one value and step (a compile-time constant) costs
+// one XOR: the compiler need not keep an address per fragment in registers.
+template <int D>
+__device__ __forceinline__ uint32_t fragment_address(uint32_t tile, int row, int step, int half) {
+  const int lane_bits = half ^ (row & 7);
+  return tile + static_cast<uint32_t>(row * D * 2) + (static_cast<uint32_t>((2 * step) ^ lane_bits) << 4);
+}
+
 // Rows [row0, row0 + R) of a [len, D] matrix (rows `stride` apart) into a swizzled
 // tile; rows at or past `len` become zeros (their scores are masked, and zero values
 // keep NaN out of P V).
 template <int R, int D, class T>
 __device__ __forceinline__ void load_tile(T* tile, const T* base, int64_t stride, int64_t row0, int64_t len) {
-  constexpr int kChunks = D / 8;
+  constexpr int kChunks = D / 8, kRowsPerPass = kThreads / kChunks;
+  static_assert(R % kRowsPerPass == 0, "whole passes");
+  // This thread copies chunk `chunk` of rows row, row + kRowsPerPass, ...
+  const int row = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
+  const T* src = base + (row0 + row) * stride + chunk * 8;
+  T* dst = tile + swizzle<D>(row, chunk);
 #pragma unroll
-  for (int i = threadIdx.x; i < R * kChunks; i += kThreads) {
-    const int row = i / kChunks, chunk = i % kChunks;
-    const bool valid = row0 + row < len;
-    const T* src = valid ? base + (row0 + row) * stride + chunk * 8 : base;
-    cp_async_16(tile + swizzle<D>(row, chunk), src, valid);
+  for (int pass = 0; pass < R / kRowsPerPass; ++pass) {
+    const bool valid = row0 + row + pass * kRowsPerPass < len;
+    // (row + pass * kRowsPerPass) % 8 == row % 8: one swizzle for every pass.
+    cp_async_16(dst + pass * kRowsPerPass * D, valid ? src + pass * kRowsPerPass * stride : base, valid);
   }
 }
 
@@ -194,104 +218,155 @@ __device__ __forceinline__ float mask_value(const FlashParams& p, const Block& b
 
 // ---- the kernel ---------------------------------------------------------------------
 
+// One warp's state: kM m-tiles of 16 query rows (rows warp * 16 kM + 16 m + lane/4
+// and + 8 of each); the row statistics are in base 2.
 template <class T, int D>
 struct Warp {
-  uint32_t q[D / 16][4];  // this warp's 16 query rows as A fragments, one per k-step of Q K^T
-  float o[D / 8][4];      // [16, D] output accumulator, one per 8-column tile
-  float row_max[2] = {-INFINITY, -INFINITY};  // rows lane/4 and lane/4 + 8, base 2
-  float row_sum[2] = {0.0f, 0.0f};            // this thread's part of the row sums
+  float o[kM][D / 8][4];  // [16 kM, D] output accumulator, one per 8-column tile
+  float row_max[kM][2];
+  float row_sum[kM][2];   // this thread's part of the row sums
 };
 
-// S = Q K^T for the warp's 16 rows against a [kBc, D] key tile.
-template <class T, int D>
-__device__ __forceinline__ void scores(const Warp<T, D>& w, const T* sk, float (&s)[kBc / 8][4]) {
-  const int lane = threadIdx.x % 32;
+// S = Q K^T for the warp's rows against a [Bc, D] key tile: Q's fragments come from
+// shared memory per k-step (registers are for S and O), each K fragment serves kM
+// m-tiles.
+template <class T, int D, int BC>
+__device__ __forceinline__ void scores(const T* sq, const T* sk, float (&s)[kM][BC / 8][4]) {
+  constexpr int kBc = BC;
+  const int lane = threadIdx.x % 32, row0 = threadIdx.x / 32 * 16 * kM;
 #pragma unroll
-  for (int n = 0; n < kBc / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int n = 0; n < kBc / 8; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
+  }
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      ldmatrix_x4(a[m], fragment_address<D>(smem_address(sq), row0 + m * 16 + lane % 16, ks, lane / 16));
+    }
 #pragma unroll
     for (int np = 0; np < kBc / 16; ++np) {
       uint32_t b[4];
-      const int key = np * 16 + (lane % 8) + 8 * (lane / 16), chunk = ks * 2 + (lane / 8) % 2;
-      ldmatrix_x4(b, sk + swizzle<D>(key, chunk));
-      mma_16816<T>(s[2 * np], w.q[ks], b[0], b[1]);
-      mma_16816<T>(s[2 * np + 1], w.q[ks], b[2], b[3]);
-    }
-  }
-}
-
-// Scales S to base 2 and masks the keys a row must not see (past the key end, right
-// of the diagonal, or the mask's).
-template <class T, int D>
-__device__ __forceinline__ void scale_and_mask(const FlashParams& p, const Block& b, int64_t n0, bool masked,
-                                               float (&s)[kBc / 8][4]) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+      const int key = np * 16 + (lane % 8) + 8 * (lane / 16);
+      ldmatrix_x4(b, fragment_address<D>(smem_address(sk), key, ks, (lane / 8) % 2));
 #pragma unroll
-  for (int n = 0; n < kBc / 8; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float x = s[n][e] * p.scale_log2;
-      if (masked) {
-        const int64_t i = b.m0 + warp * 16 + lane / 4 + (e / 2) * 8;
-        const int64_t j = n0 + n * 8 + 2 * (lane % 4) + (e % 2);
-        if (j >= b.lk || (p.causal && j > i)) {
-          x = -INFINITY;
-        } else if (p.mask_kind != MaskKind::none && i < b.lq) {
-          x += mask_value<T>(p, b, i, j);
-        }
+      for (int m = 0; m < kM; ++m) {
+        mma_16816<T>(s[m][2 * np], a[m], b[0], b[1]);
+        mma_16816<T>(s[m][2 * np + 1], a[m], b[2], b[3]);
       }
-      s[n][e] = x;
     }
   }
 }
 
-// Online softmax of one tile (rows lane/4 and lane/4 + 8): new maxima, the old
-// accumulator rescaled, S replaced by P = exp2(S - max).
-template <class T, int D>
-__device__ __forceinline__ void softmax_tile(Warp<T, D>& w, float (&s)[kBc / 8][4]) {
+// Scales S to base 2 and, in tiles that need it, masks the keys a row must not see:
+// past the key end, right of the diagonal, or the mask's. The bounds are relative to
+// the tile in 32-bit ints (clamped), so a masked tile costs a few integer ops a score.
+template <class T, int D, int BC>
+__device__ __forceinline__ void scale_and_mask(const FlashParams& p, const Block& b, int64_t n0, bool masked,
+                                               float (&s)[kM][BC / 8][4]) {
+  const int lane = threadIdx.x % 32, row0 = threadIdx.x / 32 * 16 * kM;
+  if (!masked) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = w.row_max[r];
+    for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int n = 0; n < kBc / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 threads of a row
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // A row with no visible key yet keeps max -inf: subtract 0 instead (exp2(-inf) = 0).
-    const float base = mx == -INFINITY ? 0.0f : mx;
-    const float correction = exp2_approx(w.row_max[r] - base);
-    w.row_max[r] = mx;
-    float sum = 0.0f;
+      for (int n = 0; n < BC / 8; ++n) {
 #pragma unroll
-    for (int n = 0; n < kBc / 8; ++n) {
-      s[n][2 * r] = exp2_approx(s[n][2 * r] - base);
-      s[n][2 * r + 1] = exp2_approx(s[n][2 * r + 1] - base);
-      sum += s[n][2 * r] + s[n][2 * r + 1];
+        for (int e = 0; e < 4; ++e) s[m][n][e] *= p.scale_log2;
+      }
     }
-    w.row_sum[r] = w.row_sum[r] * correction + sum;
+    return;
+  }
+  constexpr int64_t kFar = 1 << 30;
+  // Key jr of the tile is visible when jr < key_limit and (not causal) jr - ir <= diagonal.
+  const int key_limit = static_cast<int>(min(b.lk - n0, kFar));
+  const int diagonal = p.causal ? static_cast<int>(max(min(b.m0 - n0, kFar), -kFar)) : static_cast<int>(kFar);
 #pragma unroll
-    for (int t = 0; t < D / 8; ++t) {
-      w.o[t][2 * r] *= correction;
-      w.o[t][2 * r + 1] *= correction;
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ir = row0 + m * 16 + lane / 4 + (e / 2) * 8;  // query row in the block
+        const int jr = n * 8 + 2 * (lane % 4) + (e % 2);         // key in the tile
+        float x = s[m][n][e] * p.scale_log2;
+        if (jr >= key_limit || jr - ir > diagonal) {
+          x = -INFINITY;
+        } else if (p.mask_kind != MaskKind::none && b.m0 + ir < b.lq) {
+          x += mask_value<T>(p, b, b.m0 + ir, n0 + jr);
+        }
+        s[m][n][e] = x;
+      }
     }
   }
 }
 
-// O += P V for a [kBc, D] value tile; P comes straight from the score registers.
-template <class T, int D>
-__device__ __forceinline__ void accumulate(Warp<T, D>& w, const float (&s)[kBc / 8][4], const T* sv) {
+// Online softmax of one tile: new row maxima, the old accumulator rescaled, S
+// replaced by P = exp2(S - max).
+template <class T, int D, int BC>
+__device__ __forceinline__ void softmax_tile(Warp<T, D>& w, float (&s)[kM][BC / 8][4]) {
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = w.row_max[m][r];
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n) mx = fmaxf(mx, fmaxf(s[m][n][2 * r], s[m][n][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 threads of a row
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row with no visible key yet keeps max -inf: subtract 0 instead (exp2(-inf) = 0).
+      const float base = mx == -INFINITY ? 0.0f : mx;
+      const float correction = exp2_approx(w.row_max[m][r] - base);
+      w.row_max[m][r] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n) {
+        s[m][n][2 * r] = exp2_approx(s[m][n][2 * r] - base);
+        s[m][n][2 * r + 1] = exp2_approx(s[m][n][2 * r + 1] - base);
+        sum += s[m][n][2 * r] + s[m][n][2 * r + 1];
+      }
+      w.row_sum[m][r] = w.row_sum[m][r] * correction + sum;
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t) {
+        w.o[m][t][2 * r] *= correction;
+        w.o[m][t][2 * r + 1] *= correction;
+      }
+    }
+  }
+}
+
+// P as the A fragments of P V (T pairs), so that the float scores die before P V.
+template <class T, int D, int BC>
+__device__ __forceinline__ void pack_p(const float (&s)[kM][BC / 8][4], uint32_t (&pk)[kM][BC / 16][4]) {
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      pk[m][kk][0] = pack2<T>(s[m][2 * kk][0], s[m][2 * kk][1]);
+      pk[m][kk][1] = pack2<T>(s[m][2 * kk][2], s[m][2 * kk][3]);
+      pk[m][kk][2] = pack2<T>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+      pk[m][kk][3] = pack2<T>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+    }
+  }
+}
+
+// O += P V for a [Bc, D] value tile; each V fragment serves kM m-tiles.
+template <class T, int D, int BC>
+__device__ __forceinline__ void accumulate(Warp<T, D>& w, const uint32_t (&pk)[kM][BC / 16][4], const T* sv) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk) {
-    const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                           pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+  for (int kk = 0; kk < BC / 16; ++kk) {
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t b[4];
-      const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2), chunk = dp * 2 + lane / 16;
-      ldmatrix_x4_trans(b, sv + swizzle<D>(key, chunk));
-      mma_16816<T>(w.o[2 * dp], a, b[0], b[1]);
-      mma_16816<T>(w.o[2 * dp + 1], a, b[2], b[3]);
+      const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+      ldmatrix_x4_trans(b, fragment_address<D>(smem_address(sv), key, dp, lane / 16));
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma_16816<T>(w.o[m][2 * dp], pk[m][kk], b[0], b[1]);
+        mma_16816<T>(w.o[m][2 * dp + 1], pk[m][kk], b[2], b[3]);
+      }
     }
   }
 }
@@ -300,32 +375,35 @@ __device__ __forceinline__ void accumulate(Warp<T, D>& w, const float (&s)[kBc /
 // stores), and the logsumexp.
 template <class T, int D>
 __device__ __forceinline__ void write_out(const FlashParams& p, const Block& b, Warp<T, D>& w, T* sq) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, row0 = threadIdx.x / 32 * 16 * kM;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = w.row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    // No visible key: output 0 and lse -inf (log 0); a NaN sum stays NaN.
-    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
-    const int row = warp * 16 + lane / 4 + 8 * r;
+  for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int t = 0; t < D / 8; ++t) {
-      const uint32_t pair = pack2<T>(w.o[t][2 * r] * inv, w.o[t][2 * r + 1] * inv);
-      *reinterpret_cast<uint32_t*>(sq + swizzle<D>(row, t) + 2 * (lane % 4)) = pair;
-    }
-    const int64_t i = b.m0 + row;
-    if (b.lse != nullptr && lane % 4 == 0 && i < b.lq) {
-      constexpr float kLn2 = 0.6931471805599453f;
-      b.lse[i * p.lse_row] = l == 0.0f ? -INFINITY : (w.row_max[r] + __log2f(l)) * kLn2;
+    for (int r = 0; r < 2; ++r) {
+      float l = w.row_sum[m][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      // No visible key: output 0 and lse -inf (log 0); a NaN sum stays NaN.
+      const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+      const int row = row0 + m * 16 + lane / 4 + 8 * r;
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t) {
+        const uint32_t pair = pack2<T>(w.o[m][t][2 * r] * inv, w.o[m][t][2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(sq + swizzle<D>(row, t) + 2 * (lane % 4)) = pair;
+      }
+      const int64_t i = b.m0 + row;
+      if (b.lse != nullptr && lane % 4 == 0 && i < b.lq) {
+        constexpr float kLn2 = 0.6931471805599453f;
+        b.lse[i * p.lse_row] = l == 0.0f ? -INFINITY : (w.row_max[m][r] + __log2f(l)) * kLn2;
+      }
     }
   }
   __syncwarp();
   constexpr int kChunks = D / 8;
   T* out = static_cast<T*>(b.out);
 #pragma unroll
-  for (int c = lane; c < 16 * kChunks; c += 32) {
-    const int row = warp * 16 + c / kChunks, chunk = c % kChunks;
+  for (int c = lane; c < 16 * kM * kChunks; c += 32) {
+    const int row = row0 + c / kChunks, chunk = c % kChunks;
     const int64_t i = b.m0 + row;
     if (i < b.lq) {
       *reinterpret_cast<uint4*>(out + i * p.out_row + chunk * 8) =
@@ -334,8 +412,9 @@ __device__ __forceinline__ void write_out(const FlashParams& p, const Block& b, 
   }
 }
 
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads, 1) flash_forward(const __grid_constant__ FlashParams p) {
+template <class T, int D, int BC>
+__global__ void __launch_bounds__(kThreads, 2) flash_forward(const __grid_constant__ FlashParams p) {
+  constexpr int kBc = BC;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sq = reinterpret_cast<T*>(smem);  // [kBr, D]
   T* sk = sq + kBr * D;                // [2][kBc, D]
@@ -358,8 +437,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward(const __grid_consta
 
   Warp<T, D> w;
 #pragma unroll
-  for (int t = 0; t < D / 8; ++t) w.o[t][0] = w.o[t][1] = w.o[t][2] = w.o[t][3] = 0.0f;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) w.o[m][t][0] = w.o[m][t][1] = w.o[m][t][2] = w.o[m][t][3] = 0.0f;
+    w.row_max[m][0] = w.row_max[m][1] = -INFINITY;
+    w.row_sum[m][0] = w.row_sum[m][1] = 0.0f;
+  }
   for (int n = 0; n < tiles; ++n) {
     const int stage = n & 1;
     if (n + 1 < tiles) {  // the next tile's loads fly while this one computes
@@ -371,19 +454,17 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward(const __grid_consta
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (n == 0) {
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        ldmatrix_x4(w.q[ks], sq + swizzle<D>(warp * 16 + lane % 16, ks * 2 + lane / 16));
-      }
-    }
     const int64_t n0 = int64_t{n} * kBc;
     const bool masked = n0 + kBc > b.lk || (p.causal && n0 + kBc - 1 > b.m0) || p.mask_kind != MaskKind::none;
-    float s[kBc / 8][4];
-    scores<T, D>(w, sk + stage * kBc * D, s);
-    scale_and_mask<T, D>(p, b, n0, masked, s);
-    softmax_tile<T, D>(w, s);
-    accumulate<T, D>(w, s, sv + stage * kBc * D);
+    uint32_t pk[kM][kBc / 16][4];
+    {
+      float s[kM][kBc / 8][4];
+      scores<T, D, BC>(sq, sk + stage * kBc * D, s);
+      scale_and_mask<T, D, BC>(p, b, n0, masked, s);
+      softmax_tile<T, D, BC>(w, s);
+      pack_p<T, D, BC>(s, pk);
+    }
+    accumulate<T, D, BC>(w, pk, sv + stage * kBc * D);
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
   cp_async_wait<0>();  // no tile: the first loads still land before the block ends
@@ -391,12 +472,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward(const __grid_consta
   write_out<T, D>(p, b, w, sq);
 }
 
-template <class T, int D>
+template <class T, int D, int BC>
 void launch(const FlashParams& p, cudaStream_t stream, const char* op) {
-  constexpr int kSmem = (kBr * D + 4 * kBc * D) * static_cast<int>(sizeof(T));
-  auto* kernel = flash_forward<T, D>;
+  constexpr int kSmem = (kBr * D + 4 * BC * D) * static_cast<int>(sizeof(T));
+  auto* kernel = flash_forward<T, D, BC>;
   kernels::cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), op,
                        "cudaFuncSetAttribute (dynamic shared memory)");
+  // All of L1 as shared memory, so that two blocks (2 x 96 KB at D = 128) share an SM.
+  kernels::cuda::check(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+      op, "cudaFuncSetAttribute (shared memory carveout)");
   int64_t entries = 1;
   for (int d = 0; d < p.batch_ndim; ++d) entries *= p.batch[d];
   const dim3 grid(static_cast<unsigned>((p.max_lq + kBr - 1) / kBr), static_cast<unsigned>(entries),
@@ -405,15 +490,31 @@ void launch(const FlashParams& p, cudaStream_t stream, const char* op) {
   kernels::cuda::check(cudaGetLastError(), op, "the FlashAttention kernel's launch");
 }
 
+// Key/value rows per tile: QKV_CUDA_FLASH_BC=32 or 64 (read once) for tuning runs,
+// else the default measured fastest (docs/cuda.md).
+int key_tile_rows() {
+  static const int rows = [] {
+    const char* env = std::getenv("QKV_CUDA_FLASH_BC");
+    const int v = env != nullptr ? std::atoi(env) : 0;
+    return v == 32 || v == 64 ? v : 64;
+  }();
+  return rows;
+}
+
+template <class T, int D>
+void launch_tiles(const FlashParams& p, cudaStream_t stream, const char* op) {
+  key_tile_rows() == 32 ? launch<T, D, 32>(p, stream, op) : launch<T, D, 64>(p, stream, op);
+}
+
 }  // namespace
 
 void launch_flash_forward(const FlashParams& p, void* stream_handle, const char* op) {
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const bool bf16 = p.type == ElementType::bf16;
   if (p.head_dim == 64) {
-    bf16 ? launch<__nv_bfloat16, 64>(p, stream, op) : launch<__half, 64>(p, stream, op);
+    bf16 ? launch_tiles<__nv_bfloat16, 64>(p, stream, op) : launch_tiles<__half, 64>(p, stream, op);
   } else {
-    bf16 ? launch<__nv_bfloat16, 128>(p, stream, op) : launch<__half, 128>(p, stream, op);
+    bf16 ? launch_tiles<__nv_bfloat16, 128>(p, stream, op) : launch_tiles<__half, 128>(p, stream, op);
   }
 }
 

@@ -85,6 +85,7 @@ void rotate_rows(const Plan& p, const RotaryOptions& o, T* data, int64_t r0, int
 }  // namespace
 
 Tensor apply_rotary(const Tensor& x, const RotaryOptions& o) {
+  require_cpu(kOp, {&x});  // rotated on the host below (clone alone would work on a GPU)
   const Plan p = plan(x, o, kOp);
   const DType compute = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor out = x.to(compute).contiguous().clone();  // [..., T, D], rotated in place below
@@ -99,6 +100,7 @@ Tensor apply_rotary(const Tensor& x, const RotaryOptions& o) {
 }
 
 Tensor apply_rotary_reference(const Tensor& x, const RotaryOptions& o) {
+  require_cpu("apply_rotary_reference", {&x});
   const Plan p = plan(x, o, "apply_rotary_reference");
   std::vector<double> v = x.contiguous().to_vector<double>();
   const int64_t rd = 2 * p.half;

@@ -206,7 +206,8 @@ std::string npy_prefix(const Tensor& t, bool fortran_order) {
 }
 
 // The data in file order: row-major, or row-major of the reversed dims for Fortran.
-Tensor file_order(const Tensor& t, bool fortran_order) {
+Tensor file_order(const Tensor& given, bool fortran_order) {
+  const Tensor t = given.to(Device::cpu());  // a GPU tensor is copied to the host first
   if (!fortran_order || t.dim() < 2) return t.contiguous();
   std::vector<int64_t> reversed(static_cast<size_t>(t.dim()));
   for (size_t i = 0; i < reversed.size(); ++i) reversed[i] = t.dim() - 1 - static_cast<int64_t>(i);

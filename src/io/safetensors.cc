@@ -240,7 +240,7 @@ Prepared prepare(const std::map<std::string, Tensor>& tensors, const std::map<st
   Prepared p;
   uint64_t offset = 0;
   for (const auto& [name, t] : order) {
-    p.data.push_back(t->contiguous());
+    p.data.push_back(t->to(Device::cpu()).contiguous());  // a GPU tensor is copied to the host
     const uint64_t end = offset + p.data.back().nbytes();
     header[*name] = {{"dtype", dtype_entry(t->dtype()).name}, {"shape", t->shape()}, {"data_offsets", {offset, end}}};
     offset = end;

@@ -69,7 +69,7 @@ Device common_device(std::string_view op, std::span<const Tensor> tensors) {
 
 void fail_no_kernel(std::string_view op, Device device) {
   fail<DeviceError>(op, ": no kernel for tensors on ", device.to_string(),
-                    " (this build of qkv has CPU kernels only; move the tensors to the CPU)");
+                    " (qkv has no kernel for this operation there; move the tensors to the CPU)");
 }
 
 void require_cpu(std::string_view op, std::initializer_list<const Tensor*> tensors) {

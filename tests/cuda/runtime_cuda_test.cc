@@ -6,8 +6,17 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_oracle.h"
+#include "qkv/additive_attention.h"
 #include "qkv/attention.h"
+#include "qkv/attention_backward.h"
 #include "qkv/cuda.h"
+#include "qkv/einops.h"
+#include "qkv/einsum.h"
+#include "qkv/kv_cache.h"
+#include "qkv/linear_attention.h"
+#include "qkv/lsh_attention.h"
+#include "qkv/rotary.h"
+#include "qkv/softmax.h"
 #include "qkv/tensor.h"
 
 namespace qkv {
@@ -93,6 +102,36 @@ TEST_F(CudaRuntime, AttentionCopiesMisalignedRowsFirst) {
   const Tensor want = attention_reference(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64)).output;
   EXPECT_LE(max_abs_diff(got, want), 2e-2);
   EXPECT_EQ(max_abs_diff(got, got2), 0.0);
+}
+
+// Operations with host kernels only, given tensors on a real GPU (clone and contiguous
+// work there, so an op that copied first and then looped on the host would read device
+// memory): a DeviceError naming the op, never a crash.
+TEST_F(CudaRuntime, HostOnlyOpsRefuseGpuTensors) {
+  const Tensor g = Tensor::randn({1, 2, 8, 16}, 9).to(Device::cuda());  // [B, H, L, D] float32
+  const Tensor gb = Tensor::randn({1, 2, 8, 64}, 9, DType::bf16).to(Device::cuda());
+  EXPECT_THROW(softmax(g), DeviceError);
+  EXPECT_THROW(einsum("bhid,bhjd->bhij", {g, g}), DeviceError);
+  EXPECT_THROW(einops::rearrange(g, "b h l d -> b l (h d)"), DeviceError);
+  EXPECT_THROW(additive_attention(g, g, g), DeviceError);
+  EXPECT_THROW(linear_attention(g, g, g), DeviceError);
+  EXPECT_THROW(lsh_attention(g, g), DeviceError);
+  EXPECT_THROW(apply_rotary(g), DeviceError);
+  EXPECT_THROW(apply_rotary_reference(g), DeviceError);
+  EXPECT_THROW(attention_reference(gb, gb, gb), DeviceError);
+  const Tensor lse = Tensor::zeros({1, 2, 8}).to(Device::cuda());
+  EXPECT_THROW(scaled_dot_product_attention_backward(gb, gb, gb, gb, gb, lse), DeviceError);
+  EXPECT_THROW(attention_backward_reference(gb, gb, gb, gb), DeviceError);
+  KVCacheConfig config;
+  config.batch = 1;
+  config.kv_heads = 2;
+  config.head_dim = 16;
+  config.capacity = 16;
+  KVCache cache(config);
+  EXPECT_THROW(cache.append(g, g), DeviceError);
+  const Tensor host = Tensor::randn({1, 2, 8, 16}, 10);
+  cache.append(host, host);
+  EXPECT_THROW(decode_attention(g.slice(2, 0, 1), cache), DeviceError);
 }
 
 }  // namespace

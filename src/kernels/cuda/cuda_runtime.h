@@ -22,7 +22,8 @@ void check(int status, const char* op, const char* what);
 // the previous device.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int index);
+  // `op` names the operation in the DeviceError of a failed switch.
+  explicit DeviceGuard(int index, const char* op = "cuda");
   ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;

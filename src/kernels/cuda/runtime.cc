@@ -49,7 +49,10 @@ StreamGuard::StreamGuard(Stream stream) : previous_(t_stream) { t_stream = strea
 StreamGuard::~StreamGuard() { t_stream = previous_; }
 
 void synchronize(int index) {
-  const kernels::cuda::DeviceGuard guard(index);
+  if (index < 0 || index >= device_count()) {
+    fail<DeviceError>("cuda::synchronize: no GPU cuda:", index, " (", device_count(), " visible)");
+  }
+  const kernels::cuda::DeviceGuard guard(index, "cuda::synchronize");
   kernels::cuda::check(cudaStreamSynchronize(static_cast<cudaStream_t>(t_stream)), "cuda::synchronize",
                        "cudaStreamSynchronize");
 }
@@ -69,9 +72,9 @@ void check(int status, const char* op, const char* what) {
   fail<DeviceError>(op, ": CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") in ", what);
 }
 
-DeviceGuard::DeviceGuard(int index) {
-  check(cudaGetDevice(&previous_), "cuda", "cudaGetDevice");
-  if (previous_ != index) check(cudaSetDevice(index), "cuda", "cudaSetDevice");
+DeviceGuard::DeviceGuard(int index, const char* op) {
+  check(cudaGetDevice(&previous_), op, "cudaGetDevice");
+  if (previous_ != index) check(cudaSetDevice(index), op, "cudaSetDevice");
 }
 
 DeviceGuard::~DeviceGuard() {

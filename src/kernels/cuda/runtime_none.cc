@@ -35,7 +35,7 @@ namespace {
 void check(int status, const char* op, const char*) {
   if (status != 0) no_backend(op);
 }
-DeviceGuard::DeviceGuard(int) { no_backend("cuda"); }
+DeviceGuard::DeviceGuard(int, const char* op) { no_backend(op); }
 DeviceGuard::~DeviceGuard() = default;
 void* malloc_device(size_t, int) { return nullptr; }
 void free_device(void*, int) noexcept {}
