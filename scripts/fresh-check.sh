@@ -16,6 +16,11 @@
 #   QKV_FRESH_CCACHE   0: no host ccache (a cold build); default: share the host's
 #   QKV_FRESH_KEEP     1: keep the unpacked root after the run (mounts still undone)
 #   QKV_FRESH_TARGETS  make targets run in the root (default "demo test")
+#   QKV_FRESH_CUDA     1: lend the host's CUDA toolkit (/usr/local/cuda, read-only, its
+#                      bin/ on PATH), so that QKV_CUDA=auto builds the CUDA backend in
+#                      the root, as on a machine with the toolkit installed; 0: do not
+#                      (the build of a machine without nvcc); default: 1 when the host
+#                      has /usr/local/cuda/bin/nvcc
 set -euo pipefail
 
 # Mounts live in a private mount namespace: whatever happens to this script, they
@@ -167,6 +172,18 @@ if [ "${QKV_FRESH_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
   fi
 fi
 
+# The CUDA toolkit (docs/cuda.md): the host's, read-only, at the same path.
+cuda_path=""
+if [ "${QKV_FRESH_CUDA:-auto}" != 0 ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+  cuda_real=$(readlink -f /usr/local/cuda)
+  mnt "$cuda_real" "$cuda_real" -o ro
+  [ "$cuda_real" = /usr/local/cuda ] || ln -sfn "$cuda_real" "$root/usr/local/cuda"
+  cuda_path=:/usr/local/cuda/bin
+  say "lending the host's CUDA toolkit ($cuda_real): the root builds the CUDA backend"
+elif [ "${QKV_FRESH_CUDA:-auto}" = 1 ]; then
+  die "QKV_FRESH_CUDA=1 but the host has no /usr/local/cuda/bin/nvcc"
+fi
+
 # ---- the checkout ---------------------------------------------------------------------------
 commit=$(git -C "$repo" rev-parse HEAD)
 [ -z "$(git -C "$repo" status --porcelain --untracked-files=no)" ] ||
@@ -180,7 +197,7 @@ phase "setting up the root"
 # ---- the two commands -------------------------------------------------------------------------
 in_root() {
   chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
-    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin$cuda_path \
     ${CI:+CI=$CI} ${QKV_WERROR:+QKV_WERROR=$QKV_WERROR} "${pass_env[@]}" "${ccache_env[@]}" \
     bash -c "cd '$src' && $*"
 }
