@@ -17,7 +17,7 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/qkvConfig.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/package/qkvConfigVersion.cmake
                                  COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/package/qkvConfig.cmake ${PROJECT_BINARY_DIR}/package/qkvConfigVersion.cmake
-              ${PROJECT_SOURCE_DIR}/cmake/QkvOpenBLAS.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/QkvOpenBLAS.cmake ${PROJECT_SOURCE_DIR}/cmake/QkvCudaLibs.cmake
         DESTINATION ${QKV_CMAKE_DIR})
 
 # pkg-config, relocatable: the prefix is found from the .pc file's own directory.
@@ -31,7 +31,8 @@ if(QKV_HAVE_MPI)
 endif()
 set(QKV_PC_CUDA_LIBS "")  # the CUDA runtime (static), when built with the CUDA backend
 if(QKV_HAVE_CUDA)
-  set(QKV_PC_CUDA_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt -lpthread")
+  get_filename_component(_qkv_cudart_dir ${QKV_CUDART_LIBRARY} DIRECTORY)
+  set(QKV_PC_CUDA_LIBS " -L${_qkv_cudart_dir} -lcudart_static -ldl -lrt -lpthread")
 endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/qkv.pc.in ${PROJECT_BINARY_DIR}/package/qkv.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/package/qkv.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
