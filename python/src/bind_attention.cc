@@ -129,6 +129,31 @@ nb::tuple sdpa_backward(nb::handle query, nb::handle key, nb::handle value, nb::
   return nb::make_tuple(to_array_like(g.dq, query), to_array_like(g.dk, query), to_array_like(g.dv, query));
 }
 
+// output, or (output, logsumexp), for sequences packed along dim 0.
+nb::object sdpa_varlen(nb::handle query, nb::handle key, nb::handle value, nb::handle cu_seqlens_q,
+                       nb::handle cu_seqlens_k, nb::handle is_causal, nb::handle scale, nb::handle enable_gqa,
+                       nb::handle return_logsumexp) {
+  constexpr const char* kOp = "scaled_dot_product_attention_varlen";
+  using namespace qkv::python;
+  const qkv::Tensor tq = to_tensor(query, arg_name(kOp, "query").c_str());
+  const qkv::Tensor tk = to_tensor(key, arg_name(kOp, "key").c_str());
+  const qkv::Tensor tv = to_tensor(value, arg_name(kOp, "value").c_str());
+  const qkv::Tensor cq = to_tensor(cu_seqlens_q, arg_name(kOp, "cu_seqlens_q").c_str());
+  const qkv::Tensor ck = to_tensor(cu_seqlens_k, arg_name(kOp, "cu_seqlens_k").c_str());
+  qkv::AttentionOptions o;
+  o.is_causal = bool_arg(is_causal, arg_name(kOp, "is_causal"));
+  o.scale = optional_float_arg(scale, arg_name(kOp, "scale"));
+  o.enable_gqa = bool_arg(enable_gqa, arg_name(kOp, "enable_gqa"));
+  o.return_logsumexp = bool_arg(return_logsumexp, arg_name(kOp, "return_logsumexp"));
+  qkv::AttentionResult r;
+  {
+    InterruptibleRelease release;
+    r = qkv::scaled_dot_product_attention_varlen(tq, tk, tv, cq, ck, o);
+  }
+  if (!o.return_logsumexp) return to_array_like(r.output, query);
+  return nb::make_tuple(to_array_like(r.output, query), to_array_like(*r.logsumexp, query));
+}
+
 constexpr const char* kConventions = R"(
 Shapes: q [..., Hq, Lq, Dk], k [..., Hk, Lk, Dk], v [..., Hk, Lk, Dv]; leading
 dims broadcast (numpy rules). Output [..., Hq, Lq, Dv] in q's dtype (float16 and
@@ -210,6 +235,24 @@ void bind_attention(nb::module_& m) {
                      "as matmul_precision says; about 1e-2 relative error (docs/performance.md).\n") +
          kConventions)
             .c_str());
+  m.def("scaled_dot_product_attention_varlen", &sdpa_varlen, nb::arg("query").none(), nb::arg("key").none(),
+        nb::arg("value").none(), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::kw_only(),
+        nb::arg("is_causal").none() = false, nb::arg("scale").none() = nb::none(), nb::arg("enable_gqa").none() = false,
+        nb::arg("return_logsumexp").none() = false,
+        nb::sig("def scaled_dot_product_attention_varlen(query: numpy.typing.ArrayLike, "
+                "key: numpy.typing.ArrayLike, value: numpy.typing.ArrayLike, "
+                "cu_seqlens_q: numpy.typing.ArrayLike, cu_seqlens_k: numpy.typing.ArrayLike, *, "
+                "is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, "
+                "return_logsumexp: bool = False) -> typing.Any"),
+        "Attention over variable-length sequences packed along dim 0, without padding\n"
+        "(FlashAttention's flash_attn_varlen_func layout): query [Tq, Hq, Dk], key [Tk, Hk, Dk],\n"
+        "value [Tk, Hk, Dv]; sequence s is rows cu_seqlens_q[s]:cu_seqlens_q[s+1] of query and\n"
+        "cu_seqlens_k[s]:cu_seqlens_k[s+1] of key and value (int32 or int64 [N + 1], from 0,\n"
+        "non-decreasing, ending at Tq and Tk) and attends only to itself. is_causal is\n"
+        "per sequence (top-left), enable_gqa lets Hk divide Hq. Returns the output\n"
+        "[Tq, Hq, Dv], or (output, logsumexp [Hq, Tq]) with return_logsumexp=True. On the CPU\n"
+        "each sequence runs scaled_dot_product_attention; CUDA arrays (torch, ...) run one\n"
+        "GPU kernel launch for all of them (bfloat16/float16, D in {64, 128}; docs/cuda.md).");
   m.def("scaled_dot_product_attention_backward", &sdpa_backward, nb::arg("query").none(), nb::arg("key").none(),
         nb::arg("value").none(), nb::arg("out").none(), nb::arg("grad_out").none(), nb::arg("logsumexp").none(),
         nb::arg("attn_mask").none() = nb::none(), nb::arg("dropout_p").none() = 0.0,
