@@ -52,7 +52,9 @@ Tensor Tensor::to(Device device) const {
   const Device from = this->device();
   if (device == from) return *this;
   for (const Device d : {from, device}) {
-    if (!d.is_cpu() && !served_by_backend(d)) fail_no_kernel("to", d);
+    if (d.is_cpu() || served_by_backend(d)) continue;
+    (void)allocator_for(d, "to");  // no backend or no such GPU: its DeviceError says which
+    fail_no_kernel("to", d);       // served by a registered allocator only (a test's fake device)
   }
   const Tensor src = contiguous();  // on its own device
   Tensor out = empty(shape_, dtype_, device);

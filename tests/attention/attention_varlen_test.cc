@@ -93,7 +93,7 @@ TEST(Cuda, DevicesAreCountedAndAMissingOneIsAClearError) {
   EXPECT_FALSE(cuda::available());
   EXPECT_EQ(cuda::current_stream(), nullptr);
   EXPECT_THROW_WITH(cuda::properties(0), DeviceError, "cuda:0");
-  EXPECT_THROW_WITH(Tensor::zeros({2}).to(Device::cuda()), DeviceError, "to: no kernel for tensors on cuda:0");
+  EXPECT_THROW_WITH(Tensor::zeros({2}).to(Device::cuda()), DeviceError, "to: no allocator for device cuda:0");
   EXPECT_THROW_WITH(Tensor::empty({2}, DType::f32, Device::cuda()), DeviceError,
                     cuda::built() ? "no such GPU: 0 visible" : "no CUDA backend");
   EXPECT_THROW_WITH(Tensor::empty({2}, DType::f32, Device::cuda(3)), DeviceError, "cuda:3");

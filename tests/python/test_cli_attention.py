@@ -139,3 +139,23 @@ def test_variants_longformer_prefix_bigbird_and_linear(run, tmp_path):
     phi = lambda x: np.where(x > 0, x + 1, np.exp(x))  # noqa: E731  elu + 1
     s = np.tril(phi(q[0]) @ phi(k[0]).T)
     np.testing.assert_allclose(out[0], (s @ v[0]) / s.sum(1, keepdims=True), atol=1e-12)
+
+
+def test_device_cpu_is_the_default_and_a_missing_gpu_is_a_clear_error(run, tmp_path):
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 6, 8)).astype(np.float32) for _ in range(3))
+    out = run_attention(run, tmp_path, q, k, v, "--device", "cpu")
+    np.testing.assert_allclose(out, sdpa_float64(q, k, v)[0], atol=2e-6)
+    import qkv
+    if qkv.cuda.device_count() == 0:  # CI and this machine; a GPU machine runs tests/cuda instead
+        result = run("attention", "--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy",
+                     "--device", "cuda:0", "-o", tmp_path / "gpu.npy")
+        assert result.returncode != 0
+        assert "cuda:0" in result.stderr
+        assert not (tmp_path / "gpu.npy").exists()
+    result = run("attention", "--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy",
+                 "--device", "gpu", "-o", tmp_path / "bad.npy")
+    assert result.returncode != 0 and "is not a device (expected 'cpu' or 'cuda:N')" in result.stderr
+    result = run("attention", "--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy",
+                 "--device", "cuda:0", "--variant", "window", "--window", "2", "-o", tmp_path / "bad.npy")
+    assert result.returncode != 0 and "the GPU runs the full softmax attention only" in result.stderr

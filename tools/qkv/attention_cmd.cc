@@ -28,6 +28,7 @@ struct AttentionArgs {
   std::string parallel, layout = "contiguous";  // --parallel under mpiexec (attention_parallel.cc)
   LshAttentionOptions lsh;                      // --variant lsh (qkv/lsh_attention.h)
   std::string rotations;
+  std::string device = "cpu";  // --device: where the fused attention runs (cpu, cuda:N)
 };
 
 // --variant lsh: Reformer's LSH attention with --q as the shared query-key; --mask is its
@@ -77,8 +78,14 @@ void run_attention(const AttentionArgs& a) {
     run_parallel_attention({a.parallel, a.layout, a.q, a.k, a.v, a.out, a.causal, a.gqa, a.scale, a.precision});
     return;
   }
+  const Device device = Device::parse(a.device);
+  if (!device.is_cpu() && (a.variant != "full" || !a.weights.empty() || a.dropout > 0)) {
+    fail<ValueError>("attention --device ", a.device, ": the GPU runs the full softmax attention only (no --variant, ",
+                     "--weights or --dropout; docs/cuda.md)");
+  }
   if (a.variant == "lsh") return run_lsh(a);
-  const Tensor q = load_tensor(a.q), k = load_tensor(a.k), v = load_tensor(a.v);
+  // Read on the host, then moved to the device (the output comes back when written).
+  const Tensor q = load_tensor(a.q).to(device), k = load_tensor(a.k).to(device), v = load_tensor(a.v).to(device);
   if (a.variant == "linear") {  // phi = elu + 1, or FAVOR+ with --features
     if (!a.mask.empty() || !a.weights.empty()) fail<Error>("attention: --variant linear takes no --mask or --weights");
     LinearAttentionOptions lo;
@@ -88,7 +95,7 @@ void run_attention(const AttentionArgs& a) {
     return;
   }
   AttentionOptions options;
-  if (!a.mask.empty()) options.attn_mask = load_tensor(a.mask);
+  if (!a.mask.empty()) options.attn_mask = load_tensor(a.mask).to(device);
   const bool mods = a.variant != "full";
   options.is_causal = a.causal && !mods;  // with a variant, --causal is its window's right side 0
   options.scale = a.scale;
@@ -179,6 +186,9 @@ void register_attention(CLI::App& app) {
                   "--parallel ring/ulysses: sequence shards contiguous (default) or "
                   "zigzag (chunks r and 2P-1-r: balanced causal work)")
       ->check(CLI::IsMember({"contiguous", "zigzag"}));
+  cmd->add_option("--device", args->device,
+                  "where it runs: cpu (default) or cuda:N (a CUDA build with a GPU: bfloat16/float16 inputs, "
+                  "Dk = Dv in {64, 128}, full attention with --mask/--causal/--gqa/--scale; docs/cuda.md)");
   cmd->add_option("-o,--output", args->out, "output file (.npy or .safetensors)")->required();
   cmd->callback([args] { run_attention(*args); });
 }
