@@ -1,6 +1,6 @@
 // One decode step (qkv::decode_attention, Lq = 1) against a KV cache: time and the bandwidth
 // it achieves (bytes of K and V read per step / time), beside memcpy's on the same machine.
-// Hq = 32, Hk = 8, D = 128 (a Llama-style GQA layer), B = 1 and 8, cache f32 or bf16.
+// Hq = 32, Hk = 8, D = 128 (a Llama-style GQA layer), B = 1 and 8, cache f32, bf16 or int8.
 //
 //   QKV_NUM_THREADS=2 build/release/decode_bench --benchmark_min_time=0.5
 #include <benchmark/benchmark.h>
@@ -36,7 +36,10 @@ void BM_DecodeStep(benchmark::State& state) {
     qkv::AttentionResult r = qkv::decode_attention(q, cache, o);
     benchmark::DoNotOptimize(r.output.raw_data());
   }
-  const double bytes = 2.0 * static_cast<double>(b * kHk * len * kDim) * static_cast<double>(qkv::itemsize(dtype));
+  // int8: a float32 scale per 16 channels besides the bytes (qkv/kv_cache.h), 160 bytes a row of 128
+  const double row = dtype == qkv::DType::i8 ? static_cast<double>(kDim + 4 * (kDim / qkv::KVCache::kInt8Group))
+                                             : static_cast<double>(kDim * static_cast<int64_t>(qkv::itemsize(dtype)));
+  const double bytes = 2.0 * static_cast<double>(b * kHk * len) * row;
   state.counters["bytes"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_DecodeStep)

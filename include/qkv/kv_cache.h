@@ -113,11 +113,14 @@ class KVCache {
   // (sequence, head) and channel — the mean and the RMS deviation over the keys of the
   // sequence's first append (LLM keys have outlier channels with large, steady means and
   // spreads; taking the mean out is SageAttention's smoothing, dividing by r evens the
-  // channels so that one token scale fits them all) — and s_k = max|(k - c) / r| / 127 per
-  // position; each value as round(v / s_v), s_v = max|v| / 127 per position.
+  // channels so that one scale fits them all) — and s_k = max|(k - c) / r| / 127 per position
+  // and group of kInt8Group channels (channels [16 g, 16 g + 16); the last group may be
+  // shorter); each value as round(v / s_v), s_v = max|v| / 127 per position and group.
   // decode_attention reads k = q s_k r + c, v = q s_v.
-  const Tensor& key_scales() const { return k_scale_; }    // [B, Hk, capacity] f32 (i8 caches)
-  const Tensor& value_scales() const { return v_scale_; }  // [B, Hk, capacity] f32 (i8 caches)
+  static constexpr int64_t kInt8Group = 16;
+  // [B, Hk, capacity, ceil(D / 16)] f32 (i8 caches; paged: [pages, Hk, page_size, ..])
+  const Tensor& key_scales() const { return k_scale_; }
+  const Tensor& value_scales() const { return v_scale_; }  // [B, Hk, capacity, ceil(Dv / 16)] f32 (i8 caches)
   const Tensor& key_offsets() const { return k_offset_; }  // [B, Hk, D] f32: c (i8 caches)
   const Tensor& key_spreads() const { return k_spread_; }  // [B, Hk, D] f32: r (i8 caches)
   // The cached keys / values as float32 [B, Hk, capacity, D] (dequantized for i8 caches).
@@ -128,8 +131,9 @@ class KVCache {
   // sequence b's stored positions first_kept(b) .. length(b) - 1 from index 0 (n the most any
   // sequence stores), "lengths" int64 [B], "capacity" int64 [1], "window", "page_size", "pages"
   // int64 [1] (absent: 0), "first_kept" int64 [B] (windowed caches), the rotary settings ("rotary" f64 [base, layout (0
-  // neox, 1 gptj), rotary_dim]) when set, and for int8 caches "key_scales", "value_scales" (same prefix),
-  // "key_offsets", "key_spreads". The layout does not matter to the file (a paged cache's pages
+  // neox, 1 gptj), rotary_dim]) when set, and for int8 caches "key_scales", "value_scales" ([B, Hk, n,
+  // groups], same prefix; a state of the per-position format, [B, Hk, n], loads with that scale
+  // in every group), "key_offsets", "key_spreads". The layout does not matter to the file (a paged cache's pages
   // are taken afresh). from_state restores an equal cache (ValueError / ShapeError otherwise).
   std::map<std::string, Tensor> state() const;
   static KVCache from_state(const std::map<std::string, Tensor>& state);

@@ -8,7 +8,8 @@
 //   m = rowmax(S), P = exp(S - m), l = rowsum(P), O = P V[c0:c1]  [G Lq, Dv]  (qkv::gemm)
 // then every (b, hq, t) merges its chunks: M = max_c m_c, L = sum_c l_c e^(m_c - M),
 // out = sum_c O_c e^(m_c - M) / L, lse = M + log L. bf16/f16 caches are widened chunk by chunk
-// into the worker's scratch (the step is bandwidth-bound: the cache is read once either way).
+// into the worker's scratch (the step is bandwidth-bound: the cache is read once either way);
+// int8 caches are read in place by their own kernels (decode_int8.h).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "attention/decode_cpu.h"
+#include "attention/decode_int8.h"
 #include "kernels/cpu/convert.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
@@ -69,28 +71,9 @@ std::vector<Item> make_items(const DecodeCall& d, const KVCache& cache, const De
   return items;
 }
 
-// int8 rows [len, Dx] from storage row `first` of (b, hk), dequantized into out.
-void dequantize(const KVCache& cache, bool keys, int64_t b, int64_t hk, int64_t first, int64_t len, float* out) {
-  const Tensor& t = keys ? cache.keys() : cache.values();
-  const int64_t dx = t.size(3), bh = b * cache.config().kv_heads + hk;
-  const int8_t* q = t.data<int8_t>() + first * dx;
-  const float* scale = (keys ? cache.key_scales() : cache.value_scales()).data<float>() + first;
-  const float* shift = keys ? cache.key_offsets().data<float>() + bh * dx : nullptr;
-  const float* spread = keys ? cache.key_spreads().data<float>() + bh * dx : nullptr;
-  for (int64_t j = 0; j < len; ++j) {
-    float* row = out + j * dx;
-    if (!keys) {
-      for (int64_t c = 0; c < dx; ++c) row[c] = static_cast<float>(q[j * dx + c]) * scale[j];
-      continue;
-    }
-    for (int64_t c = 0; c < dx; ++c) row[c] = static_cast<float>(q[j * dx + c]) * (scale[j] * spread[c]) + shift[c];
-  }
-}
-
 // Rows [n, Dx] of the cache's keys (or values) of sequence b, head hk, positions c0 .. c0 + n - 1
 // as f32: in place for an f32 cache whose rows are consecutive, else into `buffer` run by run (a
-// page, or up to a ring's wrap; qkv/kv_cache.h): 16-bit widened, int8 dequantized (key:
-// q s r + c, value: q s).
+// page, or up to a ring's wrap; qkv/kv_cache.h), 16-bit widened (int8 caches: int8_rows).
 const float* rows_f32(const KVCache& cache, bool keys, int64_t b, int64_t hk, int64_t c0, int64_t n,
                       std::vector<float>& buffer) {
   const Tensor& t = keys ? cache.keys() : cache.values();
@@ -104,10 +87,8 @@ const float* rows_f32(const KVCache& cache, bool keys, int64_t b, int64_t hk, in
       std::copy_n(t.data<float>() + first * dx, len * dx, out);
     } else if (t.dtype() == DType::bf16) {
       kernels::widen(t.data<bfloat16>() + first * dx, len * dx, out);
-    } else if (t.dtype() == DType::f16) {
-      kernels::widen(t.data<float16>() + first * dx, len * dx, out);
     } else {
-      dequantize(cache, keys, b, hk, first, len, out);
+      kernels::widen(t.data<float16>() + first * dx, len * dx, out);
     }
     i += len;
   }
@@ -139,7 +120,7 @@ struct Partials {
 };
 
 struct Scratch {
-  std::vector<float> k, v, s;
+  std::vector<float> k, v, s, qs, qc;    // qs, qc: int8 caches' q r [G Lq, D] and q . c [G Lq]
   std::vector<bfloat16> qb, pb, kb, vb;  // native bf16 GEMMs: q rows, P rounded to bf16, gathered K / V
 };
 
@@ -164,14 +145,54 @@ void values_bf16(const DecodeCall& d, const KVCache& cache, const Item& it, Scra
   gemm(pv, 1.0f, sc.pb.data(), v, 0.0f, o);
 }
 
+// int8 caches (decode_int8.h): S = scale Q K^T and O = P V on the int8 rows in place, run by
+// run (a page, or up to a ring's wrap), each group of 16 channels dequantized in registers:
+// q . k = (q r) . (q_k s) + q . c with r, c the keys' spreads and offsets.
+void scores_int8(const DecodeCall& d, const float* qrows, const KVCache& cache, const Item& it, Scratch& sc) {
+  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0, bh = it.b * d.hk + it.hk;
+  const float* spread = cache.key_spreads().data<float>() + bh * d.dk;  // [D]
+  const float* offset = cache.key_offsets().data<float>() + bh * d.dk;  // [D]
+  sc.qs.resize(static_cast<size_t>(rows * d.dk)), sc.qc.resize(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    double qc = 0.0;
+    for (int64_t c = 0; c < d.dk; ++c) {
+      sc.qs[r * d.dk + c] = qrows[r * d.dk + c] * spread[c];
+      qc += static_cast<double>(qrows[r * d.dk + c]) * offset[c];
+    }
+    sc.qc[r] = static_cast<float>(qc);
+  }
+  const int64_t groups = cache.key_scales().size(3);
+  for (int64_t i = 0; i < cols;) {
+    const int64_t p = it.c0 + i, len = std::min(cols - i, cache.run_end(it.b, p) - p),
+                  first = cache.row(it.b, it.hk, p);
+    int8_scores(sc.qs.data(), sc.qc.data(), rows, cache.keys().data<int8_t>() + first * d.dk,
+                cache.key_scales().data<float>() + first * groups, len, d.dk, static_cast<float>(d.scale),
+                sc.s.data() + i, cols);
+    i += len;
+  }
+}
+void values_int8(const DecodeCall& d, const KVCache& cache, const Item& it, Scratch& sc, float* o) {
+  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0, groups = cache.value_scales().size(3);
+  std::fill(o, o + rows * d.dv, 0.0f);
+  for (int64_t i = 0; i < cols;) {
+    const int64_t p = it.c0 + i, len = std::min(cols - i, cache.run_end(it.b, p) - p),
+                  first = cache.row(it.b, it.hk, p);
+    int8_values(sc.s.data() + i, cols, rows, cache.values().data<int8_t>() + first * d.dv,
+                cache.value_scales().data<float>() + first * groups, len, d.dv, o);
+    i += len;
+  }
+}
+
 void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const DecodeOptions& o, const Item& it,
               Partials& out, Scratch& sc) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
   const float* qrows = q + (it.b * d.hq + it.hk * d.group) * d.lq * d.dk;  // [G Lq, D]
-  const bool native = native_bf16(cache, o);
+  const bool native = native_bf16(cache, o), int8 = cache.config().dtype == DType::i8;
   sc.s.resize(static_cast<size_t>(rows * cols));
   if (native) {
     scores_bf16(d, qrows, cache, it, sc);
+  } else if (int8) {
+    scores_int8(d, qrows, cache, it, sc);
   } else {
     const float* k = rows_f32(cache, true, it.b, it.hk, it.c0, cols, sc.k);  // [C, D]
     GemmShape g;                                                             // S = scale Q K^T
@@ -202,6 +223,10 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
   float* o_part = out.o.data() + it.slot * rows * d.dv;  // [G Lq, Dv]
   if (native) {
     values_bf16(d, cache, it, sc, o_part);
+    return;
+  }
+  if (int8) {
+    values_int8(d, cache, it, sc, o_part);
     return;
   }
   const float* v = rows_f32(cache, false, it.b, it.hk, it.c0, cols, sc.v);  // [C, Dv]

@@ -3,19 +3,25 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/quantize.h"
 #include "qkv/kv_cache.h"
 
 namespace qkv {
 
 namespace {
 
-// Row [n] of x scaled to int8: round(x / s) with s = max|x| / 127 (1 for a zero row); returns s.
-float quantize_row(const float* x, int64_t n, int8_t* out) {
-  float big = 0.0f;
-  for (int64_t i = 0; i < n; ++i) big = std::max(big, std::fabs(x[i]));
-  const float s = big > 0.0f ? big / 127.0f : 1.0f;
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / s), -127.0f, 127.0f));
-  return s;
+// Row [n] of x scaled to int8 group by group (KVCache::kInt8Group channels): round(x / s_g)
+// with s_g = max|x| / 127 over the group (1 for a zero group), written to scales[g]. Groups
+// rather than one scale per row: issue 17's error on LLM-like keys went from 1.06e-2 (one
+// scale per position) to 7.5e-3 (9.3e-3 with groups of 32; docs/decode.md), for 4 bytes more
+// per 16 — the step still took half the bf16 step's time.
+void quantize_row(const float* x, int64_t n, int8_t* out, float* scales) {
+  for (int64_t g0 = 0; g0 < n; g0 += KVCache::kInt8Group) {
+    const int64_t len = std::min(KVCache::kInt8Group, n - g0);
+    const float s = kernels::symmetric_scale(kernels::max_abs(x + g0, len));
+    kernels::quantize_with(x + g0, len, s, out + g0);
+    scales[g0 / KVCache::kInt8Group] = s;
+  }
 }
 
 // offset[d], spread[d] = mean and RMS deviation of channel d over keys [n, dim] (spread 1
@@ -37,9 +43,9 @@ void channel_stats(const float* k, int64_t n, int64_t dim, float* offset, float*
 void KVCache::append_int8(int64_t b, int64_t at, const Tensor& k, const Tensor& v) {
   const KVCacheConfig& c = config_;
   const Tensor kf = k.to(DType::f32).contiguous(), vf = v.to(DType::f32).contiguous();  // [Hk, n, D]
-  const int64_t n = kf.size(1);
-  Tensor kq = Tensor::empty({c.kv_heads, n, c.head_dim}, DType::i8), ks = Tensor::empty({c.kv_heads, n});
-  Tensor vq = Tensor::empty({c.kv_heads, n, c.value_dim}, DType::i8), vs = Tensor::empty({c.kv_heads, n});
+  const int64_t n = kf.size(1), kg = k_scale_.size(3), vg = v_scale_.size(3);
+  Tensor kq = Tensor::empty({c.kv_heads, n, c.head_dim}, DType::i8), ks = Tensor::empty({c.kv_heads, n, kg});
+  Tensor vq = Tensor::empty({c.kv_heads, n, c.value_dim}, DType::i8), vs = Tensor::empty({c.kv_heads, n, vg});
   std::vector<float> row(static_cast<size_t>(c.head_dim));
   for (int64_t h = 0; h < c.kv_heads; ++h) {
     float* offset = k_offset_.data<float>() + (b * c.kv_heads + h) * c.head_dim;  // [D]
@@ -49,28 +55,30 @@ void KVCache::append_int8(int64_t b, int64_t at, const Tensor& k, const Tensor& 
     for (int64_t j = 0; j < n; ++j) {
       const int64_t at_hj = h * n + j;  // in [Hk, n]
       for (int64_t d = 0; d < c.head_dim; ++d) row[d] = (kh[j * c.head_dim + d] - offset[d]) / spread[d];
-      ks.data<float>()[at_hj] = quantize_row(row.data(), c.head_dim, kq.data<int8_t>() + at_hj * c.head_dim);
-      vs.data<float>()[at_hj] =
-          quantize_row(vf.data<float>() + at_hj * c.value_dim, c.value_dim, vq.data<int8_t>() + at_hj * c.value_dim);
+      quantize_row(row.data(), c.head_dim, kq.data<int8_t>() + at_hj * c.head_dim, ks.data<float>() + at_hj * kg);
+      quantize_row(vf.data<float>() + at_hj * c.value_dim, c.value_dim, vq.data<int8_t>() + at_hj * c.value_dim,
+                   vs.data<float>() + at_hj * vg);
     }
   }
   write_rows(b, at, kq, vq, &ks, &vs);
 }
 
-// Dequantized copies: every stored row of every sequence (other rows are stale either way).
+// Dequantized copies: every stored row of every sequence (other rows are stale either way),
+// scalar loops (the reference reads these; the kernel dequantizes on the fly, decode_int8-inl.h).
 Tensor KVCache::keys_f32() const {
   Tensor out = k_.to(DType::f32);  // storage shape: q s r + c
   if (config_.dtype != DType::i8) return out;
   const KVCacheConfig& c = config_;
+  const int64_t groups = k_scale_.size(3);
   for (int64_t b = 0; b < c.batch; ++b) {
     for (int64_t h = 0; h < c.kv_heads; ++h) {
       const float* off = k_offset_.data<float>() + (b * c.kv_heads + h) * c.head_dim;
       const float* spread = k_spread_.data<float>() + (b * c.kv_heads + h) * c.head_dim;
       for (int64_t p = first_kept(b); p < length(b); ++p) {
         const int64_t r = row(b, h, p);
-        const float s = k_scale_.data<float>()[r];
+        const float* s = k_scale_.data<float>() + r * groups;  // [groups]
         float* x = out.data<float>() + r * c.head_dim;
-        for (int64_t d = 0; d < c.head_dim; ++d) x[d] = x[d] * s * spread[d] + off[d];
+        for (int64_t d = 0; d < c.head_dim; ++d) x[d] = x[d] * (s[d / kInt8Group] * spread[d]) + off[d];
       }
     }
   }
@@ -81,12 +89,14 @@ Tensor KVCache::values_f32() const {
   Tensor out = v_.to(DType::f32);  // storage shape: q s
   if (config_.dtype != DType::i8) return out;
   const KVCacheConfig& c = config_;
+  const int64_t groups = v_scale_.size(3);
   for (int64_t b = 0; b < c.batch; ++b) {
     for (int64_t h = 0; h < c.kv_heads; ++h) {
       for (int64_t p = first_kept(b); p < length(b); ++p) {
         const int64_t r = row(b, h, p);
-        const float s = v_scale_.data<float>()[r];
-        for (int64_t d = 0; d < c.value_dim; ++d) out.data<float>()[r * c.value_dim + d] *= s;
+        const float* s = v_scale_.data<float>() + r * groups;  // [groups]
+        float* x = out.data<float>() + r * c.value_dim;
+        for (int64_t d = 0; d < c.value_dim; ++d) x[d] *= s[d / kInt8Group];
       }
     }
   }

@@ -28,6 +28,19 @@ int64_t scalar_or_zero(const std::map<std::string, Tensor>& s, const std::string
   return v[0];
 }
 
+// An int8 state's scales as [B, Hk, n, groups]: the per-position format of states saved before
+// group scales (one scale per position, [B, Hk, n]) gives every group that scale, which
+// dequantizes to the same values.
+Tensor int8_scales(const std::map<std::string, Tensor>& s, const std::string& name, int64_t groups) {
+  const Tensor& t = need(s, name);
+  if (t.dim() == 3) return t.unsqueeze(3).expand({t.size(0), t.size(1), t.size(2), groups});
+  if (t.dim() != 4 || t.size(3) != groups) {
+    fail<ShapeError>(kOp, ": '", name, "' must be [B, Hk, n, ", groups, "] (or [B, Hk, n]), got ",
+                     shape_str(t.shape()));
+  }
+  return t;
+}
+
 }  // namespace
 
 Tensor KVCache::gather(const Tensor& storage, int64_t b) const {
@@ -73,7 +86,7 @@ std::map<std::string, Tensor> KVCache::state() const {
     s["rotary"] = Tensor::from_vector<double>({c.rotary->base, layout, static_cast<double>(c.rotary->rotary_dim)}, {3});
   }
   if (c.dtype == DType::i8) {
-    s["key_scales"] = stack(k_scale_);  // [B, Hk, used]
+    s["key_scales"] = stack(k_scale_);  // [B, Hk, used, groups]
     s["value_scales"] = stack(v_scale_);
     s["key_offsets"] = k_offset_;
     s["key_spreads"] = k_spread_;
@@ -103,9 +116,12 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
   }
   KVCache cache(config);
   const bool int8 = k.dtype() == DType::i8;
+  Tensor key_scales, value_scales;  // [B, Hk, n, groups]
   if (int8) {
     cache.k_offset_.copy_from(need(s, "key_offsets"));
     cache.k_spread_.copy_from(need(s, "key_spreads"));
+    key_scales = int8_scales(s, "key_scales", cache.k_scale_.size(3));
+    value_scales = int8_scales(s, "value_scales", cache.v_scale_.size(3));
   }
   std::vector<int64_t> kept(lengths.size(), 0);  // each sequence's first stored position
   if (s.count("first_kept")) kept = s.at("first_kept").to_vector<int64_t>();
@@ -121,8 +137,8 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
     const Tensor kb = k.select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);  // [Hk, n, D]
     const Tensor vb = v.select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);
     if (int8) {
-      const Tensor ks = need(s, "key_scales").select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);
-      const Tensor vs = need(s, "value_scales").select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);
+      const Tensor ks = key_scales.select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);
+      const Tensor vs = value_scales.select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);
       cache.write_rows(static_cast<int64_t>(b), first, kb, vb, &ks, &vs);
     } else {
       cache.write_rows(static_cast<int64_t>(b), first, kb, vb, nullptr, nullptr);
