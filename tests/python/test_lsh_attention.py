@@ -121,21 +121,44 @@ def test_matches_reformer_lsh_self_attention(path):
     assert rel_err(got, t["out"]) <= tol
 
 
-def test_float32_error_within_twice_a_naive_float32():
-    # Issue 16's criterion: qkv's float32 error against the float64 oracle <= 2x that of the
-    # definition run naively in float32 (NumPy), here on the mean absolute error; the maxima are
-    # single elements a few ulp off (measured: 5.8e-7 vs 4.4e-7 with 1 round, 6.3e-7 vs 3.1e-7
-    # with 2, for outputs up to 1.8), bounded at 3x.
-    rng = np.random.default_rng(12)
-    qk, v = (rng.standard_normal((1, 4, 128, 32)).astype(np.float32) for _ in range(2))
-    rot = rng.standard_normal((4, 32, 2, 4))
-    for rounds in (1, 2):
-        r = rot[:, :, :rounds]
-        want = lsh_np(qk, v, r, [8], rounds, 16, 1, 0, False, None)
-        naive = np.abs(lsh_np(qk, v, r, [8], rounds, 16, 1, 0, False, None, np.float32) - want)
-        got = np.abs(qkv.attention.lsh(qk, v, rotations=r, n_hashes=rounds, n_buckets=8, chunk_length=16) - want)
-        assert 0 < naive.mean() and got.mean() <= 2 * naive.mean(), (rounds, got.mean(), naive.mean())
-        assert got.max() <= 3 * naive.max(), (rounds, got.max(), naive.max())
+# Issue 16's criterion on every one of these configurations, seeds 0, 1 and 2 each (all 21 cases
+# asserted): (B, H, L, D, Dv, n_hashes, factors, chunk, before, after, causal, padded).
+NAIVE_CASES = [
+    (1, 4, 128, 32, 32, 1, [8], 16, 1, 0, False, False),
+    (1, 4, 128, 32, 32, 2, [8], 16, 1, 0, False, False),
+    (1, 4, 128, 32, 32, 4, [8], 16, 1, 0, False, False),
+    (2, 2, 256, 64, 32, 2, [4, 4], 32, 1, 1, True, False),
+    (1, 2, 512, 64, 64, 2, [16], 64, 1, 0, False, False),
+    (2, 3, 96, 16, 24, 3, [2, 4], 8, 2, 0, False, True),
+    (1, 4, 48, 32, 32, 2, [8], 64, 1, 0, True, False),  # L <= chunk: no hashing
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("index", range(len(NAIVE_CASES)))
+def test_float32_error_within_twice_a_naive_float32(index, seed):
+    # Issue 16: qkv's float32 error against the float64 oracle <= 2x that of the definition run
+    # naively in float32 (lsh_np in float32: NumPy's OpenBLAS GEMMs, float32 softmax and merge),
+    # both the largest and the mean absolute error. Measured: max ratio 0.44-1.32, mean 0.01-0.76
+    # (docs/attention-variants.md; before the kernel's precision work up to 2.4 on the max).
+    b, h, length, d, dv, rounds, factors, chunk, before, after, causal, padded = NAIVE_CASES[index]
+    rng = np.random.default_rng(1000 * index + seed)
+    qk = rng.standard_normal((b, h, length, d)).astype(np.float32)
+    v = rng.standard_normal((b, h, length, dv)).astype(np.float32)
+    rot = rng.standard_normal((h, d, rounds, sum(factors) // 2))
+    mask = None
+    if padded:
+        mask = np.ones((b, length), np.int64)
+        mask[-1, length - 5:] = 0
+    args = (rot, factors, rounds, chunk, before, after, causal, mask)
+    want = lsh_np(qk, v, *args)
+    naive = np.abs(lsh_np(qk, v, *args, np.float32) - want)
+    got = qkv.attention.lsh(qk, v, n_hashes=rounds, n_buckets=factors, chunk_length=chunk, num_chunks_before=before,
+                            num_chunks_after=after, is_causal=causal, rotations=rot,
+                            attention_mask=None if mask is None else mask[:, None, :])
+    err = np.abs(got - want)
+    assert 0 < naive.max() and err.max() <= 2 * naive.max(), (err.max(), naive.max())
+    assert err.mean() <= 2 * naive.mean(), (err.mean(), naive.mean())
 
 
 def test_seed_draws_the_rotations():
