@@ -132,7 +132,8 @@ void gather_chunk(const LshProblem& p, int64_t e, int64_t c, const int64_t* perm
 // w.s [C, K] = the raw scores Q K^T (q [C, D]: the chunk's own rows; keys w.rows [K, D]) in
 // double, as the sum of kScorePieces T GEMMs over slices of D: a T GEMM's rounding grows with
 // its depth, and was most of the error with one (oneDNN's at depth 32 is 1.5x OpenBLAS', the
-// naive float32 run's); two halves cost 3-5% of the kernel's time over one (four: 10%).
+// naive float32 run's). Two halves: +5% time over one at L >= 4096 (+17% at 1024); four: +6-17%
+// more (docs/attention-variants.md).
 template <class T>
 void scores(const LshProblem& p, const T* q, Scratch<T>& w) {
   const int64_t cl = p.chunk_rows(), nk = static_cast<int64_t>(w.pos.size()), size = cl * nk;
