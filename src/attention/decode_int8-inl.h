@@ -15,15 +15,16 @@
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
+#include "qkv/kv_cache.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace qkv::attention::HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
 
-constexpr int64_t kGroup = 16;  // KVCache::kInt8Group
-constexpr int64_t kRows = 4;    // query rows per pass: each int8 vector feeds kRows FMAs
-constexpr int64_t kAhead = 16;  // rows prefetched ahead
+constexpr int64_t kGroup = KVCache::kInt8Group;  // channels per scale
+constexpr int64_t kRows = 4;                     // query rows per pass: each int8 vector feeds kRows FMAs
+constexpr int64_t kAhead = 16;                   // rows prefetched ahead
 
 // int8 lanes [p, p + N) as floats.
 template <class D>
