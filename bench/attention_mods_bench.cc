@@ -88,6 +88,7 @@ BENCHMARK(BM_Mods)
     ->Args({4096, 512, kWindow})
     ->Args({4096, 512, kDense})
     ->Args({4096, 64, kBigBird})
+    ->Args({16384, 512, kFull})  // the yardstick at the length of the window's and BigBird's figures
     ->Args({16384, 512, kWindow})
     ->Args({16384, 512, kDense})
     ->Args({16384, 64, kBigBird})

@@ -174,6 +174,17 @@ void score_mods(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T
 template <class K, class T = typename K::T>
 void mask_mods(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds, T masked) {
   const ModPlan& m = f.mods;
+  if (m.interval) {  // each row's keys are one run: mask outside its ends, no element test
+    if (m.key_lo(r.i0 + r.rows - 1) <= j0 && m.key_hi(r.i0) >= j0 + cols) return;  // every row sees every key
+    for (int64_t x = 0; x < r.rows; ++x) {
+      T* row = s + x * lds;  // [cols]
+      const int64_t a = std::clamp<int64_t>(m.key_lo(r.i0 + x) - j0, 0, cols);
+      const int64_t e = std::clamp<int64_t>(m.key_hi(r.i0 + x) - j0, a, cols);
+      std::fill(row, row + a, masked);
+      std::fill(row + e, row + cols, masked);
+    }
+    return;
+  }
   const TileClass cls = m.classify(r.i0, r.i0 + r.rows, j0, j0 + cols);
   if (cls == TileClass::full) return;
   for (int64_t x = 0; x < r.rows; ++x) {
@@ -195,12 +206,10 @@ bool empty_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols) {
   return f.mods.masking && f.mods.classify(r.i0, r.i0 + r.rows, j0, j0 + cols) == TileClass::empty;
 }
 
-// s [rows, cols] = scale * Q K[j0:j0+cols]^T on the tile GEMM of type G.
+// s [rows, cols] = scale * Q K^T on the tile GEMM of type G; k: [cols, Dk].
 template <class K, class T = typename K::T, class G = typename K::G>
-void product_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
-                  std::vector<G>& k_buffer) {
+void product(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Mat<G> k, int64_t cols, T* s, int64_t lds) {
   const Problem& p = *f.p;
-  const Mat<G> k = gemm_operand(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), k_buffer);  // [cols, Dk]
   GemmShape g;
   g.trans_b = true;
   g.m = r.rows;
@@ -214,6 +223,30 @@ void product_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int
   gemm(g, alpha == T(0) ? T(1) : alpha, q.data, k.data, T(0), s);
   if (alpha == T(0)) {
     for (int64_t x = 0; x < r.rows; ++x) kernels::scale(s + x * lds, cols, T(0));
+  }
+}
+
+// s [rows, cols] = scale * Q K[j0:j0+cols]^T on the tile GEMM of type G.
+template <class K, class T = typename K::T, class G = typename K::G>
+void product_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
+                  std::vector<G>& k_buffer) {
+  const Problem& p = *f.p;
+  product(f, r, q, gemm_operand(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), k_buffer), cols, s, lds);
+}
+
+// The scores s [rows, cols] of keys j0.. after the product: score mods, mask, mask mods,
+// causal (score_tile's order; keys a mask modifier hides get `masked`).
+template <class K, class T = typename K::T>
+void modify_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds, T masked,
+                 T* cap_grad) {
+  if (f.mods.scoring) score_mods(f, r, j0, cols, s, lds, cap_grad);
+  if (f.p->mask) add_mask(f, r, j0, cols, s, lds);
+  if (f.mods.masking) mask_mods(f, r, j0, cols, s, lds, masked);
+  if (f.causal && j0 + cols - 1 > r.i0) {  // the tile crosses the diagonal
+    for (int64_t x = 0; x < r.rows; ++x) {
+      const int64_t first = std::max<int64_t>(0, r.i0 + x + 1 - j0);  // keys j > i are masked
+      std::fill(s + x * lds + std::min(first, cols), s + x * lds + cols, kNegInf<T>);
+    }
   }
 }
 
@@ -231,15 +264,7 @@ void score_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64
   } else if constexpr (std::is_same_v<T, float>) {
     int8::quantized_scores(*q8, r.rows, j0, cols, static_cast<float>(p.scale), s, lds);
   }
-  if (f.mods.scoring) score_mods(f, r, j0, cols, s, lds, cap_grad);
-  if (p.mask) add_mask(f, r, j0, cols, s, lds);
-  if (f.mods.masking) mask_mods(f, r, j0, cols, s, lds, masked);
-  if (f.causal && j0 + cols - 1 > r.i0) {  // the tile crosses the diagonal
-    for (int64_t x = 0; x < r.rows; ++x) {
-      const int64_t first = std::max<int64_t>(0, r.i0 + x + 1 - j0);  // keys j > i are masked
-      std::fill(s + x * lds + std::min(first, cols), s + x * lds + cols, kNegInf<T>);
-    }
-  }
+  modify_tile(f, r, j0, cols, s, lds, masked, cap_grad);
 }
 
 // Dropout on probabilities s [rows, cols] (row stride lds) of rows i0.., keys j0..

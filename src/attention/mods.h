@@ -60,6 +60,19 @@ struct ModPlan {
     const auto row = random.begin() + qb * random_per_row;
     return random_per_row > 0 && std::binary_search(row, row + random_per_row, kb);
   }
+  // The window is the only term (dilation 1; no prefix, globals, blocks, documents or
+  // mask_mod): query i's allowed keys are one run [key_lo(i), key_hi(i)), both ends
+  // non-decreasing in i. The forward then walks exactly the run of a row tile, and partial
+  // tiles are masked by the rows' ends, with no per-element test.
+  bool interval = false;
+  int64_t key_lo(int64_t i) const {  // key blocks from qb - left
+    const int64_t kb = floor_div(i + offset, unit) - left;
+    return kb <= 0 ? 0 : std::min(kb * unit, lk);
+  }
+  int64_t key_hi(int64_t i) const {  // to qb + right
+    const int64_t kb = floor_div(i + offset, unit) + right + 1;
+    return kb >= k_blocks ? lk : std::max<int64_t>(kb * unit, 0);
+  }
   std::vector<int64_t> q_doc, k_doc;  // [Lq], [Lk] when set
   std::vector<double> alibi;          // [Hq] when set
   std::vector<double> relative;       // [Hb, Lq + Lk - 1] when set
@@ -101,6 +114,11 @@ struct ModPlan {
 // whole tiles (empty or full). `tiles` is
 // returned as it is when the caller or QKV_FLASH_TILES chose it, or without mask modifiers.
 FlashTiles mod_tiles(const FlashTiles& tiles, bool automatic, const AttentionMods& mods, int64_t lq, int64_t lk);
+// The forward's automatic tiles when the window is the only mask term (ModPlan::interval):
+// a row tile's run of keys (Br + the window's width - 1) in as few key tiles as the L2 holds
+// (flash_tiles.h's working set), Bc rounded up to 16; `tiles` as it is otherwise.
+FlashTiles interval_tiles(const FlashTiles& tiles, bool automatic, const AttentionMods& mods, int64_t lq, int64_t lk,
+                          int64_t dk, int64_t dv);
 
 ModPlan make_mod_plan(const AttentionMods& mods, int64_t lq, int64_t lk, int64_t heads_q);
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 #include <utility>
@@ -149,6 +150,50 @@ TEST(FlexBlockMask, TileClassesAreSound) {
   }
   EXPECT_GT(full, 0);  // the trials reach both shortcuts
   EXPECT_GT(empty, 0);
+}
+
+// ModPlan::interval (the window alone): each query's allowed keys are exactly the run
+// [key_lo(i), key_hi(i)) with both ends non-decreasing in i, against the element-wise
+// definition; any other mask term turns the run path off.
+TEST(FlexBlockMask, WindowRunsMatchTheDefinition) {
+  std::mt19937_64 rng(47);
+  int runs = 0;
+  for (int trial = 0; trial < 80; ++trial) {
+    const int64_t lq = 1 + static_cast<int64_t>(rng() % 60), lk = 1 + static_cast<int64_t>(rng() % 60);
+    AttentionMods m;
+    m.block_size = std::vector<int64_t>{1, 1, 3, 8}[rng() % 4];
+    if (m.block_size == 1 && rng() % 2) m.align = AttentionMods::Align::bottom_right;
+    if (rng() % 4) m.window_left = static_cast<int64_t>(rng() % 20) / m.block_size;
+    if (!m.window_left || rng() % 4) m.window_right = static_cast<int64_t>(rng() % 20) / m.block_size;
+    const attention::ModPlan plan = attention::make_mod_plan(m, lq, lk, 1);
+    const attention::ReferenceMods ref(m, lq, lk, 1);
+    ASSERT_TRUE(plan.interval) << "trial " << trial;
+    for (int64_t i = 0; i < lq; ++i) {
+      if (i > 0) {
+        ASSERT_LE(plan.key_lo(i - 1), plan.key_lo(i)) << "trial " << trial << " row " << i;
+        ASSERT_LE(plan.key_hi(i - 1), plan.key_hi(i)) << "trial " << trial << " row " << i;
+      }
+      for (int64_t j = 0; j < lk; ++j) {
+        const bool in_run = plan.key_lo(i) <= j && j < plan.key_hi(i);
+        ASSERT_EQ(in_run, ref.allowed(0, i, j)) << "trial " << trial << " query " << i << " key " << j;
+        runs += in_run;
+      }
+    }
+  }
+  EXPECT_GT(runs, 0);
+  const std::vector<std::function<void(AttentionMods&)>> others = {
+      [](AttentionMods& m) { m.dilation = 2; },
+      [](AttentionMods& m) { m.prefix = 3; },
+      [](AttentionMods& m) { m.global_tokens = {1}; },
+      [](AttentionMods& m) { m.random_blocks = 1; },
+      [](AttentionMods& m) { m.document_ids = Tensor::from_vector(std::vector<int64_t>(10, 0), {10}); },
+      [](AttentionMods& m) { m.mask_mod = [](int64_t, int64_t, int64_t, int64_t) { return true; }; },
+  };
+  for (size_t x = 0; x < others.size(); ++x) {
+    AttentionMods m = AttentionMods::sliding_window(4, 0);
+    others[x](m);
+    EXPECT_FALSE(attention::make_mod_plan(m, 10, 10, 1).interval) << "term " << x;
+  }
 }
 
 }  // namespace
