@@ -1,6 +1,6 @@
 // One decode step (qkv::decode_attention, Lq = 1) against a KV cache: time and the bandwidth
 // it achieves (bytes of K and V read per step / time), beside memcpy's on the same machine.
-// Hq = 32, Hk = 8, D = 128 (a Llama-style GQA layer), B = 1 and 8, cache f32, bf16 or int8.
+// Hq = 32, Hk = 8, D = 128 (a Llama-style GQA layer), B = 1 and 8, cache f32, bf16, f16 or int8.
 //
 //   QKV_NUM_THREADS=2 build/release/decode_bench --benchmark_min_time=0.5
 #include <benchmark/benchmark.h>
@@ -18,11 +18,11 @@ namespace {
 constexpr int64_t kHq = 32, kHk = 8, kDim = 128;
 
 // state.range: cache length, batch, dtype (0 f32, 1 bf16, 2 bf16 with matmul_precision medium:
-// bf16 GEMMs on the cache in place where the CPU has them, 3 int8).
+// bf16 GEMMs on the cache in place where the CPU has them, 3 int8, 4 f16).
 void BM_DecodeStep(benchmark::State& state) {
   const int64_t len = state.range(0), b = state.range(1);
-  const qkv::DType dtype =
-      state.range(2) == 0 ? qkv::DType::f32 : (state.range(2) == 3 ? qkv::DType::i8 : qkv::DType::bf16);
+  const qkv::DType dtypes[] = {qkv::DType::f32, qkv::DType::bf16, qkv::DType::bf16, qkv::DType::i8, qkv::DType::f16};
+  const qkv::DType dtype = dtypes[state.range(2)];
   qkv::DecodeOptions o;
   if (state.range(2) == 2) o.matmul_precision = qkv::MatmulPrecision::medium;
   qkv::KVCache cache({b, kHk, kDim, len, kDim, dtype});
@@ -44,8 +44,8 @@ void BM_DecodeStep(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeStep)
     ->ArgNames({"len", "B", "cache"})
-    ->ArgsProduct({{1024, 8192, 32768, 131072}, {1}, {0, 1, 2, 3}})
-    ->ArgsProduct({{1024, 8192, 16384}, {8}, {0, 1, 2, 3}})
+    ->ArgsProduct({{1024, 8192, 32768, 131072}, {1}, {0, 1, 2, 3, 4}})
+    ->ArgsProduct({{1024, 8192, 16384, 32768}, {8}, {0, 1, 2, 3, 4}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -164,9 +164,10 @@ struct DecodeOptions {
   int64_t window = 0;           // > 0: only the last `window` keys up to the position (<= a windowed cache's)
   double softcap = 0.0;         // > 0: scores c tanh(s / c)
   int64_t chunk = 0;            // keys per work item; 0: automatic (docs/decode.md)
-  // bf16 caches: highest (default) widens each chunk to float32 (exact products of the cached
-  // values); medium runs the two GEMMs on bf16 operands where the CPU has native bf16 (q and P
-  // rounded to bf16, float32 accumulation, as the fused kernel's "medium" and FlashAttention).
+  // bf16 caches: highest (default) widens the rows to float32 in registers (exact products of
+  // the cached values; also the faster one on Zen 4, docs/decode.md); medium runs the two GEMMs
+  // on bf16 operands where the CPU has native bf16 (q and P rounded to bf16, float32
+  // accumulation, as the fused kernel's "medium" and FlashAttention).
   MatmulPrecision matmul_precision = MatmulPrecision::highest;
   bool return_logsumexp = false;
 };

@@ -7,9 +7,10 @@
 //   S = scale Q K[c0:c1]^T  [G Lq, C]  (qkv::gemm), softcap, keys outside each row's range -inf
 //   m = rowmax(S), P = exp(S - m), l = rowsum(P), O = P V[c0:c1]  [G Lq, Dv]  (qkv::gemm)
 // then every (b, hq, t) merges its chunks: M = max_c m_c, L = sum_c l_c e^(m_c - M),
-// out = sum_c O_c e^(m_c - M) / L, lse = M + log L. bf16/f16 caches are widened chunk by chunk
-// into the worker's scratch (the step is bandwidth-bound: the cache is read once either way);
-// int8 caches are read in place by their own kernels (decode_int8.h).
+// out = sum_c O_c e^(m_c - M) / L, lse = M + log L. f32 caches go through the two GEMMs;
+// bf16/f16 and int8 caches are read in place by Highway kernels that widen (or dequantize) the
+// rows in registers (decode_rows.h): the step is bandwidth-bound, and widening each chunk into
+// scratch first read bf16 at 73-78% of memcpy (docs/decode.md).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -17,7 +18,7 @@
 #include <vector>
 
 #include "attention/decode_cpu.h"
-#include "attention/decode_int8.h"
+#include "attention/decode_rows.h"
 #include "kernels/cpu/convert.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
@@ -40,8 +41,8 @@ int64_t first_needed(const DecodeCall& d, const DecodeOptions& o, int64_t length
 
 // Keys per item: the caller's, else enough chunks for 4 items per thread over B Hk sequences
 // of the longest span of keys, between 256 keys (smaller GEMMs would cost more than they save) and
-// 1024 (a chunk's K and V, widened to f32 for 16-bit caches, stay in L2: whole-sequence chunks
-// of a bf16 cache at 32k keys ran at 2.6 GB/s against 12 for f32, the widened copy spilling).
+// 1024 (a chunk's K and V stay in L2 for the value passes and the bf16 GEMMs: whole-sequence
+// chunks of a bf16 cache widened to f32 scratch at 32k keys ran at 2.6 GB/s against 12 for f32).
 int64_t chunk_size(const DecodeCall& d, const KVCache& cache, const DecodeOptions& o) {
   if (o.chunk > 0) return o.chunk;
   int64_t longest = 1;
@@ -53,7 +54,7 @@ int64_t chunk_size(const DecodeCall& d, const KVCache& cache, const DecodeOption
 // Work items (b, hk, keys [c0, c1)): chunks over the keys some query needs, on multiples of the
 // chunk whatever the layout (a paged or windowed cache gives the contiguous cache's items, bit for
 // bit the same result; an item whose rows are not consecutive — pages, a ring's wrap — gathers
-// them run by run into its scratch, as 16-bit caches are widened there anyway).
+// them run by run into its scratch, or its kernels read it run by run).
 std::vector<Item> make_items(const DecodeCall& d, const KVCache& cache, const DecodeOptions& o) {
   const int64_t chunk = chunk_size(d, cache, o);
   std::vector<Item> items;
@@ -71,41 +72,27 @@ std::vector<Item> make_items(const DecodeCall& d, const KVCache& cache, const De
   return items;
 }
 
-// Rows [n, Dx] of the cache's keys (or values) of sequence b, head hk, positions c0 .. c0 + n - 1
-// as f32: in place for an f32 cache whose rows are consecutive, else into `buffer` run by run (a
-// page, or up to a ring's wrap; qkv/kv_cache.h), 16-bit widened (int8 caches: int8_rows).
-const float* rows_f32(const KVCache& cache, bool keys, int64_t b, int64_t hk, int64_t c0, int64_t n,
-                      std::vector<float>& buffer) {
-  const Tensor& t = keys ? cache.keys() : cache.values();
-  const int64_t dx = t.size(3);
-  if (t.dtype() == DType::f32 && cache.run_end(b, c0) >= c0 + n) return t.data<float>() + cache.row(b, hk, c0) * dx;
-  buffer.resize(static_cast<size_t>(n * dx));
-  for (int64_t i = 0; i < n;) {
-    const int64_t p = c0 + i, len = std::min(n - i, cache.run_end(b, p) - p), first = cache.row(b, hk, p);
-    float* out = buffer.data() + i * dx;  // [len, Dx]
-    if (t.dtype() == DType::f32) {
-      std::copy_n(t.data<float>() + first * dx, len * dx, out);
-    } else if (t.dtype() == DType::bf16) {
-      kernels::widen(t.data<bfloat16>() + first * dx, len * dx, out);
-    } else {
-      kernels::widen(t.data<float16>() + first * dx, len * dx, out);
-    }
+// f(i, len, first) for each run of consecutive rows of item it's keys (a page, or up to a
+// ring's wrap; qkv/kv_cache.h): keys it.c0 + i .. + len - 1 are rows first .. first + len - 1.
+template <class F>
+void for_each_run(const KVCache& cache, const Item& it, F&& f) {
+  for (int64_t i = 0, cols = it.c1 - it.c0; i < cols;) {
+    const int64_t p = it.c0 + i, len = std::min(cols - i, cache.run_end(it.b, p) - p);
+    f(i, len, cache.row(it.b, it.hk, p));
     i += len;
   }
-  return buffer.data();
 }
 
-// The bf16 rows [n, Dx] of (b, hk) from position c0: in place when consecutive, else gathered.
-const bfloat16* rows_bf16(const KVCache& cache, const Tensor& t, int64_t b, int64_t hk, int64_t c0, int64_t n,
-                          std::vector<bfloat16>& buffer) {
-  const int64_t dx = t.size(3);
-  if (cache.run_end(b, c0) >= c0 + n) return t.data<bfloat16>() + cache.row(b, hk, c0) * dx;
+// Rows [n, Dx] of the cache's keys or values t (f32, or bf16 for the native GEMMs) of item it:
+// in place when consecutive, else gathered into `buffer` run by run.
+template <class T>
+const T* cache_rows(const KVCache& cache, const Tensor& t, const Item& it, std::vector<T>& buffer) {
+  const int64_t dx = t.size(3), n = it.c1 - it.c0;
+  if (cache.run_end(it.b, it.c0) >= it.c1) return t.data<T>() + cache.row(it.b, it.hk, it.c0) * dx;
   buffer.resize(static_cast<size_t>(n * dx));
-  for (int64_t i = 0; i < n;) {
-    const int64_t p = c0 + i, len = std::min(n - i, cache.run_end(b, p) - p);
-    std::copy_n(t.data<bfloat16>() + cache.row(b, hk, p) * dx, len * dx, buffer.data() + i * dx);
-    i += len;
-  }
+  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first) {
+    std::copy_n(t.data<T>() + first * dx, len * dx, buffer.data() + i * dx);  // [len, Dx]
+  });
   return buffer.data();
 }
 
@@ -130,7 +117,7 @@ void scores_bf16(const DecodeCall& d, const float* qrows, const KVCache& cache, 
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
   sc.qb.resize(static_cast<size_t>(rows * d.dk));
   kernels::narrow(qrows, rows * d.dk, sc.qb.data());
-  const bfloat16* k = rows_bf16(cache, cache.keys(), it.b, it.hk, it.c0, cols, sc.kb);  // [C, D]
+  const bfloat16* k = cache_rows(cache, cache.keys(), it, sc.kb);  // [C, D]
   GemmShape g;
   g.trans_b = true, g.m = rows, g.n = cols, g.k = d.dk, g.lda = d.dk, g.ldb = d.dk, g.ldc = cols;
   gemm(g, static_cast<float>(d.scale), sc.qb.data(), k, 0.0f, sc.s.data());
@@ -139,7 +126,7 @@ void values_bf16(const DecodeCall& d, const KVCache& cache, const Item& it, Scra
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
   sc.pb.resize(static_cast<size_t>(rows * cols));
   kernels::narrow(sc.s.data(), rows * cols, sc.pb.data());
-  const bfloat16* v = rows_bf16(cache, cache.values(), it.b, it.hk, it.c0, cols, sc.vb);  // [C, Dv]
+  const bfloat16* v = cache_rows(cache, cache.values(), it, sc.vb);  // [C, Dv]
   GemmShape pv;
   pv.m = rows, pv.n = d.dv, pv.k = cols, pv.lda = cols, pv.ldb = d.dv, pv.ldc = d.dv;
   gemm(pv, 1.0f, sc.pb.data(), v, 0.0f, o);
@@ -162,40 +149,58 @@ void scores_int8(const DecodeCall& d, const float* qrows, const KVCache& cache, 
     sc.qc[r] = static_cast<float>(qc);
   }
   const int64_t groups = cache.key_scales().size(3);
-  for (int64_t i = 0; i < cols;) {
-    const int64_t p = it.c0 + i, len = std::min(cols - i, cache.run_end(it.b, p) - p),
-                  first = cache.row(it.b, it.hk, p);
+  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first) {
     int8_scores(sc.qs.data(), sc.qc.data(), rows, cache.keys().data<int8_t>() + first * d.dk,
                 cache.key_scales().data<float>() + first * groups, len, d.dk, static_cast<float>(d.scale),
                 sc.s.data() + i, cols);
-    i += len;
-  }
+  });
 }
 void values_int8(const DecodeCall& d, const KVCache& cache, const Item& it, Scratch& sc, float* o) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0, groups = cache.value_scales().size(3);
   std::fill(o, o + rows * d.dv, 0.0f);
-  for (int64_t i = 0; i < cols;) {
-    const int64_t p = it.c0 + i, len = std::min(cols - i, cache.run_end(it.b, p) - p),
-                  first = cache.row(it.b, it.hk, p);
+  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first) {
     int8_values(sc.s.data() + i, cols, rows, cache.values().data<int8_t>() + first * d.dv,
                 cache.value_scales().data<float>() + first * groups, len, d.dv, o);
-    i += len;
-  }
+  });
+}
+
+// bf16 / f16 caches at matmul_precision highest (decode_rows.h): S = scale Q K^T and O = P V on
+// the 16-bit rows in place, run by run, widened exactly in registers (T: bfloat16 or float16).
+template <class T>
+void scores_half(const DecodeCall& d, const float* qrows, const KVCache& cache, const Item& it, Scratch& sc) {
+  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
+  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first) {
+    half_scores(qrows, rows, cache.keys().data<T>() + first * d.dk, len, d.dk, static_cast<float>(d.scale),
+                sc.s.data() + i, cols);
+  });
+}
+template <class T>
+void values_half(const DecodeCall& d, const KVCache& cache, const Item& it, Scratch& sc, float* o) {
+  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
+  std::fill(o, o + rows * d.dv, 0.0f);
+  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first) {
+    half_values(sc.s.data() + i, cols, rows, cache.values().data<T>() + first * d.dv, len, d.dv, o);
+  });
 }
 
 void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const DecodeOptions& o, const Item& it,
               Partials& out, Scratch& sc) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
   const float* qrows = q + (it.b * d.hq + it.hk * d.group) * d.lq * d.dk;  // [G Lq, D]
-  const bool native = native_bf16(cache, o), int8 = cache.config().dtype == DType::i8;
+  const DType dtype = cache.config().dtype;
+  const bool native = native_bf16(cache, o);
   sc.s.resize(static_cast<size_t>(rows * cols));
   if (native) {
     scores_bf16(d, qrows, cache, it, sc);
-  } else if (int8) {
+  } else if (dtype == DType::i8) {
     scores_int8(d, qrows, cache, it, sc);
+  } else if (dtype == DType::bf16) {
+    scores_half<bfloat16>(d, qrows, cache, it, sc);
+  } else if (dtype == DType::f16) {
+    scores_half<float16>(d, qrows, cache, it, sc);
   } else {
-    const float* k = rows_f32(cache, true, it.b, it.hk, it.c0, cols, sc.k);  // [C, D]
-    GemmShape g;                                                             // S = scale Q K^T
+    const float* k = cache_rows(cache, cache.keys(), it, sc.k);  // [C, D]
+    GemmShape g;                                                 // S = scale Q K^T
     g.trans_b = true, g.m = rows, g.n = cols, g.k = d.dk, g.lda = d.dk, g.ldb = d.dk, g.ldc = cols;
     gemm(g, static_cast<float>(d.scale), qrows, k, 0.0f, sc.s.data());
   }
@@ -223,16 +228,18 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
   float* o_part = out.o.data() + it.slot * rows * d.dv;  // [G Lq, Dv]
   if (native) {
     values_bf16(d, cache, it, sc, o_part);
-    return;
-  }
-  if (int8) {
+  } else if (dtype == DType::i8) {
     values_int8(d, cache, it, sc, o_part);
-    return;
+  } else if (dtype == DType::bf16) {
+    values_half<bfloat16>(d, cache, it, sc, o_part);
+  } else if (dtype == DType::f16) {
+    values_half<float16>(d, cache, it, sc, o_part);
+  } else {
+    const float* v = cache_rows(cache, cache.values(), it, sc.v);  // [C, Dv]
+    GemmShape pv;                                                  // O = P V
+    pv.m = rows, pv.n = d.dv, pv.k = cols, pv.lda = cols, pv.ldb = d.dv, pv.ldc = d.dv;
+    gemm(pv, 1.0f, sc.s.data(), v, 0.0f, o_part);
   }
-  const float* v = rows_f32(cache, false, it.b, it.hk, it.c0, cols, sc.v);  // [C, Dv]
-  GemmShape pv;                                                             // O = P V
-  pv.m = rows, pv.n = d.dv, pv.k = cols, pv.lda = cols, pv.ldb = d.dv, pv.ldc = d.dv;
-  gemm(pv, 1.0f, sc.s.data(), v, 0.0f, o_part);
 }
 
 // out [B, Hq, Lq, Dv] and lse [B, Hq, Lq] from the partials of each (b, hk)'s chunks.

@@ -64,7 +64,7 @@ void KVCache::append_int8(int64_t b, int64_t at, const Tensor& k, const Tensor& 
 }
 
 // Dequantized copies: every stored row of every sequence (other rows are stale either way),
-// scalar loops (the reference reads these; the kernel dequantizes on the fly, decode_int8-inl.h).
+// scalar loops (the reference reads these; the kernel dequantizes on the fly, decode_rows-inl.h).
 Tensor KVCache::keys_f32() const {
   Tensor out = k_.to(DType::f32);  // storage shape: q s r + c
   if (config_.dtype != DType::i8) return out;

@@ -1,5 +1,5 @@
 // int8 KV caches (qkv/kv_cache.h): scales per position and group of 16 channels (KVCache::kInt8Group), the Highway
-// kernels that read the int8 rows in place (attention/decode_int8-inl.h) on every SIMD target
+// kernels that read the int8 rows in place (attention/decode_rows-inl.h) on every SIMD target
 // against the float64 reference on the dequantized cache, and states of the older
 // per-position format.
 #include <gtest/gtest.h>
