@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention/attention_test_configs.h"
+#include "attention/decode_targets.h"
 #include "common/expect.h"
 #include "common/simd_targets.h"
 #include "qkv/kv_cache.h"
@@ -30,7 +31,7 @@ std::string name(const Case& c, DType dt) {
 
 // Every target (AVX3, AVX2, the scalar fallback) against the reference and against each other.
 // Head sizes with whole vectors (128), lane tails (40 keys, 24 values; 8: below a vector),
-// Hq / Hk = 4 (one block of 4 rows), 3 with Lq = 2 (6 rows: a block and two single rows), MQA,
+// Hq / Hk = 4 (one block of 4 rows), 3 with Lq = 2 (6 rows: a block and two single rows), 1,
 // 7-position pages, and a 50-key window in a ring of 64 slots (wrapped, runs up to the wrap).
 TEST(DecodeHalf, EveryTargetMatchesTheReference) {
   const std::vector<Case> cases = {{128, 128, 8, 1, 0, 0, 600}, {40, 24, 6, 2, 0, 0, 600}, {40, 24, 6, 2, 7, 0, 600},
@@ -40,21 +41,7 @@ TEST(DecodeHalf, EveryTargetMatchesTheReference) {
       SCOPED_TRACE(name(cs, dt));
       KVCacheConfig c{2, 2, cs.d, cs.capacity, cs.dv, dt};
       c.page_size = cs.page, c.window = cs.window;
-      KVCache cache(c);
-      cache.append(Tensor::randn({2, 2, 300, cs.d}, 1), Tensor::randn({2, 2, 300, cs.dv}, 2), {300, 45});
-      cache.append(Tensor::randn({2, 2, 290, cs.d}, 3), Tensor::randn({2, 2, 290, cs.dv}, 4), {290, 1});
-      const Tensor q = Tensor::randn({2, cs.hq, cs.lq, cs.d}, 5);
-      const Tensor ref = decode_attention_reference(q, cache).output;
-      std::vector<Tensor> outs;
-      test::for_each_target([&] {
-        DecodeOptions o;
-        o.chunk = 128;  // several chunks per sequence: the merge too
-        outs.push_back(decode_attention(q, cache, o).output);
-        EXPECT_LE(max_abs_diff(outs.back(), ref), 2e-6);
-        EXPECT_LE(max_abs_diff(decode_attention(q, cache).output, ref), 2e-6);  // automatic chunks
-      });
-      ASSERT_GE(outs.size(), 1u);
-      for (const Tensor& out : outs) EXPECT_LE(max_abs_diff(out, outs.front()), 2e-6);
+      test::expect_every_target_matches_the_reference(c, cs.hq, cs.lq);
     }
   }
 }

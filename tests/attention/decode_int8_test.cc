@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention/attention_test_configs.h"
+#include "attention/decode_targets.h"
 #include "common/expect.h"
 #include "common/simd_targets.h"
 #include "qkv/kv_cache.h"
@@ -31,20 +32,7 @@ TEST(DecodeInt8, EveryTargetMatchesTheReference) {
     SCOPED_TRACE("D " + std::to_string(cs.d) + " Dv " + std::to_string(cs.dv) + " page " + std::to_string(cs.page));
     KVCacheConfig c{2, 2, cs.d, 600, cs.dv, DType::i8};
     c.page_size = cs.page;
-    KVCache cache(c);
-    cache.append(Tensor::randn({2, 2, 300, cs.d}, 1), Tensor::randn({2, 2, 300, cs.dv}, 2), {300, 45});
-    cache.append(Tensor::randn({2, 2, 290, cs.d}, 3), Tensor::randn({2, 2, 290, cs.dv}, 4), {290, 1});
-    const Tensor q = Tensor::randn({2, cs.hq, cs.lq, cs.d}, 5);
-    const Tensor ref = decode_attention_reference(q, cache).output;
-    std::vector<Tensor> outs;
-    test::for_each_target([&] {
-      DecodeOptions o;
-      o.chunk = 128;  // several chunks per sequence: the merge too
-      outs.push_back(decode_attention(q, cache, o).output);
-      EXPECT_LE(max_abs_diff(outs.back(), ref), 2e-6);
-    });
-    ASSERT_GE(outs.size(), 1u);
-    for (const Tensor& out : outs) EXPECT_LE(max_abs_diff(out, outs.front()), 2e-6);
+    test::expect_every_target_matches_the_reference(c, cs.hq, cs.lq);
   }
 }
 
