@@ -228,7 +228,8 @@ FlashTiles interval_tiles(const FlashTiles& tiles, bool automatic, const Attenti
   // One key tile per row tile: one Q K^T, one P V and one online-softmax step where the
   // aligned 128 x 128 tiles took five. Br = 64 computes 575 keys per row for a window of 512
   // (89% allowed; Br = 128: 80%). Measured (attention_mods_bench, L = 16384, causal window of
-  // 512, 2 threads, AMD EPYC Zen 4, medians of 3): Br = 128 136-137 ms, 64 128, 32 128.
+  // 512, 2 threads, AMD EPYC Zen 4, tiles a multiple of 16 keys wide): Br = 128 124-126 ms,
+  // 64 115, 32 114-115.
   constexpr int64_t kBr = 64;
   const int64_t br = std::max<int64_t>(1, std::min(kBr, lq));
   const int64_t u = mods.block_size, limit = std::numeric_limits<int64_t>::max() / 8;
