@@ -72,15 +72,25 @@ std::vector<Item> make_items(const DecodeCall& d, const KVCache& cache, const De
   return items;
 }
 
-// f(i, len, first) for each run of consecutive rows of item it's keys (a page, or up to a
-// ring's wrap; qkv/kv_cache.h): keys it.c0 + i .. + len - 1 are rows first .. first + len - 1.
+// f(i, len, first, next) for each run of consecutive rows of item it's keys (a page, or up to a
+// ring's wrap; qkv/kv_cache.h): keys it.c0 + i .. + len - 1 are rows first .. first + len - 1,
+// and the item's next run starts at row `next` (-1: none).
 template <class F>
 void for_each_run(const KVCache& cache, const Item& it, F&& f) {
-  for (int64_t i = 0, cols = it.c1 - it.c0; i < cols;) {
+  const int64_t cols = it.c1 - it.c0;
+  int64_t first = cache.row(it.b, it.hk, it.c0);
+  for (int64_t i = 0; i < cols;) {
     const int64_t p = it.c0 + i, len = std::min(cols - i, cache.run_end(it.b, p) - p);
-    f(i, len, cache.row(it.b, it.hk, p));
-    i += len;
+    const int64_t next = i + len < cols ? cache.row(it.b, it.hk, p + len) : -1;
+    f(i, len, first, next);
+    i += len, first = next;
   }
+}
+
+// Row `next` of storage t (-1: null), for the kernels' prefetches across runs.
+template <class T>
+const T* next_row(const Tensor& t, int64_t next) {
+  return next < 0 ? nullptr : t.data<T>() + next * t.size(3);
 }
 
 // Rows [n, Dx] of the cache's keys or values t (f32, or bf16 for the native GEMMs) of item it:
@@ -90,7 +100,7 @@ const T* cache_rows(const KVCache& cache, const Tensor& t, const Item& it, std::
   const int64_t dx = t.size(3), n = it.c1 - it.c0;
   if (cache.run_end(it.b, it.c0) >= it.c1) return t.data<T>() + cache.row(it.b, it.hk, it.c0) * dx;
   buffer.resize(static_cast<size_t>(n * dx));
-  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first) {
+  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first, int64_t) {
     std::copy_n(t.data<T>() + first * dx, len * dx, buffer.data() + i * dx);  // [len, Dx]
   });
   return buffer.data();
@@ -149,18 +159,19 @@ void scores_int8(const DecodeCall& d, const float* qrows, const KVCache& cache, 
     sc.qc[r] = static_cast<float>(qc);
   }
   const int64_t groups = cache.key_scales().size(3);
-  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first) {
+  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first, int64_t next) {
     int8_scores(sc.qs.data(), sc.qc.data(), rows, cache.keys().data<int8_t>() + first * d.dk,
-                cache.key_scales().data<float>() + first * groups, len, d.dk, static_cast<float>(d.scale),
-                sc.s.data() + i, cols);
+                cache.key_scales().data<float>() + first * groups, len, d.dk, next_row<int8_t>(cache.keys(), next),
+                static_cast<float>(d.scale), sc.s.data() + i, cols);
   });
 }
 void values_int8(const DecodeCall& d, const KVCache& cache, const Item& it, Scratch& sc, float* o) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0, groups = cache.value_scales().size(3);
   std::fill(o, o + rows * d.dv, 0.0f);
-  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first) {
+  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first, int64_t next) {
     int8_values(sc.s.data() + i, cols, rows, cache.values().data<int8_t>() + first * d.dv,
-                cache.value_scales().data<float>() + first * groups, len, d.dv, o);
+                cache.value_scales().data<float>() + first * groups, len, d.dv, next_row<int8_t>(cache.values(), next),
+                o);
   });
 }
 
@@ -169,17 +180,18 @@ void values_int8(const DecodeCall& d, const KVCache& cache, const Item& it, Scra
 template <class T>
 void scores_half(const DecodeCall& d, const float* qrows, const KVCache& cache, const Item& it, Scratch& sc) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
-  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first) {
-    half_scores(qrows, rows, cache.keys().data<T>() + first * d.dk, len, d.dk, static_cast<float>(d.scale),
-                sc.s.data() + i, cols);
+  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first, int64_t next) {
+    half_scores(qrows, rows, cache.keys().data<T>() + first * d.dk, len, d.dk, next_row<T>(cache.keys(), next),
+                static_cast<float>(d.scale), sc.s.data() + i, cols);
   });
 }
 template <class T>
 void values_half(const DecodeCall& d, const KVCache& cache, const Item& it, Scratch& sc, float* o) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
   std::fill(o, o + rows * d.dv, 0.0f);
-  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first) {
-    half_values(sc.s.data() + i, cols, rows, cache.values().data<T>() + first * d.dv, len, d.dv, o);
+  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first, int64_t next) {
+    half_values(sc.s.data() + i, cols, rows, cache.values().data<T>() + first * d.dv, len, d.dv,
+                next_row<T>(cache.values(), next), o);
   });
 }
 

@@ -39,14 +39,16 @@ HWY_INLINE hn::Vec<D> LoadInt8(D df, const int8_t* p) {
 }
 
 // Row types: Load(df, j, c) is lanes [c, c + N) of row j as floats, At(j, c) one of them,
-// Row(j) row j's first byte (for prefetches), kBytes its size per channel, Vectors(lanes)
-// whether whole vectors may be loaded (int8: when a vector never straddles two groups).
+// Row(j) row j's first byte and `next` the next run's first row (null: none; both for
+// prefetches), kBytes a row's size per channel, Vectors(lanes) whether whole vectors may be
+// loaded (int8: when a vector never straddles two groups).
 
 // int8 rows [n, d] with a scale per row and group of kGroup channels (scales [n, groups]).
 struct Int8Rows {
   const int8_t* x;
   const float* scales;
   int64_t d, groups;
+  const void* next;
   static constexpr int64_t kBytes = 1;
   static bool Vectors(int64_t lanes) { return lanes <= kGroup; }
   const void* Row(int64_t j) const { return x + j * d; }
@@ -63,6 +65,7 @@ template <bool kF16>
 struct HalfRows {
   const uint16_t* x;
   int64_t d;
+  const void* next;
   static constexpr int64_t kBytes = 2;
   static bool Vectors(int64_t) { return true; }
   const void* Row(int64_t j) const { return x + j * d; }
@@ -84,11 +87,17 @@ struct HalfRows {
   }
 };
 
-// Prefetches row j (all its cache lines).
+// Prefetches (all cache lines of) row j + kAhead of a run of n rows, or past its end the
+// next run's row j + kAhead - n: runs of a paged cache are a page long (16 rows in vLLM's
+// default), shorter than the prefetch distance, and ran at half speed without it. A next run
+// shorter than that prefetches rows past it: harmless, prefetches do not fault.
 template <class R>
-HWY_INLINE void PrefetchRow(const R& rows, int64_t j) {
-  const auto* p = static_cast<const char*>(rows.Row(j));
-  for (int64_t c = 0; c < rows.d * R::kBytes; c += 64) hwy::Prefetch(p + c);
+HWY_INLINE void PrefetchAhead(const R& rows, int64_t j, int64_t n) {
+  const int64_t a = j + kAhead, bytes = rows.d * R::kBytes;
+  const char* p = a < n ? static_cast<const char*>(rows.Row(a))
+                        : (rows.next ? static_cast<const char*>(rows.next) + (a - n) * bytes : nullptr);
+  if (p == nullptr) return;
+  for (int64_t c = 0; c < bytes; c += 64) hwy::Prefetch(p + c);
 }
 
 // The lane sums of a, b, c and d (one query row's products with one key each) into out[0..3]:
@@ -127,7 +136,7 @@ HWY_INLINE void ScoreRows(const float* qs, const float* qc, const R& k, int64_t 
   float add[NR];
   for (int64_t r = 0; r < NR; ++r) add[r] = qc ? qc[r] : 0.0f;
   for (int64_t j = 0; j < n; ++j) {
-    if (j + kAhead < n) PrefetchRow(k, j + kAhead);
+    PrefetchAhead(k, j, n);
     hn::Vec<decltype(df)> acc[NR];
     float tail[NR] = {};
     for (int64_t r = 0; r < NR; ++r) acc[r] = hn::Zero(df);
@@ -170,7 +179,7 @@ HWY_INLINE void ValuePass(const float* p, int64_t ldp, const R& v, int64_t n, in
   }
   for (int64_t j = 0; j < n; ++j) {
     // the first pass brings whole rows: later passes find them in cache
-    if (c0 == 0 && j + kAhead < n) PrefetchRow(v, j + kAhead);
+    if (c0 == 0) PrefetchAhead(v, j, n);
     hn::Vec<decltype(df)> vv[V];
     for (int64_t x = 0; x < V; ++x) vv[x] = v.Load(df, j, c0 + x * lanes);
     for (int64_t r = 0; r < NR; ++r) {
@@ -215,27 +224,27 @@ HWY_INLINE void Values(const float* p, int64_t ldp, int64_t rows, const R& v, in
 HWY_INLINE int64_t Groups(int64_t d) { return (d + kGroup - 1) / kGroup; }
 
 void Int8Scores(const float* qs, const float* qc, int64_t rows, const int8_t* k, const float* ks, int64_t n, int64_t d,
-                float scale, float* s, int64_t lds) {
-  Scores(qs, qc, rows, Int8Rows{k, ks, d, Groups(d)}, n, d, scale, s, lds);
+                const int8_t* next, float scale, float* s, int64_t lds) {
+  Scores(qs, qc, rows, Int8Rows{k, ks, d, Groups(d), next}, n, d, scale, s, lds);
 }
 void Int8Values(const float* p, int64_t ldp, int64_t rows, const int8_t* v, const float* vs, int64_t n, int64_t dv,
-                float* o) {
-  Values(p, ldp, rows, Int8Rows{v, vs, dv, Groups(dv)}, n, dv, o);
+                const int8_t* next, float* o) {
+  Values(p, ldp, rows, Int8Rows{v, vs, dv, Groups(dv), next}, n, dv, o);
 }
-void HalfScores(bool f16, const float* q, int64_t rows, const uint16_t* k, int64_t n, int64_t d, float scale, float* s,
-                int64_t lds) {
+void HalfScores(bool f16, const float* q, int64_t rows, const uint16_t* k, int64_t n, int64_t d, const uint16_t* next,
+                float scale, float* s, int64_t lds) {
   if (f16) {
-    Scores(q, nullptr, rows, HalfRows<true>{k, d}, n, d, scale, s, lds);
+    Scores(q, nullptr, rows, HalfRows<true>{k, d, next}, n, d, scale, s, lds);
   } else {
-    Scores(q, nullptr, rows, HalfRows<false>{k, d}, n, d, scale, s, lds);
+    Scores(q, nullptr, rows, HalfRows<false>{k, d, next}, n, d, scale, s, lds);
   }
 }
 void HalfValues(bool f16, const float* p, int64_t ldp, int64_t rows, const uint16_t* v, int64_t n, int64_t dv,
-                float* o) {
+                const uint16_t* next, float* o) {
   if (f16) {
-    Values(p, ldp, rows, HalfRows<true>{v, dv}, n, dv, o);
+    Values(p, ldp, rows, HalfRows<true>{v, dv, next}, n, dv, o);
   } else {
-    Values(p, ldp, rows, HalfRows<false>{v, dv}, n, dv, o);
+    Values(p, ldp, rows, HalfRows<false>{v, dv, next}, n, dv, o);
   }
 }
 

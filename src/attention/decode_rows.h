@@ -1,5 +1,7 @@
 // decode_attention's kernels on cache rows in place (decode_rows-inl.h, Highway, dispatched at
-// run time): the two products of a work item, float32 accumulation. int8 rows: groups of
+// run time): the two products of a work item, float32 accumulation. Each call takes one run
+// of consecutive rows and `next`, the first row of the item's next run (null: none), which
+// its prefetches reach into when the run is shorter than their distance (a cache's pages). int8 rows: groups of
 // KVCache::kInt8Group channels dequantized in registers (qkv/kv_cache.h: k = q s r + c,
 // v = q s). bf16 / f16 rows: widened to float32 in registers, exactly (the same products as
 // float32 GEMMs on the widened rows, summed in another order).
@@ -15,21 +17,23 @@ namespace qkv::attention {
 // s[r * lds + j] = scale (sum_c qs[r, c] ks[j, c / 16] k[j, c] + qc[r]), where qs = q r (the
 // query times the key spreads) and qc = q . c (the offsets' share, the same for every key).
 void int8_scores(const float* qs, const float* qc, int64_t rows, const int8_t* k, const float* ks, int64_t n, int64_t d,
-                 float scale, float* s, int64_t lds);
+                 const int8_t* next, float scale, float* s, int64_t lds);
 
 // o[r, c] += sum_j p[r * ldp + j] vs[j, c / 16] v[j, c] for `rows` rows, n values [n, dv]
 // with scales vs [n, groups]; o [rows, dv].
 void int8_values(const float* p, int64_t ldp, int64_t rows, const int8_t* v, const float* vs, int64_t n, int64_t dv,
-                 float* o);
+                 const int8_t* next, float* o);
 
 // s[r * lds + j] = scale (q[r] . k[j]) for `rows` queries q [rows, d] and n keys [n, d].
-void half_scores(const float* q, int64_t rows, const bfloat16* k, int64_t n, int64_t d, float scale, float* s,
-                 int64_t lds);
-void half_scores(const float* q, int64_t rows, const float16* k, int64_t n, int64_t d, float scale, float* s,
-                 int64_t lds);
+void half_scores(const float* q, int64_t rows, const bfloat16* k, int64_t n, int64_t d, const bfloat16* next,
+                 float scale, float* s, int64_t lds);
+void half_scores(const float* q, int64_t rows, const float16* k, int64_t n, int64_t d, const float16* next, float scale,
+                 float* s, int64_t lds);
 
 // o[r, c] += sum_j p[r * ldp + j] v[j, c] for `rows` rows and n values [n, dv]; o [rows, dv].
-void half_values(const float* p, int64_t ldp, int64_t rows, const bfloat16* v, int64_t n, int64_t dv, float* o);
-void half_values(const float* p, int64_t ldp, int64_t rows, const float16* v, int64_t n, int64_t dv, float* o);
+void half_values(const float* p, int64_t ldp, int64_t rows, const bfloat16* v, int64_t n, int64_t dv,
+                 const bfloat16* next, float* o);
+void half_values(const float* p, int64_t ldp, int64_t rows, const float16* v, int64_t n, int64_t dv,
+                 const float16* next, float* o);
 
 }  // namespace qkv::attention
