@@ -164,10 +164,9 @@ struct DecodeOptions {
   int64_t window = 0;           // > 0: only the last `window` keys up to the position (<= a windowed cache's)
   double softcap = 0.0;         // > 0: scores c tanh(s / c)
   int64_t chunk = 0;            // keys per work item; 0: automatic (docs/decode.md)
-  // bf16 caches: highest (default) widens the rows to float32 in registers (exact products of
-  // the cached values; also the faster one on Zen 4, docs/decode.md); medium runs the two GEMMs
-  // on bf16 operands where the CPU has native bf16 (q and P rounded to bf16, float32
-  // accumulation, as the fused kernel's "medium" and FlashAttention).
+  // Accepted for the API's sake and ignored: every cache dtype is read exactly (bf16/f16 rows
+  // widened to float32 in registers). The step is memory-bound; "medium"'s bf16 GEMMs (q and P
+  // rounded) read the same bytes and measured 1.7-2.0x slower on Zen 4 (docs/decode.md).
   MatmulPrecision matmul_precision = MatmulPrecision::highest;
   bool return_logsumexp = false;
 };

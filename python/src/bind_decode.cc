@@ -136,6 +136,6 @@ void bind_decode(nb::module_& m) {
         "length - Lq + t and sees keys j <= it (causal), only the last `window` of them when\n"
         "window > 0; scores scale q.k (1/sqrt(D)), softcap c > 0: c tanh(s / c). Split-KV over the\n"
         "threads, partials merged by logsumexp (docs/decode.md). Output [B, Hq, Lq, Dv] in q's\n"
-        "array type; with return_logsumexp, (output, lse [B, Hq, Lq]). matmul_precision 'medium' reads a\n"
-        "bfloat16 cache in place with native bf16 GEMMs (q and P rounded) where the CPU has them.");
+        "array type; with return_logsumexp, (output, lse [B, Hq, Lq]). matmul_precision is accepted\n"
+        "and ignored: every cache is read exactly, bfloat16/float16 rows widened in registers.");
 }

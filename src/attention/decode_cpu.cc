@@ -93,7 +93,7 @@ const T* next_row(const Tensor& t, int64_t next) {
   return next < 0 ? nullptr : t.data<T>() + next * t.size(3);
 }
 
-// Rows [n, Dx] of the cache's keys or values t (f32, or bf16 for the native GEMMs) of item it:
+// Rows [n, Dx] of the f32 cache's keys or values t of item it:
 // in place when consecutive, else gathered into `buffer` run by run.
 template <class T>
 const T* cache_rows(const KVCache& cache, const Tensor& t, const Item& it, std::vector<T>& buffer) {
@@ -106,41 +106,14 @@ const T* cache_rows(const KVCache& cache, const Tensor& t, const Item& it, std::
   return buffer.data();
 }
 
-bool native_bf16(const KVCache& cache, const DecodeOptions& o) {
-  return cache.config().dtype == DType::bf16 && o.matmul_precision == MatmulPrecision::medium &&
-         gemm_has_native(DType::bf16);
-}
-
 struct Partials {
   int64_t rows = 0, dv = 0;
   std::vector<float> m, l, o;  // [slots, rows], [slots, rows], [slots, rows, Dv]
 };
 
 struct Scratch {
-  std::vector<float> k, v, s, qs, qc;    // qs, qc: int8 caches' q r [G Lq, D] and q . c [G Lq]
-  std::vector<bfloat16> qb, pb, kb, vb;  // native bf16 GEMMs: q rows, P rounded to bf16, gathered K / V
+  std::vector<float> k, v, s, qs, qc;  // qs, qc: int8 caches' q r [G Lq, D] and q . c [G Lq]
 };
-
-// The two GEMMs on the bf16 cache in place (matmul_precision medium on native-bf16 CPUs):
-// S = scale Q K^T with q rounded to bf16, then (after the softmax) O = P V with P rounded.
-void scores_bf16(const DecodeCall& d, const float* qrows, const KVCache& cache, const Item& it, Scratch& sc) {
-  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
-  sc.qb.resize(static_cast<size_t>(rows * d.dk));
-  kernels::narrow(qrows, rows * d.dk, sc.qb.data());
-  const bfloat16* k = cache_rows(cache, cache.keys(), it, sc.kb);  // [C, D]
-  GemmShape g;
-  g.trans_b = true, g.m = rows, g.n = cols, g.k = d.dk, g.lda = d.dk, g.ldb = d.dk, g.ldc = cols;
-  gemm(g, static_cast<float>(d.scale), sc.qb.data(), k, 0.0f, sc.s.data());
-}
-void values_bf16(const DecodeCall& d, const KVCache& cache, const Item& it, Scratch& sc, float* o) {
-  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
-  sc.pb.resize(static_cast<size_t>(rows * cols));
-  kernels::narrow(sc.s.data(), rows * cols, sc.pb.data());
-  const bfloat16* v = cache_rows(cache, cache.values(), it, sc.vb);  // [C, Dv]
-  GemmShape pv;
-  pv.m = rows, pv.n = d.dv, pv.k = cols, pv.lda = cols, pv.ldb = d.dv, pv.ldc = d.dv;
-  gemm(pv, 1.0f, sc.pb.data(), v, 0.0f, o);
-}
 
 // int8 caches (decode_int8.h): S = scale Q K^T and O = P V on the int8 rows in place, run by
 // run (a page, or up to a ring's wrap), each group of 16 channels dequantized in registers:
@@ -175,8 +148,10 @@ void values_int8(const DecodeCall& d, const KVCache& cache, const Item& it, Scra
   });
 }
 
-// bf16 / f16 caches at matmul_precision highest (decode_rows.h): S = scale Q K^T and O = P V on
+// bf16 / f16 caches (decode_rows.h), at every matmul_precision: S = scale Q K^T and O = P V on
 // the 16-bit rows in place, run by run, widened exactly in registers (T: bfloat16 or float16).
+// "medium" ran bf16 GEMMs (q and P rounded) until they measured 1.7-2.0x slower than this on
+// Zen 4 (docs/decode.md): the step is memory-bound, and this reads the same bytes, exactly.
 template <class T>
 void scores_half(const DecodeCall& d, const float* qrows, const KVCache& cache, const Item& it, Scratch& sc) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
@@ -200,11 +175,8 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
   const float* qrows = q + (it.b * d.hq + it.hk * d.group) * d.lq * d.dk;  // [G Lq, D]
   const DType dtype = cache.config().dtype;
-  const bool native = native_bf16(cache, o);
   sc.s.resize(static_cast<size_t>(rows * cols));
-  if (native) {
-    scores_bf16(d, qrows, cache, it, sc);
-  } else if (dtype == DType::i8) {
+  if (dtype == DType::i8) {
     scores_int8(d, qrows, cache, it, sc);
   } else if (dtype == DType::bf16) {
     scores_half<bfloat16>(d, qrows, cache, it, sc);
@@ -238,9 +210,7 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
     }
   }
   float* o_part = out.o.data() + it.slot * rows * d.dv;  // [G Lq, Dv]
-  if (native) {
-    values_bf16(d, cache, it, sc, o_part);
-  } else if (dtype == DType::i8) {
+  if (dtype == DType::i8) {
     values_int8(d, cache, it, sc, o_part);
   } else if (dtype == DType::bf16) {
     values_half<bfloat16>(d, cache, it, sc, o_part);

@@ -78,7 +78,8 @@ void register_bench_decode(CLI::App* bench) {
   cmd->add_option("--head-dim", a->head_dim, "D (default 128)")->check(integer_in(1, 4096));
   cmd->add_option("--dtype", a->dtype, "cache dtype (default float32)")
       ->check(CLI::IsMember({"float32", "bfloat16", "float16", "int8"}));
-  cmd->add_option("--matmul-precision", a->precision, "bf16 caches: highest (exact, default) or medium (bf16 GEMMs)")
+  cmd->add_option("--matmul-precision", a->precision,
+                  "accepted and ignored: every cache is read exactly (docs/decode.md)")
       ->check(CLI::IsMember({"highest", "high", "medium"}));
   cmd->add_option("--window", a->window, "sliding-window cache of W positions (a ring; default 0: off)")
       ->check(integer_in(0));
