@@ -67,8 +67,7 @@ void save(nb::handle path_arg, nb::handle arrays, nb::handle metadata_arg) {
   if (metadata && !safetensors) {
     qkv::fail<qkv::ValueError>("save: metadata needs a .safetensors file, got ", path.string());
   }
-  // The writers copy the bytes on the host (qkv::io has no device check of its own yet).
-  for (const auto& [name, t] : tensors) qkv::require_cpu("save: " + name, {&t});
+  // GPU arrays are copied to the host by the writers (qkv::io), as torch.save would.
   qkv::python::InterruptibleRelease release;
   if (metadata) {
     qkv::io::save_safetensors(path, tensors, *metadata);

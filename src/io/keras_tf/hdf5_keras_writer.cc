@@ -57,7 +57,7 @@ void write_dataset(hid_t file, hid_t lcpl, const std::string& name, const Tensor
   H5Pset_obj_track_times(dcpl.get(), 0);
   H5Id dset(H5Dcreate2(file, name.c_str(), type, space.get(), lcpl, dcpl.get(), H5P_DEFAULT));
   if (!dset.valid()) fail_at<IOError>(ctx, "cannot create dataset ", quote_name(name), ": ", hdf5_error_text());
-  const Tensor c = tensor.contiguous();
+  const Tensor c = tensor.to(Device::cpu()).contiguous();  // a GPU tensor is copied to the host first
   if (c.numel() > 0 && H5Dwrite(dset.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, c.raw_data()) < 0) {
     fail_at<IOError>(ctx, "cannot write dataset ", quote_name(name), ": ", hdf5_error_text());
   }

@@ -85,7 +85,7 @@ TfCheckpointFiles write_bundle(const std::map<std::string, Tensor>& tensors,
     index[kObjectGraphKey] = entry_proto(kStringDType, {}, at, data.size() - at, crc);
   }
   for (const auto& [key, t] : tensors) {
-    const Tensor c = t.contiguous();
+    const Tensor c = t.to(Device::cpu()).contiguous();  // a GPU tensor is copied to the host first
     const auto* bytes = static_cast<const char*>(c.raw_data());
     const size_t n = c.numel() * itemsize(c.dtype());
     const uint64_t at = data.size();
