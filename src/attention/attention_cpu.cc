@@ -395,12 +395,6 @@ void run_all(const Flash<K>& f) {
   });
 }
 
-Shape with(const Shape& batch, std::initializer_list<int64_t> tail) {
-  Shape s = batch;
-  s.insert(s.end(), tail);
-  return s;
-}
-
 // The call over a problem whose q, k, v are S and floating mask T (flash_attention_cpu).
 template <class K>
 AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
@@ -408,10 +402,11 @@ AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
   const DType dt = dtype_of<T>::value;  // of the output accumulator, lse and weights
   // Pooled, huge-page advised (tensor/buffer_pool.h): a fresh 32 MB output (L = 16384, H = 8,
   // D = 64) page-faulted 8192 times per call, 6% of a sliding window's time there.
-  Tensor out = kernels::empty_pooled(with(p.batch, {p.lq, p.dv}), dt);  // [batch..., Lq, Dv]
+  Tensor out = kernels::empty_pooled(with_tail(p.batch, {p.lq, p.dv}), dt);  // [batch..., Lq, Dv]
   std::optional<Tensor> lse, weights;
-  if (options.return_logsumexp) lse = Tensor::empty(with(p.batch, {p.lq}), dt);                  // [batch..., Lq]
-  if (options.return_weights) weights = kernels::empty_pooled(with(p.batch, {p.lq, p.lk}), dt);  // [batch..., Lq, Lk]
+  if (options.return_logsumexp) lse = Tensor::empty(with_tail(p.batch, {p.lq}), dt);  // [batch..., Lq]
+  if (options.return_weights)
+    weights = kernels::empty_pooled(with_tail(p.batch, {p.lq, p.lk}), dt);  // [batch..., Lq, Lk]
 
   const bool automatic = options.tuning.flash_tiles.is_auto() && !flash_tiles_from_env();
   const FlashTiles mod = mod_tiles(

@@ -118,11 +118,6 @@ void launch(const FlashParams& f, Device device, const char* op) {
   cuda_kernel::launch_flash_forward(f, cuda::current_stream(), op);
 }
 
-Shape with(Shape s, std::initializer_list<int64_t> tail) {
-  s.insert(s.end(), tail);
-  return s;
-}
-
 }  // namespace
 
 AttentionResult flash_attention_cuda(const Problem& given, const AttentionOptions& options) {
@@ -132,8 +127,8 @@ AttentionResult flash_attention_cuda(const Problem& given, const AttentionOption
   const Problem p = with_operands(given, kernel_layout(given.q_in), kernel_layout(given.k_in),
                                   kernel_layout(given.v_in), given.mask_in);
   AttentionResult r;
-  r.output = Tensor::empty(with(p.batch, {p.lq, p.dv}), p.q.dtype(), p.device);  // [batch..., Lq, Dv]
-  if (options.return_logsumexp) r.logsumexp = Tensor::empty(with(p.batch, {p.lq}), DType::f32, p.device);
+  r.output = Tensor::empty(with_tail(p.batch, {p.lq, p.dv}), p.q.dtype(), p.device);  // [batch..., Lq, Dv]
+  if (options.return_logsumexp) r.logsumexp = Tensor::empty(with_tail(p.batch, {p.lq}), DType::f32, p.device);
   if (p.batch_size == 0 || p.lq == 0) return r;
   const FlashParams f = params_of(p, options.is_causal, r.output, r.logsumexp ? &*r.logsumexp : nullptr);
   launch(f, p.device, p.op);

@@ -105,21 +105,15 @@ void check_mask(const Tensor& m, const Shape& full, const Problem& p) {
   }
 }
 
-Shape with_rows(Shape s, int64_t rows, int64_t cols) {
-  s.push_back(rows);
-  s.push_back(cols);
-  return s;
-}
-
 // p.q, p.k, p.v and p.mask: the operands expanded to the batch (zero strides).
 void expand_operands(Problem& p) {
-  p.q = p.q_in.expand(with_rows(p.batch, p.lq, p.dk));
+  p.q = p.q_in.expand(with_tail(p.batch, {p.lq, p.dk}));
   Shape kv_batch = p.batch;  // k/v keep their own head dim under GQA
   if (p.gqa_group > 1) kv_batch.back() /= p.gqa_group;
-  p.k = p.k_in.expand(with_rows(kv_batch, p.lk, p.dk));
-  p.v = p.v_in.expand(with_rows(kv_batch, p.lk, p.dv));
+  p.k = p.k_in.expand(with_tail(kv_batch, {p.lk, p.dk}));
+  p.v = p.v_in.expand(with_tail(kv_batch, {p.lk, p.dv}));
   p.mask.reset();
-  if (p.mask_in) p.mask = p.mask_in->expand(with_rows(p.batch, p.lq, p.lk));
+  if (p.mask_in) p.mask = p.mask_in->expand(with_tail(p.batch, {p.lq, p.lk}));
 }
 
 }  // namespace
@@ -149,7 +143,7 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   p.k_in = k;
   p.v_in = v;
   p.mask_in = options.attn_mask;
-  if (p.mask_in) check_mask(*p.mask_in, with_rows(p.batch, p.lq, p.lk), p);
+  if (p.mask_in) check_mask(*p.mask_in, with_tail(p.batch, {p.lq, p.lk}), p);
   check_mods(options.mods, options, p.lq, p.lk, p.heads_q, op);
   expand_operands(p);
   return p;
@@ -166,6 +160,11 @@ Problem with_operands(const Problem& p, Tensor q, Tensor k, Tensor v, std::optio
   out.mask_in = std::move(mask);
   expand_operands(out);
   return out;
+}
+
+Shape with_tail(Shape leading, std::initializer_list<int64_t> tail) {
+  leading.insert(leading.end(), tail);
+  return leading;
 }
 
 int64_t batch_offset(const Tensor& t, const Shape& batch, int64_t b, int64_t gqa_group) {

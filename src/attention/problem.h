@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <vector>
 
@@ -71,6 +72,9 @@ class CallScope {
 // p.mask_in (a kernel's converted or compacted copies), expanded the same way;
 // nothing is checked again. std::logic_error when a shape differs (a bug).
 Problem with_operands(const Problem& p, Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask);
+
+// `leading` followed by `tail`: the shape [batch..., tail...] of an operand or a result.
+Shape with_tail(Shape leading, std::initializer_list<int64_t> tail);
 
 // Element offset of batch entry `b` (row-major over problem.batch) in tensor `t`,
 // whose batch dims are problem.batch (or k/v's own heads under GQA: `gqa_group` > 1).

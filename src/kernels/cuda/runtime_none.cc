@@ -4,13 +4,14 @@
 #include "qkv/error.h"
 
 namespace qkv {
-namespace cuda {
 
 namespace {
 [[noreturn]] void no_backend(const char* op) {
   fail<DeviceError>(op, ": this build of qkv has no CUDA backend (rebuild with nvcc on PATH, QKV_CUDA=ON)");
 }
 }  // namespace
+
+namespace cuda {
 
 bool built() { return false; }
 int device_count() { return 0; }
@@ -25,12 +26,6 @@ void synchronize(int) { no_backend("cuda::synchronize"); }
 }  // namespace cuda
 
 namespace kernels::cuda {
-
-namespace {
-[[noreturn]] void no_backend(const char* op) {
-  fail<DeviceError>(op, ": this build of qkv has no CUDA backend (rebuild with nvcc on PATH, QKV_CUDA=ON)");
-}
-}  // namespace
 
 void check(int status, const char* op, const char*) {
   if (status != 0) no_backend(op);
