@@ -7,27 +7,20 @@
 #include <vector>
 
 #include "common/expect.h"
+#include "common/relative_error.h"
 #include "qkv/attention.h"
 #include "qkv/cuda.h"
 
 namespace qkv {
 namespace {
 
+using testing::max_abs_error;
+
 Tensor starts(const std::vector<int32_t>& v) { return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}); }
 
 // [1, H, L, D] float64 view of rows a..b of a packed [T, H, D] tensor.
 Tensor sequence(const Tensor& t, int64_t a, int64_t b) {
   return t.slice(0, a, b).permute({1, 0, 2}).unsqueeze(0).to(DType::f64);
-}
-
-double max_diff(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(DType::f64).contiguous(), y = b.to(DType::f64).contiguous();
-  double m = 0;
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    const double p = x.data<double>()[i], r = y.data<double>()[i];
-    if (!(std::isinf(p) && p == r)) m = std::max(m, std::fabs(p - r));
-  }
-  return m;
 }
 
 void check(DType dtype, bool causal, int64_t hq, int64_t hk, double tol) {
@@ -46,8 +39,8 @@ void check(DType dtype, bool causal, int64_t hq, int64_t hk, double tol) {
     if (cq[s + 1] == cq[s]) continue;
     const AttentionResult want = attention_reference(sequence(q, cq[s], cq[s + 1]), sequence(k, ck[s], ck[s + 1]),
                                                      sequence(v, ck[s], ck[s + 1]), o);
-    EXPECT_LE(max_diff(sequence(got.output, cq[s], cq[s + 1]), want.output), tol) << s;
-    EXPECT_LE(max_diff(got.logsumexp->slice(1, cq[s], cq[s + 1]).unsqueeze(0), *want.logsumexp), tol) << s;
+    EXPECT_LE(max_abs_error(sequence(got.output, cq[s], cq[s + 1]), want.output), tol) << s;
+    EXPECT_LE(max_abs_error(got.logsumexp->slice(1, cq[s], cq[s + 1]).unsqueeze(0), *want.logsumexp), tol) << s;
   }
 }
 

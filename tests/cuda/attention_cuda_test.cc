@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 
+#include "common/relative_error.h"
 #include "cuda/cuda_oracle.h"
 #include "qkv/attention.h"
 #include "qkv/cuda.h"
@@ -20,7 +21,7 @@ namespace {
 using cuda_test::Config;
 using cuda_test::lowp_attention;
 using cuda_test::make_mask;
-using cuda_test::max_abs_diff;
+using testing::max_abs_error;
 
 class CudaAttention : public ::testing::Test {
  protected:
@@ -60,9 +61,9 @@ void check_config(const Config& c, uint64_t seed) {
   const Tensor yardstick = lowp_attention(q64, k64, v64, mask64, c);
   const Tensor out = got.output.to(Device::cpu());
   ASSERT_EQ(out.shape(), want.output.shape());
-  const double err = max_abs_diff(out, want.output), base = max_abs_diff(yardstick, want.output);
+  const double err = max_abs_error(out, want.output), base = max_abs_error(yardstick, want.output);
   EXPECT_LE(err, 2 * base + 1e-5) << "kernel error " << err << ", step-by-step " << c.name() << " error " << base;
-  const double lse_err = max_abs_diff(got.logsumexp->to(Device::cpu()), *want.logsumexp);
+  const double lse_err = max_abs_error(got.logsumexp->to(Device::cpu()), *want.logsumexp);
   EXPECT_LE(lse_err, 2e-3) << "logsumexp";
 }
 

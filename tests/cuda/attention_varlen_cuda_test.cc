@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "common/relative_error.h"
 #include "cuda/cuda_oracle.h"
 #include "qkv/attention.h"
 #include "qkv/cuda.h"
@@ -16,7 +17,7 @@ namespace {
 
 using cuda_test::Config;
 using cuda_test::lowp_attention;
-using cuda_test::max_abs_diff;
+using testing::max_abs_error;
 
 void check_varlen(const std::vector<int32_t>& lq, const std::vector<int32_t>& lk, int64_t hq, int64_t hk, int64_t d,
                   DType dtype, bool causal) {
@@ -48,9 +49,9 @@ void check_varlen(const std::vector<int32_t>& lq, const std::vector<int32_t>& lk
     const Config c{1, hq, hk, lq[s], lk[s], d, dtype, causal};
     const Tensor yardstick = lowp_attention(qs, ks, vs, std::nullopt, c);
     const Tensor mine = out.slice(0, cq[s], cq[s + 1]).permute({1, 0, 2}).unsqueeze(0);
-    const double err = max_abs_diff(mine, want.output), base = max_abs_diff(yardstick, want.output);
+    const double err = max_abs_error(mine, want.output), base = max_abs_error(yardstick, want.output);
     EXPECT_LE(err, 2 * base + 1e-5) << "kernel " << err << ", step-by-step " << base;
-    EXPECT_LE(max_abs_diff(lse.slice(1, cq[s], cq[s + 1]).unsqueeze(0), *want.logsumexp), 2e-3);
+    EXPECT_LE(max_abs_error(lse.slice(1, cq[s], cq[s + 1]).unsqueeze(0), *want.logsumexp), 2e-3);
   }
 }
 

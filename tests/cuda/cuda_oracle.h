@@ -22,8 +22,8 @@ struct Config {
   int mask = 0;  // 0 none, 1 bool, 2 float32
   std::string name() const {
     std::ostringstream out;  // (not operator+: gcc 12 warns -Wrestrict on such chains)
-    out << "b" << b << " hq" << hq << " hk" << hk << " lq" << lq << " lk" << lk << " d" << d << " "
-        << dtype_name(dtype) << (causal ? " causal" : "");
+    out << "b" << b << " hq" << hq << " hk" << hk << " lq" << lq << " lk" << lk << " d" << d << " " << dtype_name(dtype)
+        << (causal ? " causal" : "");
     if (mask != 0) out << " mask" << mask;
     return out.str();
   }
@@ -72,17 +72,6 @@ inline Tensor lowp_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
     }
   }
   return out;
-}
-
-inline double max_abs_diff(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(DType::f64).contiguous(), y = b.to(DType::f64).contiguous();
-  double m = 0;
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    const double p = x.data<double>()[i], r = y.data<double>()[i];
-    if (std::isinf(p) && p == r) continue;  // -inf logsumexp of a row with no key
-    m = std::max(m, std::isnan(p - r) ? INFINITY : std::fabs(p - r));
-  }
-  return m;
 }
 
 // A mask [B, Hq, Lq, Lk] with about a fifth of the keys hidden (float: -inf or a bias),

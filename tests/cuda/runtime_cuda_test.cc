@@ -5,7 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_oracle.h"
+#include "common/relative_error.h"
 #include "qkv/additive_attention.h"
 #include "qkv/attention.h"
 #include "qkv/attention_backward.h"
@@ -22,7 +22,7 @@
 namespace qkv {
 namespace {
 
-using cuda_test::max_abs_diff;
+using testing::max_abs_error;
 
 class CudaRuntime : public ::testing::Test {
  protected:
@@ -47,16 +47,16 @@ TEST_F(CudaRuntime, RoundTripIsExact) {
   const Tensor d = x.to(Device::cuda());
   EXPECT_EQ(d.device(), Device::cuda());
   EXPECT_EQ(d.to(Device::cuda()).raw_data(), d.raw_data());  // already there: no copy
-  EXPECT_EQ(max_abs_diff(d.to(Device::cpu()), x), 0.0);
+  EXPECT_EQ(max_abs_error(d.to(Device::cpu()), x), 0.0);
 }
 
 TEST_F(CudaRuntime, StridedViewsCopyOnTheDevice) {
   const Tensor x = Tensor::randn({4, 6, 10}, 2, DType::bf16);
   const Tensor view = x.to(Device::cuda()).permute({2, 0, 1}).slice(1, 1, 4);  // [10, 3, 6], strided
   const Tensor back = view.contiguous().to(Device::cpu());
-  EXPECT_EQ(max_abs_diff(back, x.permute({2, 0, 1}).slice(1, 1, 4)), 0.0);
+  EXPECT_EQ(max_abs_error(back, x.permute({2, 0, 1}).slice(1, 1, 4)), 0.0);
   const Tensor broadcast = Tensor::randn({1, 6}, 3).to(Device::cuda()).expand({5, 6}).clone();
-  EXPECT_EQ(max_abs_diff(broadcast.to(Device::cpu()), Tensor::randn({1, 6}, 3).expand({5, 6})), 0.0);
+  EXPECT_EQ(max_abs_error(broadcast.to(Device::cpu()), Tensor::randn({1, 6}, 3).expand({5, 6})), 0.0);
 }
 
 TEST_F(CudaRuntime, WorkFollowsTheStreamGuard) {
@@ -68,7 +68,7 @@ TEST_F(CudaRuntime, WorkFollowsTheStreamGuard) {
     const Tensor x = Tensor::randn({64, 64}, 4).to(Device::cuda());
     const Tensor y = x.permute({1, 0}).contiguous();
     cuda::synchronize();
-    EXPECT_EQ(max_abs_diff(y.to(Device::cpu()), Tensor::randn({64, 64}, 4).permute({1, 0})), 0.0);
+    EXPECT_EQ(max_abs_error(y.to(Device::cpu()), Tensor::randn({64, 64}, 4).permute({1, 0})), 0.0);
   }
   EXPECT_EQ(cuda::current_stream(), nullptr);
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
@@ -100,8 +100,8 @@ TEST_F(CudaRuntime, AttentionCopiesMisalignedRowsFirst) {
   const Tensor got2 =
       scaled_dot_product_attention(misaligned, k.to(Device::cuda()), v.to(Device::cuda())).output.to(Device::cpu());
   const Tensor want = attention_reference(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64)).output;
-  EXPECT_LE(max_abs_diff(got, want), 2e-2);
-  EXPECT_EQ(max_abs_diff(got, got2), 0.0);
+  EXPECT_LE(max_abs_error(got, want), 2e-2);
+  EXPECT_EQ(max_abs_error(got, got2), 0.0);
 }
 
 // Operations with host kernels only, given tensors on a real GPU (clone and contiguous
