@@ -7,7 +7,7 @@
 //   python3 bench/peers/cuda_report.py qkv.json torch.json
 //
 // Timed with CUDA events around each call (manual time): the kernel plus qkv's host
-// work per call (checks, the output's cudaMalloc). "TFLOPs" counts the two products,
+// work per call (checks, the output's allocation from qkv's memory pool). "TFLOPs" counts the two products,
 // 4 B H L^2 D, causal only the unmasked half (attention_flops), as FlashAttention does.
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>

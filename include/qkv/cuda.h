@@ -7,8 +7,15 @@
 // allocated (DeviceError naming the operation and the device).
 //
 // Tensors on cuda:N (Tensor::empty(shape, dtype, Device::cuda(n)), Tensor::to(device),
-// or a wrapped device pointer from DLPack) live in that GPU's memory; their storage
-// comes from cudaMalloc and goes back with cudaFree. Copies between the host and
+// or a wrapped device pointer from DLPack) live in that GPU's memory. Their storage
+// comes from the GPU's stream-ordered memory pool (cudaMallocAsync on the current
+// stream) and goes back to it on the stream it was allocated on (cudaFreeAsync): freed
+// blocks stay cached for the next allocation instead of going back to the device
+// (as PyTorch's caching allocator keeps them), until empty_cache(). A tensor used on
+// another stream than the one it was allocated on must be synchronized with before it
+// is freed (torch's record_stream rule), and a stream must outlive the tensors
+// allocated on it. QKV_CUDA_ALLOC=plain (read once) uses plain cudaMalloc/cudaFree,
+// which synchronize the device. Copies between the host and
 // the device, and operations on device tensors, are queued on the calling thread's
 // current stream (below) and are asynchronous with respect to the host, except
 // that a copy to the host waits for its stream before it returns.
@@ -60,6 +67,26 @@ class StreamGuard {
  private:
   Stream previous_;
 };
+
+// Bytes of cuda:`index`'s memory pool (as torch.cuda.memory_allocated / memory_reserved):
+// `allocated` in live blocks, `reserved` held by the pool (live and cached). With
+// plain allocations (QKV_CUDA_ALLOC=plain, or a GPU without memory pools) `caching`
+// is false and both are 0.
+struct MemoryStats {
+  bool caching = false;
+  uint64_t allocated = 0;
+  uint64_t reserved = 0;
+};
+MemoryStats memory_stats(int index = 0);
+
+// Returns the cached, unused blocks of cuda:`index`'s pool to the device, after
+// waiting for its work (torch.cuda.empty_cache). DeviceError for no such GPU.
+void empty_cache(int index = 0);
+
+// Waits for the work of every stream on cuda:`index` (cudaDeviceSynchronize): what
+// must happen before memory another framework used on its own streams is reused
+// (the Python package does it when an exported qkv array is released).
+void synchronize_device(int index = 0);
 
 // Waits for the work queued on current_stream() (on cuda:`index`). DeviceError with
 // the CUDA error text when a kernel before it failed.

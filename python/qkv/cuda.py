@@ -74,3 +74,19 @@ def synchronize(device=0) -> None:
     """Waits until the work qkv queued on cuda:<device> has finished (RuntimeError with CUDA's text
     if a kernel failed; also RuntimeError without the backend)."""
     _c.synchronize(_index(device))
+
+
+def empty_cache(device=0) -> None:
+    """Returns the memory qkv keeps cached on cuda:<device> (freed tensors' blocks) to the device,
+    after waiting for its work, as ``torch.cuda.empty_cache`` does."""
+    _c.empty_cache(_index(device))
+
+
+def memory_allocated(device=0) -> int:
+    """Bytes of cuda:<device> in live qkv tensors (0 with plain allocations: QKV_CUDA_ALLOC=plain)."""
+    return int(_c.memory_stats(_index(device))["allocated"])
+
+
+def memory_reserved(device=0) -> int:
+    """Bytes qkv's memory pool holds on cuda:<device>: live tensors and cached blocks."""
+    return int(_c.memory_stats(_index(device))["reserved"])

@@ -70,6 +70,27 @@ void bind_cuda(nb::module_& m) {
       nb::arg("device").none() = 0, nb::sig("def synchronize(device: int = 0) -> None"),
       "Waits for the work qkv queued on cuda:<device> (the legacy default stream); RuntimeError with\n"
       "the CUDA error text when a kernel before it failed.");
+  c.def(
+      "empty_cache",
+      [](nb::handle device) {
+        const int index = device_arg(device, "empty_cache");
+        nb::gil_scoped_release release;
+        qkv::cuda::empty_cache(index);
+      },
+      nb::arg("device").none() = 0, nb::sig("def empty_cache(device: int = 0) -> None"),
+      "Returns cuda:<device>'s cached, unused memory to the device after waiting for its work.");
+  c.def(
+      "memory_stats",
+      [](nb::handle device) {
+        const qkv::cuda::MemoryStats s = qkv::cuda::memory_stats(device_arg(device, "memory_stats"));
+        nb::dict d;
+        d["caching"] = s.caching;
+        d["allocated"] = s.allocated;
+        d["reserved"] = s.reserved;
+        return d;
+      },
+      nb::arg("device").none() = 0, nb::sig("def memory_stats(device: int = 0) -> dict[str, typing.Any]"),
+      "Bytes of cuda:<device>'s memory pool: allocated (live tensors), reserved (live and cached).");
   c.def("_describe", &describe, nb::arg("array").none(),
         nb::sig("def _describe(array: typing.Any) -> dict[str, typing.Any]"),
         "Test hook: the qkv::Tensor an array becomes (device, data_ptr, dtype, shape, strides in\n"

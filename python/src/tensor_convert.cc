@@ -272,9 +272,24 @@ std::optional<Tensor> to_optional_tensor(nb::handle obj, const char* what) {
 namespace {
 
 // A capsule owning a reference to t's storage: what keeps qkv's memory alive in an array.
+// GPU memory goes back to qkv's pool on the stream it was allocated on (qkv/cuda.h),
+// but the consumer may still read it on streams of its own (a torch side stream):
+// the last reference is dropped only after the device's work, as cudaFree would.
 nb::capsule storage_owner(const Tensor& t) {
   auto* holder = new std::shared_ptr<Storage>(t.storage());
-  return nb::capsule(holder, [](void* p) noexcept { delete static_cast<std::shared_ptr<Storage>*>(p); });
+  if (t.device().kind != DeviceKind::cuda) {
+    return nb::capsule(holder, [](void* p) noexcept { delete static_cast<std::shared_ptr<Storage>*>(p); });
+  }
+  return nb::capsule(holder, [](void* p) noexcept {
+    auto* storage = static_cast<std::shared_ptr<Storage>*>(p);
+    if (storage->use_count() == 1) {
+      try {
+        qkv::cuda::synchronize_device((*storage)->device().index);
+      } catch (...) {  // a failed kernel before: the memory is freed all the same
+      }
+    }
+    delete storage;
+  });
 }
 
 template <class... Config>

@@ -17,7 +17,7 @@ namespace {
 
 using cuda_kernel::FlashParams;
 constexpr double kLog2e = 1.4426950408889634;
-constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kMaxGridZ = 65535;  // sequences of a varlen batch
 
 // What the kernel computes, checked once per call (errors name the op and the device).
 void check_supported(const char* op, const AttentionOptions& o, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -39,6 +39,8 @@ void check_supported(const char* op, const AttentionOptions& o, const Tensor& q,
   }
 }
 
+namespace {
+
 // Rows the kernel's 16-byte loads can read: the last dim contiguous, the storage
 // offset and every other stride a multiple of 8 elements (16 bytes).
 bool rows_aligned(const Tensor& t) {
@@ -50,7 +52,11 @@ bool rows_aligned(const Tensor& t) {
   return true;
 }
 
+}  // namespace
+
 Tensor kernel_layout(const Tensor& t) { return rows_aligned(t) ? t : t.clone(); }
+
+namespace {
 
 cuda_kernel::MaskKind mask_kind_of(const Problem& p) {
   if (!p.mask) return cuda_kernel::MaskKind::none;
@@ -72,15 +78,13 @@ void set_common(FlashParams& f, const Tensor& q, const Tensor& k, const Tensor& 
   f.causal = causal;
 }
 
+}  // namespace
+
 // Launch parameters of a batched problem; `out` [batch..., Lq, Dv], `lse` [batch..., Lq].
 FlashParams params_of(const Problem& p, bool causal, const Tensor& out, const Tensor* lse) {
   if (p.batch.size() > static_cast<size_t>(cuda_kernel::kMaxBatchDims)) {
     fail<ValueError>(p.op, ": the kernel on ", p.device.to_string(), " takes at most ", cuda_kernel::kMaxBatchDims,
                      " leading dims, got q ", shape_str(p.q_in.shape()));
-  }
-  if (p.batch_size > kMaxGridY) {
-    fail<ValueError>(p.op, ": the kernel on ", p.device.to_string(), " takes at most ", kMaxGridY,
-                     " batch entries (batch x heads), got ", p.batch_size);
   }
   FlashParams f;
   set_common(f, p.q, p.k, p.v, p.scale, causal);
@@ -112,6 +116,8 @@ FlashParams params_of(const Problem& p, bool causal, const Tensor& out, const Te
   f.lk = p.lk;
   return f;
 }
+
+namespace {
 
 void launch(const FlashParams& f, Device device, const char* op) {
   const kernels::cuda::DeviceGuard guard(device.index);
@@ -146,9 +152,9 @@ AttentionResult flash_attention_varlen_cuda(const VarlenProblem& given, const At
   if (options.return_logsumexp) r.logsumexp = Tensor::empty({given.hq, tq}, DType::f32, device);  // [Hq, Tq]
   const auto sequences = static_cast<int64_t>(given.cu_q.size()) - 1;
   if (sequences <= 0 || given.max_lq == 0 || given.hq == 0) return r;
-  if (given.hq > kMaxGridY || sequences > kMaxGridY) {
-    fail<ValueError>(given.op, ": the kernel on ", device.to_string(), " takes at most ", kMaxGridY,
-                     " heads and sequences, got ", given.hq, " and ", sequences);
+  if (sequences > kMaxGridZ) {
+    fail<ValueError>(given.op, ": the kernel on ", device.to_string(), " takes at most ", kMaxGridZ, " sequences, got ",
+                     sequences);
   }
   // The row starts on the device, where the kernel reads them.
   const Tensor cu_q = Tensor::from_vector(given.cu_q, {sequences + 1}).to(device);
@@ -175,8 +181,9 @@ AttentionResult flash_attention_varlen_cuda(const VarlenProblem& given, const At
   f.sequences = sequences;
   launch(f, device, given.op);
   // cu_q and cu_k (and any copies kernel_layout made) are freed on return while the
-  // kernel may still run: cudaFree first waits for the device's work (an implicit
-  // synchronization), so the kernel never reads freed memory.
+  // kernel may still run: their blocks go back to the pool in the order of the stream
+  // the kernel runs on (runtime.cc; plain cudaFree waits for the device), so nothing
+  // reuses them before the kernel is done.
   return r;
 }
 

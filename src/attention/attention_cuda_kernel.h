@@ -12,7 +12,7 @@ constexpr int kMaxBatchDims = 4;  // leading dims of q, k, v (heads last) the ke
 enum class MaskKind : int32_t { none, boolean, f32, same_as_q };
 enum class ElementType : int32_t { bf16, f16 };
 
-// One launch: grid (query tiles, batch entries, sequences). A batch entry is one
+// One launch: grid (query tiles x batch entries, 1, sequences). A batch entry is one
 // multi-index over `batch` (heads last); a sequence is one of a varlen batch's
 // (cu_seqlens), else there is one. Offsets count elements; the last dim of q, k, v
 // and the output is contiguous and every row starts on 16 bytes.
@@ -50,6 +50,11 @@ struct FlashParams {
 
   float scale_log2 = 0;  // scale * log2(e): scores are kept in base 2
   bool causal = false;   // key j attends to query i when j <= i (top-left), per sequence
+
+  // Set by launch_flash_forward: the grid's x runs over m_blocks query tiles times
+  // `entries` batch entries; order_group > 0 (causal) orders them heaviest first
+  // within groups of order_group entries, else entry by entry.
+  int64_t m_blocks = 0, entries = 0, order_group = 0;
 };
 
 // Queues the kernel on `stream` (a cudaStream_t) of the current device. DeviceError

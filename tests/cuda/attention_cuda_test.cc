@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <random>
+#include <string>
 
 #include "common/relative_error.h"
 #include "cuda/cuda_oracle.h"
@@ -95,6 +96,38 @@ TEST_F(CudaAttention, Masks) {
 }
 
 TEST_F(CudaAttention, LongKeys) { check_config({1, 2, 1, 256, 2000, 128, DType::bf16, false}, 91); }
+
+// More batch entries than a grid's y dimension holds (65535): the grid's x runs over
+// query tiles times entries.
+TEST_F(CudaAttention, MoreThan65535BatchEntries) { check_config({66000, 1, 1, 8, 8, 64}, 95); }
+
+// A long causal problem whose blocks run heaviest first in several groups of heads
+// (16384 rows: 128 query tiles, groups of about 264 / 128 heads on an H100, the last
+// group partial): sampled rows against the float64 reference of row i over keys 0..i.
+TEST_F(CudaAttention, LongCausalRowsSampled) {
+  const int64_t h = 7, l = 16384, d = 64;
+  const Tensor q = Tensor::randn({1, h, l, d}, 97, DType::bf16);
+  const Tensor k = Tensor::randn({1, h, l, d}, 98, DType::bf16);
+  const Tensor v = Tensor::randn({1, h, l, d}, 99, DType::bf16);
+  AttentionOptions causal;
+  causal.is_causal = true;
+  const Tensor out =
+      scaled_dot_product_attention(q.to(Device::cuda()), k.to(Device::cuda()), v.to(Device::cuda()), causal)
+          .output.to(Device::cpu());
+  for (int64_t head = 0; head < h; ++head) {
+    for (const int64_t i : {int64_t{0}, int64_t{127}, int64_t{128}, 5000 + head, int64_t{12345}, l - 1}) {
+      SCOPED_TRACE("head " + std::to_string(head) + " row " + std::to_string(i));
+      const Config c{1, 1, 1, 1, i + 1, d};
+      const Tensor qi = q.slice(1, head, head + 1).slice(2, i, i + 1).to(DType::f64);  // [1, 1, 1, D]
+      const Tensor ki = k.slice(1, head, head + 1).slice(2, 0, i + 1).to(DType::f64);  // [1, 1, i + 1, D]
+      const Tensor vi = v.slice(1, head, head + 1).slice(2, 0, i + 1).to(DType::f64);
+      const Tensor want = attention_reference(qi, ki, vi, {}).output;
+      const Tensor got = out.slice(1, head, head + 1).slice(2, i, i + 1).contiguous();
+      const double err = max_abs_error(got, want), base = max_abs_error(lowp_attention(qi, ki, vi, {}, c), want);
+      EXPECT_LE(err, 2 * base + 1e-5) << "kernel error " << err << ", step-by-step error " << base;
+    }
+  }
+}
 
 TEST_F(CudaAttention, RandomConfigs) {
   std::mt19937_64 rng(2026);

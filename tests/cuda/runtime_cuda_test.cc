@@ -5,6 +5,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <optional>
+
 #include "common/relative_error.h"
 #include "qkv/additive_attention.h"
 #include "qkv/attention.h"
@@ -72,6 +75,51 @@ TEST_F(CudaRuntime, WorkFollowsTheStreamGuard) {
   }
   EXPECT_EQ(cuda::current_stream(), nullptr);
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+// Freed blocks stay in the pool (cudaMallocAsync with a release threshold of
+// "never") and serve the next allocation of their size without growing it; empty_cache
+// returns them to the device.
+TEST_F(CudaRuntime, FreedMemoryIsCachedThenReturned) {
+  constexpr uint64_t kBytes = uint64_t{64} << 20;
+  cuda::empty_cache();
+  const cuda::MemoryStats before = cuda::memory_stats();
+  ASSERT_TRUE(before.caching) << "QKV_CUDA_ALLOC=plain or a GPU without memory pools";
+  uint64_t reserved = 0;
+  {
+    const Tensor x = Tensor::empty({static_cast<int64_t>(kBytes / 4)}, DType::f32, Device::cuda());
+    const cuda::MemoryStats live = cuda::memory_stats();
+    EXPECT_EQ(live.allocated, before.allocated + kBytes);
+    EXPECT_GE(live.reserved, before.reserved + kBytes);
+    reserved = live.reserved;
+  }
+  EXPECT_EQ(cuda::memory_stats().allocated, before.allocated);
+  EXPECT_EQ(cuda::memory_stats().reserved, reserved);  // cached, not returned
+  for (int i = 0; i < 10; ++i) {
+    const Tensor y = Tensor::empty({static_cast<int64_t>(kBytes / 4)}, DType::f32, Device::cuda());
+    EXPECT_EQ(cuda::memory_stats().reserved, reserved) << "allocation " << i << " grew the pool";
+  }
+  cuda::empty_cache();
+  EXPECT_LT(cuda::memory_stats().reserved, reserved);
+  EXPECT_THROW(cuda::empty_cache(cuda::device_count()), DeviceError);
+}
+
+// A block allocated on a stream goes back to the pool on that stream, also when
+// another stream is current at the free; the data survive the round trip.
+TEST_F(CudaRuntime, BlocksGoBackOnTheirStream) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  std::optional<Tensor> x;
+  {
+    const cuda::StreamGuard guard(s);
+    x = Tensor::randn({256, 64}, 6).to(Device::cuda());
+  }
+  const Tensor back = x->to(Device::cpu());  // on the legacy stream, which waits for s
+  EXPECT_EQ(max_abs_error(back, Tensor::randn({256, 64}, 6)), 0.0);
+  x.reset();
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 TEST_F(CudaRuntime, AttentionRefusesWhatItHasNoKernelFor) {

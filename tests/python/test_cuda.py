@@ -55,6 +55,13 @@ def test_synchronize_without_a_gpu_is_an_error_not_a_hang():
             qkv.cuda.synchronize()
 
 
+def test_memory_pool_functions_name_a_missing_gpu():
+    missing = qkv.cuda.device_count()
+    for fn in (qkv.cuda.empty_cache, qkv.cuda.memory_allocated, qkv.cuda.memory_reserved):
+        with pytest.raises(RuntimeError, match=f"cuda:{missing}"):
+            fn(missing)
+
+
 # ---- CUDA DLPack inputs on fake producers ------------------------------------------------
 
 def test_cuda_producer_is_wrapped_in_place_and_asked_for_the_legacy_default_stream():
@@ -287,6 +294,22 @@ def test_torch_side_stream_sees_the_result_and_views_stay_in_place():
     torch.cuda.synchronize()
     ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), k.double())
     assert abs(total.item() - ref.sum().item()) <= 1e-2 * ref.abs().sum().item()
+
+
+@pytest.mark.cuda
+def test_results_come_from_the_pool_and_go_back_to_it():
+    torch = _torch_cuda()
+    qkv.cuda.empty_cache()
+    base = qkv.cuda.memory_allocated()
+    q = torch.randn(2, 4, 1024, 128, device="cuda", dtype=torch.bfloat16)
+    out = qkv.scaled_dot_product_attention(q, q, q)
+    assert qkv.cuda.memory_allocated() == base + out.numel() * 2
+    reserved = qkv.cuda.memory_reserved()
+    del out
+    gc.collect()
+    assert qkv.cuda.memory_allocated() == base and qkv.cuda.memory_reserved() == reserved
+    qkv.cuda.empty_cache()
+    assert qkv.cuda.memory_reserved() < reserved
 
 
 @pytest.mark.cuda

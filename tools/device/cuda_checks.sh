@@ -15,7 +15,8 @@
 #   4. attention_cuda_bench $CUDA_BENCH_ARGS, JSON to $OUT/qkv_bench.json (a benchmark
 #      that ended with an error fails the step, although the program exits 0)
 #   5. bench/peers/sdpa_cuda.py $CUDA_PEER_ARGS on the same GPU, to $OUT/torch_bench.json
-#   6. bench/peers/cuda_report.py: the Markdown table (also $OUT/report.md)
+#   6. bench/peers/cuda_report.py: the Markdown table (also $OUT/report.md); then, when
+#      $CUDA_BENCH_VARIANTS is set, the benchmark again under each of its VAR=value settings
 #   7. compute-sanitizer memcheck on qkv_cuda_tests --gtest_filter=$CUDA_SANITIZE_FILTER
 #      (default 'CudaAttention*Small*'; matching no test counts as a failure); last, so
 #      that a slow sanitizer run cannot take the benchmark's time
@@ -126,6 +127,23 @@ qkv_bench() {
   fi
 }
 
+# attention_cuda_bench once per setting of $CUDA_BENCH_VARIANTS (space-separated
+# VAR=value, e.g. "QKV_CUDA_FLASH_GROUP=1 QKV_CUDA_ALLOC=plain"), each benchmark's
+# TFLOP/s printed (the JSON is not kept: $OUT returns at most 8 files).
+bench_variants() {
+  local setting tmp
+  tmp=$(mktemp -d)
+  for setting in ${CUDA_BENCH_VARIANTS:-}; do
+    echo "-- $setting"
+    # shellcheck disable=SC2086 # CUDA_BENCH_ARGS is a list of arguments
+    env LD_LIBRARY_PATH="$QKV_LD" "$setting" "$QKV_BUNDLE_BIN/attention_cuda_bench" --benchmark_out="$tmp/b.json" \
+      --benchmark_out_format=json ${CUDA_BENCH_ARGS:-} >/dev/null || return
+    "$PYTHON" -c 'import json, sys
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    print("%-64s %8.1f TFLOP/s" % (b["name"], b.get("TFLOPs", 0)))' "$tmp/b.json" || return
+  done
+}
+
 # find_tool NAME: NAME on PATH, else in a CUDA toolkit's bin folder (not always on PATH).
 find_tool() {
   command -v "$1" && return 0
@@ -155,7 +173,7 @@ if torch.cuda.is_available():
     print(torch.cuda.get_device_name(0), f"cc {p.major}.{p.minor}", p.multi_processor_count, "SMs",
           round(p.total_memory / 2**30, 1), "GiB")'
 }
-export -f logged sanitize qkv_bench find_tool nvcc_version gpu_state torch_versions
+export -f logged sanitize qkv_bench bench_variants find_tool nvcc_version gpu_state torch_versions
 
 # closes checks.log (tee ends once this script's output is closed) and exits with $1.
 finish() {
@@ -206,6 +224,8 @@ step torch-bench 90 25 env PYTHONUNBUFFERED=1 "$PYTHON" bench/peers/sdpa_cuda.py
   ${CUDA_PEER_ARGS:-}
 step report 20 5 "$PYTHON" bench/peers/cuda_report.py --qkv "$OUT/qkv_bench.json" --torch "$OUT/torch_bench.json" \
   ${cuda_runtime:+--cuda-runtime "$cuda_runtime"} --out "$OUT/report.md"
+
+[[ -n ${CUDA_BENCH_VARIANTS:-} ]] && step bench-variants 60 5 bench_variants
 
 # 7. sanitizer
 step sanitizer 90 5 sanitize

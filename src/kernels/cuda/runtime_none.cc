@@ -22,6 +22,9 @@ Stream current_stream() { return nullptr; }
 StreamGuard::StreamGuard(Stream) : previous_(nullptr) {}
 StreamGuard::~StreamGuard() = default;
 void synchronize(int) { no_backend("cuda::synchronize"); }
+void synchronize_device(int) { no_backend("cuda::synchronize_device"); }
+void empty_cache(int) { no_backend("cuda::empty_cache"); }
+MemoryStats memory_stats(int) { no_backend("cuda::memory_stats"); }
 
 }  // namespace cuda
 
