@@ -19,6 +19,8 @@ using cuda_kernel::FlashParams;
 constexpr double kLog2e = 1.4426950408889634;
 constexpr int64_t kMaxGridZ = 65535;  // sequences of a varlen batch
 
+}  // namespace
+
 // What the kernel computes, checked once per call (errors name the op and the device).
 void check_supported(const char* op, const AttentionOptions& o, const Tensor& q, const Tensor& k, const Tensor& v,
                      int64_t dk, int64_t dv) {

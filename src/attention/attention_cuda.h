@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention/attention_cuda_kernel.h"
 #include "attention/problem.h"
 #include "qkv/attention.h"
 
@@ -18,6 +19,18 @@ namespace qkv::attention {
 // p.op for what the kernel does not do (dropout, return_weights, score modifiers,
 // other dtypes or head dims).
 AttentionResult flash_attention_cuda(const Problem& p, const AttentionOptions& options);
+
+// Shared with the backward (attention_backward_cuda.cc):
+// What the kernels compute: ValueError / DTypeError naming `op` and the device for
+// dropout, return_weights, score modifiers, other dtypes or head dims.
+void check_supported(const char* op, const AttentionOptions& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                     int64_t dk, int64_t dv);
+// `t` itself when its rows suit the kernels' 16-byte loads, else a contiguous copy on its device.
+Tensor kernel_layout(const Tensor& t);
+// The forward's launch parameters of a batched problem (q, k, v, the mask, geometry,
+// scale, causal); `out` [batch..., Lq, Dv], `lse` [batch..., Lq] or null. ValueError
+// beyond kMaxBatchDims leading dims.
+cuda_kernel::FlashParams params_of(const Problem& p, bool causal, const Tensor& out, const Tensor* lse);
 
 // A checked variable-length call (attention_varlen.cc): sequences packed along dim 0.
 struct VarlenProblem {
