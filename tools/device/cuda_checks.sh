@@ -16,7 +16,9 @@
 #      that ended with an error fails the step, although the program exits 0)
 #   5. bench/peers/sdpa_cuda.py $CUDA_PEER_ARGS on the same GPU, to $OUT/torch_bench.json
 #   6. bench/peers/cuda_report.py: the Markdown table (also $OUT/report.md); then, when
-#      $CUDA_BENCH_VARIANTS is set, the benchmark again under each of its VAR=value settings
+#      $CUDA_BENCH_VARIANTS is set, the benchmark again under each of its VAR=value settings;
+#      when $CUDA_NCU_FILTER is set, ncu on the benchmarks it selects ($OUT/ncu.txt); when
+#      the bundle has pylibs/ (docs/python.md), the Python GPU tests on an extension built there
 #   7. compute-sanitizer memcheck on qkv_cuda_tests --gtest_filter=$CUDA_SANITIZE_FILTER
 #      (default 'CudaAttention*Small*'; matching no test counts as a failure); last, so
 #      that a slow sanitizer run cannot take the benchmark's time
@@ -32,6 +34,7 @@ set -u -o pipefail
 
 limit=${1:-420}
 bundle=${2:-.cuda_bundle}
+export bundle
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root" || exit 2
 OUT=${OUT:-$(mktemp -d)}
@@ -137,11 +140,39 @@ bench_variants() {
     echo "-- $setting"
     # shellcheck disable=SC2086 # CUDA_BENCH_ARGS is a list of arguments
     env LD_LIBRARY_PATH="$QKV_LD" "$setting" "$QKV_BUNDLE_BIN/attention_cuda_bench" --benchmark_out="$tmp/b.json" \
-      --benchmark_out_format=json ${CUDA_BENCH_ARGS:-} >/dev/null || return
+      --benchmark_out_format=json --benchmark_filter=BM_AttentionCuda ${CUDA_BENCH_ARGS:-} >/dev/null || return
     "$PYTHON" -c 'import json, sys
 for b in json.load(open(sys.argv[1]))["benchmarks"]:
     print("%-64s %8.1f TFLOP/s" % (b["name"], b.get("TFLOPs", 0)))' "$tmp/b.json" || return
   done
+}
+
+# Nsight Compute on attention_cuda_bench --benchmark_filter=$CUDA_NCU_FILTER: the first
+# $CUDA_NCU_COUNT (default 2) FlashAttention launches, clocks left alone, the sections that
+# say where a kernel's time goes; the report to $OUT/ncu.txt.
+profile() {
+  local ncu
+  ncu=$(find_tool ncu) || {
+    echo "no ncu on PATH nor in /usr/local/cuda*/bin"
+    return 3
+  }
+  logged "$OUT/ncu.txt" "$ncu" --clock-control none -k regex:flash_ -c "${CUDA_NCU_COUNT:-2}" \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
+    env LD_LIBRARY_PATH="$QKV_LD" "$QKV_BUNDLE_BIN/attention_cuda_bench" \
+    --benchmark_filter="$CUDA_NCU_FILTER" --benchmark_min_time=0.01s
+}
+
+# The Python GPU tests (pytest -m cuda tests/python/test_cuda.py) on an extension built
+# here by tools/device/build_python_ext.sh from the bundle's pylibs/ (docs/python.md).
+python_gpu_tests() {
+  local libs=/tmp/qkvpy ext=/tmp/qkv_pyext
+  mkdir -p "$libs" && tar xJf "$bundle/libs.tar.xz" -C "$libs" || return
+  bash tools/device/build_python_ext.sh -L "$libs/lib" "$bundle/pylibs" "$ext" >"$ext.log" 2>&1 || {
+    tail -n 30 "$ext.log"
+    return 6
+  }
+  PYTHONPATH=$ext "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/python/test_cuda.py 2>&1 | tail -n 40
 }
 
 # find_tool NAME: NAME on PATH, else in a CUDA toolkit's bin folder (not always on PATH).
@@ -173,7 +204,7 @@ if torch.cuda.is_available():
     print(torch.cuda.get_device_name(0), f"cc {p.major}.{p.minor}", p.multi_processor_count, "SMs",
           round(p.total_memory / 2**30, 1), "GiB")'
 }
-export -f logged sanitize qkv_bench bench_variants find_tool nvcc_version gpu_state torch_versions
+export -f logged sanitize qkv_bench bench_variants profile python_gpu_tests find_tool nvcc_version gpu_state torch_versions
 
 # closes checks.log (tee ends once this script's output is closed) and exits with $1.
 finish() {
@@ -226,6 +257,8 @@ step report 20 5 "$PYTHON" bench/peers/cuda_report.py --qkv "$OUT/qkv_bench.json
   ${cuda_runtime:+--cuda-runtime "$cuda_runtime"} --out "$OUT/report.md"
 
 [[ -n ${CUDA_BENCH_VARIANTS:-} ]] && step bench-variants 60 5 bench_variants
+[[ -n ${CUDA_NCU_FILTER:-} ]] && step ncu 90 5 profile
+[[ -d $bundle/pylibs ]] && step python-gpu-tests 120 5 python_gpu_tests
 
 # 7. sanitizer
 step sanitizer 90 5 sanitize
