@@ -2,6 +2,7 @@
 """qkv's CUDA attention beside PyTorch's flash SDPA: one Markdown table (issue 19).
 
     python3 bench/peers/cuda_report.py --qkv qkv_bench.json --torch torch_bench.json
+    python3 bench/peers/cuda_report.py --backward --qkv qkv_backward.json --torch torch_backward.json
 
 --qkv: attention_cuda_bench's `--benchmark_format=json` (or `--benchmark_out=`) output:
 benchmarks named `BM_AttentionCuda/B:4/H:16/L:4096/D:128/causal:0[/...]` and
@@ -16,6 +17,9 @@ Columns: shape, causal, qkv TFLOP/s, torch flash TFLOP/s, qkv / torch, and each 
 percentage of the cuBLAS bf16 GEMM yardstick (qkv's BM_CublasGemmBf16 where it ran,
 else torch.matmul's). Either file may be missing or broken (a step that failed on the
 GPU machine): its columns then read "-". Both count causal FLOPs as the computed half.
+--backward: the backward's files instead (attention_backward_cuda_bench's
+BM_AttentionBackwardCuda, sdpa_cuda.py --backward's torch_sdpa_flash_backward rows;
+FLOPs 2.5 times the forward's on both sides).
 """
 import argparse
 import json
@@ -23,6 +27,9 @@ import statistics
 import sys
 
 TARGET = 0.70  # issue 19: forward >= 70% of torch's flash SDPA at D = 128, L >= 4096
+# (qkv benchmark family, torch row name) of each direction
+KINDS = {"forward": ("BM_AttentionCuda", "torch_sdpa_flash"),
+         "backward": ("BM_AttentionBackwardCuda", "torch_sdpa_flash_backward")}
 
 
 def parse_name(name):
@@ -53,7 +60,7 @@ def load_json(path, what):
         return None
 
 
-def load_qkv(path):
+def load_qkv(path, kind="forward"):
     """(context, {(B, H, L, D, causal): TFLOP/s}, {(M, N, K): TFLOP/s}) of attention_cuda_bench's JSON."""
     doc = load_json(path, "qkv")
     if doc is None:
@@ -76,14 +83,14 @@ def load_qkv(path):
     for run_name in dict.fromkeys([*samples, *medians]):
         value = medians.get(run_name, statistics.median(samples.get(run_name, [0.0])))
         family, p = parse_name(run_name)
-        if family.startswith("BM_AttentionCuda") and {"B", "H", "L", "D", "causal"} <= p.keys():
+        if family.startswith(KINDS[kind][0]) and {"B", "H", "L", "D", "causal"} <= p.keys():
             attention[attention_key(p)] = value
         elif family.startswith("BM_CublasGemmBf16") and "M" in p:  # N and K default to M (square)
             gemm[(p["M"], p.get("N", p["M"]), p.get("K", p["M"]))] = value
     return doc.get("context", {}), attention, gemm
 
 
-def load_torch(path):
+def load_torch(path, kind="forward"):
     """(context, {(B, H, L, D, causal): TFLOP/s}, {(M, N, K): TFLOP/s}) of sdpa_cuda.py's JSON."""
     doc = load_json(path, "torch")
     if doc is None:
@@ -92,7 +99,7 @@ def load_torch(path):
     for row in doc.get("rows", []):
         if row.get("tflops") is None:
             print(f"cuda_report: torch {row}", file=sys.stderr)
-        elif row["name"] == "torch_sdpa_flash":
+        elif row["name"] == KINDS[kind][1]:
             attention[attention_key(row)] = row["tflops"]
         elif row["name"] == "torch_matmul_bf16":
             gemm[(row["M"], row["N"], row["K"])] = row["tflops"]
@@ -144,12 +151,12 @@ def yardstick(qgemm, tgemm):
     return None, "none"
 
 
-def report(qkv_path, torch_path, cuda_runtime=None):
-    qctx, qatt, qgemm = load_qkv(qkv_path)
-    tctx, tatt, tgemm = load_torch(torch_path)
+def report(qkv_path, torch_path, cuda_runtime=None, kind="forward"):
+    qctx, qatt, qgemm = load_qkv(qkv_path, kind)
+    tctx, tatt, tgemm = load_torch(torch_path, kind)
     gemm, label = yardstick(qgemm, tgemm)
     lines = [header(qctx, tctx, cuda_runtime), "",
-             "bf16 forward, TFLOP/s (causal counted as the computed half); yardstick: cuBLAS bf16 GEMM "
+             f"bf16 {kind}, TFLOP/s (causal counted as the computed half); yardstick: cuBLAS bf16 GEMM "
              + ", ".join([f"{v:.1f} (qkv {m}x{n}x{k})" for (m, n, k), v in qgemm.items()]
                          + [f"{v:.1f} (torch.matmul {m}x{n}x{k})" for (m, n, k), v in tgemm.items()] or ["-"])
              + f"; percentages of {label}", "",
@@ -173,8 +180,9 @@ def main(argv=None):
     ap.add_argument("--torch", help="sdpa_cuda.py's JSON")
     ap.add_argument("--cuda-runtime", help="qkv's CUDA runtime where its JSON does not say (e.g. 13.0)")
     ap.add_argument("--out", help="also write the table here")
+    ap.add_argument("--backward", action="store_true", help="the backward's files (attention_backward_cuda_bench)")
     a = ap.parse_args(argv)
-    text = report(a.qkv, a.torch, a.cuda_runtime)
+    text = report(a.qkv, a.torch, a.cuda_runtime, "backward" if a.backward else "forward")
     sys.stdout.write(text)
     if a.out:
         with open(a.out, "w") as f:

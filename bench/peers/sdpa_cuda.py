@@ -9,6 +9,12 @@ then torch.matmul on two bf16 8192 x 8192 matrices (cuBLAS) as the yardstick.
 
     python3 bench/peers/sdpa_cuda.py --out torch_bench.json
     python3 bench/peers/sdpa_cuda.py --shapes "4,16,4096,128" --causal 1
+    python3 bench/peers/sdpa_cuda.py --backward --out torch_backward.json
+
+--backward times the backward instead (the peer of attention_backward_cuda_bench):
+torch.autograd.grad of one flash forward's output for q, k, v, with a randn dO
+(rows named torch_sdpa_flash_backward; FLOPs 2.5 times the forward's, as
+FlashAttention counts them).
 
 FLOPs, as FlashAttention and attention_cuda_bench count them: 4*B*H*L*L*D for the
 non-causal forward, half that for causal (the half actually computed); 2*M*N*K for
@@ -113,22 +119,32 @@ def median_ms(timer, fn, seconds):
     return statistics.median(timer.times_ms(fn, runs)), runs
 
 
-def sdpa_row(torch, timer, device, shape, causal, seconds):
+def sdpa_row(torch, timer, device, shape, causal, seconds, backward=False):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
     b, h, length, d = shape
-    row = {"name": "torch_sdpa_flash", "B": b, "H": h, "L": length, "D": d, "causal": causal}
+    row = {"name": "torch_sdpa_flash_backward" if backward else "torch_sdpa_flash", "B": b, "H": h, "L": length,
+           "D": d, "causal": causal}
     g = torch.Generator(device=device).manual_seed(0)
     # [B, H, L, D] each
-    q, k, v = (torch.randn(shape, generator=g, device=device, dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(shape, generator=g, device=device, dtype=torch.bfloat16, requires_grad=backward)
+               for _ in range(3))
     try:
-        with torch.inference_mode(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            ms, runs = median_ms(timer, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), seconds)
+        if backward:  # the flash forward once; its backward timed (the graph kept for the next call)
+            dout = torch.randn(shape, generator=g, device=device, dtype=torch.bfloat16)
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            ms, runs = median_ms(timer, lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), seconds)
+        else:
+            with torch.inference_mode(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                ms, runs = median_ms(timer, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                     seconds)
     except RuntimeError as e:  # the flash backend refused the shape or the GPU
         row.update(error=str(e).splitlines()[0][:300], ms=None, tflops=None)
         return row
-    row.update(ms=ms, tflops=attention_flops(b, h, length, d, causal) / (ms * 1e-3) / 1e12, runs=runs)
+    flops = attention_flops(b, h, length, d, causal) * (2.5 if backward else 1)
+    row.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12, runs=runs)
     return row
 
 
@@ -157,6 +173,7 @@ def main(argv=None):
     ap.add_argument("--gemm", default="8192,8192,8192", help="M,N,K of the bf16 GEMM yardstick; 0 skips it")
     ap.add_argument("--seconds", type=float, default=1.0, help="timed seconds per row (about)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--backward", action="store_true", help="time the backward (dq, dk, dv) instead")
     ap.add_argument("--out", help="write the JSON here instead of stdout")
     a = ap.parse_args(argv)
     shapes = parse_shapes(a.shapes) if a.shapes else SHAPES
@@ -169,7 +186,7 @@ def main(argv=None):
     rows = []
     for shape in shapes:
         for causal in causals:
-            rows.append(sdpa_row(torch, timer, a.device, shape, causal, a.seconds))
+            rows.append(sdpa_row(torch, timer, a.device, shape, causal, a.seconds, a.backward))
             print(f"sdpa_cuda: {rows[-1]}", file=sys.stderr, flush=True)
             if a.device == "cuda":
                 torch.cuda.empty_cache()

@@ -2,6 +2,7 @@
 // make_problem plus the saved tensors' shapes), then picks the kernel by device.
 #include "qkv/attention_backward.h"
 #include "attention/attention_backward_cpu.h"
+#include "attention/attention_backward_cuda.h"
 #include "attention/attention_backward_reference.h"
 #include "attention/problem.h"
 
@@ -30,14 +31,16 @@ AttentionGradients scaled_dot_product_attention_backward(const Tensor& q, const 
   attention::check_saved_shape(p, out, out_shape, "out");
   attention::check_saved_shape(p, grad_out, out_shape, "grad_out");
   attention::check_saved_shape(p, logsumexp, lse_shape, "logsumexp");
-  require_cpu(kOp, {&out, &grad_out, &logsumexp});
+  // The saved tensors live where q does (a DeviceError naming both devices otherwise).
+  (void)common_device(kOp, {&q, &out, &grad_out, &logsumexp});
   switch (p.device.kind) {
     case DeviceKind::cpu:
+      require_cpu(kOp, {&out, &grad_out, &logsumexp});
       // The fused FlashAttention-2 backward (f64 in float64, the rest in float32). Dk == 0:
       // every score is the empty sum 0 and dq, dk are empty; the reference spells it out.
       if (p.dk == 0) return attention::reference_attention_backward(p, grad_out, options);
       return attention::flash_attention_backward_cpu(p, out, grad_out, logsumexp, options);
-    case DeviceKind::cuda: break;  // no CUDA kernel yet
+    case DeviceKind::cuda: return attention::flash_attention_backward_cuda(p, out, grad_out, logsumexp, options);
   }
   fail_no_kernel(kOp, p.device);
 }

@@ -197,6 +197,9 @@ def _host_only_sweep(tmp_path, kind):
             assert line == "save: returned", line
             np.testing.assert_array_equal(qkv.load(tmp_path / "x.safetensors")["x"], np.ones((1, 2, 8, 16)))
             continue
+        if kind == "torch" and line.startswith("sdpa_backward:"):  # has a GPU kernel, which takes bf16/f16 only
+            assert ": TypeError" in line and "cuda:0" in line, line
+            continue
         assert ": RuntimeError" in line and "cuda:0" in line, line
 
 

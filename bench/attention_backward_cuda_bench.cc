@@ -1,0 +1,79 @@
+// The CUDA FlashAttention backward (scaled_dot_product_attention_backward on cuda:0,
+// bf16, from the GPU forward's output and logsumexp) in TFLOP/s. Only built with the
+// CUDA backend; run on a machine with a GPU (docs/cuda.md):
+//
+//   build/release/attention_backward_cuda_bench --benchmark_out=qkv_backward.json
+//   python3 bench/peers/sdpa_cuda.py --backward --out torch_backward.json
+//   python3 bench/peers/cuda_report.py --backward --qkv qkv_backward.json --torch torch_backward.json
+//
+// Timed with CUDA events around each backward call (manual time): its four kernels plus
+// qkv's host work per call (checks, the gradients' and accumulators' allocations); the
+// forward runs once, outside. "TFLOPs" counts 2.5 times the forward's FLOPs (five
+// products instead of two), causal the computed half, as FlashAttention does.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <string>
+
+#include "bench_main.h"
+#include "cuda_timing.h"
+#include "qkv/attention.h"
+#include "qkv/attention_backward.h"
+#include "qkv/attention_flops.h"
+#include "qkv/cuda.h"
+
+namespace {
+
+using qkv::Device;
+using qkv::Tensor;
+
+// state.range: B, H, L, D, causal.
+void BM_AttentionBackwardCuda(benchmark::State& state) {
+  if (!qkv::cuda::available()) {
+    state.SkipWithError("no GPU");
+    return;
+  }
+  const int64_t b = state.range(0), h = state.range(1), l = state.range(2), d = state.range(3);
+  const bool causal = state.range(4) != 0;
+  const Tensor q = Tensor::randn({b, h, l, d}, 1, qkv::DType::bf16).to(Device::cuda());  // [B, H, L, D]
+  const Tensor k = Tensor::randn({b, h, l, d}, 2, qkv::DType::bf16).to(Device::cuda());
+  const Tensor v = Tensor::randn({b, h, l, d}, 3, qkv::DType::bf16).to(Device::cuda());
+  const Tensor dout = Tensor::randn({b, h, l, d}, 4, qkv::DType::bf16).to(Device::cuda());
+  qkv::AttentionOptions o;
+  o.is_causal = causal;
+  o.return_logsumexp = true;
+  const qkv::AttentionResult fwd = qkv::scaled_dot_product_attention(q, k, v, o);
+  o.return_logsumexp = false;
+  auto backward = [&] {
+    return qkv::scaled_dot_product_attention_backward(q, k, v, fwd.output, dout, *fwd.logsumexp, o);
+  };
+  (void)backward();  // warm-up: module load, shared-memory attributes
+  qkv::cuda::synchronize();
+  for (auto _ : state) {
+    state.SetIterationTime(qkv::bench::gpu_ms([&] { benchmark::DoNotOptimize(backward()); }) / 1e3);
+  }
+  state.counters["TFLOPs"] = benchmark::Counter(2.5 * qkv::attention_flops(b, h, l, d, causal) / 1e12,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AttentionBackwardCuda)
+    ->ArgNames({"B", "H", "L", "D", "causal"})
+    ->Args({4, 16, 4096, 128, 0})
+    ->Args({4, 16, 4096, 128, 1})
+    ->Args({1, 16, 16384, 128, 0})
+    ->Args({1, 16, 16384, 128, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (qkv::cuda::available()) {
+    const qkv::cuda::DeviceProperties p = qkv::cuda::properties(0);
+    benchmark::AddCustomContext("gpu", p.name);
+    benchmark::AddCustomContext("gpu_sm", std::to_string(p.major) + std::to_string(p.minor));
+    benchmark::AddCustomContext("cuda_driver", std::to_string(p.driver_version));
+    benchmark::AddCustomContext("cuda_runtime", std::to_string(p.runtime_version));
+  }
+  return qkv::bench::run_benchmarks(argc, argv);
+}

@@ -1,0 +1,477 @@
+// FlashAttention-2's backward (Dao 2023, Algorithm 2) on tensor cores, bf16 or f16
+// operands with float32 accumulation, for sm_80 and later (mma.sync m16n8k16, ldmatrix,
+// cp.async; Hopper runs the same code). Four launches on one stream:
+//
+//  1. zero the float32 accumulators of dQ, dK, dV (cudaMemsetAsync);
+//  2. preprocess: per query row D_i = dO_i . O_i and lse_i log2 e (+inf for a row that
+//     saw no key, so that its P is exp2(-inf) = 0), padded to whole query tiles;
+//  3. the main kernel, key-major: one block of 4 warps owns kBc = 64 keys of one batch
+//     entry (each warp 16 keys, an m16 tile), keeps K_j and V_j in shared memory and its
+//     dK_j, dV_j accumulators in registers, and walks the query tiles i of 64 rows that
+//     see its keys (causal: from the tile holding row j0 on), Q_i and dO_i double-
+//     buffered with cp.async. Keys are the rows of every product it keeps, so the
+//     transposed products come straight from accumulator registers:
+//        S^T = K Q^T, P^T = exp2(S^T scale log2 e - lse_i log2 e)      (per column i)
+//        dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T o (dP^T - D_i),  dK += dS^T Q
+//     and dQ_i += dS K through shared memory: dS^T is stored once, read back transposed
+//     (ldmatrix .trans) as the A operand, and each warp adds its 16 rows of dQ_i to the
+//     float32 accumulator with atomics (several key blocks add to one dQ row). dK and dV
+//     are added the same way at the end, so that GQA groups and broadcast operands sum;
+//  4. convert the accumulators to q's type.
+// P and dS are rounded to bf16/f16 for the products (as FlashAttention does); D, the
+// statistics and every sum are float32.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "attention/attention_backward_cuda_kernel.h"
+#include "attention/attention_cuda_mma.cuh"
+#include "kernels/cuda/cuda_runtime.h"
+
+namespace qkv::attention::cuda_kernel {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kBc = kBackwardKeyTile;    // keys per block: an m16 tile per warp
+constexpr int kBr = kBackwardQueryTile;  // query rows per step
+constexpr int kThreads = kWarps * 32;
+constexpr float kLog2e = 1.4426950408889634f;
+// The dS tile [kBc, kBr] is swizzled like the others: 8 chunks of 16 bytes a row. dQ
+// splits the step's kBr rows over the warps, 16 each.
+static_assert(kBc == kWarps * 16 && kBr == 64 && kWarps * 16 == kBr,
+              "one m16 tile of dQ rows per warp; 8 chunks per dS row");
+
+// ---- one batch entry ----------------------------------------------------------------
+
+// Element offsets of batch entry `entry` (row-major over f.batch, heads last) in every
+// operand; k, v and their gradients divide the head index by the GQA group.
+struct Offsets {
+  int64_t q = 0, k = 0, v = 0, out = 0, lse = 0, dout = 0, mask = 0, dq = 0, dk = 0, dv = 0;
+};
+
+__device__ __forceinline__ Offsets offsets_of(const FlashBackwardParams& p, int64_t entry) {
+  const FlashParams& f = p.f;
+  Offsets o;
+  int64_t rest = entry;
+  for (int d = f.batch_ndim - 1; d >= 0; --d) {
+    const int64_t index = rest % f.batch[d];
+    rest /= f.batch[d];
+    const int64_t kv_index = d == f.batch_ndim - 1 ? index / f.gqa_group : index;
+    o.q += index * f.q_batch_stride[d];
+    o.k += kv_index * f.k_batch_stride[d];
+    o.v += kv_index * f.v_batch_stride[d];
+    o.out += index * f.out_batch_stride[d];
+    o.lse += index * f.lse_batch_stride[d];
+    o.dout += index * p.dout_batch_stride[d];
+    o.mask += index * f.mask_batch_stride[d];
+    o.dq += index * p.dq_batch_stride[d];
+    o.dk += kv_index * p.dk_batch_stride[d];
+    o.dv += kv_index * p.dv_batch_stride[d];
+  }
+  return o;
+}
+
+// The mask's value at element offset `at`, in base-2 units to add (bool False: -inf).
+template <class T>
+__device__ __forceinline__ float mask_log2(const FlashParams& f, int64_t at) {
+  const char* m = static_cast<const char*>(f.mask);
+  switch (f.mask_kind) {
+    case MaskKind::boolean: return m[at] != 0 ? 0.0f : -INFINITY;
+    case MaskKind::f32: return reinterpret_cast<const float*>(m)[at] * kLog2e;
+    case MaskKind::same_as_q: return static_cast<float>(reinterpret_cast<const T*>(m)[at]) * kLog2e;
+    case MaskKind::none: break;
+  }
+  return 0.0f;
+}
+
+// ---- 2. preprocess ------------------------------------------------------------------
+
+constexpr int kRowThreads = 8;              // threads per query row
+constexpr int kPreRows = kBackwardPreRows;  // rows per block (divides kBr)
+static_assert(kPreRows * kRowThreads == kThreads && kBr % kPreRows == 0, "the grid covers whole query tiles");
+
+// delta[entry, i] = dO_i . O_i in float32 (of the forward's rounded O, as FlashAttention),
+// lse2[entry, i] = lse_i log2 e; rows past Lq: 0 and +inf. Grid: lq_padded / kPreRows
+// blocks per entry, times the entries.
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) backward_preprocess(const __grid_constant__ FlashBackwardParams p) {
+  const FlashParams& f = p.f;
+  const int64_t row_blocks = p.lq_padded / kPreRows, entry = blockIdx.x / row_blocks;
+  const int64_t row = blockIdx.x % row_blocks * kPreRows + threadIdx.x / kRowThreads;
+  const Offsets at = offsets_of(p, entry);
+  float acc = 0.0f, lse2 = INFINITY;
+  if (row < f.lq) {
+    const T* o = static_cast<const T*>(f.out) + at.out + row * f.out_row;
+    const T* g = static_cast<const T*>(p.dout) + at.dout + row * p.dout_row;
+#pragma unroll
+    for (int c = threadIdx.x % kRowThreads; c < D / 8; c += kRowThreads) {  // 16-byte chunks
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c * 8);
+      const uint4 gv = *reinterpret_cast<const uint4*>(g + c * 8);
+      const T* oe = reinterpret_cast<const T*>(&ov);
+      const T* ge = reinterpret_cast<const T*>(&gv);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) acc += static_cast<float>(oe[x]) * static_cast<float>(ge[x]);
+    }
+    const float l = f.lse[at.lse + row * f.lse_row];
+    lse2 = l == -INFINITY ? INFINITY : l * kLog2e;
+  }
+  // The row's kRowThreads threads are consecutive lanes; every lane of the warp takes part.
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+  if (threadIdx.x % kRowThreads == 0) {
+    p.delta[entry * p.lq_padded + row] = acc;
+    p.lse2[entry * p.lq_padded + row] = lse2;
+  }
+}
+
+// ---- 3. the main kernel: tile products ------------------------------------------------
+
+// C = A B^T for the warp's 16 rows of tile `sa` ([.., D], rows warp * 16 + 0..15) and the
+// kBr rows of tile `sb`: C row r, column n * 8 + c in c[n] as the mma accumulator
+// (c[n][0..1]: row lane / 4, columns 2 (lane % 4) + 0..1; c[n][2..3]: row lane / 4 + 8).
+// S^T = K Q^T and dP^T = V dO^T. A fragment (ldmatrix, matrices 0-3 from lanes 0-7, 8-15,
+// 16-23, 24-31): rows 0-7 / 8-15 / 0-7 / 8-15, k chunks 0 / 0 / 1 / 1 = a0..a3 of
+// m16n8k16. B fragment (B[k][n] = sb[n][k], non-transposed): rows n 0-7 / 0-7 / 8-15 /
+// 8-15, k chunks 0 / 1 / 0 / 1 = b0, b1 of n-tile 2 np, then of 2 np + 1.
+template <class T, int D>
+__device__ __forceinline__ void product_abt(const T* sa, const T* sb, float (&c)[kBr / 8][4]) {
+  const int lane = threadIdx.x % 32, row0 = threadIdx.x / 32 * 16;
+#pragma unroll
+  for (int n = 0; n < kBr / 8; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t a[4];
+    ldmatrix_x4(a, fragment_address<D>(smem_address(sa), row0 + lane % 16, ks, lane / 16));
+#pragma unroll
+    for (int np = 0; np < kBr / 16; ++np) {
+      uint32_t b[4];
+      const int row = np * 16 + (lane % 8) + 8 * (lane / 16);
+      ldmatrix_x4(b, fragment_address<D>(smem_address(sb), row, ks, (lane / 8) % 2));
+      mma_16816<T>(c[2 * np], a, b[0], b[1]);
+      mma_16816<T>(c[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// c += A B for A [16, kBr] packed from an accumulator (pack) and B[k][n] = sb[k][n], a
+// [kBr, D] tile read transposed: dV += P^T dO and dK += dS^T Q. ldmatrix .trans gives
+// lane t the elements (2 (t % 4) + 0..1, t / 4) of a stored 8x8 matrix, so matrices of
+// rows k 0-7 / 8-15 / 0-7 / 8-15, column chunks 0 / 0 / 1 / 1 are b0, b1 of n-tile
+// 2 dp, then of 2 dp + 1 (the forward's P V).
+template <class T, int D>
+__device__ __forceinline__ void product_packed(const uint32_t (&a)[kBr / 16][4], const T* sb, float (&c)[D / 8][4]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < kBr / 16; ++kk) {
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      const int row = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+      ldmatrix_x4_trans(b, fragment_address<D>(smem_address(sb), row, dp, lane / 16));
+      mma_16816<T>(c[2 * dp], a[kk], b[0], b[1]);
+      mma_16816<T>(c[2 * dp + 1], a[kk], b[2], b[3]);
+    }
+  }
+}
+
+// An accumulator [16, kBr] as the A fragments of a product over its columns (the
+// forward's pack_p): a0 = row lane / 4, columns 16 kk + 2 (lane % 4) + 0..1 = c[2 kk][0..1];
+// a1 = row + 8 = c[2 kk][2..3]; a2, a3 = columns + 8 = c[2 kk + 1].
+template <class T>
+__device__ __forceinline__ void pack(const float (&c)[kBr / 8][4], uint32_t (&a)[kBr / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBr / 16; ++kk) {
+    a[kk][0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
+    a[kk][1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
+    a[kk][2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[kk][3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  }
+}
+
+// c = dS K for the warp's 16 rows of the step (rows warp * 16 + 0..15), dS[i][j] =
+// sds[j][i] (the stored dS^T, [kBc, kBr]) and K the [kBc, D] key tile. A[m][k] =
+// sds[k][m]: ldmatrix .trans of the stored matrices of keys 0-7 / 0-7 / 8-15 / 8-15,
+// query chunks 0 / 1 / 0 / 1 gives a0 (rows 0-7, k 0-7), a1 (rows 8-15), a2 (k 8-15), a3.
+// B[k][n] = K[k][n]: as product_packed.
+template <class T, int D>
+__device__ __forceinline__ void query_gradient(const T* sds, const T* sk, float (&c)[D / 8][4]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) {
+    uint32_t a[4];
+    const int key = kk * 16 + (lane % 8) + 8 * (lane / 16);
+    ldmatrix_x4_trans(a, fragment_address<kBr>(smem_address(sds), key, warp, (lane / 8) % 2));
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      const int row = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+      ldmatrix_x4_trans(b, fragment_address<D>(smem_address(sk), row, dp, lane / 16));
+      mma_16816<T>(c[2 * dp], a, b[0], b[1]);
+      mma_16816<T>(c[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// ---- 3. the main kernel: one step ------------------------------------------------------
+
+// The block's shared-memory tiles; q, dout, lse2 and delta point at the step's stage.
+template <class T>
+struct Tiles {
+  const T* k;          // [kBc, D] the block's keys
+  const T* v;          // [kBc, D]
+  const T* q;          // [kBr, D] the step's query rows (zeros past Lq)
+  const T* dout;       // [kBr, D]
+  T* ds;               // [kBc, kBr] dS^T of the step
+  const float* lse2;   // [kBr] lse_i log2 e (+inf past Lq)
+  const float* delta;  // [kBr] D_i
+};
+
+// P^T in place of S^T: exp2(S^T scale log2 e + mask - lse_i log2 e), 0 for the keys a
+// row must not see: past Lk, right of the diagonal (causal: key j > row i), masked out.
+// Only steps that cross the key end or the diagonal, or have a mask, pay for the tests,
+// in 32-bit tile-relative integers (clamped). Element e of c[n]: key warp * 16 + lane / 4
+// + 8 (e / 2) of the block, query row n * 8 + 2 (lane % 4) + e % 2 of the step.
+template <class T>
+__device__ __forceinline__ void probabilities(const FlashParams& f, int64_t mask_base, int64_t n0, int64_t i0,
+                                              const float* slse2, float (&s)[kBr / 8][4]) {
+  const int lane = threadIdx.x % 32, key0 = threadIdx.x / 32 * 16;
+  const bool masked = n0 + kBc > f.lk || (f.causal && n0 + kBc - 1 > i0) || f.mask_kind != MaskKind::none;
+  constexpr int64_t kFar = 1 << 30;
+  // Key jr of the block is visible to row ir of the step when jr < key_limit and jr - ir <= diagonal.
+  const int key_limit = static_cast<int>(min(f.lk - n0, kFar));
+  const int diagonal = f.causal ? static_cast<int>(max(min(i0 - n0, kFar), -kFar)) : static_cast<int>(kFar);
+#pragma unroll
+  for (int n = 0; n < kBr / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int jr = key0 + lane / 4 + 8 * (e / 2);
+      const int ir = n * 8 + 2 * (lane % 4) + (e % 2);
+      float x = s[n][e] * f.scale_log2;
+      if (masked) {
+        if (jr >= key_limit || jr - ir > diagonal) {
+          x = -INFINITY;
+        } else if (f.mask_kind != MaskKind::none && i0 + ir < f.lq) {
+          x += mask_log2<T>(f, mask_base + (i0 + ir) * f.mask_row + (n0 + jr) * f.mask_col);
+        }
+      }
+      // -inf - lse2 and x - (+inf) are -inf: weight 0 (a row past Lq or without keys).
+      s[n][e] = exp2_approx(x - slse2[ir]);
+    }
+  }
+}
+
+// dS^T = P^T o (dP^T - D_i) in place of dP^T (the softmax's gradient; D_i per column).
+__device__ __forceinline__ void softmax_gradient(const float (&s)[kBr / 8][4], const float* sdelta,
+                                                 float (&dp)[kBr / 8][4]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < kBr / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[n][e] = s[n][e] * (dp[n][e] - sdelta[n * 8 + 2 * (lane % 4) + (e % 2)]);
+  }
+}
+
+// The warp's packed dS^T (pack's layout: a[kk][x] = rows lane / 4 + 8 (x % 2), columns
+// 16 kk + 8 (x / 2) + 2 (lane % 4) + 0..1) into the swizzled [kBc, kBr] tile.
+template <class T>
+__device__ __forceinline__ void store_ds(const uint32_t (&a)[kBr / 16][4], T* sds) {
+  const int lane = threadIdx.x % 32, row0 = threadIdx.x / 32 * 16;
+#pragma unroll
+  for (int kk = 0; kk < kBr / 16; ++kk) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int row = row0 + lane / 4 + 8 * (x % 2), chunk = 2 * kk + x / 2;
+      *reinterpret_cast<uint32_t*>(sds + swizzle<kBr>(row, chunk) + 2 * (lane % 4)) = a[kk][x];
+    }
+  }
+}
+
+// acc[row0 + r, :] += scale c[r, :] for the warp's 16 rows r (row0 + warp * 16 + lane / 4
+// (+ 8)) below `limit`, rows `stride` apart: red.global.add.f32, since other blocks add
+// to the same rows.
+template <int D>
+__device__ __forceinline__ void add_rows(float* acc, int64_t stride, int64_t row0, int64_t limit,
+                                         const float (&c)[D / 8][4], float scale) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + threadIdx.x / 32 * 16 + lane / 4 + 8 * r;
+    if (row >= limit) continue;
+    float* out = acc + row * stride + 2 * (lane % 4);
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+      atomicAdd(out + 8 * t, c[t][2 * r] * scale);
+      atomicAdd(out + 8 * t + 1, c[t][2 * r + 1] * scale);
+    }
+  }
+}
+
+// One query step i of the block's keys: dV += P^T dO, dK += dS^T Q (scaled at the end),
+// dQ_i += scale dS K into the accumulator `dq` (the entry's rows).
+template <class T, int D>
+__device__ __forceinline__ void step(const FlashBackwardParams& p, const Tiles<T>& t, int64_t mask_base, int64_t n0,
+                                     int64_t i0, float* dq, float (&dk)[D / 8][4], float (&dv)[D / 8][4]) {
+  uint32_t pk[kBr / 16][4];
+  float s[kBr / 8][4];
+  product_abt<T, D>(t.k, t.q, s);  // S^T = K Q^T
+  probabilities<T>(p.f, mask_base, n0, i0, t.lse2, s);
+  pack<T>(s, pk);
+  product_packed<T, D>(pk, t.dout, dv);  // dV += P^T dO
+  {
+    float dp[kBr / 8][4];
+    product_abt<T, D>(t.v, t.dout, dp);  // dP^T = V dO^T
+    softmax_gradient(s, t.delta, dp);
+    pack<T>(dp, pk);
+  }
+  product_packed<T, D>(pk, t.q, dk);  // dK += dS^T Q
+  store_ds<T>(pk, t.ds);
+  __syncthreads();  // every warp's dS^T is in the tile
+  float dqi[D / 8][4];
+  query_gradient<T, D>(t.ds, t.k, dqi);  // the warp's 16 rows of dS K
+  add_rows<D>(dq, p.dq_row, i0, p.f.lq, dqi, p.scale);
+}
+
+// Step `i`'s operands into stage `stage`: Q_i and dO_i (zeros past Lq), lse2 and D.
+template <class T, int D>
+__device__ __forceinline__ void load_step(const FlashBackwardParams& p, const T* q, const T* dout, const float* lse2,
+                                          const float* delta, T* sq, T* sdo, float* sstats, int i) {
+  const int64_t i0 = int64_t{i} * kBr;
+  load_tile<kBr, D, kThreads>(sq, q, p.f.q_row, i0, p.f.lq);
+  load_tile<kBr, D, kThreads>(sdo, dout, p.dout_row, i0, p.f.lq);
+  // sstats: [lse2 (kBr), D (kBr)] of the stage, 16-byte chunks (the scratch is padded to whole steps).
+  constexpr int kChunks = kBr / 4;
+  if (threadIdx.x < 2 * kChunks) {
+    const int c = threadIdx.x % kChunks;
+    const float* src = (threadIdx.x < kChunks ? lse2 : delta) + i0 + 4 * c;
+    cp_async_16(sstats + (threadIdx.x < kChunks ? 0 : kBr) + 4 * c, src, true);
+  }
+}
+
+// Grid: the key blocks of kBc keys of each batch entry in turn (blockIdx.x = entry *
+// key blocks + block; causal: block 0, which sees the most rows, first). Shared memory: K, V, then two stages of
+// (Q_i, dO_i), the dS^T tile and two stages of (lse2, D).
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads, 2) flash_backward(const __grid_constant__ FlashBackwardParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const FlashParams& f = p.f;
+  const int64_t key_blocks = (f.lk + kBc - 1) / kBc, entry = blockIdx.x / key_blocks;
+  const int64_t n0 = blockIdx.x % key_blocks * kBc;
+  // The steps that see these keys: all, or (causal: key j is seen by rows i >= j) from the one holding row n0.
+  const int first = f.causal ? static_cast<int>(n0 / kBr) : 0;
+  const int steps = static_cast<int>((f.lq + kBr - 1) / kBr);
+  if (first >= steps) return;  // causal with Lk > Lq: no row sees these keys, dK = dV = 0
+  T* sk = reinterpret_cast<T*>(smem);
+  T* sv = sk + kBc * D;
+  T* sq = sv + kBc * D;       // [2][kBr, D]
+  T* sdo = sq + 2 * kBr * D;  // [2][kBr, D]
+  T* sds = sdo + 2 * kBr * D;
+  float* sstats = reinterpret_cast<float*>(sds + kBc * kBr);  // [2][2 kBr]
+  const Offsets at = offsets_of(p, entry);
+  const T* q = static_cast<const T*>(f.q) + at.q;
+  const T* dout = static_cast<const T*>(p.dout) + at.dout;
+  const float* lse2 = p.lse2 + entry * p.lq_padded;
+  const float* delta = p.delta + entry * p.lq_padded;
+  load_tile<kBc, D, kThreads>(sk, static_cast<const T*>(f.k) + at.k, f.k_row, n0, f.lk);
+  load_tile<kBc, D, kThreads>(sv, static_cast<const T*>(f.v) + at.v, f.v_row, n0, f.lk);
+  load_step<T, D>(p, q, dout, lse2, delta, sq, sdo, sstats, first);
+  cp_async_commit();
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t) {
+    dk[t][0] = dk[t][1] = dk[t][2] = dk[t][3] = 0.0f;
+    dv[t][0] = dv[t][1] = dv[t][2] = dv[t][3] = 0.0f;
+  }
+  for (int i = first; i < steps; ++i) {
+    const int stage = (i - first) & 1;
+    if (i + 1 < steps) {  // the next step's loads fly while this one computes
+      const int next = stage ^ 1;
+      load_step<T, D>(p, q, dout, lse2, delta, sq + next * kBr * D, sdo + next * kBr * D, sstats + next * 2 * kBr,
+                      i + 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const Tiles<T> t{sk,
+                     sv,
+                     sq + stage * kBr * D,
+                     sdo + stage * kBr * D,
+                     sds,
+                     sstats + stage * 2 * kBr,
+                     sstats + stage * 2 * kBr + kBr};
+    step<T, D>(p, t, at.mask, n0, int64_t{i} * kBr, p.dq_acc + at.dq, dk, dv);
+    __syncthreads();  // every warp is done with this stage and the dS^T tile before they are refilled
+  }
+  add_rows<D>(p.dk_acc + at.dk, p.dk_row, n0, f.lk, dk, p.scale);
+  add_rows<D>(p.dv_acc + at.dv, p.dv_row, n0, f.lk, dv, 1.0f);
+}
+
+// ---- 4. conversion and the launch ---------------------------------------------------------
+
+template <class T>
+__global__ void to_type(const float* __restrict__ src, T* __restrict__ dst, int64_t n) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) dst[i] = T(src[i]);
+}
+
+template <class T>
+void convert(const float* src, void* dst, int64_t n, cudaStream_t stream, const char* op) {
+  if (n == 0) return;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 8192));
+  to_type<T><<<blocks, 256, 0, stream>>>(src, static_cast<T*>(dst), n);
+  kernels::cuda::check(cudaGetLastError(), op, "the backward's conversion kernel's launch");
+}
+
+template <class T, int D>
+void launch_typed(const FlashBackwardParams& p, cudaStream_t stream, const char* op) {
+  using kernels::cuda::check;
+  const FlashParams& f = p.f;
+  const std::pair<float*, int64_t> accumulators[] = {
+      {p.dq_acc, p.dq_numel}, {p.dk_acc, p.dk_numel}, {p.dv_acc, p.dv_numel}};
+  for (const auto& [acc, n] : accumulators) {
+    if (n > 0) check(cudaMemsetAsync(acc, 0, static_cast<size_t>(n) * sizeof(float), stream), op, "cudaMemsetAsync");
+  }
+  int64_t entries = 1;
+  for (int d = 0; d < f.batch_ndim; ++d) entries *= f.batch[d];
+  if (entries > 0 && f.lq > 0 && f.lk > 0) {
+    // (the host checked that both grids fit in 2^31 - 1 blocks)
+    const auto pre = static_cast<unsigned>(p.lq_padded / kPreRows * entries);
+    backward_preprocess<T, D><<<pre, kThreads, 0, stream>>>(p);
+    check(cudaGetLastError(), op, "the backward preprocess kernel's launch");
+    constexpr int kSmem = (2 * kBc * D + 4 * kBr * D + kBc * kBr) * static_cast<int>(sizeof(T)) +
+                          4 * kBr * static_cast<int>(sizeof(float));
+    auto* kernel = flash_backward<T, D>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), op,
+          "cudaFuncSetAttribute (dynamic shared memory)");
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+          op, "cudaFuncSetAttribute (shared memory carveout)");
+    const auto grid = static_cast<unsigned>((f.lk + kBc - 1) / kBc * entries);
+    kernel<<<grid, kThreads, kSmem, stream>>>(p);
+    check(cudaGetLastError(), op, "the FlashAttention backward kernel's launch");
+  }
+  convert<T>(p.dq_acc, p.dq, p.dq_numel, stream, op);
+  convert<T>(p.dk_acc, p.dk, p.dk_numel, stream, op);
+  convert<T>(p.dv_acc, p.dv, p.dv_numel, stream, op);
+}
+
+}  // namespace
+
+void launch_flash_backward(const FlashBackwardParams& p, void* stream_handle, const char* op) {
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  const bool bf16 = p.f.type == ElementType::bf16;
+  if (p.f.head_dim == 64) {
+    bf16 ? launch_typed<__nv_bfloat16, 64>(p, stream, op) : launch_typed<__half, 64>(p, stream, op);
+  } else {
+    bf16 ? launch_typed<__nv_bfloat16, 128>(p, stream, op) : launch_typed<__half, 128>(p, stream, op);
+  }
+}
+
+}  // namespace qkv::attention::cuda_kernel
