@@ -57,11 +57,8 @@ struct Block {
 // Decodes blockIdx into the block's pointers and lengths; false when the block has no rows.
 template <class T>
 __device__ bool locate(const FlashParams& p, Block& b) {
-  // Causal blocks run heaviest (last rows) first across a group of entries, so that
-  // the short ones fill the tail: a longest-first list schedule. A simulation of 264
-  // block slots (an H100 or H200 at 2 blocks per SM) gives 87% of the ideal time at
-  // (4, 16, 4096) when ordered entry by entry, 99.9% in groups of 8 entries; the
-  // group keeps the K/V rows the running blocks read to a few entries (L2).
+  // Causal blocks run heaviest (last rows) first within groups of order_group
+  // entries, so that the short ones fill the tail (a longest-first list schedule).
   const int64_t i = blockIdx.x;
   int64_t entry = 0, m_block = 0;
   if (p.order_group > 0) {
@@ -379,24 +376,15 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward(const __grid_consta
   write_out<T, D>(p, b, w, sq);
 }
 
-// Entries per heaviest-first group: enough that a group's blocks fill the GPU once
-// (resident blocks / query tiles), or QKV_CUDA_FLASH_GROUP=N (read once; 1 orders
-// entry by entry) for measuring.
-template <class Kernel>
-int64_t order_group(Kernel kernel, int threads, int smem, int64_t m_blocks, const char* op) {
-  static const int64_t forced = [] {
+// Entries per heaviest-first group of causal blocks: 1 (entry by entry) unless
+// QKV_CUDA_FLASH_GROUP=N (read once) asks for N, for measuring. Groups filling the GPU
+// once (9 heads at L = 4096) measured 2-4% slower on an H100 (docs/cuda.md).
+int64_t order_group() {
+  static const int64_t group = [] {
     const char* env = std::getenv("QKV_CUDA_FLASH_GROUP");
-    return env != nullptr ? std::max<int64_t>(0, std::atoll(env)) : 0;
+    return env != nullptr ? std::max<int64_t>(1, std::atoll(env)) : 1;
   }();
-  if (forced > 0) return forced;
-  int device = 0, sms = 0, per_sm = 0;
-  kernels::cuda::check(cudaGetDevice(&device), op, "cudaGetDevice");
-  kernels::cuda::check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op,
-                       "cudaDeviceGetAttribute");
-  kernels::cuda::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), op,
-                       "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  const int64_t resident = int64_t{std::max(sms, 1)} * std::max(per_sm, 1);
-  return std::max<int64_t>(1, (resident + m_blocks - 1) / m_blocks);
+  return group;
 }
 
 template <class T, int D, int BC>
@@ -417,7 +405,7 @@ void launch(const FlashParams& p, cudaStream_t stream, const char* op) {
     fail<ValueError>(op, ": the CUDA kernel takes at most 2^31 - 1 blocks of ", kBr, " query rows (got ", f.m_blocks,
                      " x ", f.entries, " batch entries) and 65535 sequences (got ", p.sequences, ")");
   }
-  f.order_group = p.causal ? order_group(kernel, kThreads, kSmem, f.m_blocks, op) : 0;
+  f.order_group = p.causal ? order_group() : 0;
   const dim3 grid(static_cast<unsigned>(f.m_blocks * f.entries), 1, static_cast<unsigned>(p.sequences));
   kernel<<<grid, kThreads, kSmem, stream>>>(f);
   kernels::cuda::check(cudaGetLastError(), op, "the FlashAttention kernel's launch");

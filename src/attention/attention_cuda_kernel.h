@@ -53,7 +53,7 @@ struct FlashParams {
 
   // Set by launch_flash_forward: the grid's x runs over m_blocks query tiles times
   // `entries` batch entries; order_group > 0 (causal) orders them heaviest first
-  // within groups of order_group entries, else entry by entry.
+  // within groups of order_group entries, else (0) entry by entry in order.
   int64_t m_blocks = 0, entries = 0, order_group = 0;
 };
 

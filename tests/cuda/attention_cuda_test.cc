@@ -101,9 +101,9 @@ TEST_F(CudaAttention, LongKeys) { check_config({1, 2, 1, 256, 2000, 128, DType::
 // query tiles times entries.
 TEST_F(CudaAttention, MoreThan65535BatchEntries) { check_config({66000, 1, 1, 8, 8, 64}, 95); }
 
-// A long causal problem whose blocks run heaviest first in several groups of heads
-// (16384 rows: 128 query tiles, groups of about 264 / 128 heads on an H100, the last
-// group partial): sampled rows against the float64 reference of row i over keys 0..i.
+// A long causal problem (16384 rows: 128 query tiles a head, heaviest first; with
+// QKV_CUDA_FLASH_GROUP=3 in groups of 3 heads, the last one partial): sampled rows
+// against the float64 reference of row i over keys 0..i.
 TEST_F(CudaAttention, LongCausalRowsSampled) {
   const int64_t h = 7, l = 16384, d = 64;
   const Tensor q = Tensor::randn({1, h, l, d}, 97, DType::bf16);

@@ -160,7 +160,7 @@ profile() {
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
     env LD_LIBRARY_PATH="$QKV_LD" "$QKV_BUNDLE_BIN/attention_cuda_bench" \
-    --benchmark_filter="$CUDA_NCU_FILTER" --benchmark_min_time=0.01s
+    --benchmark_filter="$CUDA_NCU_FILTER" --benchmark_min_time=0.01
 }
 
 # The Python GPU tests (pytest -m cuda tests/python/test_cuda.py) on an extension built
