@@ -13,10 +13,9 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
-#include <string>
 
 #include "bench_main.h"
-#include "cuda_timing.h"
+#include "cuda_bench.h"
 #include "qkv/attention.h"
 #include "qkv/attention_backward.h"
 #include "qkv/attention_flops.h"
@@ -68,12 +67,6 @@ BENCHMARK(BM_AttentionBackwardCuda)
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (qkv::cuda::available()) {
-    const qkv::cuda::DeviceProperties p = qkv::cuda::properties(0);
-    benchmark::AddCustomContext("gpu", p.name);
-    benchmark::AddCustomContext("gpu_sm", std::to_string(p.major) + std::to_string(p.minor));
-    benchmark::AddCustomContext("cuda_driver", std::to_string(p.driver_version));
-    benchmark::AddCustomContext("cuda_runtime", std::to_string(p.runtime_version));
-  }
+  qkv::bench::add_gpu_context();
   return qkv::bench::run_benchmarks(argc, argv);
 }

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "bench_main.h"
+#include "cuda_bench.h"
 #include "qkv/attention.h"
 #include "qkv/attention_flops.h"
 #include "qkv/cuda.h"
@@ -27,22 +28,7 @@ namespace {
 using qkv::Device;
 using qkv::Tensor;
 
-// Milliseconds of `fn` on the GPU between two events on the current stream.
-template <class Fn>
-double gpu_ms(Fn&& fn) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start, nullptr);
-  fn();
-  cudaEventRecord(stop, nullptr);
-  cudaEventSynchronize(stop);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms;
-}
+using qkv::bench::gpu_ms;
 
 // state.range: B, H, L, D, causal.
 void BM_AttentionCuda(benchmark::State& state) {
@@ -107,12 +93,6 @@ BENCHMARK(BM_CublasGemmBf16)->ArgNames({"M"})->Arg(8192)->UseManualTime()->Unit(
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (qkv::cuda::available()) {
-    const qkv::cuda::DeviceProperties p = qkv::cuda::properties(0);
-    benchmark::AddCustomContext("gpu", p.name);
-    benchmark::AddCustomContext("gpu_sm", std::to_string(p.major) + std::to_string(p.minor));
-    benchmark::AddCustomContext("cuda_driver", std::to_string(p.driver_version));
-    benchmark::AddCustomContext("cuda_runtime", std::to_string(p.runtime_version));
-  }
+  qkv::bench::add_gpu_context();
   return qkv::bench::run_benchmarks(argc, argv);
 }

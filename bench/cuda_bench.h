@@ -1,0 +1,42 @@
+// Shared by the CUDA benchmarks (attention_cuda_bench, attention_backward_cuda_bench):
+// GPU timing with CUDA events, and the GPU's name and CUDA versions in the JSON context.
+#pragma once
+
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "qkv/cuda.h"
+
+namespace qkv::bench {
+
+// Milliseconds of `fn` on the GPU between two events on the legacy default stream
+// (where qkv queues its work unless a StreamGuard names another).
+template <class Fn>
+double gpu_ms(Fn&& fn) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start, nullptr);
+  fn();
+  cudaEventRecord(stop, nullptr);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
+// Context keys gpu, gpu_sm, cuda_driver, cuda_runtime (read by bench/peers/cuda_report.py).
+inline void add_gpu_context() {
+  if (!qkv::cuda::available()) return;
+  const qkv::cuda::DeviceProperties p = qkv::cuda::properties(0);
+  benchmark::AddCustomContext("gpu", p.name);
+  benchmark::AddCustomContext("gpu_sm", std::to_string(p.major) + std::to_string(p.minor));
+  benchmark::AddCustomContext("cuda_driver", std::to_string(p.driver_version));
+  benchmark::AddCustomContext("cuda_runtime", std::to_string(p.runtime_version));
+}
+
+}  // namespace qkv::bench
