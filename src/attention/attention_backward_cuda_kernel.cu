@@ -293,9 +293,21 @@ __device__ __forceinline__ void store_ds(const uint32_t (&a)[kBr / 16][4], T* sd
   }
 }
 
+// p[0] += a, p[1] += b in global memory, results unused: one 8-byte red.global.add.v2.f32
+// on sm_90 (p is 8-byte aligned: D and every stride of the accumulators are even), two
+// float32 reductions before.
+__device__ __forceinline__ void red_add2(float* p, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b));  // nothing here reads it
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
+}
+
 // acc[row0 + r, :] += scale c[r, :] for the warp's 16 rows r (row0 + warp * 16 + lane / 4
-// (+ 8)) below `limit`, rows `stride` apart: red.global.add.f32, since other blocks add
-// to the same rows.
+// (+ 8)) below `limit`, rows `stride` apart: red.global.add (float32; pairs on sm_90),
+// since other blocks add to the same rows.
 template <int D>
 __device__ __forceinline__ void add_rows(float* acc, int64_t stride, int64_t row0, int64_t limit,
                                          const float (&c)[D / 8][4], float scale) {
@@ -307,8 +319,7 @@ __device__ __forceinline__ void add_rows(float* acc, int64_t stride, int64_t row
     float* out = acc + row * stride + 2 * (lane % 4);
 #pragma unroll
     for (int t = 0; t < D / 8; ++t) {
-      atomicAdd(out + 8 * t, c[t][2 * r] * scale);
-      atomicAdd(out + 8 * t + 1, c[t][2 * r + 1] * scale);
+      red_add2(out + 8 * t, c[t][2 * r] * scale, c[t][2 * r + 1] * scale);
     }
   }
 }
