@@ -5,8 +5,9 @@
 //  1. zero the float32 accumulators of dQ, dK, dV (cudaMemsetAsync);
 //  2. preprocess: per query row D_i = dO_i . O_i and lse_i log2 e (+inf for a row that
 //     saw no key, so that its P is exp2(-inf) = 0), padded to whole query tiles;
-//  3. the main kernel, key-major: one block of 4 warps owns kBc = 64 keys of one batch
-//     entry (each warp 16 keys, an m16 tile), keeps K_j and V_j in shared memory and its
+//  3. the main kernel, key-major: one block owns BC = 64 keys (4 warps; 128 keys and 8
+//     warps with QKV_CUDA_BWD_BC=128, for tuning runs) of one batch entry (each warp 16
+//     keys, an m16 tile), keeps K_j and V_j in shared memory and its
 //     dK_j, dV_j accumulators in registers, and walks the query tiles i of 64 rows that
 //     see its keys (causal: from the tile holding row j0 on), Q_i and dO_i double-
 //     buffered with cp.async. Keys are the rows of every product it keeps, so the
@@ -14,8 +15,8 @@
 //        S^T = K Q^T, P^T = exp2(S^T scale log2 e - lse_i log2 e)      (per column i)
 //        dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T o (dP^T - D_i),  dK += dS^T Q
 //     and dQ_i += dS K through shared memory: dS^T is stored once, read back transposed
-//     (ldmatrix .trans) as the A operand, and each warp adds its 16 rows of dQ_i to the
-//     float32 accumulator with atomics (several key blocks add to one dQ row). dK and dV
+//     (ldmatrix .trans) as the A operand, and each warp adds its 16 rows (times D / (BC
+//     / 64) columns) of dQ_i to the float32 accumulator with atomics (several key blocks add to one dQ row). dK and dV
 //     are added the same way at the end, so that GQA groups and broadcast operands sum;
 //  4. convert the accumulators to q's type.
 // P and dS are rounded to bf16/f16 for the products (as FlashAttention does); D, the
@@ -26,6 +27,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <utility>
 
 #include "attention/attention_backward_cuda_kernel.h"
 #include "attention/attention_cuda_mma.cuh"
@@ -35,15 +38,16 @@ namespace qkv::attention::cuda_kernel {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kBc = kBackwardKeyTile;    // keys per block: an m16 tile per warp
+// The main kernel's key tile BC (a template parameter: 64 or 128 keys per block) has
+// BC / 16 warps, each owning an m16 tile of keys. dQ_i splits over them as kBr / 16 = 4
+// m16 tiles of rows times BC / 64 groups of columns.
 constexpr int kBr = kBackwardQueryTile;  // query rows per step
-constexpr int kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
-// The dS tile [kBc, kBr] is swizzled like the others: 8 chunks of 16 bytes a row. dQ
-// splits the step's kBr rows over the warps, 16 each.
-static_assert(kBc == kWarps * 16 && kBr == 64 && kWarps * 16 == kBr,
-              "one m16 tile of dQ rows per warp; 8 chunks per dS row");
+// The dS tile [BC, kBr] is swizzled like the others: 8 chunks of 16 bytes a row.
+static_assert(kBr == 64, "8 chunks per dS row; 4 m16 tiles of dQ rows");
+
+template <int BC>
+constexpr int kThreadsOf = BC * 2;  // BC / 16 warps
 
 // ---- one batch entry ----------------------------------------------------------------
 
@@ -90,15 +94,16 @@ __device__ __forceinline__ float mask_log2(const FlashParams& f, int64_t at) {
 
 // ---- 2. preprocess ------------------------------------------------------------------
 
+constexpr int kPreThreads = 128;
 constexpr int kRowThreads = 8;              // threads per query row
 constexpr int kPreRows = kBackwardPreRows;  // rows per block (divides kBr)
-static_assert(kPreRows * kRowThreads == kThreads && kBr % kPreRows == 0, "the grid covers whole query tiles");
+static_assert(kPreRows * kRowThreads == kPreThreads && kBr % kPreRows == 0, "the grid covers whole query tiles");
 
 // delta[entry, i] = dO_i . O_i in float32 (of the forward's rounded O, as FlashAttention),
 // lse2[entry, i] = lse_i log2 e; rows past Lq: 0 and +inf. Grid: lq_padded / kPreRows
 // blocks per entry, times the entries.
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads) backward_preprocess(const __grid_constant__ FlashBackwardParams p) {
+__global__ void __launch_bounds__(kPreThreads) backward_preprocess(const __grid_constant__ FlashBackwardParams p) {
   const FlashParams& f = p.f;
   const int64_t row_blocks = p.lq_padded / kPreRows, entry = blockIdx.x / row_blocks;
   const int64_t row = blockIdx.x % row_blocks * kPreRows + threadIdx.x / kRowThreads;
@@ -193,26 +198,44 @@ __device__ __forceinline__ void pack(const float (&c)[kBr / 8][4], uint32_t (&a)
   }
 }
 
-// c = dS K for the warp's 16 rows of the step (rows warp * 16 + 0..15), dS[i][j] =
-// sds[j][i] (the stored dS^T, [kBc, kBr]) and K the [kBc, D] key tile. A[m][k] =
-// sds[k][m]: ldmatrix .trans of the stored matrices of keys 0-7 / 0-7 / 8-15 / 8-15,
-// query chunks 0 / 1 / 0 / 1 gives a0 (rows 0-7, k 0-7), a1 (rows 8-15), a2 (k 8-15), a3.
-// B[k][n] = K[k][n]: as product_packed.
-template <class T, int D>
-__device__ __forceinline__ void query_gradient(const T* sds, const T* sk, float (&c)[D / 8][4]) {
+// Columns of dQ_i per warp: D split over the BC / 64 warps that share an m16 tile of rows.
+template <int D, int BC>
+constexpr int kDqColumns = D / (BC / 64);
+
+// The warp's m16 tile of dQ rows (0-3) and its group of kDqColumns columns (0, or 0-1 with
+// 8 warps): warp % 4 and warp / 4, spelled so that 4 warps pay nothing for them.
+template <int BC>
+__device__ __forceinline__ int dq_rows(int warp) {
+  return BC == 64 ? warp : warp % 4;
+}
+template <int BC>
+__device__ __forceinline__ int dq_group(int warp) {
+  return BC == 64 ? 0 : warp / 4;
+}
+
+// c = dS K for the warp's 16 rows of the step (rows warp % 4 * 16 + 0..15) and its
+// kDqColumns columns (from warp / 4 * kDqColumns), dS[i][j] = sds[j][i] (the stored
+// dS^T, [BC, kBr]) and K the [BC, D] key tile. A[m][k] = sds[k][m]: ldmatrix .trans of
+// the stored matrices of keys 0-7 / 0-7 / 8-15 / 8-15, query chunks 0 / 1 / 0 / 1 gives
+// a0 (rows 0-7, k 0-7), a1 (rows 8-15), a2 (k 8-15), a3. B[k][n] = K[k][n]: as
+// product_packed, from column chunk 2 (step0 + dp).
+template <class T, int D, int BC>
+__device__ __forceinline__ void query_gradient(const T* sds, const T* sk, float (&c)[kDqColumns<D, BC> / 8][4]) {
+  constexpr int kCols = kDqColumns<D, BC>;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int rows = dq_rows<BC>(warp), step0 = dq_group<BC>(warp) * kCols / 16;
 #pragma unroll
-  for (int t = 0; t < D / 8; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.0f;
+  for (int t = 0; t < kCols / 8; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.0f;
 #pragma unroll
-  for (int kk = 0; kk < kBc / 16; ++kk) {
+  for (int kk = 0; kk < BC / 16; ++kk) {
     uint32_t a[4];
     const int key = kk * 16 + (lane % 8) + 8 * (lane / 16);
-    ldmatrix_x4_trans(a, fragment_address<kBr>(smem_address(sds), key, warp, (lane / 8) % 2));
+    ldmatrix_x4_trans(a, fragment_address<kBr>(smem_address(sds), key, rows, (lane / 8) % 2));
 #pragma unroll
-    for (int dp = 0; dp < D / 16; ++dp) {
+    for (int dp = 0; dp < kCols / 16; ++dp) {
       uint32_t b[4];
       const int row = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-      ldmatrix_x4_trans(b, fragment_address<D>(smem_address(sk), row, dp, lane / 16));
+      ldmatrix_x4_trans(b, fragment_address<D>(smem_address(sk), row, step0 + dp, lane / 16));
       mma_16816<T>(c[2 * dp], a, b[0], b[1]);
       mma_16816<T>(c[2 * dp + 1], a, b[2], b[3]);
     }
@@ -224,11 +247,11 @@ __device__ __forceinline__ void query_gradient(const T* sds, const T* sk, float 
 // The block's shared-memory tiles; q, dout, lse2 and delta point at the step's stage.
 template <class T>
 struct Tiles {
-  const T* k;          // [kBc, D] the block's keys
-  const T* v;          // [kBc, D]
+  const T* k;          // [BC, D] the block's keys
+  const T* v;          // [BC, D]
   const T* q;          // [kBr, D] the step's query rows (zeros past Lq)
   const T* dout;       // [kBr, D]
-  T* ds;               // [kBc, kBr] dS^T of the step
+  T* ds;               // [BC, kBr] dS^T of the step
   const float* lse2;   // [kBr] lse_i log2 e (+inf past Lq)
   const float* delta;  // [kBr] D_i
 };
@@ -238,11 +261,11 @@ struct Tiles {
 // Only steps that cross the key end or the diagonal, or have a mask, pay for the tests,
 // in 32-bit tile-relative integers (clamped). Element e of c[n]: key warp * 16 + lane / 4
 // + 8 (e / 2) of the block, query row n * 8 + 2 (lane % 4) + e % 2 of the step.
-template <class T>
+template <class T, int BC>
 __device__ __forceinline__ void probabilities(const FlashParams& f, int64_t mask_base, int64_t n0, int64_t i0,
                                               const float* slse2, float (&s)[kBr / 8][4]) {
   const int lane = threadIdx.x % 32, key0 = threadIdx.x / 32 * 16;
-  const bool masked = n0 + kBc > f.lk || (f.causal && n0 + kBc - 1 > i0) || f.mask_kind != MaskKind::none;
+  const bool masked = n0 + BC > f.lk || (f.causal && n0 + BC - 1 > i0) || f.mask_kind != MaskKind::none;
   constexpr int64_t kFar = 1 << 30;
   // Key jr of the block is visible to row ir of the step when jr < key_limit and jr - ir <= diagonal.
   const int key_limit = static_cast<int>(min(f.lk - n0, kFar));
@@ -279,7 +302,7 @@ __device__ __forceinline__ void softmax_gradient(const float (&s)[kBr / 8][4], c
 }
 
 // The warp's packed dS^T (pack's layout: a[kk][x] = rows lane / 4 + 8 (x % 2), columns
-// 16 kk + 8 (x / 2) + 2 (lane % 4) + 0..1) into the swizzled [kBc, kBr] tile.
+// 16 kk + 8 (x / 2) + 2 (lane % 4) + 0..1) into the swizzled [BC, kBr] tile.
 template <class T>
 __device__ __forceinline__ void store_ds(const uint32_t (&a)[kBr / 16][4], T* sds) {
   const int lane = threadIdx.x % 32, row0 = threadIdx.x / 32 * 16;
@@ -305,20 +328,21 @@ __device__ __forceinline__ void red_add2(float* p, float a, float b) {
 #endif
 }
 
-// acc[row0 + r, :] += scale c[r, :] for the warp's 16 rows r (row0 + warp * 16 + lane / 4
-// (+ 8)) below `limit`, rows `stride` apart: red.global.add (float32; pairs on sm_90),
-// since other blocks add to the same rows.
-template <int D>
+// acc[row0 + r, :] += scale c[r, :] for the 16 rows r of an m16 accumulator tile (this
+// thread's: row0 + lane / 4 and + 8) below `limit` and its 8 NT columns (acc points at
+// the first), rows `stride` apart: red.global.add (float32; pairs on sm_90), since other
+// blocks add to the same rows.
+template <int NT>
 __device__ __forceinline__ void add_rows(float* acc, int64_t stride, int64_t row0, int64_t limit,
-                                         const float (&c)[D / 8][4], float scale) {
+                                         const float (&c)[NT][4], float scale) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t row = row0 + threadIdx.x / 32 * 16 + lane / 4 + 8 * r;
+    const int64_t row = row0 + lane / 4 + 8 * r;
     if (row >= limit) continue;
     float* out = acc + row * stride + 2 * (lane % 4);
 #pragma unroll
-    for (int t = 0; t < D / 8; ++t) {
+    for (int t = 0; t < NT; ++t) {
       red_add2(out + 8 * t, c[t][2 * r] * scale, c[t][2 * r + 1] * scale);
     }
   }
@@ -326,13 +350,13 @@ __device__ __forceinline__ void add_rows(float* acc, int64_t stride, int64_t row
 
 // One query step i of the block's keys: dV += P^T dO, dK += dS^T Q (scaled at the end),
 // dQ_i += scale dS K into the accumulator `dq` (the entry's rows).
-template <class T, int D>
+template <class T, int D, int BC>
 __device__ __forceinline__ void step(const FlashBackwardParams& p, const Tiles<T>& t, int64_t mask_base, int64_t n0,
                                      int64_t i0, float* dq, float (&dk)[D / 8][4], float (&dv)[D / 8][4]) {
   uint32_t pk[kBr / 16][4];
   float s[kBr / 8][4];
   product_abt<T, D>(t.k, t.q, s);  // S^T = K Q^T
-  probabilities<T>(p.f, mask_base, n0, i0, t.lse2, s);
+  probabilities<T, BC>(p.f, mask_base, n0, i0, t.lse2, s);
   pack<T>(s, pk);
   product_packed<T, D>(pk, t.dout, dv);  // dV += P^T dO
   {
@@ -344,18 +368,20 @@ __device__ __forceinline__ void step(const FlashBackwardParams& p, const Tiles<T
   product_packed<T, D>(pk, t.q, dk);  // dK += dS^T Q
   store_ds<T>(pk, t.ds);
   __syncthreads();  // every warp's dS^T is in the tile
-  float dqi[D / 8][4];
-  query_gradient<T, D>(t.ds, t.k, dqi);  // the warp's 16 rows of dS K
-  add_rows<D>(dq, p.dq_row, i0, p.f.lq, dqi, p.scale);
+  constexpr int kCols = kDqColumns<D, BC>;
+  float dqi[kCols / 8][4];
+  query_gradient<T, D, BC>(t.ds, t.k, dqi);  // the warp's 16 rows of dS K
+  const int warp = threadIdx.x / 32;
+  add_rows<kCols / 8>(dq + dq_group<BC>(warp) * kCols, p.dq_row, i0 + dq_rows<BC>(warp) * 16, p.f.lq, dqi, p.scale);
 }
 
 // Step `i`'s operands into stage `stage`: Q_i and dO_i (zeros past Lq), lse2 and D.
-template <class T, int D>
+template <class T, int D, int BC>
 __device__ __forceinline__ void load_step(const FlashBackwardParams& p, const T* q, const T* dout, const float* lse2,
                                           const float* delta, T* sq, T* sdo, float* sstats, int i) {
   const int64_t i0 = int64_t{i} * kBr;
-  load_tile<kBr, D, kThreads>(sq, q, p.f.q_row, i0, p.f.lq);
-  load_tile<kBr, D, kThreads>(sdo, dout, p.dout_row, i0, p.f.lq);
+  load_tile<kBr, D, kThreadsOf<BC>>(sq, q, p.f.q_row, i0, p.f.lq);
+  load_tile<kBr, D, kThreadsOf<BC>>(sdo, dout, p.dout_row, i0, p.f.lq);
   // sstats: [lse2 (kBr), D (kBr)] of the stage, 16-byte chunks (the scratch is padded to whole steps).
   constexpr int kChunks = kBr / 4;
   if (threadIdx.x < 2 * kChunks) {
@@ -365,33 +391,35 @@ __device__ __forceinline__ void load_step(const FlashBackwardParams& p, const T*
   }
 }
 
-// Grid: the key blocks of kBc keys of each batch entry in turn (blockIdx.x = entry *
+// Grid: the key blocks of BC keys of each batch entry in turn (blockIdx.x = entry *
 // key blocks + block; causal: block 0, which sees the most rows, first). Shared memory: K, V, then two stages of
 // (Q_i, dO_i), the dS^T tile and two stages of (lse2, D).
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads, 2) flash_backward(const __grid_constant__ FlashBackwardParams p) {
+template <class T, int D, int BC>
+__global__ void __launch_bounds__(kThreadsOf<BC>, 128 / BC)
+    flash_backward(const __grid_constant__ FlashBackwardParams p) {
+  static_assert(BC == 64 || BC == 128, "64 or 128 keys per block");
   extern __shared__ __align__(128) unsigned char smem[];
   const FlashParams& f = p.f;
-  const int64_t key_blocks = (f.lk + kBc - 1) / kBc, entry = blockIdx.x / key_blocks;
-  const int64_t n0 = blockIdx.x % key_blocks * kBc;
+  const int64_t key_blocks = (f.lk + BC - 1) / BC, entry = blockIdx.x / key_blocks;
+  const int64_t n0 = blockIdx.x % key_blocks * BC;
   // The steps that see these keys: all, or (causal: key j is seen by rows i >= j) from the one holding row n0.
   const int first = f.causal ? static_cast<int>(n0 / kBr) : 0;
   const int steps = static_cast<int>((f.lq + kBr - 1) / kBr);
   if (first >= steps) return;  // causal with Lk > Lq: no row sees these keys, dK = dV = 0
   T* sk = reinterpret_cast<T*>(smem);
-  T* sv = sk + kBc * D;
-  T* sq = sv + kBc * D;       // [2][kBr, D]
+  T* sv = sk + BC * D;
+  T* sq = sv + BC * D;        // [2][kBr, D]
   T* sdo = sq + 2 * kBr * D;  // [2][kBr, D]
   T* sds = sdo + 2 * kBr * D;
-  float* sstats = reinterpret_cast<float*>(sds + kBc * kBr);  // [2][2 kBr]
+  float* sstats = reinterpret_cast<float*>(sds + BC * kBr);  // [2][2 kBr]
   const Offsets at = offsets_of(p, entry);
   const T* q = static_cast<const T*>(f.q) + at.q;
   const T* dout = static_cast<const T*>(p.dout) + at.dout;
   const float* lse2 = p.lse2 + entry * p.lq_padded;
   const float* delta = p.delta + entry * p.lq_padded;
-  load_tile<kBc, D, kThreads>(sk, static_cast<const T*>(f.k) + at.k, f.k_row, n0, f.lk);
-  load_tile<kBc, D, kThreads>(sv, static_cast<const T*>(f.v) + at.v, f.v_row, n0, f.lk);
-  load_step<T, D>(p, q, dout, lse2, delta, sq, sdo, sstats, first);
+  load_tile<BC, D, kThreadsOf<BC>>(sk, static_cast<const T*>(f.k) + at.k, f.k_row, n0, f.lk);
+  load_tile<BC, D, kThreadsOf<BC>>(sv, static_cast<const T*>(f.v) + at.v, f.v_row, n0, f.lk);
+  load_step<T, D, BC>(p, q, dout, lse2, delta, sq, sdo, sstats, first);
   cp_async_commit();
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
@@ -403,8 +431,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_backward(const __grid_const
     const int stage = (i - first) & 1;
     if (i + 1 < steps) {  // the next step's loads fly while this one computes
       const int next = stage ^ 1;
-      load_step<T, D>(p, q, dout, lse2, delta, sq + next * kBr * D, sdo + next * kBr * D, sstats + next * 2 * kBr,
-                      i + 1);
+      load_step<T, D, BC>(p, q, dout, lse2, delta, sq + next * kBr * D, sdo + next * kBr * D, sstats + next * 2 * kBr,
+                          i + 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -418,11 +446,12 @@ __global__ void __launch_bounds__(kThreads, 2) flash_backward(const __grid_const
                      sds,
                      sstats + stage * 2 * kBr,
                      sstats + stage * 2 * kBr + kBr};
-    step<T, D>(p, t, at.mask, n0, int64_t{i} * kBr, p.dq_acc + at.dq, dk, dv);
+    step<T, D, BC>(p, t, at.mask, n0, int64_t{i} * kBr, p.dq_acc + at.dq, dk, dv);
     __syncthreads();  // every warp is done with this stage and the dS^T tile before they are refilled
   }
-  add_rows<D>(p.dk_acc + at.dk, p.dk_row, n0, f.lk, dk, p.scale);
-  add_rows<D>(p.dv_acc + at.dv, p.dv_row, n0, f.lk, dv, 1.0f);
+  const int64_t key0 = n0 + threadIdx.x / 32 * 16;  // the warp's keys
+  add_rows<D / 8>(p.dk_acc + at.dk, p.dk_row, key0, f.lk, dk, p.scale);
+  add_rows<D / 8>(p.dv_acc + at.dv, p.dv_row, key0, f.lk, dv, 1.0f);
 }
 
 // ---- 4. conversion and the launch ---------------------------------------------------------
@@ -441,6 +470,33 @@ void convert(const float* src, void* dst, int64_t n, cudaStream_t stream, const 
   kernels::cuda::check(cudaGetLastError(), op, "the backward's conversion kernel's launch");
 }
 
+template <class T, int D, int BC>
+void launch_main(const FlashBackwardParams& p, int64_t entries, cudaStream_t stream, const char* op) {
+  using kernels::cuda::check;
+  constexpr int kSmem =
+      (2 * BC * D + 4 * kBr * D + BC * kBr) * static_cast<int>(sizeof(T)) + 4 * kBr * static_cast<int>(sizeof(float));
+  auto* kernel = flash_backward<T, D, BC>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), op,
+        "cudaFuncSetAttribute (dynamic shared memory)");
+  // All of L1 as shared memory: two blocks of 64 keys (2 x 105 KB at D = 128) share an SM.
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+        op, "cudaFuncSetAttribute (shared memory carveout)");
+  const auto grid = static_cast<unsigned>((p.f.lk + BC - 1) / BC * entries);  // checked by the host
+  kernel<<<grid, kThreadsOf<BC>, kSmem, stream>>>(p);
+  check(cudaGetLastError(), op, "the FlashAttention backward kernel's launch");
+}
+
+// Keys per block of the main kernel: QKV_CUDA_BWD_BC=64 or 128 (read once) for tuning
+// runs, else 64 (docs/cuda.md).
+int key_tile_keys() {
+  static const int keys = [] {
+    const char* env = std::getenv("QKV_CUDA_BWD_BC");
+    const int v = env != nullptr ? std::atoi(env) : 0;
+    return v == 64 || v == 128 ? v : 64;
+  }();
+  return keys;
+}
+
 template <class T, int D>
 void launch_typed(const FlashBackwardParams& p, cudaStream_t stream, const char* op) {
   using kernels::cuda::check;
@@ -455,18 +511,10 @@ void launch_typed(const FlashBackwardParams& p, cudaStream_t stream, const char*
   if (entries > 0 && f.lq > 0 && f.lk > 0) {
     // (the host checked that both grids fit in 2^31 - 1 blocks)
     const auto pre = static_cast<unsigned>(p.lq_padded / kPreRows * entries);
-    backward_preprocess<T, D><<<pre, kThreads, 0, stream>>>(p);
+    backward_preprocess<T, D><<<pre, kPreThreads, 0, stream>>>(p);
     check(cudaGetLastError(), op, "the backward preprocess kernel's launch");
-    constexpr int kSmem = (2 * kBc * D + 4 * kBr * D + kBc * kBr) * static_cast<int>(sizeof(T)) +
-                          4 * kBr * static_cast<int>(sizeof(float));
-    auto* kernel = flash_backward<T, D>;
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), op,
-          "cudaFuncSetAttribute (dynamic shared memory)");
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
-          op, "cudaFuncSetAttribute (shared memory carveout)");
-    const auto grid = static_cast<unsigned>((f.lk + kBc - 1) / kBc * entries);
-    kernel<<<grid, kThreads, kSmem, stream>>>(p);
-    check(cudaGetLastError(), op, "the FlashAttention backward kernel's launch");
+    key_tile_keys() == 128 ? launch_main<T, D, 128>(p, entries, stream, op)
+                           : launch_main<T, D, 64>(p, entries, stream, op);
   }
   convert<T>(p.dq_acc, p.dq, p.dq_numel, stream, op);
   convert<T>(p.dk_acc, p.dk, p.dk_numel, stream, op);
