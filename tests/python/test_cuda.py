@@ -332,3 +332,33 @@ def test_kernel_limits_on_a_torch_cuda_tensor_are_clear_errors():
         qkv.scaled_dot_product_attention(b, b, b, dropout_p=0.1)
     with pytest.raises(ValueError, match="mods.*cuda:0"):
         qkv.scaled_dot_product_attention(b, b, b, mods=qkv.AttentionMods.sliding_window(8, 0))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_cuda_backward_against_torch_autograd(causal):
+    """qkv's GPU backward from its GPU forward's out and logsumexp (torch CUDA tensors in and out),
+    against torch's autograd in float64 on the same values (the oracle), by FlashAttention's
+    criterion: at most 2x the error of torch's own bf16 backward, plus its floor (2x the bf16
+    rounding at the reference's values + 0.3). GQA 2:1, Lq != Lk, tiles that end mid-way."""
+    torch = _torch_cuda()
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(2, 4, 200, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(2, 2, 170, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(2, 2, 170, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(2, 4, 200, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    kw = dict(is_causal=causal, enable_gqa=True)
+    out, lse = qkv.scaled_dot_product_attention(q, k, v, return_logsumexp=True, **kw)
+    got = qkv.scaled_dot_product_attention_backward(q, k, v, out, dout, lse, **kw)
+
+    def grads(dtype):
+        x = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        o = torch.nn.functional.scaled_dot_product_attention(*x, **kw)
+        return torch.autograd.grad(o, x, dout.to(dtype))
+
+    for name, mine, want, theirs in zip("qkv", got, grads(torch.float64), grads(torch.bfloat16)):
+        assert mine.device == q.device and mine.dtype == q.dtype and mine.shape == want.shape, name
+        err = (mine.double() - want).abs().max().item()
+        torch_err = (theirs.double() - want).abs().max().item()
+        floor = 2 * ((want + 0.3).to(torch.bfloat16).double() - 0.3 - want).abs().max().item()
+        assert err <= 2 * torch_err + floor, (f"d{name}", err, torch_err, floor)
