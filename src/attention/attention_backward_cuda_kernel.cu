@@ -392,8 +392,8 @@ __device__ __forceinline__ void load_step(const FlashBackwardParams& p, const T*
 }
 
 // Grid: the key blocks of BC keys of each batch entry in turn (blockIdx.x = entry *
-// key blocks + block; causal: block 0, which sees the most rows, first). Shared memory: K, V, then two stages of
-// (Q_i, dO_i), the dS^T tile and two stages of (lse2, D).
+// key blocks + block; causal: block 0, which sees the most rows, first). Shared memory:
+// K, V, then two stages of (Q_i, dO_i), the dS^T tile and two stages of (lse2, D).
 template <class T, int D, int BC>
 __global__ void __launch_bounds__(kThreadsOf<BC>, 128 / BC)
     flash_backward(const __grid_constant__ FlashBackwardParams p) {
