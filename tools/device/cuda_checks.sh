@@ -11,17 +11,21 @@
 # stopping the next; the limits shrink so that the whole script ends within the limit:
 #   1. the machine: nvidia-smi, nvcc --version, python3's torch and its view of the GPU
 #   2. tools/device/unbundle.sh (without the bundle nothing else runs: exit 2)
-#   3. qkv_cuda_tests --gtest_filter=$CUDA_TESTS_FILTER (default '*')
+#   3. qkv_cuda_tests --gtest_filter=$CUDA_TESTS_FILTER (default '*'); then, when
+#      $CUDA_TEST_VARIANTS is set, again under each of its VAR=value:FILTER entries
 #   4. attention_cuda_bench $CUDA_BENCH_ARGS, JSON to $OUT/qkv_bench.json (a benchmark
 #      that ended with an error fails the step, although the program exits 0)
 #   5. bench/peers/sdpa_cuda.py $CUDA_PEER_ARGS on the same GPU, to $OUT/torch_bench.json
 #   6. bench/peers/cuda_report.py: the Markdown table (also $OUT/report.md); then, when
 #      $CUDA_BENCH_VARIANTS is set, the benchmark again under each of its VAR=value settings;
-#      when $CUDA_NCU_FILTER is set, ncu on the benchmarks it selects ($OUT/ncu.txt); when
+#      with attention_backward_cuda_bench in the bundle, the backward beside torch's (tables
+#      appended to report.md); when $CUDA_NCU_FILTER is set, ncu on the benchmarks it
+#      selects in $CUDA_NCU_PROGRAM (default attention_cuda_bench; $OUT/ncu.txt); when
 #      the bundle has pylibs/ (docs/python.md), the Python GPU tests on an extension built there
 #   7. compute-sanitizer memcheck on qkv_cuda_tests --gtest_filter=$CUDA_SANITIZE_FILTER
-#      (default 'CudaAttention*Small*'; matching no test counts as a failure); last, so
-#      that a slow sanitizer run cannot take the benchmark's time
+#      (default 'CudaAttention*Small*:CudaAttentionBackward.FullyMaskedRows'; matching no
+#      test counts as a failure), then racecheck on $CUDA_RACECHECK_FILTER when set; last,
+#      so that a slow sanitizer run cannot take the benchmark's time
 # then one line per step (ok, FAILED rc, TIMED OUT, skipped) and its seconds. Exit status:
 # 0 when every step passed, 1 otherwise, 2 without the bundle.
 #
@@ -109,12 +113,19 @@ sanitize() {
     return 3
   }
   logged "$OUT/sanitizer.log" env LD_LIBRARY_PATH="$QKV_LD" "$sanitizer" --tool memcheck --error-exitcode 99 \
-    --print-limit 20 "$QKV_BUNDLE_BIN/qkv_cuda_tests" --gtest_filter="${CUDA_SANITIZE_FILTER:-CudaAttention*Small*}"
+    --print-limit 20 "$QKV_BUNDLE_BIN/qkv_cuda_tests" --gtest_filter="${CUDA_SANITIZE_FILTER:-CudaAttention*Small*:CudaAttentionBackward.FullyMaskedRows}"
   local rc=$?
   if grep -q '^\[==========\] 0 tests' "$OUT/sanitizer.log"; then
     echo "the filter matched no test: nothing was sanitized"
     return 4
   fi
+  ((rc == 0)) || return "$rc"
+  [[ -n ${CUDA_RACECHECK_FILTER:-} ]] || return 0
+  # shared-memory races (racecheck) on $CUDA_RACECHECK_FILTER, appended to the same log
+  env LD_LIBRARY_PATH="$QKV_LD" "$sanitizer" --tool racecheck --error-exitcode 99 --print-limit 20 \
+    "$QKV_BUNDLE_BIN/qkv_cuda_tests" --gtest_filter="$CUDA_RACECHECK_FILTER" >>"$OUT/sanitizer.log" 2>&1
+  rc=$?
+  tail -n 8 "$OUT/sanitizer.log"
   return "$rc"
 }
 
@@ -128,6 +139,19 @@ qkv_bench() {
     echo "$errors benchmarks ended with an error (their error_message is in qkv_bench.json)"
     return 5
   fi
+}
+
+# qkv_cuda_tests again per entry of $CUDA_TEST_VARIANTS (space-separated VAR=value:FILTER,
+# e.g. "QKV_CUDA_BWD_BC=128:CudaAttentionBackward.*"): the kernels' other configurations.
+test_variants() {
+  local entry rc=0 log=/tmp/qkv_test_variant.log
+  for entry in ${CUDA_TEST_VARIANTS:-}; do
+    echo "-- ${entry%%:*} --gtest_filter=${entry#*:}"
+    env LD_LIBRARY_PATH="$QKV_LD" "${entry%%:*}" "$QKV_BUNDLE_BIN/qkv_cuda_tests" --gtest_filter="${entry#*:}" >"$log" 2>&1 ||
+      rc=1
+    grep -E '^\[  (PASSED|FAILED) |^\[==========\]|Failure|error' "$log" | head -n 20
+  done
+  return "$rc"
 }
 
 # attention_cuda_bench once per setting of $CUDA_BENCH_VARIANTS (space-separated
@@ -147,6 +171,25 @@ for b in json.load(open(sys.argv[1]))["benchmarks"]:
   done
 }
 
+# The backward: attention_backward_cuda_bench at each key tile of $CUDA_BWD_TILES
+# (QKV_CUDA_BWD_BC; default "64 128"), torch's flash SDPA backward on the same shapes,
+# and one table per tile, printed and appended to $OUT/report.md (the JSON stays in
+# /tmp/qkv_backward: $OUT returns at most 8 files).
+backward_bench() {
+  local tmp=/tmp/qkv_backward bc
+  mkdir -p "$tmp"
+  for bc in ${CUDA_BWD_TILES:-64 128}; do
+    env LD_LIBRARY_PATH="$QKV_LD" QKV_CUDA_BWD_BC="$bc" "$QKV_BUNDLE_BIN/attention_backward_cuda_bench" \
+      --benchmark_out="$tmp/qkv_$bc.json" --benchmark_out_format=json || return
+  done
+  "$PYTHON" bench/peers/sdpa_cuda.py --backward --gemm 0 --out "$tmp/torch.json" || return
+  for bc in ${CUDA_BWD_TILES:-64 128}; do
+    printf '\n%s\n\n' "Backward, key tiles of $bc (QKV_CUDA_BWD_BC=$bc):" | tee -a "$OUT/report.md"
+    "$PYTHON" bench/peers/cuda_report.py --backward --qkv "$tmp/qkv_$bc.json" --torch "$tmp/torch.json" \
+      ${cuda_runtime:+--cuda-runtime "$cuda_runtime"} | tee -a "$OUT/report.md" || return
+  done
+}
+
 # Nsight Compute on attention_cuda_bench --benchmark_filter=$CUDA_NCU_FILTER: the first
 # $CUDA_NCU_COUNT (default 2) FlashAttention launches, clocks left alone, the sections that
 # say where a kernel's time goes; the report to $OUT/ncu.txt.
@@ -159,7 +202,7 @@ profile() {
   logged "$OUT/ncu.txt" "$ncu" --clock-control none -k regex:flash_ -c "${CUDA_NCU_COUNT:-2}" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
-    env LD_LIBRARY_PATH="$QKV_LD" "$QKV_BUNDLE_BIN/attention_cuda_bench" \
+    env LD_LIBRARY_PATH="$QKV_LD" "$QKV_BUNDLE_BIN/${CUDA_NCU_PROGRAM:-attention_cuda_bench}" \
     --benchmark_filter="$CUDA_NCU_FILTER" --benchmark_min_time=0.01
 }
 
@@ -204,7 +247,7 @@ if torch.cuda.is_available():
     print(torch.cuda.get_device_name(0), f"cc {p.major}.{p.minor}", p.multi_processor_count, "SMs",
           round(p.total_memory / 2**30, 1), "GiB")'
 }
-export -f logged sanitize qkv_bench bench_variants profile python_gpu_tests find_tool nvcc_version gpu_state torch_versions
+export -f logged sanitize qkv_bench test_variants bench_variants backward_bench profile python_gpu_tests find_tool nvcc_version gpu_state torch_versions
 
 # closes checks.log (tee ends once this script's output is closed) and exits with $1.
 finish() {
@@ -241,10 +284,13 @@ export QKV_LD=$LD_LIBRARY_PATH LD_LIBRARY_PATH=$inherited_ld
 summary+=("unbundle: $([[ $unbundle_rc == 0 ]] && echo ok || echo "rc=$unbundle_rc (libraries not found, above)")")
 grep -v '^packed:' "$bundle/manifest.txt"
 cuda_runtime=$(sed -n 's/^cuda_compiler: //p' "$bundle/manifest.txt")
+export cuda_runtime
 
 # 3. tests
 step cuda-tests 150 230 logged "$OUT/cuda_tests.log" env LD_LIBRARY_PATH="$QKV_LD" "$QKV_BUNDLE_BIN/qkv_cuda_tests" \
   --gtest_filter="${CUDA_TESTS_FILTER:-*}" --gtest_output="json:$OUT/cuda_tests.json"
+
+[[ -n ${CUDA_TEST_VARIANTS:-} ]] && step test-variants 60 200 test_variants
 
 # 4.-6. benchmark, peer, table
 # shellcheck disable=SC2086 # CUDA_BENCH_ARGS and CUDA_PEER_ARGS are lists of arguments
@@ -256,6 +302,7 @@ step torch-bench 90 25 env PYTHONUNBUFFERED=1 "$PYTHON" bench/peers/sdpa_cuda.py
 step report 20 5 "$PYTHON" bench/peers/cuda_report.py --qkv "$OUT/qkv_bench.json" --torch "$OUT/torch_bench.json" \
   ${cuda_runtime:+--cuda-runtime "$cuda_runtime"} --out "$OUT/report.md"
 
+[[ -x $QKV_BUNDLE_BIN/attention_backward_cuda_bench ]] && step backward-bench 90 5 backward_bench
 [[ -n ${CUDA_BENCH_VARIANTS:-} ]] && step bench-variants 60 5 bench_variants
 [[ -n ${CUDA_NCU_FILTER:-} ]] && step ncu 90 5 profile
 [[ -d $bundle/pylibs ]] && step python-gpu-tests 120 5 python_gpu_tests
