@@ -21,7 +21,8 @@
 #      with attention_backward_cuda_bench in the bundle, the backward beside torch's (tables
 #      appended to report.md); when $CUDA_NCU_FILTER is set, ncu on the benchmarks it
 #      selects in $CUDA_NCU_PROGRAM (default attention_cuda_bench; $OUT/ncu.txt); when
-#      the bundle has pylibs/ (docs/python.md), the Python GPU tests on an extension built there
+#      the bundle has pylibs/ or pylibs.tar.xz (docs/python.md), the Python GPU tests on an
+#      extension built there
 #   7. compute-sanitizer memcheck on qkv_cuda_tests --gtest_filter=$CUDA_SANITIZE_FILTER
 #      (default 'CudaAttention*Small*:CudaAttentionBackward.FullyMaskedRows'; matching no
 #      test counts as a failure), then racecheck on $CUDA_RACECHECK_FILTER when set; last,
@@ -207,11 +208,16 @@ profile() {
 }
 
 # The Python GPU tests (pytest -m cuda tests/python/test_cuda.py) on an extension built
-# here by tools/device/build_python_ext.sh from the bundle's pylibs/ (docs/python.md).
+# here by tools/device/build_python_ext.sh from the bundle's static libraries: pylibs/
+# (docs/python.md), or pylibs.tar.xz (the same, packed: `tar cJf pylibs.tar.xz -C pylibs .`).
 python_gpu_tests() {
-  local libs=/tmp/qkvpy ext=/tmp/qkv_pyext
+  local libs=/tmp/qkvpy ext=/tmp/qkv_pyext static=$bundle/pylibs
   mkdir -p "$libs" && tar xJf "$bundle/libs.tar.xz" -C "$libs" || return
-  bash tools/device/build_python_ext.sh -L "$libs/lib" "$bundle/pylibs" "$ext" >"$ext.log" 2>&1 || {
+  if [[ -f $bundle/pylibs.tar.xz ]]; then # the static libraries, packed to fit the 64 MiB that travel
+    static=/tmp/qkv_pylibs
+    mkdir -p "$static" && tar xJf "$bundle/pylibs.tar.xz" -C "$static" || return
+  fi
+  bash tools/device/build_python_ext.sh -L "$libs/lib" "$static" "$ext" >"$ext.log" 2>&1 || {
     tail -n 30 "$ext.log"
     return 6
   }
@@ -305,7 +311,7 @@ step report 20 5 "$PYTHON" bench/peers/cuda_report.py --qkv "$OUT/qkv_bench.json
 [[ -x $QKV_BUNDLE_BIN/attention_backward_cuda_bench ]] && step backward-bench 90 5 backward_bench
 [[ -n ${CUDA_BENCH_VARIANTS:-} ]] && step bench-variants 60 5 bench_variants
 [[ -n ${CUDA_NCU_FILTER:-} ]] && step ncu 90 5 profile
-[[ -d $bundle/pylibs ]] && step python-gpu-tests 120 5 python_gpu_tests
+[[ -d $bundle/pylibs || -f $bundle/pylibs.tar.xz ]] && step python-gpu-tests 120 5 python_gpu_tests
 
 # 7. sanitizer
 step sanitizer 90 5 sanitize
