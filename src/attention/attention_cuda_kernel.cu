@@ -57,8 +57,9 @@ struct Block {
 // Decodes blockIdx into the block's pointers and lengths; false when the block has no rows.
 template <class T>
 __device__ bool locate(const FlashParams& p, Block& b) {
-  // Causal blocks run heaviest (last rows) first within groups of order_group
-  // entries, so that the short ones fill the tail (a longest-first list schedule).
+  // Causal blocks run heaviest (last query tile) first within groups of order_group
+  // entries (all of them by default), so that the short ones fill the tail: a
+  // longest-first list schedule.
   const int64_t i = blockIdx.x;
   int64_t entry = 0, m_block = 0;
   if (p.order_group > 0) {
@@ -376,15 +377,17 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward(const __grid_consta
   write_out<T, D>(p, b, w, sq);
 }
 
-// Entries per heaviest-first group of causal blocks: 1 (entry by entry) unless
-// QKV_CUDA_FLASH_GROUP=N (read once) asks for N, for measuring. Groups filling the GPU
-// once (9 heads at L = 4096) measured 2-4% slower on an H100 (docs/cuda.md).
-int64_t order_group() {
-  static const int64_t group = [] {
+// Entries per heaviest-first group of causal blocks: all of them (one longest-first
+// order over the whole grid), unless QKV_CUDA_FLASH_GROUP=N (read once) asks for N, for
+// measuring. On an H100 (docs/cuda.md) the whole grid ran 8% faster than entry by
+// entry at (4, 16, 4096) and (1, 16, 16384); smaller groups did as well only when the
+// last group was not much smaller than the others (its blocks are the tail).
+int64_t order_group(int64_t entries) {
+  static const int64_t forced = [] {
     const char* env = std::getenv("QKV_CUDA_FLASH_GROUP");
-    return env != nullptr ? std::max<int64_t>(1, std::atoll(env)) : 1;
+    return env != nullptr ? std::max<int64_t>(0, std::atoll(env)) : 0;
   }();
-  return group;
+  return forced > 0 ? forced : std::max<int64_t>(1, entries);
 }
 
 template <class T, int D, int BC>
@@ -405,7 +408,7 @@ void launch(const FlashParams& p, cudaStream_t stream, const char* op) {
     fail<ValueError>(op, ": the CUDA kernel takes at most 2^31 - 1 blocks of ", kBr, " query rows (got ", f.m_blocks,
                      " x ", f.entries, " batch entries) and 65535 sequences (got ", p.sequences, ")");
   }
-  f.order_group = p.causal ? order_group() : 0;
+  f.order_group = p.causal ? order_group(f.entries) : 0;
   const dim3 grid(static_cast<unsigned>(f.m_blocks * f.entries), 1, static_cast<unsigned>(p.sequences));
   kernel<<<grid, kThreads, kSmem, stream>>>(f);
   kernels::cuda::check(cudaGetLastError(), op, "the FlashAttention kernel's launch");
