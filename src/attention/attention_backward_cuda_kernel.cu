@@ -490,11 +490,7 @@ void launch_main(const FlashBackwardParams& p, int64_t entries, cudaStream_t str
 // Keys per block of the main kernel: 128 (8 warps), measured 5-11% faster than 64 on
 // an H100 at D = 128 (docs/cuda.md); QKV_CUDA_BWD_BC=64 or 128 (read once) for tuning.
 int key_tile_keys() {
-  static const int keys = [] {
-    const char* env = std::getenv("QKV_CUDA_BWD_BC");
-    const int v = env != nullptr ? std::atoi(env) : 0;
-    return v == 64 || v == 128 ? v : 128;
-  }();
+  static const int keys = kernels::cuda::env_int("QKV_CUDA_BWD_BC", 128) == 64 ? 64 : 128;
   return keys;
 }
 

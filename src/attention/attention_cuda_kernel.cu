@@ -383,10 +383,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward(const __grid_consta
 // entry at (4, 16, 4096) and (1, 16, 16384); smaller groups did as well only when the
 // last group was not much smaller than the others (its blocks are the tail).
 int64_t order_group(int64_t entries) {
-  static const int64_t forced = [] {
-    const char* env = std::getenv("QKV_CUDA_FLASH_GROUP");
-    return env != nullptr ? std::max<int64_t>(0, std::atoll(env)) : 0;
-  }();
+  static const int64_t forced = kernels::cuda::env_int("QKV_CUDA_FLASH_GROUP", 0);
   return forced > 0 ? forced : std::max<int64_t>(1, entries);
 }
 
@@ -417,11 +414,7 @@ void launch(const FlashParams& p, cudaStream_t stream, const char* op) {
 // Key/value rows per tile: QKV_CUDA_FLASH_BC=32 or 64 (read once) for tuning runs,
 // else the default measured fastest (docs/cuda.md).
 int key_tile_rows() {
-  static const int rows = [] {
-    const char* env = std::getenv("QKV_CUDA_FLASH_BC");
-    const int v = env != nullptr ? std::atoi(env) : 0;
-    return v == 32 || v == 64 ? v : 64;
-  }();
+  static const int rows = kernels::cuda::env_int("QKV_CUDA_FLASH_BC", 64) == 32 ? 32 : 64;
   return rows;
 }
 

@@ -44,6 +44,12 @@ void copy_to_device(void* dst, const void* src, size_t nbytes, int device, const
 void copy_to_host(void* dst, const void* src, size_t nbytes, int device, const char* op);
 void copy_device_to_device(void* dst, const void* src, size_t nbytes, int device, const char* op);
 
+// The integer in environment variable `name`, or `fallback` when it is unset or not a
+// number: the kernels' tuning knobs (QKV_CUDA_FLASH_BC, QKV_CUDA_BWD_BC,
+// QKV_CUDA_FLASH_GROUP) that measuring runs set; callers check the range and keep
+// the answer (read once). Defined in a CUDA build only.
+int64_t env_int(const char* name, int64_t fallback);
+
 // The copy engine on the GPU: dst[i...] = src[i...] for every multi-index of `shape`
 // (at most kMaxCopyDims dims, same dtype on both sides, element strides of any sign,
 // zero strides broadcast the source), on cuda:`device`, queued on the current stream.

@@ -211,6 +211,14 @@ void free_device(void* p, int index) noexcept {
   if (previous != index) (void)cudaSetDevice(previous);
 }
 
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  return *end == '\0' ? v : fallback;
+}
+
 void copy_to_device(void* dst, const void* src, size_t nbytes, int device, const char* op) {
   const DeviceGuard guard(device);
   check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream()), op, "cudaMemcpyAsync to the device");
