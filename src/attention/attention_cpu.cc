@@ -17,8 +17,9 @@
 // Under mask modifiers (qkv/attention_mods.h) the key tiles follow the mask: a window alone
 // leaves each row tile one run of keys (ModPlan::interval), walked as one tile and masked by
 // each row's ends; other masks list the tiles that may hold an allowed key
-// (ModPlan::candidate_tiles), gathered side by side into one product where they are small
-// (gather_keys: BigBird's blocks of 64). Empty tiles are skipped, full ones unmasked.
+// (ModPlan::candidate_tiles), up to 512 keys of them one online-softmax step where they are
+// small (gather_keys, run_group: BigBird's blocks of 64; runs of adjacent tiles read in place,
+// lone tiles copied side by side). Empty tiles are skipped, full ones unmasked.
 //
 // Weights (return_weights) come from a second pass over the same item, right
 // after the first: scores are recomputed tile by tile into the item's rows of
@@ -47,6 +48,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -89,9 +91,11 @@ struct Scratch {
   std::vector<G> qg;        // [Br, Dk] the item's Q rows widened (kWiden)
   std::vector<G> kg;        // [Bc, Dk] a K tile widened (kWiden)
   std::vector<G> vg;        // [Bc, Dv] a V tile widened (kWiden)
-  std::vector<G> kx;        // [gather, Dk] the K rows of gathered tiles (gather_keys)
+  std::vector<G> kx;        // [gather, Dk] the K rows of gathered tiles (gather_keys), Bc a slot
   std::vector<G> vx;        // [gather, Dv] their V rows
   int8::QuantizedQuery q8;  // the item's Q rows on int8 (qk_quantization; empty otherwise)
+  // [gather / Bc] the K rows each slot of kx holds (null: none; place_gathered).
+  std::vector<const G*> held;
   // s and pg hold [Br, max(Bc, gather)] (gathered tiles are up to `gather` keys wide).
   Scratch(const FlashTiles& t, int64_t dk, int64_t dv, bool int8, int64_t gather)
       : s(size(t.br * std::max(t.bc, gather))),
@@ -103,7 +107,8 @@ struct Scratch {
         vg(size(K::kWiden ? t.bc * dv : 0)),
         kx(size(gather * dk)),
         vx(size(gather * dv)),
-        q8(int8 ? t.br : 0, int8 ? t.bc : 0, int8 ? dk : 0) {}
+        q8(int8 ? t.br : 0, int8 ? t.bc : 0, int8 ? dk : 0),
+        held(size(gather / t.bc), nullptr) {}
   static size_t size(int64_t n) { return static_cast<size_t>(n); }
 };
 
@@ -126,21 +131,33 @@ Rows<K> rows_of(const Flash<K>& f, int64_t item) {
   return r;
 }
 
-// Online softmax over one tile: s [rows, cols] becomes exp(s - m_new), the
-// running m and l [rows] are updated and o [rows, Dv] is rescaled.
+// Scores of some keys of a tile's rows: [rows, cols], row stride lds.
 template <class T>
-void softmax_tile(T* s, int64_t lds, int64_t rows, int64_t cols, T* m, T* l, T* o, int64_t dv) {
+struct Segment {
+  T* s = nullptr;
+  int64_t lds = 0, cols = 0;
+};
+
+// Online softmax over one step's keys, held in `count` segments (the columns of one score
+// tile, or run_group's products): the scores become exp(s - m_new), the running m and l
+// [rows] are updated and o [rows, Dv] is rescaled.
+template <class T>
+void softmax_segments(const Segment<T>* seg, size_t count, int64_t rows, T* m, T* l, T* o, int64_t dv) {
   for (int64_t x = 0; x < rows; ++x) {
-    T* row = s + x * lds;  // [cols]
-    const T mx = kernels::max_value(row, cols);
+    T mx = kNegInf<T>;
+    for (size_t c = 0; c < count; ++c) {
+      const T v = kernels::max_value(seg[c].s + x * seg[c].lds, seg[c].cols);
+      if (!std::isnan(mx) && (v > mx || std::isnan(v))) mx = v;  // a NaN stays
+    }
     const T m_new = (mx > m[x] || std::isnan(mx)) ? mx : m[x];
     if (m_new == kNegInf<T>) {  // every key so far masked: nothing to add
-      std::fill(row, row + cols, T(0));
+      for (size_t c = 0; c < count; ++c) std::fill_n(seg[c].s + x * seg[c].lds, seg[c].cols, T(0));
       continue;
     }
     // exp(-inf) = 0 on the first keys that count; NaN stays NaN.
     const T alpha = m_new == m[x] ? T(1) : std::exp(m[x] - m_new);
-    const T sum = kernels::exp_shift_sum(row, cols, m_new);
+    T sum = 0;
+    for (size_t c = 0; c < count; ++c) sum += kernels::exp_shift_sum(seg[c].s + x * seg[c].lds, seg[c].cols, m_new);
     if (alpha != T(1)) {
       l[x] *= alpha;
       kernels::scale(o + x * dv, dv, alpha);
@@ -148,6 +165,13 @@ void softmax_tile(T* s, int64_t lds, int64_t rows, int64_t cols, T* m, T* l, T* 
     l[x] += sum;
     m[x] = m_new;
   }
+}
+
+// Online softmax over one tile s [rows, cols] (softmax_segments).
+template <class T>
+void softmax_tile(T* s, int64_t lds, int64_t rows, int64_t cols, T* m, T* l, T* o, int64_t dv) {
+  const Segment<T> one{s, lds, cols};
+  softmax_segments(&one, 1, rows, m, l, o, dv);
 }
 
 // o [rows, Dv] += p [rows, cols] v [cols, Dv].
@@ -176,10 +200,9 @@ void value_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, c
 
 // Keys per gathered tile, or 0. Where the mask's candidate key tiles are small (BigBird's
 // blocks of 64: the window's three, the global and the random ones), up to kGatherKeys keys
-// of them are copied into one K [n, Dk] and V [n, Dv] and run as one Q K^T, one
-// online-softmax step and one P V: full attention measured 142 GFLOP/s on 64x64 tiles and
-// 164 on 64x448 (attention_mods_bench, L = 4096, 2 threads, AMD EPYC Zen 4). Not with
-// widened 16-bit tiles or int8 Q K^T (their per-tile buffers).
+// of them run as one online-softmax step (run_group): full attention measured 142 GFLOP/s
+// on 64x64 tiles and 164 on 64x448 (attention_mods_bench, L = 4096, 2 threads, AMD EPYC
+// Zen 4). Not with widened 16-bit tiles or int8 Q K^T (their per-tile buffers).
 template <class K>
 int64_t gather_keys(const Flash<K>& f) {
   constexpr int64_t kGatherKeys = 512;
@@ -197,64 +220,138 @@ void copy_rows(const G* src, int64_t rows, int64_t n, int64_t ld, G* dst) {
   for (int64_t x = 0; x < rows; ++x) std::copy_n(src + x * ld, n, dst + x * n);
 }
 
-// Rows r against the mask's candidate key tiles (`starts`, ascending), walked backwards as
-// run_rows does, `width` keys (gather_keys) gathered at a time: each group's tiles are
-// copied side by side (read in place when they are adjacent keys), multiplied as one, and
-// modified on their own columns.
+using Tile = std::pair<int64_t, int64_t>;  // a key tile: (j0, cols)
+
+// Copies the key tiles `pick` into slots [0, pick.size()) of sc.kx / sc.vx (Bc rows a slot)
+// but for those a slot among them already holds (sc.held: the worker's earlier groups; each
+// row tile of a head reads BigBird's global blocks, copied once per head and worker);
+// at[x] = the first row of pick[x]. A tile narrower than Bc (the last keys) takes the last
+// slot, so that the slots' rows are one dense run.
 template <class K>
-void gathered_tiles(const Flash<K>& f, const Rows<K>& r, Mat<typename K::G> q, const std::vector<int64_t>& starts,
-                    int64_t width, Scratch<K>& sc) {
+void place_gathered(const Flash<K>& f, const Rows<K>& r, const std::vector<Tile>& pick, std::vector<int64_t>& at,
+                    Scratch<K>& sc) {
+  using G = typename K::G;
+  const Problem& p = *f.p;
+  const int64_t bc = f.tiles.bc, ks = p.k.stride(-2), vs = p.v.stride(-2);
+  const size_t c = pick.size();
+  thread_local std::vector<char> taken;  // [c] the slots given
+  taken.assign(c, 0);
+  at.assign(c, -1);
+  auto put = [&](size_t x, size_t slot, const G* held) {
+    const auto [j0, cols] = pick[x];
+    copy_rows(r.k + j0 * ks, cols, p.dk, ks, sc.kx.data() + static_cast<int64_t>(slot) * bc * p.dk);
+    copy_rows(r.v + j0 * vs, cols, p.dv, vs, sc.vx.data() + static_cast<int64_t>(slot) * bc * p.dv);
+    sc.held[slot] = held;
+    at[x] = static_cast<int64_t>(slot), taken[slot] = 1;
+  };
+  for (size_t x = 0; x < c; ++x) {
+    if (pick[x].second < bc) put(x, c - 1, nullptr);
+  }
+  for (size_t x = 0; x < c; ++x) {  // already there
+    const G* key = r.k + pick[x].first * ks;
+    for (size_t slot = 0; slot < c && at[x] < 0; ++slot) {
+      if (!taken[slot] && sc.held[slot] == key) at[x] = static_cast<int64_t>(slot), taken[slot] = 1;
+    }
+  }
+  size_t slot = 0;
+  for (size_t x = 0; x < c; ++x) {
+    if (at[x] >= 0) continue;
+    while (taken[slot]) ++slot;
+    put(x, slot, r.k + pick[x].first * ks);
+  }
+  for (int64_t& a : at) a *= bc;
+}
+
+// One product of a group of key tiles: keys read from k and v; its scores are the group's
+// columns [col, col + cols), held densely at s + rows * col.
+template <class G>
+struct Piece {
+  Mat<G> k, v;
+  int64_t col = 0, cols = 0;
+};
+
+// A group of key tiles (descending) as one online-softmax step: runs of adjacent tiles are
+// read in place, lone tiles gathered (place_gathered); one Q K^T and one P V per run and
+// one for the gathered tiles, each into a dense score block: oneDNN 2.6 runs a product whose
+// C (Q K^T) or A (P V) rows are further apart than their length on its gemm:jit kernels
+// instead of brgemm (as 64 x 448 tiles with a row stride of 512 did). Each tile's modifiers
+// apply to its own columns.
+template <class K>
+void run_group(const Flash<K>& f, const Rows<K>& r, Mat<typename K::G> q, const std::vector<Tile>& group,
+               Scratch<K>& sc) {
   using T = typename K::T;
   using G = typename K::G;
   const Problem& p = *f.p;
   const int64_t ks = p.k.stride(-2), vs = p.v.stride(-2);
-  thread_local std::vector<std::pair<int64_t, int64_t>> group;  // the group's tiles: (j0, cols)
-  thread_local std::vector<int64_t> at;                         // and their first columns in s
-  int64_t n = 0;                                                // keys in the group
-  auto run = [&] {
-    T* s = sc.s.data();    // [rows, n], row stride width
-    bool adjacent = true;  // keys [group.back().j0, group.back().j0 + n): read in place
-    for (size_t x = 1; x < group.size(); ++x)
-      adjacent = adjacent && group[x].first + group[x].second == group[x - 1].first;
-    const int64_t first = group.back().first;
-    Mat<G> k{r.k + first * ks, ks}, v{r.v + first * vs, vs};
-    for (size_t x = 0; x < group.size(); ++x) at[x] = group[x].first - first;
-    if (!adjacent) {
-      int64_t c = 0;
-      for (size_t x = 0; x < group.size(); ++x) {
-        const auto [j0, cols] = group[x];
-        at[x] = c;
-        copy_rows(r.k + j0 * ks, cols, p.dk, ks, sc.kx.data() + c * p.dk);
-        copy_rows(r.v + j0 * vs, cols, p.dv, vs, sc.vx.data() + c * p.dv);
-        c += cols;
-      }
-      k = {sc.kx.data(), p.dk}, v = {sc.vx.data(), p.dv};
+  thread_local std::vector<Piece<G>> pieces;
+  thread_local std::vector<Segment<T>> segs;
+  thread_local std::vector<Tile> pick;
+  thread_local std::vector<int64_t> at, of, pick_at, pick_of;  // group[x]: its first column, its piece
+  pieces.clear(), pick.clear(), pick_of.clear();
+  at.assign(group.size(), 0), of.assign(group.size(), 0);
+  int64_t n = 0;  // columns so far
+  for (size_t x = 0, y = 0; x < group.size(); x = y) {
+    for (y = x + 1; y < group.size() && group[y].first + group[y].second == group[y - 1].first;) ++y;
+    if (y - x == 1 && group.size() > 1) {  // a lone tile
+      pick.push_back(group[x]), pick_of.push_back(static_cast<int64_t>(x));
+      continue;
     }
-    tiles::product(f, r, q, k, n, s, width);
-    for (size_t x = 0; x < group.size(); ++x) {
-      tiles::modify_tile(f, r, group[x].first, group[x].second, s + at[x], width, kNegInf<T>, static_cast<T*>(nullptr));
-    }
-    softmax_tile(s, width, r.rows, n, sc.m.data(), sc.l.data(), r.o, p.dv);
-    for (size_t x = 0; x < group.size() && f.dropout_p > 0.0; ++x) {
-      dropout_tile(f, r, group[x].first, group[x].second, s + at[x], width);
-    }
-    value_product(f, r, v, n, s, width, sc);
-    group.clear();
-    at.clear();
-    n = 0;
+    const int64_t first = group[y - 1].first, cols = group[x].first + group[x].second - first;
+    for (size_t z = x; z < y; ++z) at[z] = group[z].first - first, of[z] = static_cast<int64_t>(pieces.size());
+    pieces.push_back({{r.k + first * ks, ks}, {r.v + first * vs, vs}, n, cols});
+    n += cols;
+  }
+  segs.clear();
+  auto product = [&](const Piece<G>& c) {
+    segs.push_back({sc.s.data() + r.rows * c.col, c.cols, c.cols});  // [rows, cols]
+    tiles::product(f, r, q, c.k, c.cols, segs.back().s, c.cols);
   };
+  for (const Piece<G>& c : pieces) product(c);
+  if (!pick.empty()) {
+    place_gathered(f, r, pick, pick_at, sc);
+    int64_t cols = 0;
+    for (size_t x = 0; x < pick.size(); ++x) {
+      const auto z = static_cast<size_t>(pick_of[x]);
+      at[z] = pick_at[x], of[z] = static_cast<int64_t>(pieces.size());
+      cols += pick[x].second;
+    }
+    pieces.push_back({{sc.kx.data(), p.dk}, {sc.vx.data(), p.dv}, n, cols});
+    product(pieces.back());
+    n += cols;
+  }
+  for (size_t x = 0; x < group.size(); ++x) {
+    const Segment<T>& g = segs[static_cast<size_t>(of[x])];
+    tiles::modify_tile(f, r, group[x].first, group[x].second, g.s + at[x], g.lds, kNegInf<T>, static_cast<T*>(nullptr));
+  }
+  softmax_segments(segs.data(), segs.size(), r.rows, sc.m.data(), sc.l.data(), r.o, p.dv);
+  for (size_t x = 0; x < group.size() && f.dropout_p > 0.0; ++x) {
+    const Segment<T>& g = segs[static_cast<size_t>(of[x])];
+    dropout_tile(f, r, group[x].first, group[x].second, g.s + at[x], g.lds);
+  }
+  for (size_t c = 0; c < pieces.size(); ++c)
+    value_product(f, r, pieces[c].v, pieces[c].cols, segs[c].s, segs[c].lds, sc);
+}
+
+// Rows r against the mask's candidate key tiles (`starts`, ascending), walked backwards as
+// run_rows does, in groups of up to `width` keys (gather_keys), each group one step (run_group).
+template <class K>
+void gathered_tiles(const Flash<K>& f, const Rows<K>& r, Mat<typename K::G> q, const std::vector<int64_t>& starts,
+                    int64_t width, Scratch<K>& sc) {
+  thread_local std::vector<Tile> group;
+  int64_t n = 0;  // keys in the group
   group.clear();
-  at.clear();
   for (auto it = starts.rbegin(); it != starts.rend(); ++it) {
     if (*it >= r.kv_end) continue;
     const int64_t cols = std::min(f.tiles.bc, r.kv_end - *it);
     if (empty_tile(f, r, *it, cols)) continue;  // no key of the tile is allowed
-    if (n + cols > width) run();
+    if (n + cols > width) {
+      run_group(f, r, q, group, sc);
+      group.clear(), n = 0;
+    }
     group.emplace_back(*it, cols);
-    at.push_back(0);
     n += cols;
   }
-  if (!group.empty()) run();
+  if (!group.empty()) run_group(f, r, q, group, sc);
 }
 
 // o [Dv] = the mean of the entry's V rows: uniform weights over every key (a row that
@@ -379,6 +476,25 @@ void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
   if (f.weights) weight_rows(f, r, q, sc, q8);
 }
 
+// The order in which items are handed out (empty: as numbered). Row tiles holding a global
+// query (every key: BigBird's first and last blocks, 37x an interior row tile's work at
+// L = 16384) go first: the last item of a call was one, and one worker ran it alone.
+template <class K>
+std::vector<int64_t> item_order(const Flash<K>& f, int64_t items) {
+  const std::vector<int64_t>& global = f.mods.global_q_sorted;
+  std::vector<int64_t> order;
+  if (f.causal || global.empty()) return order;
+  const int64_t br = f.tiles.br, tiles_q = (f.p->lq + br - 1) / br;
+  order.resize(static_cast<size_t>(items));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_partition(order.begin(), order.end(), [&](int64_t item) {
+    const int64_t i0 = item % tiles_q * br;
+    const auto it = std::lower_bound(global.begin(), global.end(), i0);
+    return it != global.end() && *it < i0 + br;
+  });
+  return order;
+}
+
 // Every item, on get_num_threads() workers taking items from a shared counter.
 template <class K>
 void run_all(const Flash<K>& f) {
@@ -387,10 +503,11 @@ void run_all(const Flash<K>& f) {
   if (items == 0) return;
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(get_num_threads(), items);
+  const std::vector<int64_t> order = item_order(f, items);
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, gather_keys(f));
     for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
-      run_rows(f, rows_of(f, item), sc);
+      run_rows(f, rows_of(f, order.empty() ? item : order[static_cast<size_t>(item)]), sc);
     }
   });
 }

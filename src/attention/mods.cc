@@ -328,7 +328,10 @@ bool ModPlan::candidate_tiles(int64_t i0, int64_t i1, int64_t bc, std::vector<in
     if (lo <= hi) add(lo * unit, (hi + 1) * unit);
   }
   if (prefix > 0) add(0, prefix);
-  for (int64_t g : global_k_sorted) add(g, g + 1);
+  for (size_t x = 0, y = 0; x < global_k_sorted.size(); x = y) {  // runs of global keys (BigBird: 2 blocks)
+    for (y = x + 1; y < global_k_sorted.size() && global_k_sorted[y] == global_k_sorted[y - 1] + 1;) ++y;
+    add(global_k_sorted[x], global_k_sorted[y - 1] + 1);
+  }
   if (has_blocks) {
     for (int64_t qb = i0 / unit; qb <= (i1 - 1) / unit; ++qb) {
       if (!pattern.empty()) {
