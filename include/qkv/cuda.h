@@ -8,8 +8,8 @@
 //
 // Tensors on cuda:N (Tensor::empty(shape, dtype, Device::cuda(n)), Tensor::to(device),
 // or a wrapped device pointer from DLPack) live in that GPU's memory. Their storage
-// comes from the GPU's stream-ordered memory pool (cudaMallocAsync on the current
-// stream) and goes back to it on the stream it was allocated on (cudaFreeAsync): freed
+// comes from a stream-ordered memory pool of qkv's own on that GPU (cudaMallocFromPoolAsync
+// on the current stream) and goes back to it on the stream it was allocated on (cudaFreeAsync): freed
 // blocks stay cached for the next allocation instead of going back to the device
 // (as PyTorch's caching allocator keeps them), until empty_cache(). A tensor used on
 // another stream than the one it was allocated on must be synchronized with before it

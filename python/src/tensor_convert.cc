@@ -283,10 +283,19 @@ nb::capsule storage_owner(const Tensor& t) {
   return nb::capsule(holder, [](void* p) noexcept {
     auto* storage = static_cast<std::shared_ptr<Storage>*>(p);
     if (storage->use_count() == 1) {
+      // Without the GIL while the device drains: a host callback queued on a stream
+      // (CuPy's launch_host_func) may need it to finish.
+#if PY_VERSION_HEX >= 0x030D0000
+      const bool finalizing = Py_IsFinalizing() != 0;
+#else
+      const bool finalizing = _Py_IsFinalizing() != 0;
+#endif
+      PyThreadState* released = PyGILState_Check() != 0 && !finalizing ? PyEval_SaveThread() : nullptr;
       try {
         qkv::cuda::synchronize_device((*storage)->device().index);
       } catch (...) {  // a failed kernel before: the memory is freed all the same
       }
+      if (released != nullptr) PyEval_RestoreThread(released);
     }
     delete storage;
   });

@@ -33,6 +33,7 @@
 #include "attention/attention_backward_cuda_kernel.h"
 #include "attention/attention_cuda_mma.cuh"
 #include "kernels/cuda/cuda_runtime.h"
+#include "qkv/error.h"
 
 namespace qkv::attention::cuda_kernel {
 
@@ -470,11 +471,18 @@ void convert(const float* src, void* dst, int64_t n, cudaStream_t stream, const 
   kernels::cuda::check(cudaGetLastError(), op, "the backward's conversion kernel's launch");
 }
 
+// Shared memory of a main-kernel block: K, V, two stages of Q and dO, dS^T, two
+// stages of the row statistics.
+template <class T, int D, int BC>
+constexpr int main_smem_bytes() {
+  return (2 * BC * D + 4 * kBr * D + BC * kBr) * static_cast<int>(sizeof(T)) +
+         4 * kBr * static_cast<int>(sizeof(float));
+}
+
 template <class T, int D, int BC>
 void launch_main(const FlashBackwardParams& p, int64_t entries, cudaStream_t stream, const char* op) {
   using kernels::cuda::check;
-  constexpr int kSmem =
-      (2 * BC * D + 4 * kBr * D + BC * kBr) * static_cast<int>(sizeof(T)) + 4 * kBr * static_cast<int>(sizeof(float));
+  constexpr int kSmem = main_smem_bytes<T, D, BC>();
   auto* kernel = flash_backward<T, D, BC>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), op,
         "cudaFuncSetAttribute (dynamic shared memory)");
@@ -494,10 +502,26 @@ int key_tile_keys() {
   return keys;
 }
 
+// The key tile for this GPU: key_tile_keys(), or 64 where a block may not have the
+// 128-key tile's shared memory (145 KB at D = 128: sm_86/sm_89 GPUs allow 99 KB a
+// block); a ValueError where neither fits.
+template <class T, int D>
+int key_tile_for_device(const char* op) {
+  int device = 0, most = 0;
+  kernels::cuda::check(cudaGetDevice(&device), op, "cudaGetDevice");
+  kernels::cuda::check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), op,
+                       "cudaDeviceGetAttribute (shared memory per block)");
+  if (key_tile_keys() == 128 && main_smem_bytes<T, D, 128>() <= most) return 128;
+  if (main_smem_bytes<T, D, 64>() <= most) return 64;
+  fail<ValueError>(op, ": the backward kernel at head dim ", D, " needs ", main_smem_bytes<T, D, 64>(),
+                   " bytes of shared memory a block; cuda:", device, " allows ", most);
+}
+
 template <class T, int D>
 void launch_typed(const FlashBackwardParams& p, cudaStream_t stream, const char* op) {
   using kernels::cuda::check;
   const FlashParams& f = p.f;
+  const int key_tile = key_tile_for_device<T, D>(op);  // before anything is queued
   const std::pair<float*, int64_t> accumulators[] = {
       {p.dq_acc, p.dq_numel}, {p.dk_acc, p.dk_numel}, {p.dv_acc, p.dv_numel}};
   for (const auto& [acc, n] : accumulators) {
@@ -510,8 +534,7 @@ void launch_typed(const FlashBackwardParams& p, cudaStream_t stream, const char*
     const auto pre = static_cast<unsigned>(p.lq_padded / kPreRows * entries);
     backward_preprocess<T, D><<<pre, kPreThreads, 0, stream>>>(p);
     check(cudaGetLastError(), op, "the backward preprocess kernel's launch");
-    key_tile_keys() == 128 ? launch_main<T, D, 128>(p, entries, stream, op)
-                           : launch_main<T, D, 64>(p, entries, stream, op);
+    key_tile == 128 ? launch_main<T, D, 128>(p, entries, stream, op) : launch_main<T, D, 64>(p, entries, stream, op);
   }
   convert<T>(p.dq_acc, p.dq, p.dq_numel, stream, op);
   convert<T>(p.dk_acc, p.dk, p.dk_numel, stream, op);

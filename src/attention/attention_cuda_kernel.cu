@@ -384,7 +384,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward(const __grid_consta
 // last group was not much smaller than the others (its blocks are the tail).
 int64_t order_group(int64_t entries) {
   static const int64_t forced = kernels::cuda::env_int("QKV_CUDA_FLASH_GROUP", 0);
-  return forced > 0 ? forced : std::max<int64_t>(1, entries);
+  const int64_t all = std::max<int64_t>(1, entries);
+  return forced > 0 ? std::min(forced, all) : all;  // (a group past the entries is all of them)
 }
 
 template <class T, int D, int BC>

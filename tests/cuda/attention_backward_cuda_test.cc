@@ -317,6 +317,31 @@ void expect_error(Fn&& call, const std::string& what) {
   }
 }
 
+// Empty problems: no query rows (dq empty, dk = dv = 0), no keys (dq = 0, dk, dv
+// empty), no batch entries; the gradients keep the operands' shapes.
+TEST_F(CudaAttentionBackward, EmptyLengthsGiveEmptyOrZeroGradients) {
+  const Device gpu = Device::cuda();
+  struct Lengths {
+    int64_t b, lq, lk;
+  };
+  for (const Lengths n : {Lengths{1, 0, 5}, Lengths{1, 5, 0}, Lengths{0, 5, 5}}) {
+    SCOPED_TRACE("b " + std::to_string(n.b) + " lq " + std::to_string(n.lq) + " lk " + std::to_string(n.lk));
+    const Tensor q = Tensor::randn({n.b, 2, n.lq, 64}, 5, DType::bf16).to(gpu);  // [B, H, Lq, D]
+    const Tensor k = Tensor::randn({n.b, 2, n.lk, 64}, 6, DType::bf16).to(gpu);  // [B, H, Lk, D]
+    AttentionOptions o;
+    o.return_logsumexp = true;
+    const AttentionResult f = scaled_dot_product_attention(q, k, k, o);
+    const AttentionGradients g = scaled_dot_product_attention_backward(q, k, k, f.output, f.output, *f.logsumexp, o);
+    ASSERT_EQ(g.dq.shape(), q.shape());
+    ASSERT_EQ(g.dk.shape(), k.shape());
+    ASSERT_EQ(g.dv.shape(), k.shape());
+    for (const Tensor* t : {&g.dq, &g.dk, &g.dv}) {
+      const Tensor host = t->to(Device::cpu()).to(DType::f64);
+      for (const double x : host.to_vector<double>()) EXPECT_EQ(x, 0.0);
+    }
+  }
+}
+
 TEST_F(CudaAttentionBackward, UnsupportedOptionsAreClearErrors) {
   const Device gpu = Device::cuda();
   const Tensor q = Tensor::randn({1, 2, 8, 64}, 1, DType::bf16).to(gpu);  // [B, H, L, D]

@@ -77,7 +77,7 @@ TEST_F(CudaRuntime, WorkFollowsTheStreamGuard) {
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
-// Freed blocks stay in the pool (cudaMallocAsync with a release threshold of
+// Freed blocks stay in qkv's pool (cudaMallocFromPoolAsync, a release threshold of
 // "never") and serve the next allocation of their size without growing it; empty_cache
 // returns them to the device.
 TEST_F(CudaRuntime, FreedMemoryIsCachedThenReturned) {

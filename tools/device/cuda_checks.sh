@@ -177,6 +177,7 @@ for b in json.load(open(sys.argv[1]))["benchmarks"]:
 # and one table per tile, printed and appended to $OUT/report.md (the JSON stays in
 # /tmp/qkv_backward: $OUT returns at most 8 files).
 backward_bench() {
+  set -o pipefail # (step runs this in a new bash, which does not inherit it)
   local tmp=/tmp/qkv_backward bc
   mkdir -p "$tmp"
   for bc in ${CUDA_BWD_TILES:-64 128}; do
@@ -211,6 +212,7 @@ profile() {
 # here by tools/device/build_python_ext.sh from the bundle's static libraries: pylibs/
 # (docs/python.md), or pylibs.tar.xz (the same, packed: `tar cJf pylibs.tar.xz -C pylibs .`).
 python_gpu_tests() {
+  set -o pipefail # a failing pytest must fail the step through `| tail`
   local libs=/tmp/qkvpy ext=/tmp/qkv_pyext static=$bundle/pylibs
   mkdir -p "$libs" && tar xJf "$bundle/libs.tar.xz" -C "$libs" || return
   if [[ -f $bundle/pylibs.tar.xz ]]; then # the static libraries, packed to fit the 64 MiB that travel

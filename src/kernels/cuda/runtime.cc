@@ -99,23 +99,26 @@ DeviceGuard::~DeviceGuard() {
   if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
 }
 
-// ---- device memory: CUDA's stream-ordered pool as a caching allocator ---------------
+// ---- device memory: a stream-ordered pool as a caching allocator -------------------
 //
 // cudaFree waits for the whole device and cudaMalloc costs tens of microseconds, so
 // an output allocated and freed per call stalled the GPU between calls (PyTorch keeps
-// freed blocks in its caching allocator for the same reason). Memory comes from the
-// device's default memory pool instead (cudaMallocAsync on the current stream, with a
-// release threshold of "never", so freed blocks stay cached for reuse) and goes back
-// with cudaFreeAsync on the stream it was allocated on: the block is reused only in
-// that stream's order, as PyTorch's allocator does. QKV_CUDA_ALLOC=plain (read once)
-// selects plain cudaMalloc/cudaFree, as does a device without memory pools.
+// freed blocks in its caching allocator for the same reason; on an H100 the pool is
+// worth 2-13%, docs/cuda.md). Each GPU gets a memory pool of qkv's own
+// (cudaMemPoolCreate, release threshold "never", so freed blocks stay cached), not the
+// device's default pool, which other libraries (torch's cudaMallocAsync backend, CuPy)
+// share: its statistics and empty_cache are qkv's alone, and the memory is on the
+// pool's GPU whichever device the current stream belongs to. Blocks come from
+// cudaMallocFromPoolAsync on the current stream and go back with cudaFreeAsync on the
+// stream they were allocated on, as PyTorch's allocator does. QKV_CUDA_ALLOC=plain
+// (read once) selects plain cudaMalloc/cudaFree, as does a GPU without memory pools.
 
 namespace {
 
 struct Pool {
   std::mutex mutex;
   std::unordered_map<void*, cudaStream_t> streams;  // live blocks and their allocation stream
-  std::map<int, bool> pooled;                       // per device: the pool is used
+  std::map<int, cudaMemPool_t> pools;               // per device: qkv's pool, or null (plain)
 };
 
 Pool& pool() {
@@ -131,32 +134,43 @@ bool plain_requested() {
   return plain;
 }
 
-// Whether cuda:`index` (current) allocates from its pool; configures the pool once.
-bool pooled(int index) {
-  Pool& p = pool();
-  const std::lock_guard lock(p.mutex);
-  const auto it = p.pooled.find(index);
-  if (it != p.pooled.end()) return it->second;
+// A new pool of device memory on cuda:`index` that keeps freed blocks; null when the
+// device has no memory pools (or one cannot be made).
+cudaMemPool_t create_pool(int index) {
   int supported = 0;
-  cudaMemPool_t mem_pool = nullptr;
-  bool use = !plain_requested() &&
-             cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, index) == cudaSuccess &&
-             supported != 0 && cudaDeviceGetDefaultMemPool(&mem_pool, index) == cudaSuccess;
-  if (use) {
-    uint64_t keep = UINT64_MAX;  // keep freed blocks cached until empty_cache
-    use = cudaMemPoolSetAttribute(mem_pool, cudaMemPoolAttrReleaseThreshold, &keep) == cudaSuccess;
+  if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, index) != cudaSuccess || supported == 0) {
+    (void)cudaGetLastError();
+    return nullptr;
   }
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = index;
+  cudaMemPool_t mem_pool = nullptr;
+  if (cudaMemPoolCreate(&mem_pool, &props) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  uint64_t keep = UINT64_MAX;  // keep freed blocks cached until empty_cache
+  (void)cudaMemPoolSetAttribute(mem_pool, cudaMemPoolAttrReleaseThreshold, &keep);
   (void)cudaGetLastError();
-  p.pooled[index] = use;
-  return use;
+  return mem_pool;
 }
 
-// Returns the cached blocks of cuda:`index` (current) to the device, after its work.
-void trim(int index) {
-  cudaMemPool_t mem_pool = nullptr;
-  if (cudaDeviceSynchronize() == cudaSuccess && cudaDeviceGetDefaultMemPool(&mem_pool, index) == cudaSuccess) {
-    (void)cudaMemPoolTrimTo(mem_pool, 0);
-  }
+// qkv's pool of cuda:`index`, made on first use; null: plain allocations.
+cudaMemPool_t pool_of(int index) {
+  Pool& p = pool();
+  const std::lock_guard lock(p.mutex);
+  const auto it = p.pools.find(index);
+  if (it != p.pools.end()) return it->second;
+  return p.pools[index] = plain_requested() ? nullptr : create_pool(index);
+}
+
+// Returns the pool's cached blocks to the device, after the work of cuda:`index`.
+void trim(int index, cudaMemPool_t mem_pool) {
+  const DeviceGuard guard(index);
+  if (cudaDeviceSynchronize() == cudaSuccess) (void)cudaMemPoolTrimTo(mem_pool, 0);
   (void)cudaGetLastError();
 }
 
@@ -166,20 +180,25 @@ void* malloc_device(size_t nbytes, int index) {
   const DeviceGuard guard(index);
   const size_t n = nbytes == 0 ? 1 : nbytes;
   void* p = nullptr;
-  if (!pooled(index)) {
+  const cudaMemPool_t mem_pool = pool_of(index);
+  if (mem_pool == nullptr) {
     if (cudaMalloc(&p, n) == cudaSuccess) return p;
     (void)cudaGetLastError();  // out of memory: the caller reports it (OutOfMemoryError)
     return nullptr;
   }
   const cudaStream_t s = stream();
-  if (cudaMallocAsync(&p, n, s) != cudaSuccess) {
+  cudaError_t status = cudaMallocFromPoolAsync(&p, n, mem_pool, s);
+  if (status == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
-    trim(index);  // the cached blocks first, then once more (as PyTorch does)
-    if (cudaMallocAsync(&p, n, s) != cudaSuccess) {
+    trim(index, mem_pool);  // the cached blocks first, then once more (as PyTorch does)
+    status = cudaMallocFromPoolAsync(&p, n, mem_pool, s);
+    if (status == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
-      return nullptr;
+      return nullptr;  // the caller reports OutOfMemoryError
     }
   }
+  // Anything else (a destroyed stream, an earlier kernel's error) is not a lack of memory.
+  check(status, "cuda allocator", "cudaMallocFromPoolAsync");
   Pool& pl = pool();
   const std::lock_guard lock(pl.mutex);
   pl.streams[p] = s;
@@ -202,9 +221,14 @@ void free_device(void* p, int index) noexcept {
       pl.streams.erase(it);
     }
   }
-  if (async) {
-    (void)cudaFreeAsync(p, s);
-  } else {
+  if (!async) {
+    (void)cudaFree(p);
+  } else if (cudaFreeAsync(p, s) != cudaSuccess) {
+    // Its stream is gone (destroyed before the tensor, against the rule in qkv/cuda.h):
+    // cudaFree does not wait for stream-ordered blocks, so wait for the device first
+    // rather than leak the block.
+    (void)cudaGetLastError();
+    (void)cudaDeviceSynchronize();
     (void)cudaFree(p);
   }
   (void)cudaGetLastError();
@@ -243,11 +267,8 @@ namespace cuda {
 
 namespace {
 
-uint64_t pool_bytes(int index, cudaMemPoolAttr attribute) {
-  cudaMemPool_t mem_pool = nullptr;
+uint64_t pool_bytes(cudaMemPool_t mem_pool, cudaMemPoolAttr attribute) {
   uint64_t bytes = 0;
-  kernels::cuda::check(cudaDeviceGetDefaultMemPool(&mem_pool, index), "cuda::memory_stats",
-                       "cudaDeviceGetDefaultMemPool");
   kernels::cuda::check(cudaMemPoolGetAttribute(mem_pool, attribute, &bytes), "cuda::memory_stats",
                        "cudaMemPoolGetAttribute");
   return bytes;
@@ -256,18 +277,19 @@ uint64_t pool_bytes(int index, cudaMemPoolAttr attribute) {
 
 void empty_cache(int index) {
   check_index(index, "cuda::empty_cache");
-  const kernels::cuda::DeviceGuard guard(index, "cuda::empty_cache");
-  if (kernels::cuda::pooled(index)) kernels::cuda::trim(index);
+  const cudaMemPool_t mem_pool = kernels::cuda::pool_of(index);
+  if (mem_pool != nullptr) kernels::cuda::trim(index, mem_pool);
 }
 
 MemoryStats memory_stats(int index) {
   check_index(index, "cuda::memory_stats");
   const kernels::cuda::DeviceGuard guard(index, "cuda::memory_stats");
+  const cudaMemPool_t mem_pool = kernels::cuda::pool_of(index);
   MemoryStats m;
-  m.caching = kernels::cuda::pooled(index);
+  m.caching = mem_pool != nullptr;
   if (m.caching) {
-    m.allocated = pool_bytes(index, cudaMemPoolAttrUsedMemCurrent);
-    m.reserved = pool_bytes(index, cudaMemPoolAttrReservedMemCurrent);
+    m.allocated = pool_bytes(mem_pool, cudaMemPoolAttrUsedMemCurrent);
+    m.reserved = pool_bytes(mem_pool, cudaMemPoolAttrReservedMemCurrent);
   }
   return m;
 }
