@@ -54,15 +54,7 @@ void BM_AttentionBackwardCuda(benchmark::State& state) {
   state.counters["TFLOPs"] = benchmark::Counter(2.5 * qkv::attention_flops(b, h, l, d, causal) / 1e12,
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_AttentionBackwardCuda)
-    ->ArgNames({"B", "H", "L", "D", "causal"})
-    ->Args({4, 16, 4096, 128, 0})
-    ->Args({4, 16, 4096, 128, 1})
-    ->Args({1, 16, 16384, 128, 0})
-    ->Args({1, 16, 16384, 128, 1})
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond)
-    ->MinTime(0.5);
+BENCHMARK(BM_AttentionBackwardCuda)->Apply([](auto* b) { qkv::bench::attention_shapes(b); });
 
 }  // namespace
 

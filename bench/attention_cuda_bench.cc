@@ -52,16 +52,7 @@ void BM_AttentionCuda(benchmark::State& state) {
   state.counters["TFLOPs"] = benchmark::Counter(qkv::attention_flops(b, h, l, d, causal) / 1e12,
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_AttentionCuda)
-    ->ArgNames({"B", "H", "L", "D", "causal"})
-    ->Args({4, 16, 4096, 128, 0})
-    ->Args({4, 16, 4096, 128, 1})
-    ->Args({1, 16, 16384, 128, 0})
-    ->Args({1, 16, 16384, 128, 1})
-    ->Args({4, 16, 4096, 64, 0})
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond)
-    ->MinTime(0.5);
+BENCHMARK(BM_AttentionCuda)->Apply([](auto* b) { qkv::bench::attention_shapes(b)->Args({4, 16, 4096, 64, 0}); });
 
 // The yardstick: cuBLAS bf16 GEMM, float32 accumulation (cublasGemmEx), M = N = K.
 void BM_CublasGemmBf16(benchmark::State& state) {

@@ -29,6 +29,19 @@ double gpu_ms(Fn&& fn) {
   return ms;
 }
 
+// The shapes of issue 19's table (B, H, L, D, causal): (4, 16, 4096, 128) and
+// (1, 16, 16384, 128), causal and not, timed by gpu_ms (manual time), in ms.
+inline benchmark::internal::Benchmark* attention_shapes(benchmark::internal::Benchmark* b) {
+  return b->ArgNames({"B", "H", "L", "D", "causal"})
+      ->Args({4, 16, 4096, 128, 0})
+      ->Args({4, 16, 4096, 128, 1})
+      ->Args({1, 16, 16384, 128, 0})
+      ->Args({1, 16, 16384, 128, 1})
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond)
+      ->MinTime(0.5);
+}
+
 // Context keys gpu, gpu_sm, cuda_driver, cuda_runtime (read by bench/peers/cuda_report.py).
 inline void add_gpu_context() {
   if (!qkv::cuda::available()) return;
