@@ -36,8 +36,8 @@ void BM_DecodeStep(benchmark::State& state) {
     qkv::AttentionResult r = qkv::decode_attention(q, cache, o);
     benchmark::DoNotOptimize(r.output.raw_data());
   }
-  // int8: a float32 scale per 16 channels besides the bytes (qkv/kv_cache.h), 160 bytes a row of 128
-  const double row = dtype == qkv::DType::i8 ? static_cast<double>(kDim + 4 * (kDim / qkv::KVCache::kInt8Group))
+  // int8: a bfloat16 scale per 16 channels besides the bytes (qkv/kv_cache.h), 144 bytes a row of 128
+  const double row = dtype == qkv::DType::i8 ? static_cast<double>(kDim + 2 * (kDim / qkv::KVCache::kInt8Group))
                                              : static_cast<double>(kDim * static_cast<int64_t>(qkv::itemsize(dtype)));
   const double bytes = 2.0 * static_cast<double>(b * kHk * len) * row;
   state.counters["bytes"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);

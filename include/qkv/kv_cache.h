@@ -115,12 +115,13 @@ class KVCache {
   // spreads; taking the mean out is SageAttention's smoothing, dividing by r evens the
   // channels so that one scale fits them all) — and s_k = max|(k - c) / r| / 127 per position
   // and group of kInt8Group channels (channels [16 g, 16 g + 16); the last group may be
-  // shorter); each value as round(v / s_v), s_v = max|v| / 127 per position and group.
+  // shorter); each value as round(v / s_v), s_v = max|v| / 127 per position and group. The
+  // scales are bfloat16, to nearest (the values are rounded with the stored scale).
   // decode_attention reads k = q s_k r + c, v = q s_v.
   static constexpr int64_t kInt8Group = 16;
-  // [B, Hk, capacity, ceil(D / 16)] f32 (i8 caches; paged: [pages, Hk, page_size, ..])
+  // [B, Hk, capacity, ceil(D / 16)] bf16 (i8 caches; paged: [pages, Hk, page_size, ..])
   const Tensor& key_scales() const { return k_scale_; }
-  const Tensor& value_scales() const { return v_scale_; }  // [B, Hk, capacity, ceil(Dv / 16)] f32 (i8 caches)
+  const Tensor& value_scales() const { return v_scale_; }  // [B, Hk, capacity, ceil(Dv / 16)] bf16 (i8 caches)
   const Tensor& key_offsets() const { return k_offset_; }  // [B, Hk, D] f32: c (i8 caches)
   const Tensor& key_spreads() const { return k_spread_; }  // [B, Hk, D] f32: r (i8 caches)
   // The cached keys / values as float32 [B, Hk, capacity, D] (dequantized for i8 caches).

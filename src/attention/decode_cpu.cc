@@ -112,29 +112,54 @@ struct Partials {
 };
 
 struct Scratch {
-  std::vector<float> k, v, s, qs, qc;  // qs, qc: int8 caches' q r [G Lq, D] and q . c [G Lq]
+  std::vector<float> k, v, s;
+  // int8 caches' query (decode_rows.h's Int8Query): q r as floats, then rounded: q_hat as floats
+  // [G Lq, D], its scales and q . c [G Lq]; q_hat [G Lq, D] and in the kernel's layout
+  std::vector<float> qs, sigma, qc;
+  std::vector<int16_t> q_hat, q16;
+  int64_t q_for = -1;  // the cache head (b Hk + hk) they were made for: a thread's items mostly follow one another
 };
 
-// int8 caches (decode_int8.h): S = scale Q K^T and O = P V on the int8 rows in place, run by
-// run (a page, or up to a ring's wrap), each group of 16 channels dequantized in registers:
-// q . k = (q r) . (q_k s) + q . c with r, c the keys' spreads and offsets.
-void scores_int8(const DecodeCall& d, const float* qrows, const KVCache& cache, const Item& it, Scratch& sc) {
-  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0, bh = it.b * d.hk + it.hk;
-  const float* spread = cache.key_spreads().data<float>() + bh * d.dk;  // [D]
-  const float* offset = cache.key_offsets().data<float>() + bh * d.dk;  // [D]
-  sc.qs.resize(static_cast<size_t>(rows * d.dk)), sc.qc.resize(static_cast<size_t>(rows));
+// int8 caches' query rows [rows, D] for cache head (b, hk): q r rounded per row (its spreads r),
+// in channel order and, when D is a multiple of 64, in the kernel's layout; q . c (offsets c).
+Int8Query int8_query(const DecodeCall& d, const float* qrows, const KVCache& cache, int64_t bh, Scratch& sc) {
+  const int64_t rows = d.group * d.lq, dk = d.dk;
+  const Int8Query q{sc.q16.empty() ? nullptr : sc.q16.data(), sc.qs.data(), sc.sigma.data(), sc.qc.data()};
+  if (sc.q_for == bh) return q;  // rounding 4 rows of 128 per item of 1024 keys was 10% of its scores' time
+  sc.q_for = bh;
+  const float* spread = cache.key_spreads().data<float>() + bh * dk;  // [D]
+  const float* offset = cache.key_offsets().data<float>() + bh * dk;  // [D]
+  sc.qs.resize(static_cast<size_t>(rows * dk)), sc.q_hat.resize(static_cast<size_t>(rows * dk));
+  sc.sigma.resize(static_cast<size_t>(rows)), sc.qc.resize(static_cast<size_t>(rows));
+  sc.q16.resize(dk % 64 == 0 ? static_cast<size_t>(rows * dk) : 0);
   for (int64_t r = 0; r < rows; ++r) {
     double qc = 0.0;
-    for (int64_t c = 0; c < d.dk; ++c) {
-      sc.qs[r * d.dk + c] = qrows[r * d.dk + c] * spread[c];
-      qc += static_cast<double>(qrows[r * d.dk + c]) * offset[c];
+    float* qs = sc.qs.data() + r * dk;
+    int16_t* q_hat = sc.q_hat.data() + r * dk;
+    for (int64_t c = 0; c < dk; ++c) {
+      qs[c] = qrows[r * dk + c] * spread[c];
+      qc += static_cast<double>(qrows[r * dk + c]) * offset[c];
     }
     sc.qc[r] = static_cast<float>(qc);
+    sc.sigma[r] = quantize_query_row(qs, dk, q_hat);
+    for (int64_t c = 0; c < dk; ++c) qs[c] = static_cast<float>(q_hat[c]);
+    for (int64_t c = 0; c < static_cast<int64_t>(sc.q16.size()) / rows; ++c) {  // block of 64: even, odd channels
+      sc.q16[r * dk + c] = q_hat[c / 64 * 64 + (c % 64 < 32 ? 2 * (c % 64) : 2 * (c % 64 - 32) + 1)];
+    }
   }
+  return {sc.q16.empty() ? nullptr : sc.q16.data(), sc.qs.data(), sc.sigma.data(), sc.qc.data()};
+}
+
+// int8 caches (decode_rows.h): S = scale Q K^T and O = P V on the int8 rows in place, run by
+// run (a page, or up to a ring's wrap): q . k = (q r) . (q_k s) + q . c with r, c the keys'
+// spreads and offsets and q r rounded to int16 per row (integer products with the keys).
+void scores_int8(const DecodeCall& d, const float* qrows, const KVCache& cache, const Item& it, Scratch& sc) {
+  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
+  const Int8Query q = int8_query(d, qrows, cache, it.b * d.hk + it.hk, sc);
   const int64_t groups = cache.key_scales().size(3);
   for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first, int64_t next) {
-    int8_scores(sc.qs.data(), sc.qc.data(), rows, cache.keys().data<int8_t>() + first * d.dk,
-                cache.key_scales().data<float>() + first * groups, len, d.dk, next_row<int8_t>(cache.keys(), next),
+    int8_scores(q, rows, cache.keys().data<int8_t>() + first * d.dk,
+                cache.key_scales().data<bfloat16>() + first * groups, len, d.dk, next_row<int8_t>(cache.keys(), next),
                 static_cast<float>(d.scale), sc.s.data() + i, cols);
   });
 }
@@ -143,8 +168,8 @@ void values_int8(const DecodeCall& d, const KVCache& cache, const Item& it, Scra
   std::fill(o, o + rows * d.dv, 0.0f);
   for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first, int64_t next) {
     int8_values(sc.s.data() + i, cols, rows, cache.values().data<int8_t>() + first * d.dv,
-                cache.value_scales().data<float>() + first * groups, len, d.dv, next_row<int8_t>(cache.values(), next),
-                o);
+                cache.value_scales().data<bfloat16>() + first * groups, len, d.dv,
+                next_row<int8_t>(cache.values(), next), o);
   });
 }
 

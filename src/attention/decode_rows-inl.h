@@ -2,7 +2,9 @@
 // dequantizing each group of KVCache::kInt8Group channels in registers, and bf16 / f16 rows,
 // widened to float32 in registers (decode_rows.h); float32 accumulation throughout. One loop
 // per product, templated over a row type (Int8Rows, HalfRows) that loads lanes of a row as
-// floats. The int8 scalar loop that widened each chunk into scratch before two f32 GEMMs read
+// floats; for int8 rows with D a multiple of 64 (not on the scalar target) integer score loops
+// (ScoreRowsInt) on a query rounded to int16 and value passes that split the bytes by shifts
+// (ValuePassInt) take their place. The int8 scalar loop that widened each chunk into scratch before two f32 GEMMs read
 // int8 at 6.5 GB/s, the bf16 widening at 73-78% of memcpy (docs/decode.md). decode_rows.cc
 // re-includes this file once per SIMD target via hwy/foreach_target.h; no other file includes
 // it. Include guard toggled per target.
@@ -15,7 +17,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
+#include "attention/decode_rows.h"
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "kernels/cpu/half_bits-inl.h"
@@ -28,7 +32,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 constexpr int64_t kGroup = KVCache::kInt8Group;  // channels per scale
 constexpr int64_t kRows = 4;                     // query rows per pass: each row vector loaded feeds kRows FMAs
-constexpr int64_t kAhead = 16;                   // rows prefetched ahead
+constexpr int64_t kAhead = 32;  // rows prefetched ahead (16: int8's 1-thread 32k step 10.2 ms, 32: 8.7; 64: the same)
 
 // int8 lanes [p, p + N) as floats.
 template <class D>
@@ -43,10 +47,10 @@ HWY_INLINE hn::Vec<D> LoadInt8(D df, const int8_t* p) {
 // prefetches), kBytes a row's size per channel, Vectors(lanes) whether whole vectors may be
 // loaded (int8: when a vector never straddles two groups).
 
-// int8 rows [n, d] with a scale per row and group of kGroup channels (scales [n, groups]).
+// int8 rows [n, d] with a bfloat16 scale per row and group of kGroup channels (scales [n, groups], bits).
 struct Int8Rows {
   const int8_t* x;
-  const float* scales;
+  const uint16_t* scales;
   int64_t d, groups;
   const void* next;
   static constexpr int64_t kBytes = 1;
@@ -54,9 +58,13 @@ struct Int8Rows {
   const void* Row(int64_t j) const { return x + j * d; }
   template <class D>
   HWY_INLINE hn::Vec<D> Load(D df, int64_t j, int64_t c) const {
-    return hn::Mul(LoadInt8(df, x + j * d + c), hn::Set(df, scales[j * groups + c / kGroup]));
+    return hn::Mul(LoadInt8(df, x + j * d + c), hn::Set(df, Scale(j, c)));
   }
-  float At(int64_t j, int64_t c) const { return static_cast<float>(x[j * d + c]) * scales[j * groups + c / kGroup]; }
+  float Scale(int64_t j, int64_t c) const {
+    return static_cast<float>(bfloat16::from_bits(scales[j * groups + c / kGroup]));
+  }
+  float At(int64_t j, int64_t c) const { return static_cast<float>(x[j * d + c]) * Scale(j, c); }
+  void Skip(int64_t j) { x += j * d, scales += j * groups; }  // rows from j on
 };
 
 // bf16 (kF16 false) or f16 rows [n, d] as their bits, widened exactly. f16 through F16C's
@@ -85,6 +93,7 @@ struct HalfRows {
     return kF16 ? static_cast<float>(float16::from_bits(x[j * d + c]))
                 : static_cast<float>(bfloat16::from_bits(x[j * d + c]));
   }
+  void Skip(int64_t j) { x += j * d; }  // rows from j on
 };
 
 // Prefetches (all cache lines of) row j + kAhead of a run of n rows, or past its end the
@@ -126,15 +135,16 @@ HWY_INLINE void Sum4(D df, V a, V b, V c, V d, float* out) {
 #endif
 }
 
-// Scores of NR query rows against keys [n, d]: s[r, j] = scale (qs[r] . k[j] + qc[r]) (qc null: 0).
+// Scores of NR query rows against keys [n, d]: s[r, j] = scale (qm[r] qs[r] . k[j] + qc[r])
+// (qm, qc null: 1, 0).
 template <int64_t NR, class R>
-HWY_INLINE void ScoreRows(const float* qs, const float* qc, const R& k, int64_t n, int64_t d, float scale, float* s,
-                          int64_t lds) {
+HWY_INLINE void ScoreRows(const float* qs, const float* qm, const float* qc, const R& k, int64_t n, int64_t d,
+                          float scale, float* s, int64_t lds) {
   const hn::ScalableTag<float> df;
   const auto lanes = static_cast<int64_t>(hn::Lanes(df));
   const int64_t whole = R::Vectors(lanes) ? d / lanes * lanes : 0;  // whole vectors; the rest lane by lane
-  float add[NR];
-  for (int64_t r = 0; r < NR; ++r) add[r] = qc ? qc[r] : 0.0f;
+  float add[NR], mul[NR];
+  for (int64_t r = 0; r < NR; ++r) add[r] = qc ? qc[r] : 0.0f, mul[r] = qm ? qm[r] : 1.0f;
   for (int64_t j = 0; j < n; ++j) {
     PrefetchAhead(k, j, n);
     hn::Vec<decltype(df)> acc[NR];
@@ -153,18 +163,66 @@ HWY_INLINE void ScoreRows(const float* qs, const float* qc, const R& k, int64_t 
     } else {
       for (int64_t r = 0; r < NR; ++r) sums[r] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
     }
-    for (int64_t r = 0; r < NR; ++r) s[r * lds + j] = scale * (sums[r] + tail[r] + add[r]);
+    for (int64_t r = 0; r < NR; ++r) s[r * lds + j] = scale * (mul[r] * (sums[r] + tail[r]) + add[r]);
+  }
+}
+
+// Scores of 4 query rows against keys [n, d] (d whole vectors), 4 keys at a time: 16
+// accumulators, each query vector loaded once for 4 keys and each key vector once for 4 rows,
+// and one Sum4 per row gives its 4 keys' sums (one key at a time, the channel loop's 4 chains
+// waited on the FMA latency and each key's reduction on the last FMA: the int8 32k step went
+// 5.09 -> 4.61 ms when this was its score loop, perf record on Zen 4). The keys past a multiple
+// of 4 by ScoreRows. bf16 / f16 rows, and int8 rows whose D is not a multiple of 64.
+template <class R>
+HWY_INLINE void ScoreRows4x4(const float* qs, const float* qm, const float* qc, const R& k, int64_t n, int64_t d,
+                             float scale, float* s, int64_t lds) {
+  const hn::ScalableTag<float> df;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t blocked = n / 4 * 4;
+  for (int64_t j = 0; j < blocked; j += 4) {
+    for (int64_t x = 0; x < 4; ++x) PrefetchAhead(k, j + x, n);
+    hn::Vec<decltype(df)> acc[4][4];  // [row][key]
+    for (auto& row : acc) {
+      for (auto& a : row) a = hn::Zero(df);
+    }
+    for (int64_t c = 0; c < d; c += lanes) {
+      hn::Vec<decltype(df)> kv[4];
+      for (int64_t x = 0; x < 4; ++x) kv[x] = k.Load(df, j + x, c);
+      for (int64_t r = 0; r < 4; ++r) {
+        const auto qv = hn::LoadU(df, qs + r * d + c);
+        for (int64_t x = 0; x < 4; ++x) acc[r][x] = hn::MulAdd(qv, kv[x], acc[r][x]);
+      }
+    }
+    for (int64_t r = 0; r < 4; ++r) Sum4(df, acc[r][0], acc[r][1], acc[r][2], acc[r][3], s + r * lds + j);
+  }
+  for (int64_t r = 0; r < 4; ++r) {  // s = scale (qm sum + qc)
+    const float add = qc ? qc[r] : 0.0f, mul = qm ? qm[r] : 1.0f;
+    for (int64_t j = 0; j < blocked; ++j) s[r * lds + j] = scale * (mul * s[r * lds + j] + add);
+  }
+  if (blocked < n) {
+    R rest = k;
+    rest.Skip(blocked);
+    ScoreRows<4>(qs, qm, qc, rest, n - blocked, d, scale, s + blocked, lds);
   }
 }
 
 template <class R>
-HWY_INLINE void Scores(const float* qs, const float* qc, int64_t rows, const R& k, int64_t n, int64_t d, float scale,
-                       float* s, int64_t lds) {
+HWY_INLINE void Scores(const float* qs, const float* qm, const float* qc, int64_t rows, const R& k, int64_t n,
+                       int64_t d, float scale, float* s, int64_t lds) {
+  const hn::ScalableTag<float> df;
+  const bool whole = R::Vectors(static_cast<int64_t>(hn::Lanes(df))) && d % static_cast<int64_t>(hn::Lanes(df)) == 0;
   int64_t r = 0;
   for (; r + kRows <= rows; r += kRows) {
-    ScoreRows<kRows>(qs + r * d, qc ? qc + r : nullptr, k, n, d, scale, s + r * lds, lds);
+    const float* m = qm ? qm + r : nullptr;
+    if (whole) {
+      ScoreRows4x4(qs + r * d, m, qc ? qc + r : nullptr, k, n, d, scale, s + r * lds, lds);
+    } else {
+      ScoreRows<kRows>(qs + r * d, m, qc ? qc + r : nullptr, k, n, d, scale, s + r * lds, lds);
+    }
   }
-  for (; r < rows; ++r) ScoreRows<1>(qs + r * d, qc ? qc + r : nullptr, k, n, d, scale, s + r * lds, lds);
+  for (; r < rows; ++r) {
+    ScoreRows<1>(qs + r * d, qm ? qm + r : nullptr, qc ? qc + r : nullptr, k, n, d, scale, s + r * lds, lds);
+  }
 }
 
 // o[r, c] += sum_j p[r, j] v[j, c] for NR rows and the channels [c0, c0 + V lanes):
@@ -223,20 +281,261 @@ HWY_INLINE void Values(const float* p, int64_t ldp, int64_t rows, const R& v, in
 
 HWY_INLINE int64_t Groups(int64_t d) { return (d + kGroup - 1) / kGroup; }
 
-void Int8Scores(const float* qs, const float* qc, int64_t rows, const int8_t* k, const float* ks, int64_t n, int64_t d,
-                const int8_t* next, float scale, float* s, int64_t lds) {
-  Scores(qs, qc, rows, Int8Rows{k, ks, d, Groups(d), next}, n, d, scale, s, lds);
+#if HWY_TARGET != HWY_SCALAR
+// Scores of NR int16 query rows (decode_rows.h's Int8Query layout: per 64 channels the 32 even
+// ones, then the 32 odd ones) against int8 keys, as integer dot products: a vector of int16
+// lanes holds pairs of key bytes; shifts split it into the even and the odd channels (sign-
+// extended), and two multiply-adds of int16 pairs (ReorderWidenMulAccumulate: vpmaddwd) give
+// int32 lane i the sum over channels c + 4i .. c + 4i + 3, of one group. Lane i is then
+// converted, scaled by its group's scale and accumulated in float. On Zen 4 the float loop's
+// 32 FMAs, 8 scale multiplies and 8 byte widenings per key row (vpmovsxbd) all ran on the two
+// FMA pipes (measured: 1 zmm FMA a cycle, halved by a vpmaddwd or a vpmovsxbd beside it, not by
+// shifts, conversions or adds); this takes 16 multiply-adds and 8 FMAs a key row.
+// The 4 bfloat16 scales at p as floats, in every 128-bit block (s0 s1 s2 s3): lane i of a
+// vector of int8 lanes split by 4 (ScoreRowsInt, ValuePassInt) then takes scale i / 4 of its
+// block of 64 channels by a table lookup.
+template <class DF>
+HWY_INLINE hn::Vec<DF> ScaleBlock(DF df, const uint16_t* p) {
+  const hn::Repartition<uint64_t, DF> d64;
+  const hn::Repartition<uint16_t, DF> d16;
+  uint64_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+  return hn::BitCast(df, hn::InterleaveLower(d16, hn::Zero(d16), hn::BitCast(d16, hn::Set(d64, bits))));
 }
-void Int8Values(const float* p, int64_t ldp, int64_t rows, const int8_t* v, const float* vs, int64_t n, int64_t dv,
+
+template <class DF>
+using TableIndices = decltype(hn::SetTableIndices(DF(), static_cast<const int32_t*>(nullptr)));
+
+// f[r] += the lanes of query row r's products with key row j (summing f's lanes gives the dot).
+template <int64_t NR, class DF>
+HWY_INLINE void KeyDots(DF df, const int16_t* q16, const Int8Rows& k, int64_t j, int64_t d, const TableIndices<DF>* idx,
+                        hn::Vec<DF>* f) {
+  const hn::RebindToSigned<DF> di;                               // int32
+  const hn::Repartition<int16_t, decltype(di)> dw;               // int16
+  const int64_t step = 4 * static_cast<int64_t>(hn::Lanes(di));  // channels (key bytes) per vector: 64 on AVX-512
+  const int8_t* row = k.x + j * d;
+  const uint16_t* sc = k.scales + j * k.groups;
+  for (int64_t c = 0; c < d; c += step) {
+    const auto x = hn::LoadU(dw, reinterpret_cast<const int16_t*>(row + c));
+    const auto even = hn::ShiftRight<8>(hn::ShiftLeft<8>(x)), odd = hn::ShiftRight<8>(x);
+    const int64_t block = c / 64, at = c % 64;
+    const auto sv = hn::TableLookupLanes(ScaleBlock(df, sc + block * 4), idx[at / step]);
+    const int16_t* qe = q16 + block * 64 + at / 2;  // even channels; odd: qe + 32
+    for (int64_t r = 0; r < NR; ++r) {
+      auto sum1 = hn::Zero(di);
+      auto sum0 = hn::ReorderWidenMulAccumulate(di, even, hn::LoadU(dw, qe + r * d), hn::Zero(di), sum1);
+      sum0 = hn::ReorderWidenMulAccumulate(di, odd, hn::LoadU(dw, qe + r * d + 32), sum0, sum1);
+      f[r] = hn::MulAdd(hn::ConvertTo(df, hn::RearrangeToOddPlusEven(sum0, sum1)), sv, f[r]);
+    }
+  }
+}
+
+// The scores of NR rows of q16 against keys [n, d]: 4 keys at a time for 4 rows (16 accumulators,
+// one Sum4 a row for 4 keys: one key at a time, each key's reduction waited on its last
+// product and took 60% of the scores' samples), else one key at a time.
+template <int64_t NR>
+HWY_INLINE void ScoreRowsInt(const int16_t* q16, const float* qm, const float* qc, const Int8Rows& k, int64_t n,
+                             int64_t d, float scale, float* s, int64_t lds) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const auto n32 = static_cast<int64_t>(hn::Lanes(di));
+  // lane i of the vector at channel c has group c / 16 + i / 4: lane (c % 64) / 16 + i / 4 of the
+  // 4 scales of c's block of 64 channels (ScaleBlock); a table per position in the block
+  TableIndices<decltype(df)> idx[4];
+  for (int64_t p = 0; p < 64 / (4 * n32); ++p) {
+    HWY_ALIGN int32_t lanes[hn::MaxLanes(di)];
+    for (int64_t i = 0; i < n32; ++i) lanes[i] = static_cast<int32_t>(p * 4 * n32 / kGroup + i / 4);
+    idx[p] = hn::SetTableIndices(df, lanes);
+  }
+  int64_t j = 0;
+  if constexpr (NR == 4) {
+    for (; j + 4 <= n; j += 4) {
+      hn::Vec<decltype(df)> f[4][4];  // [key][row]
+      for (int64_t x = 0; x < 4; ++x) {
+        PrefetchAhead(k, j + x, n);
+        for (auto& v : f[x]) v = hn::Zero(df);
+        KeyDots<4>(df, q16, k, j + x, d, idx, f[x]);
+      }
+      for (int64_t r = 0; r < 4; ++r) Sum4(df, f[0][r], f[1][r], f[2][r], f[3][r], s + r * lds + j);
+    }
+  }
+  for (int64_t r = 0; r < NR; ++r) {  // s = scale (sigma sum + qc)
+    const float mul = scale * qm[r], add = scale * qc[r];
+    for (int64_t x = 0; x < j; ++x) s[r * lds + x] = mul * s[r * lds + x] + add;
+  }
+  for (; j < n; ++j) {
+    PrefetchAhead(k, j, n);
+    hn::Vec<decltype(df)> f[NR];
+    for (auto& v : f) v = hn::Zero(df);
+    KeyDots<NR>(df, q16, k, j, d, idx, f);
+    for (int64_t r = 0; r < NR; ++r)
+      s[r * lds + j] = scale * qm[r] * hn::GetLane(hn::SumOfLanes(df, f[r])) + scale * qc[r];
+  }
+}
+
+// ScoreRowsInt for 4 rows and d = 64 NB on AVX-512 (one vector a block of 64 channels): the 4 NB
+// query vectors (even and odd channels of each row and block) stay in registers for the whole
+// run and each key's Sum4 goes to a [keys, 4] buffer, turned into the rows of s per 64 keys.
+// The generic loop (q16 reloaded for every key, f spilled between keys) took 64 cycles a key
+// row on an L2-resident chunk (Zen 4, 3.6 GHz), more than the float loop's 57; this takes 38.
+template <int64_t NB>
+HWY_INLINE void ScoreRowsInt4(const int16_t* q16, const float* qm, const float* qc, const Int8Rows& k, int64_t n,
+                              int64_t d, float scale, float* s, int64_t lds) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Repartition<int16_t, decltype(di)> dw;
+  HWY_ALIGN int32_t lanes[hn::MaxLanes(di)];
+  for (size_t i = 0; i < hn::Lanes(di); ++i) lanes[i] = static_cast<int32_t>(i / 4);
+  const auto idx = hn::SetTableIndices(df, lanes);
+  hn::Vec<decltype(dw)> qv[4][NB][2];  // [row][block][even, odd]
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t b = 0; b < NB; ++b) {
+      qv[r][b][0] = hn::LoadU(dw, q16 + r * d + b * 64), qv[r][b][1] = hn::LoadU(dw, q16 + r * d + b * 64 + 32);
+    }
+  }
+  constexpr int64_t kKeys = 64;
+  HWY_ALIGN float sums[kKeys][4];  // [key][row]
+  for (int64_t j0 = 0; j0 < n; j0 += kKeys) {
+    const int64_t m = std::min(kKeys, n - j0);
+    for (int64_t x = 0; x < m; ++x) {
+      const int64_t j = j0 + x;
+      PrefetchAhead(k, j, n);
+      const int8_t* row = k.x + j * d;
+      const uint16_t* sc = k.scales + j * k.groups;
+      hn::Vec<decltype(df)> f[4];
+      for (int64_t b = 0; b < NB; ++b) {
+        const auto xv = hn::LoadU(dw, reinterpret_cast<const int16_t*>(row + b * 64));
+        const auto even = hn::ShiftRight<8>(hn::ShiftLeft<8>(xv)), odd = hn::ShiftRight<8>(xv);
+        const auto sv = hn::TableLookupLanes(ScaleBlock(df, sc + b * 4), idx);
+        for (int64_t r = 0; r < 4; ++r) {
+          auto sum1 = hn::Zero(di);
+          auto sum0 = hn::ReorderWidenMulAccumulate(di, even, qv[r][b][0], hn::Zero(di), sum1);
+          sum0 = hn::ReorderWidenMulAccumulate(di, odd, qv[r][b][1], sum0, sum1);
+          const auto t = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(sum0, sum1));
+          f[r] = b == 0 ? hn::Mul(t, sv) : hn::MulAdd(t, sv, f[r]);
+        }
+      }
+      Sum4(df, f[0], f[1], f[2], f[3], sums[x]);
+    }
+    for (int64_t r = 0; r < 4; ++r) {  // s = scale (sigma sum + qc)
+      const float mul = scale * qm[r], add = scale * qc[r];
+      for (int64_t x = 0; x < m; ++x) s[r * lds + j0 + x] = mul * sums[x][r] + add;
+    }
+  }
+}
+#endif
+
+// int8 keys: the integer path where the query is in Int8Query's layout (d a multiple of 64)
+// and the target has 4 int32 lanes or more, else the float loops on q_hat as floats.
+void Int8Scores(const Int8Query& q, int64_t rows, const int8_t* k, const uint16_t* ks, int64_t n, int64_t d,
+                const int8_t* next, float scale, float* s, int64_t lds) {
+  const Int8Rows keys{k, ks, d, Groups(d), next};
+#if HWY_TARGET != HWY_SCALAR
+  if (q.q16 != nullptr && d % 64 == 0) {
+    int64_t r = 0;
+    for (; r + kRows <= rows; r += kRows) {
+#if HWY_TARGET == HWY_AVX3
+      if (d == 128) {
+        ScoreRowsInt4<2>(q.q16 + r * d, q.scale + r, q.offset + r, keys, n, d, scale, s + r * lds, lds);
+        continue;
+      }
+#endif
+      ScoreRowsInt<kRows>(q.q16 + r * d, q.scale + r, q.offset + r, keys, n, d, scale, s + r * lds, lds);
+    }
+    for (; r < rows; ++r)
+      ScoreRowsInt<1>(q.q16 + r * d, q.scale + r, q.offset + r, keys, n, d, scale, s + r * lds, lds);
+    return;
+  }
+#endif
+  Scores(q.qf, q.scale, q.offset, rows, keys, n, d, scale, s, lds);
+}
+#if HWY_TARGET != HWY_SCALAR
+// o[r, c] += sum_j p[r, j] v[j, c] for NR rows and the 4 N channels [c0, c0 + 4 N) of int8 rows
+// (N int32 lanes): one load of 4 N bytes split by shifts into 4 vectors, vector t lane i holding
+// channel c0 + 4 i + t, scaled lane by lane (its group's scale). vpmovsxbd widening one vector
+// at a time ran on Zen 4's FMA pipes beside the 16 FMAs of 4 rows, shifts and conversions do not.
+// The 4 NR accumulators go back to channel order at the end (a 4 x 4 transpose per block). Keys
+// [j0, j1) of n (the prefetches run ahead over all n).
+template <int64_t NR>
+HWY_INLINE void ValuePassInt(const float* p, int64_t ldp, const Int8Rows& v, int64_t j0, int64_t j1, int64_t n,
+                             int64_t dv, int64_t c0, const TableIndices<hn::ScalableTag<float>>& idx, float* o) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  hn::Vec<decltype(df)> acc[NR][4];
+  for (auto& row : acc) {
+    for (auto& a : row) a = hn::Zero(df);
+  }
+  for (int64_t j = j0; j < j1; ++j) {
+    if (c0 == 0) PrefetchAhead(v, j, n);  // the first pass brings whole rows
+    const auto x = hn::LoadU(di, reinterpret_cast<const int32_t*>(v.x + j * dv + c0));
+    const auto sv = hn::TableLookupLanes(ScaleBlock(df, v.scales + j * v.groups + c0 / 64 * 4), idx);
+    const hn::Vec<decltype(df)> vv[4] = {hn::Mul(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<24>(x))), sv),
+                                         hn::Mul(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<16>(x))), sv),
+                                         hn::Mul(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<8>(x))), sv),
+                                         hn::Mul(hn::ConvertTo(df, hn::ShiftRight<24>(x)), sv)};
+    for (int64_t r = 0; r < NR; ++r) {
+      const auto w = hn::Set(df, p[r * ldp + j]);
+      for (int64_t t = 0; t < 4; ++t) acc[r][t] = hn::MulAdd(w, vv[t], acc[r][t]);
+    }
+  }
+  const hn::Repartition<uint64_t, decltype(df)> d64;
+  const hn::FixedTag<float, 4> d4;
+  const auto n32 = static_cast<int64_t>(hn::Lanes(df));
+  HWY_ALIGN float out[4][hn::MaxLanes(df)];  // out[t] block m: channels c0 + 16 m + 4 t .. + 3
+  for (int64_t r = 0; r < NR; ++r) {
+    const auto a = hn::BitCast(d64, hn::InterleaveLower(df, acc[r][0], acc[r][1]));  // 0 1 4 5 of each block
+    const auto b = hn::BitCast(d64, hn::InterleaveLower(df, acc[r][2], acc[r][3]));  // 2 3 6 7
+    const auto c = hn::BitCast(d64, hn::InterleaveUpper(df, acc[r][0], acc[r][1]));  // 8 9 12 13
+    const auto e = hn::BitCast(d64, hn::InterleaveUpper(df, acc[r][2], acc[r][3]));  // 10 11 14 15
+    hn::Store(hn::BitCast(df, hn::InterleaveLower(d64, a, b)), df, out[0]);
+    hn::Store(hn::BitCast(df, hn::InterleaveUpper(d64, a, b)), df, out[1]);
+    hn::Store(hn::BitCast(df, hn::InterleaveLower(d64, c, e)), df, out[2]);
+    hn::Store(hn::BitCast(df, hn::InterleaveUpper(d64, c, e)), df, out[3]);
+    for (int64_t m = 0; m < n32 / 4; ++m) {
+      for (int64_t t = 0; t < 4; ++t) {
+        float* dst = o + r * dv + c0 + 16 * m + 4 * t;
+        hn::StoreU(hn::Add(hn::LoadU(d4, dst), hn::Load(d4, out[t] + 4 * m)), d4, dst);
+      }
+    }
+  }
+}
+
+// The passes over 128 keys at a time, all of them, then the next 128 (in L1): passes over a whole
+// chunk left memory idle during the later passes, which read the rows back from L2.
+template <int64_t NR>
+HWY_INLINE void ValueRowsInt(const float* p, int64_t ldp, const Int8Rows& v, int64_t n, int64_t dv, float* o) {
+  const hn::ScalableTag<float> df;
+  const int64_t step = 4 * static_cast<int64_t>(hn::Lanes(df));
+  constexpr int64_t kKeys = 128;
+  for (int64_t j0 = 0; j0 < n; j0 += kKeys) {
+    for (int64_t c = 0; c < dv; c += step) {
+      HWY_ALIGN int32_t lanes[hn::MaxLanes(df)];  // lane i: group (c % 64) / 16 + i / 4 of c's block
+      for (int64_t i = 0; i < step / 4; ++i) lanes[i] = static_cast<int32_t>(c % 64 / kGroup + i / 4);
+      ValuePassInt<NR>(p, ldp, v, j0, std::min(n, j0 + kKeys), n, dv, c, hn::SetTableIndices(df, lanes), o);
+    }
+  }
+}
+#endif
+
+void Int8Values(const float* p, int64_t ldp, int64_t rows, const int8_t* v, const uint16_t* vs, int64_t n, int64_t dv,
                 const int8_t* next, float* o) {
-  Values(p, ldp, rows, Int8Rows{v, vs, dv, Groups(dv), next}, n, dv, o);
+  const Int8Rows values{v, vs, dv, Groups(dv), next};
+#if HWY_TARGET != HWY_SCALAR
+  if (dv % 64 == 0) {
+    int64_t r = 0;
+    for (; r + kRows <= rows; r += kRows) ValueRowsInt<kRows>(p + r * ldp, ldp, values, n, dv, o + r * dv);
+    for (; r < rows; ++r) ValueRowsInt<1>(p + r * ldp, ldp, values, n, dv, o + r * dv);
+    return;
+  }
+#endif
+  Values(p, ldp, rows, values, n, dv, o);
 }
 void HalfScores(bool f16, const float* q, int64_t rows, const uint16_t* k, int64_t n, int64_t d, const uint16_t* next,
                 float scale, float* s, int64_t lds) {
   if (f16) {
-    Scores(q, nullptr, rows, HalfRows<true>{k, d, next}, n, d, scale, s, lds);
+    Scores(q, nullptr, nullptr, rows, HalfRows<true>{k, d, next}, n, d, scale, s, lds);
   } else {
-    Scores(q, nullptr, rows, HalfRows<false>{k, d, next}, n, d, scale, s, lds);
+    Scores(q, nullptr, nullptr, rows, HalfRows<false>{k, d, next}, n, d, scale, s, lds);
   }
 }
 void HalfValues(bool f16, const float* p, int64_t ldp, int64_t rows, const uint16_t* v, int64_t n, int64_t dv,

@@ -13,6 +13,10 @@
 
 #if HWY_ONCE
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "attention/decode_rows.h"
 
 namespace qkv::attention {
@@ -22,14 +26,31 @@ HWY_EXPORT(Int8Values);
 HWY_EXPORT(HalfScores);
 HWY_EXPORT(HalfValues);
 
-void int8_scores(const float* qs, const float* qc, int64_t rows, const int8_t* k, const float* ks, int64_t n, int64_t d,
-                 const int8_t* next, float scale, float* s, int64_t lds) {
-  HWY_DYNAMIC_DISPATCH(Int8Scores)(qs, qc, rows, k, ks, n, d, next, scale, s, lds);
+float quantize_query_row(const float* qs, int64_t d, int16_t* q_hat) {
+  float big = 0.0f;
+  bool finite = true;
+  for (int64_t c = 0; c < d; ++c) big = std::max(big, std::fabs(qs[c])), finite = finite && std::isfinite(qs[c]);
+  // a NaN or infinite query: NaN scores, as the float product gave
+  const float sigma = finite ? big / 32767.0f : std::numeric_limits<float>::quiet_NaN();
+  if (!finite) {
+    std::fill(q_hat, q_hat + d, int16_t{0});
+    return sigma;
+  }
+  for (int64_t c = 0; c < d; ++c) {
+    const float x = sigma > 0.0f ? std::nearbyint(qs[c] / sigma) : 0.0f;
+    q_hat[c] = static_cast<int16_t>(std::clamp(x, -32767.0f, 32767.0f));
+  }
+  return sigma;
 }
 
-void int8_values(const float* p, int64_t ldp, int64_t rows, const int8_t* v, const float* vs, int64_t n, int64_t dv,
+void int8_scores(const Int8Query& q, int64_t rows, const int8_t* k, const bfloat16* ks, int64_t n, int64_t d,
+                 const int8_t* next, float scale, float* s, int64_t lds) {
+  HWY_DYNAMIC_DISPATCH(Int8Scores)(q, rows, k, &ks->bits, n, d, next, scale, s, lds);
+}
+
+void int8_values(const float* p, int64_t ldp, int64_t rows, const int8_t* v, const bfloat16* vs, int64_t n, int64_t dv,
                  const int8_t* next, float* o) {
-  HWY_DYNAMIC_DISPATCH(Int8Values)(p, ldp, rows, v, vs, n, dv, next, o);
+  HWY_DYNAMIC_DISPATCH(Int8Values)(p, ldp, rows, v, &vs->bits, n, dv, next, o);
 }
 
 void half_scores(const float* q, int64_t rows, const bfloat16* k, int64_t n, int64_t d, const bfloat16* next,

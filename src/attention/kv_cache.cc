@@ -71,9 +71,9 @@ KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
   k_ = Tensor::zeros({slots, c.kv_heads, span, c.head_dim}, c.dtype);  // [B, Hk, capacity, D] or pages
   v_ = Tensor::zeros({slots, c.kv_heads, span, c.value_dim}, c.dtype);
   if (c.dtype == DType::i8) {
-    // [B, Hk, capacity, groups] or [pages, Hk, page_size, groups]: one scale per kInt8Group channels
-    k_scale_ = Tensor::zeros({slots, c.kv_heads, span, ceil_div(c.head_dim, kInt8Group)});
-    v_scale_ = Tensor::zeros({slots, c.kv_heads, span, ceil_div(c.value_dim, kInt8Group)});
+    // [B, Hk, capacity, groups] or [pages, Hk, page_size, groups]: one bfloat16 scale per kInt8Group channels
+    k_scale_ = Tensor::zeros({slots, c.kv_heads, span, ceil_div(c.head_dim, kInt8Group)}, DType::bf16);
+    v_scale_ = Tensor::zeros({slots, c.kv_heads, span, ceil_div(c.value_dim, kInt8Group)}, DType::bf16);
     k_offset_ = Tensor::zeros({c.batch, c.kv_heads, c.head_dim});  // [B, Hk, D]
     k_spread_ = Tensor::ones({c.batch, c.kv_heads, c.head_dim});
   }

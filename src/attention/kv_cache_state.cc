@@ -30,9 +30,10 @@ int64_t scalar_or_zero(const std::map<std::string, Tensor>& s, const std::string
 
 // An int8 state's scales as [B, Hk, n, groups]: the per-position format of states saved before
 // group scales (one scale per position, [B, Hk, n]) gives every group that scale, which
-// dequantizes to the same values.
+// dequantizes to the same values. float32 scales (files written before bfloat16 scales) are
+// rounded to bfloat16: such a cache decodes within 2^-9 of each group's values of before.
 Tensor int8_scales(const std::map<std::string, Tensor>& s, const std::string& name, int64_t groups) {
-  const Tensor& t = need(s, name);
+  const Tensor t = need(s, name).to(DType::bf16);  // float32 in files written before bfloat16 scales
   if (t.dim() == 3) return t.unsqueeze(3).expand({t.size(0), t.size(1), t.size(2), groups});
   if (t.dim() != 4 || t.size(3) != groups) {
     fail<ShapeError>(kOp, ": '", name, "' must be [B, Hk, n, ", groups, "] (or [B, Hk, n]), got ",

@@ -23,12 +23,15 @@ using test::max_abs_diff;
 
 // Every SIMD target (AVX3, AVX2, the scalar fallback) against the reference, on head sizes with
 // whole vectors and groups (128), a short last group and a lane tail (40 keys, 24 values), with
-// G Lq rows in blocks of 4 and a remainder (Hq / Hk = 3, Lq = 2), contiguous and paged.
+// G Lq rows in blocks of 4 and a remainder (Hq / Hk = 3, Lq = 2), contiguous and paged. D a
+// multiple of 64 takes the integer score loops (128: AVX-512's own, 192: the generic one; with
+// 6 rows and pages of 7 keys, their one-row and key remainders) and the shift-split value passes.
 TEST(DecodeInt8, EveryTargetMatchesTheReference) {
   struct Case {
     int64_t d, dv, hq, lq, page;
   };
-  for (const Case& cs : {Case{128, 128, 8, 1, 0}, Case{40, 24, 6, 2, 0}, Case{40, 24, 6, 2, 7}, Case{16, 8, 4, 1, 0}}) {
+  for (const Case& cs : {Case{128, 128, 8, 1, 0}, Case{40, 24, 6, 2, 0}, Case{40, 24, 6, 2, 7}, Case{16, 8, 4, 1, 0},
+                         Case{128, 128, 6, 2, 7}, Case{192, 64, 4, 1, 0}}) {
     SCOPED_TRACE("D " + std::to_string(cs.d) + " Dv " + std::to_string(cs.dv) + " page " + std::to_string(cs.page));
     KVCacheConfig c{2, 2, cs.d, 600, cs.dv, DType::i8};
     c.page_size = cs.page;

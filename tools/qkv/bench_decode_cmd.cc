@@ -42,10 +42,10 @@ void bench_one(const DecodeArgs& a, int64_t len) {
   o.matmul_precision = matmul_precision_from_name(a.precision);
   const double s = best_seconds(a.min_time, 1, [&] { (void)decode_attention(q, cache, o); });
   const int64_t keys = a.window > 0 ? std::min(len, a.window) : len;  // read per step
-  // an int8 row also reads its float32 scales, one per KVCache::kInt8Group channels
+  // an int8 row also reads its bfloat16 scales, one per KVCache::kInt8Group channels
   const int64_t groups = (a.head_dim + KVCache::kInt8Group - 1) / KVCache::kInt8Group;
   const int64_t row = cache.config().dtype == DType::i8
-                          ? a.head_dim + 4 * groups
+                          ? a.head_dim + 2 * groups
                           : a.head_dim * static_cast<int64_t>(itemsize(cache.config().dtype));
   const double bytes = 2.0 * static_cast<double>(a.batch * a.kv_heads * keys * row);
   if (a.json) {
