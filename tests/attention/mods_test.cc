@@ -208,6 +208,34 @@ TEST(AttentionMods, WindowRunsWithAutomaticTilesMatchTheReference) {
   }
 }
 
+// BigBird with the kernel's own tiles (one block of 64 a tile): each step's window run read in
+// place and its lone global and random blocks copied into slots that later row tiles of the
+// head reuse (run_group, place_gathered); row tiles with global queries first. A ragged last
+// block and causal masking give tiles narrower than a block among the lone ones.
+TEST(AttentionMods, BigBirdWithAutomaticTilesMatchesTheReference) {
+  struct Run {
+    const char* name;
+    int64_t l;
+    bool causal;
+  };
+  for (const Run& c : {Run{"L1024", 1024, false}, Run{"ragged_L1000", 1000, false}, Run{"causal_L900", 900, true}}) {
+    for (DType dt : {DType::f64, DType::f32}) {
+      SCOPED_TRACE(std::string(c.name) + (dt == DType::f64 ? " f64" : " f32"));
+      const Tensor q = Tensor::randn({1, 2, c.l, 16}, 41, dt), k = Tensor::randn({1, 2, c.l, 16}, 42, dt),
+                   v = Tensor::randn({1, 2, c.l, 8}, 43, dt);
+      AttentionOptions o;
+      o.mods = AttentionMods::bigbird(64, 1, 2, 9, c.l);
+      o.is_causal = c.causal;
+      o.return_logsumexp = true;
+      const AttentionResult got = scaled_dot_product_attention(q, k, v, o);
+      const AttentionResult ref = attention_reference(q, k, v, o);
+      const double tol = dt == DType::f64 ? 1e-12 : 3e-6;
+      EXPECT_LE(max_abs_diff(got.output, ref.output), tol);
+      EXPECT_LE(max_abs_diff(*got.logsumexp, *ref.logsumexp), tol * 10);
+    }
+  }
+}
+
 // 16-bit inputs through the run path (the window) and the gathered block tiles (BigBird,
 // Longformer's globals): against the float64 reference on the same rounded inputs, within
 // the rounding of P to the input type for P V (native bf16 tiles; f16 and widened bf16
