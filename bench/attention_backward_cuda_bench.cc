@@ -28,15 +28,11 @@ using qkv::Tensor;
 
 // state.range: B, H, L, D, causal.
 void BM_AttentionBackwardCuda(benchmark::State& state) {
-  if (!qkv::cuda::available()) {
-    state.SkipWithError("no GPU");
-    return;
-  }
+  const auto operands = qkv::bench::gpu_qkv(state);
+  if (!operands) return;
+  const auto& [q, k, v] = *operands;  // [B, H, L, D] bf16 on cuda:0
   const int64_t b = state.range(0), h = state.range(1), l = state.range(2), d = state.range(3);
   const bool causal = state.range(4) != 0;
-  const Tensor q = Tensor::randn({b, h, l, d}, 1, qkv::DType::bf16).to(Device::cuda());  // [B, H, L, D]
-  const Tensor k = Tensor::randn({b, h, l, d}, 2, qkv::DType::bf16).to(Device::cuda());
-  const Tensor v = Tensor::randn({b, h, l, d}, 3, qkv::DType::bf16).to(Device::cuda());
   const Tensor dout = Tensor::randn({b, h, l, d}, 4, qkv::DType::bf16).to(Device::cuda());
   qkv::AttentionOptions o;
   o.is_causal = causal;

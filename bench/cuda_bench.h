@@ -5,9 +5,13 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "qkv/cuda.h"
+#include "qkv/tensor.h"
 
 namespace qkv::bench {
 
@@ -27,6 +31,21 @@ double gpu_ms(Fn&& fn) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return ms;
+}
+
+// Random bf16 q, k, v [B, H, L, D] on cuda:0 (seeds 1, 2, 3) for state.range (B, H, L,
+// D, causal), or nullopt after SkipWithError when there is no GPU.
+inline std::optional<std::array<qkv::Tensor, 3>> gpu_qkv(benchmark::State& state) {
+  if (!qkv::cuda::available()) {
+    state.SkipWithError("no GPU");
+    return std::nullopt;
+  }
+  const int64_t b = state.range(0), h = state.range(1), l = state.range(2), d = state.range(3);
+  std::array<qkv::Tensor, 3> qkv_tensors;
+  for (uint64_t i = 0; i < 3; ++i) {
+    qkv_tensors[i] = qkv::Tensor::randn({b, h, l, d}, i + 1, qkv::DType::bf16).to(qkv::Device::cuda());
+  }
+  return qkv_tensors;
 }
 
 // The shapes of issue 19's table (B, H, L, D, causal): (4, 16, 4096, 128) and
