@@ -120,12 +120,9 @@ struct Scratch {
   int64_t q_for = -1;  // the cache head (b Hk + hk) they were made for: a thread's items mostly follow one another
 };
 
-// int8 caches' query rows [rows, D] for cache head (b, hk): q r rounded per row (its spreads r),
-// in channel order and, when D is a multiple of 64, in the kernel's layout; q . c (offsets c).
-Int8Query int8_query(const DecodeCall& d, const float* qrows, const KVCache& cache, int64_t bh, Scratch& sc) {
+// int8_query's rows for cache head bh into sc.
+void fill_int8_query(const DecodeCall& d, const float* qrows, const KVCache& cache, int64_t bh, Scratch& sc) {
   const int64_t rows = d.group * d.lq, dk = d.dk;
-  const Int8Query q{sc.q16.empty() ? nullptr : sc.q16.data(), sc.qs.data(), sc.sigma.data(), sc.qc.data()};
-  if (sc.q_for == bh) return q;  // rounding 4 rows of 128 per item of 1024 keys was 10% of its scores' time
   sc.q_for = bh;
   const float* spread = cache.key_spreads().data<float>() + bh * dk;  // [D]
   const float* offset = cache.key_offsets().data<float>() + bh * dk;  // [D]
@@ -147,6 +144,13 @@ Int8Query int8_query(const DecodeCall& d, const float* qrows, const KVCache& cac
       sc.q16[r * dk + c] = q_hat[c / 64 * 64 + (c % 64 < 32 ? 2 * (c % 64) : 2 * (c % 64 - 32) + 1)];
     }
   }
+}
+
+// int8 caches' query rows [rows, D] for cache head (b, hk): q r rounded per row (its spreads r),
+// in channel order and, when D is a multiple of 64, in the kernel's layout; q . c (offsets c).
+Int8Query int8_query(const DecodeCall& d, const float* qrows, const KVCache& cache, int64_t bh, Scratch& sc) {
+  // Made once per cache head: rounding 4 rows of 128 per item of 1024 keys was 10% of its scores' time.
+  if (sc.q_for != bh) fill_int8_query(d, qrows, cache, bh, sc);
   return {sc.q16.empty() ? nullptr : sc.q16.data(), sc.qs.data(), sc.sigma.data(), sc.qc.data()};
 }
 
