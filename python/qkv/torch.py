@@ -12,7 +12,9 @@ Drop-in replacements, same signatures as PyTorch's:
 Both are torch.library custom ops (qkv::scaled_dot_product_attention, qkv::multihead_attention and
 their backward ops), each with a fake (meta) kernel and a registered autograd formula, so
 torch.compile traces them and torch.library.opcheck passes. Tensors cross into qkv through DLPack
-without copies (CPU tensors only). Masks are constants: a float attn_mask that requires grad gets
+without copies. The SDPA ops are registered for CPU and CUDA tensors: on CUDA, bfloat16/float16
+inputs with head dims 64 or 128 run qkv's GPU forward and backward (docs/cuda.md); the MHA ops are
+CPU only (torch names the missing CUDA kernel). Masks are constants: a float attn_mask that requires grad gets
 no gradient (torch's would). Dropout seeds are drawn from torch's default generator, so
 torch.manual_seed makes a run repeatable; the draws themselves are qkv's (Philox), not torch's.
 See docs/python.md, "qkv inside PyTorch autograd".
@@ -61,7 +63,12 @@ def _sdpa_out_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gq
     return tuple(lead) + (q.shape[-2], v.shape[-1])
 
 
-@torch.library.custom_op("qkv::scaled_dot_product_attention", mutates_args=(), device_types="cpu")
+# The SDPA ops on both devices: qkv dispatches CUDA tensors to its GPU kernels (bf16/f16,
+# D = 64 or 128, no dropout: anything else is qkv's own error naming the device and dtype).
+_SDPA_DEVICES = ("cpu", "cuda")
+
+
+@torch.library.custom_op("qkv::scaled_dot_product_attention", mutates_args=(), device_types=_SDPA_DEVICES)
 def _sdpa_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
              dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool,
              seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +86,7 @@ def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, see
     return query.new_empty(shape), query.new_empty(shape[:-1], dtype=lse_dtype)
 
 
-@torch.library.custom_op("qkv::scaled_dot_product_attention_backward", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("qkv::scaled_dot_product_attention_backward", mutates_args=(), device_types=_SDPA_DEVICES)
 def _sdpa_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       out: torch.Tensor, logsumexp: torch.Tensor, attn_mask: Optional[torch.Tensor],
                       dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool,
@@ -119,7 +126,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """torch.nn.functional.scaled_dot_product_attention on qkv's fused kernels, differentiable.
 
     Same arguments and conventions (bool attn_mask: True = take part; float: added). CPU tensors
-    of float32, float64, float16 or bfloat16. attn_mask is a constant (no gradient)."""
+    of float32, float64, float16 or bfloat16; CUDA tensors of bfloat16 or float16 with head dim
+    64 or 128 and no dropout (qkv's GPU kernels). attn_mask is a constant (no gradient)."""
     out, _ = _sdpa_op(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
                       None if scale is None else float(scale), bool(enable_gqa), _dropout_seed(dropout_p))
     return out
@@ -257,6 +265,12 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
         for name, p in zip(_PARAMS, params):
             if p is not None and p.dtype != torch.float32:
                 raise TypeError(f"qkv.torch.MultiheadAttention: {name} is {p.dtype}; qkv's layer is float32 only")
+        # qkv::nn runs on the host: say so before torch's dispatcher finds no kernel for the
+        # device ("meta" stays: its fake kernel infers shapes).
+        for name, t in zip(("query", "key", "value", "in_proj/out_proj weights"), (query, key, value, params[-2])):
+            if t.device.type not in ("cpu", "meta"):
+                raise ValueError(f"qkv.torch.MultiheadAttention: {name} on {t.device}; qkv's layer runs on the CPU "
+                                 "(qkv.torch.scaled_dot_product_attention takes CUDA tensors)")
         dropout_p = float(self.dropout) if self.training else 0.0
         out, weights = _mha_op(query, key, value, *params, key_padding_mask, attn_mask, self.num_heads,
                                bool(self.add_zero_attn), dropout_p, self.training, self.batch_first, need_weights,

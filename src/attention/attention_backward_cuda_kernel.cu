@@ -137,68 +137,6 @@ __global__ void __launch_bounds__(kPreThreads) backward_preprocess(const __grid_
 
 // ---- 3. the main kernel: tile products ------------------------------------------------
 
-// C = A B^T for the warp's 16 rows of tile `sa` ([.., D], rows warp * 16 + 0..15) and the
-// kBr rows of tile `sb`: C row r, column n * 8 + c in c[n] as the mma accumulator
-// (c[n][0..1]: row lane / 4, columns 2 (lane % 4) + 0..1; c[n][2..3]: row lane / 4 + 8).
-// S^T = K Q^T and dP^T = V dO^T. A fragment (ldmatrix, matrices 0-3 from lanes 0-7, 8-15,
-// 16-23, 24-31): rows 0-7 / 8-15 / 0-7 / 8-15, k chunks 0 / 0 / 1 / 1 = a0..a3 of
-// m16n8k16. B fragment (B[k][n] = sb[n][k], non-transposed): rows n 0-7 / 0-7 / 8-15 /
-// 8-15, k chunks 0 / 1 / 0 / 1 = b0, b1 of n-tile 2 np, then of 2 np + 1.
-template <class T, int D>
-__device__ __forceinline__ void product_abt(const T* sa, const T* sb, float (&c)[kBr / 8][4]) {
-  const int lane = threadIdx.x % 32, row0 = threadIdx.x / 32 * 16;
-#pragma unroll
-  for (int n = 0; n < kBr / 8; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    uint32_t a[4];
-    ldmatrix_x4(a, fragment_address<D>(smem_address(sa), row0 + lane % 16, ks, lane / 16));
-#pragma unroll
-    for (int np = 0; np < kBr / 16; ++np) {
-      uint32_t b[4];
-      const int row = np * 16 + (lane % 8) + 8 * (lane / 16);
-      ldmatrix_x4(b, fragment_address<D>(smem_address(sb), row, ks, (lane / 8) % 2));
-      mma_16816<T>(c[2 * np], a, b[0], b[1]);
-      mma_16816<T>(c[2 * np + 1], a, b[2], b[3]);
-    }
-  }
-}
-
-// c += A B for A [16, kBr] packed from an accumulator (pack) and B[k][n] = sb[k][n], a
-// [kBr, D] tile read transposed: dV += P^T dO and dK += dS^T Q. ldmatrix .trans gives
-// lane t the elements (2 (t % 4) + 0..1, t / 4) of a stored 8x8 matrix, so matrices of
-// rows k 0-7 / 8-15 / 0-7 / 8-15, column chunks 0 / 0 / 1 / 1 are b0, b1 of n-tile
-// 2 dp, then of 2 dp + 1 (the forward's P V).
-template <class T, int D>
-__device__ __forceinline__ void product_packed(const uint32_t (&a)[kBr / 16][4], const T* sb, float (&c)[D / 8][4]) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int kk = 0; kk < kBr / 16; ++kk) {
-#pragma unroll
-    for (int dp = 0; dp < D / 16; ++dp) {
-      uint32_t b[4];
-      const int row = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-      ldmatrix_x4_trans(b, fragment_address<D>(smem_address(sb), row, dp, lane / 16));
-      mma_16816<T>(c[2 * dp], a[kk], b[0], b[1]);
-      mma_16816<T>(c[2 * dp + 1], a[kk], b[2], b[3]);
-    }
-  }
-}
-
-// An accumulator [16, kBr] as the A fragments of a product over its columns (the
-// forward's pack_p): a0 = row lane / 4, columns 16 kk + 2 (lane % 4) + 0..1 = c[2 kk][0..1];
-// a1 = row + 8 = c[2 kk][2..3]; a2, a3 = columns + 8 = c[2 kk + 1].
-template <class T>
-__device__ __forceinline__ void pack(const float (&c)[kBr / 8][4], uint32_t (&a)[kBr / 16][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kBr / 16; ++kk) {
-    a[kk][0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
-    a[kk][1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
-    a[kk][2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-    a[kk][3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
-  }
-}
-
 // Columns of dQ_i per warp: D split over the BC / 64 warps that share an m16 tile of rows.
 template <int D, int BC>
 constexpr int kDqColumns = D / (BC / 64);
@@ -219,7 +157,7 @@ __device__ __forceinline__ int dq_group(int warp) {
 // dS^T, [BC, kBr]) and K the [BC, D] key tile. A[m][k] = sds[k][m]: ldmatrix .trans of
 // the stored matrices of keys 0-7 / 0-7 / 8-15 / 8-15, query chunks 0 / 1 / 0 / 1 gives
 // a0 (rows 0-7, k 0-7), a1 (rows 8-15), a2 (k 8-15), a3. B[k][n] = K[k][n]: as
-// product_packed, from column chunk 2 (step0 + dp).
+// mma_ab_packed, from column chunk 2 (step0 + dp).
 template <class T, int D, int BC>
 __device__ __forceinline__ void query_gradient(const T* sds, const T* sk, float (&c)[kDqColumns<D, BC> / 8][4]) {
   constexpr int kCols = kDqColumns<D, BC>;
@@ -302,7 +240,7 @@ __device__ __forceinline__ void softmax_gradient(const float (&s)[kBr / 8][4], c
   }
 }
 
-// The warp's packed dS^T (pack's layout: a[kk][x] = rows lane / 4 + 8 (x % 2), columns
+// The warp's packed dS^T (pack_rows' layout: a[kk][x] = rows lane / 4 + 8 (x % 2), columns
 // 16 kk + 8 (x / 2) + 2 (lane % 4) + 0..1) into the swizzled [BC, kBr] tile.
 template <class T>
 __device__ __forceinline__ void store_ds(const uint32_t (&a)[kBr / 16][4], T* sds) {
@@ -353,21 +291,23 @@ __device__ __forceinline__ void add_rows(float* acc, int64_t stride, int64_t row
 // dQ_i += scale dS K into the accumulator `dq` (the entry's rows).
 template <class T, int D, int BC>
 __device__ __forceinline__ void step(const FlashBackwardParams& p, const Tiles<T>& t, int64_t mask_base, int64_t n0,
-                                     int64_t i0, float* dq, float (&dk)[D / 8][4], float (&dv)[D / 8][4]) {
-  uint32_t pk[kBr / 16][4];
-  float s[kBr / 8][4];
-  product_abt<T, D>(t.k, t.q, s);  // S^T = K Q^T
-  probabilities<T, BC>(p.f, mask_base, n0, i0, t.lse2, s);
-  pack<T>(s, pk);
-  product_packed<T, D>(pk, t.dout, dv);  // dV += P^T dO
+                                     int64_t i0, float* dq, float (&dk)[1][D / 8][4], float (&dv)[1][D / 8][4]) {
+  // One m-tile of 16 keys per warp (the [1] of the products' m-tile dimension).
+  const int row0 = threadIdx.x / 32 * 16;
+  uint32_t pk[1][kBr / 16][4];
+  float s[1][kBr / 8][4];
+  mma_abt<T, D, 1, kBr>(t.k, row0, t.q, s);  // S^T = K Q^T
+  probabilities<T, BC>(p.f, mask_base, n0, i0, t.lse2, s[0]);
+  pack_rows<T, 1, kBr>(s, pk);
+  mma_ab_packed<T, D, 1, kBr>(pk, t.dout, dv);  // dV += P^T dO
   {
-    float dp[kBr / 8][4];
-    product_abt<T, D>(t.v, t.dout, dp);  // dP^T = V dO^T
-    softmax_gradient(s, t.delta, dp);
-    pack<T>(dp, pk);
+    float dp[1][kBr / 8][4];
+    mma_abt<T, D, 1, kBr>(t.v, row0, t.dout, dp);  // dP^T = V dO^T
+    softmax_gradient(s[0], t.delta, dp[0]);
+    pack_rows<T, 1, kBr>(dp, pk);
   }
-  product_packed<T, D>(pk, t.q, dk);  // dK += dS^T Q
-  store_ds<T>(pk, t.ds);
+  mma_ab_packed<T, D, 1, kBr>(pk, t.q, dk);  // dK += dS^T Q
+  store_ds<T>(pk[0], t.ds);
   __syncthreads();  // every warp's dS^T is in the tile
   constexpr int kCols = kDqColumns<D, BC>;
   float dqi[kCols / 8][4];
@@ -392,8 +332,9 @@ __device__ __forceinline__ void load_step(const FlashBackwardParams& p, const T*
   }
 }
 
-// Grid: the key blocks of BC keys of each batch entry in turn (blockIdx.x = entry *
-// key blocks + block; causal: block 0, which sees the most rows, first). Shared memory:
+// Grid: the key blocks of BC keys of the batch entries (grid_slot: entry by entry, or,
+// causal, key block 0 — which sees the most rows — of every entry first, then block 1,
+// ...: longest first over groups of f.order_group entries). Shared memory:
 // K, V, then two stages of (Q_i, dO_i), the dS^T tile and two stages of (lse2, D).
 template <class T, int D, int BC>
 __global__ void __launch_bounds__(kThreadsOf<BC>, 128 / BC)
@@ -401,8 +342,8 @@ __global__ void __launch_bounds__(kThreadsOf<BC>, 128 / BC)
   static_assert(BC == 64 || BC == 128, "64 or 128 keys per block");
   extern __shared__ __align__(128) unsigned char smem[];
   const FlashParams& f = p.f;
-  const int64_t key_blocks = (f.lk + BC - 1) / BC, entry = blockIdx.x / key_blocks;
-  const int64_t n0 = blockIdx.x % key_blocks * BC;
+  const GridSlot slot = grid_slot((f.lk + BC - 1) / BC, f.entries, f.order_group);
+  const int64_t entry = slot.entry, n0 = slot.rank * BC;
   // The steps that see these keys: all, or (causal: key j is seen by rows i >= j) from the one holding row n0.
   const int first = f.causal ? static_cast<int>(n0 / kBr) : 0;
   const int steps = static_cast<int>((f.lq + kBr - 1) / kBr);
@@ -422,11 +363,11 @@ __global__ void __launch_bounds__(kThreadsOf<BC>, 128 / BC)
   load_tile<BC, D, kThreadsOf<BC>>(sv, static_cast<const T*>(f.v) + at.v, f.v_row, n0, f.lk);
   load_step<T, D, BC>(p, q, dout, lse2, delta, sq, sdo, sstats, first);
   cp_async_commit();
-  float dk[D / 8][4], dv[D / 8][4];
+  float dk[1][D / 8][4], dv[1][D / 8][4];  // the warp's 16 keys (one m-tile)
 #pragma unroll
   for (int t = 0; t < D / 8; ++t) {
-    dk[t][0] = dk[t][1] = dk[t][2] = dk[t][3] = 0.0f;
-    dv[t][0] = dv[t][1] = dv[t][2] = dv[t][3] = 0.0f;
+    dk[0][t][0] = dk[0][t][1] = dk[0][t][2] = dk[0][t][3] = 0.0f;
+    dv[0][t][0] = dv[0][t][1] = dv[0][t][2] = dv[0][t][3] = 0.0f;
   }
   for (int i = first; i < steps; ++i) {
     const int stage = (i - first) & 1;
@@ -451,8 +392,8 @@ __global__ void __launch_bounds__(kThreadsOf<BC>, 128 / BC)
     __syncthreads();  // every warp is done with this stage and the dS^T tile before they are refilled
   }
   const int64_t key0 = n0 + threadIdx.x / 32 * 16;  // the warp's keys
-  add_rows<D / 8>(p.dk_acc + at.dk, p.dk_row, key0, f.lk, dk, p.scale);
-  add_rows<D / 8>(p.dv_acc + at.dv, p.dv_row, key0, f.lk, dv, 1.0f);
+  add_rows<D / 8>(p.dk_acc + at.dk, p.dk_row, key0, f.lk, dk[0], p.scale);
+  add_rows<D / 8>(p.dv_acc + at.dv, p.dv_row, key0, f.lk, dv[0], 1.0f);
 }
 
 // ---- 4. conversion and the launch ---------------------------------------------------------
@@ -527,14 +468,18 @@ void launch_typed(const FlashBackwardParams& p, cudaStream_t stream, const char*
   for (const auto& [acc, n] : accumulators) {
     if (n > 0) check(cudaMemsetAsync(acc, 0, static_cast<size_t>(n) * sizeof(float), stream), op, "cudaMemsetAsync");
   }
-  int64_t entries = 1;
-  for (int d = 0; d < f.batch_ndim; ++d) entries *= f.batch[d];
+  FlashBackwardParams g = p;
+  g.f.entries = 1;
+  for (int d = 0; d < f.batch_ndim; ++d) g.f.entries *= f.batch[d];
+  // Causal: longest first over the whole grid (QKV_CUDA_BWD_GROUP=N for groups of N).
+  g.f.order_group = f.causal ? order_group(g.f.entries, "QKV_CUDA_BWD_GROUP") : 0;
+  const int64_t entries = g.f.entries;
   if (entries > 0 && f.lq > 0 && f.lk > 0) {
     // (the host checked that both grids fit in 2^31 - 1 blocks)
     const auto pre = static_cast<unsigned>(p.lq_padded / kPreRows * entries);
-    backward_preprocess<T, D><<<pre, kPreThreads, 0, stream>>>(p);
+    backward_preprocess<T, D><<<pre, kPreThreads, 0, stream>>>(g);
     check(cudaGetLastError(), op, "the backward preprocess kernel's launch");
-    key_tile == 128 ? launch_main<T, D, 128>(p, entries, stream, op) : launch_main<T, D, 64>(p, entries, stream, op);
+    key_tile == 128 ? launch_main<T, D, 128>(g, entries, stream, op) : launch_main<T, D, 64>(g, entries, stream, op);
   }
   convert<T>(p.dq_acc, p.dq, p.dq_numel, stream, op);
   convert<T>(p.dk_acc, p.dk, p.dk_numel, stream, op);

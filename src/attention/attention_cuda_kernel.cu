@@ -58,19 +58,10 @@ struct Block {
 template <class T>
 __device__ bool locate(const FlashParams& p, Block& b) {
   // Causal blocks run heaviest (last query tile) first within groups of order_group
-  // entries (all of them by default), so that the short ones fill the tail: a
-  // longest-first list schedule.
-  const int64_t i = blockIdx.x;
-  int64_t entry = 0, m_block = 0;
-  if (p.order_group > 0) {
-    const int64_t span = p.order_group * p.m_blocks, first = i / span * p.order_group;
-    const int64_t within = i % span, size = min(p.order_group, p.entries - first);
-    entry = first + within % size;
-    m_block = p.m_blocks - 1 - within / size;
-  } else {
-    entry = i / p.m_blocks;
-    m_block = i % p.m_blocks;
-  }
+  // entries (all of them by default); others entry by entry (order_group 0).
+  const GridSlot slot = grid_slot(p.m_blocks, p.entries, p.order_group);
+  const int64_t entry = slot.entry;
+  const int64_t m_block = p.order_group > 0 ? p.m_blocks - 1 - slot.rank : slot.rank;
   int64_t rest = entry, q = 0, k = 0, v = 0, o = 0, l = 0, m = 0;
   for (int d = p.batch_ndim - 1; d >= 0; --d) {
     const int64_t index = rest % p.batch[d];
@@ -131,39 +122,6 @@ struct Warp {
   float row_max[kM][2];
   float row_sum[kM][2];  // this thread's part of the row sums
 };
-
-// S = Q K^T for the warp's rows against a [Bc, D] key tile: Q's fragments come from
-// shared memory per k-step (registers are for S and O), each K fragment serves kM
-// m-tiles.
-template <class T, int D, int BC>
-__device__ __forceinline__ void scores(const T* sq, const T* sk, float (&s)[kM][BC / 8][4]) {
-  constexpr int kBc = BC;
-  const int lane = threadIdx.x % 32, row0 = threadIdx.x / 32 * 16 * kM;
-#pragma unroll
-  for (int m = 0; m < kM; ++m) {
-#pragma unroll
-    for (int n = 0; n < kBc / 8; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
-  }
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    uint32_t a[kM][4];
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      ldmatrix_x4(a[m], fragment_address<D>(smem_address(sq), row0 + m * 16 + lane % 16, ks, lane / 16));
-    }
-#pragma unroll
-    for (int np = 0; np < kBc / 16; ++np) {
-      uint32_t b[4];
-      const int key = np * 16 + (lane % 8) + 8 * (lane / 16);
-      ldmatrix_x4(b, fragment_address<D>(smem_address(sk), key, ks, (lane / 8) % 2));
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        mma_16816<T>(s[m][2 * np], a[m], b[0], b[1]);
-        mma_16816<T>(s[m][2 * np + 1], a[m], b[2], b[3]);
-      }
-    }
-  }
-}
 
 // Scales S to base 2 and, in tiles that need it, masks the keys a row must not see:
 // past the key end, right of the diagonal, or the mask's. The bounds are relative to
@@ -236,41 +194,6 @@ __device__ __forceinline__ void softmax_tile(Warp<T, D>& w, float (&s)[kM][BC / 
       for (int t = 0; t < D / 8; ++t) {
         w.o[m][t][2 * r] *= correction;
         w.o[m][t][2 * r + 1] *= correction;
-      }
-    }
-  }
-}
-
-// P as the A fragments of P V (T pairs), so that the float scores die before P V.
-template <class T, int D, int BC>
-__device__ __forceinline__ void pack_p(const float (&s)[kM][BC / 8][4], uint32_t (&pk)[kM][BC / 16][4]) {
-#pragma unroll
-  for (int m = 0; m < kM; ++m) {
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
-      pk[m][kk][0] = pack2<T>(s[m][2 * kk][0], s[m][2 * kk][1]);
-      pk[m][kk][1] = pack2<T>(s[m][2 * kk][2], s[m][2 * kk][3]);
-      pk[m][kk][2] = pack2<T>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-      pk[m][kk][3] = pack2<T>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-    }
-  }
-}
-
-// O += P V for a [Bc, D] value tile; each V fragment serves kM m-tiles.
-template <class T, int D, int BC>
-__device__ __forceinline__ void accumulate(Warp<T, D>& w, const uint32_t (&pk)[kM][BC / 16][4], const T* sv) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int kk = 0; kk < BC / 16; ++kk) {
-#pragma unroll
-    for (int dp = 0; dp < D / 16; ++dp) {
-      uint32_t b[4];
-      const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-      ldmatrix_x4_trans(b, fragment_address<D>(smem_address(sv), key, dp, lane / 16));
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        mma_16816<T>(w.o[m][2 * dp], pk[m][kk], b[0], b[1]);
-        mma_16816<T>(w.o[m][2 * dp + 1], pk[m][kk], b[2], b[3]);
       }
     }
   }
@@ -364,28 +287,17 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward(const __grid_consta
     uint32_t pk[kM][kBc / 16][4];
     {
       float s[kM][kBc / 8][4];
-      scores<T, D, BC>(sq, sk + stage * kBc * D, s);
+      mma_abt<T, D, kM, BC>(sq, threadIdx.x / 32 * 16 * kM, sk + stage * kBc * D, s);  // S = Q K^T
       scale_and_mask<T, D, BC>(p, b, n0, masked, s);
       softmax_tile<T, D, BC>(w, s);
-      pack_p<T, D, BC>(s, pk);
+      pack_rows<T, kM, BC>(s, pk);
     }
-    accumulate<T, D, BC>(w, pk, sv + stage * kBc * D);
+    mma_ab_packed<T, D, kM, BC>(pk, sv + stage * kBc * D, w.o);  // O += P V
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
   cp_async_wait<0>();  // no tile: the first loads still land before the block ends
   __syncthreads();
   write_out<T, D>(p, b, w, sq);
-}
-
-// Entries per heaviest-first group of causal blocks: all of them (one longest-first
-// order over the whole grid), unless QKV_CUDA_FLASH_GROUP=N (read once) asks for N, for
-// measuring. On an H100 (docs/cuda.md) the whole grid ran 8% faster than entry by
-// entry at (4, 16, 4096) and (1, 16, 16384); smaller groups did as well only when the
-// last group was not much smaller than the others (its blocks are the tail).
-int64_t order_group(int64_t entries) {
-  static const int64_t forced = kernels::cuda::env_int("QKV_CUDA_FLASH_GROUP", 0);
-  const int64_t all = std::max<int64_t>(1, entries);
-  return forced > 0 ? std::min(forced, all) : all;  // (a group past the entries is all of them)
 }
 
 template <class T, int D, int BC>
@@ -406,7 +318,7 @@ void launch(const FlashParams& p, cudaStream_t stream, const char* op) {
     fail<ValueError>(op, ": the CUDA kernel takes at most 2^31 - 1 blocks of ", kBr, " query rows (got ", f.m_blocks,
                      " x ", f.entries, " batch entries) and 65535 sequences (got ", p.sequences, ")");
   }
-  f.order_group = p.causal ? order_group(f.entries) : 0;
+  f.order_group = p.causal ? order_group(f.entries, "QKV_CUDA_FLASH_GROUP") : 0;
   const dim3 grid(static_cast<unsigned>(f.m_blocks * f.entries), 1, static_cast<unsigned>(p.sequences));
   kernel<<<grid, kThreads, kSmem, stream>>>(f);
   kernels::cuda::check(cudaGetLastError(), op, "the FlashAttention kernel's launch");
@@ -425,6 +337,16 @@ void launch_tiles(const FlashParams& p, cudaStream_t stream, const char* op) {
 }
 
 }  // namespace
+
+// All the entries (one longest-first order over the whole grid), unless the knob asks
+// for N, for measuring. On an H100 (docs/cuda.md) the forward's whole grid ran 8% faster
+// than entry by entry at (4, 16, 4096) and (1, 16, 16384); smaller groups did as well
+// only when the last group was not much smaller than the others (its blocks are the tail).
+int64_t order_group(int64_t entries, const char* knob) {
+  const int64_t forced = kernels::cuda::env_int(knob, 0);
+  const int64_t all = std::max<int64_t>(1, entries);
+  return forced > 0 ? std::min(forced, all) : all;  // (a group past the entries is all of them)
+}
 
 void launch_flash_forward(const FlashParams& p, void* stream_handle, const char* op) {
   const auto stream = static_cast<cudaStream_t>(stream_handle);

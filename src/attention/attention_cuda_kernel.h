@@ -51,11 +51,16 @@ struct FlashParams {
   float scale_log2 = 0;  // scale * log2(e): scores are kept in base 2
   bool causal = false;   // key j attends to query i when j <= i (top-left), per sequence
 
-  // Set by launch_flash_forward: the grid's x runs over m_blocks query tiles times
-  // `entries` batch entries; order_group > 0 (causal) orders them heaviest first
-  // within groups of order_group entries, else (0) entry by entry in order.
+  // Set by the launches: the grid's x runs over m_blocks query tiles (the backward: key
+  // blocks) times `entries` batch entries; order_group > 0 (causal) orders them heaviest
+  // first within groups of order_group entries, else (0) entry by entry in order.
   int64_t m_blocks = 0, entries = 0, order_group = 0;
 };
+
+// Entries per heaviest-first group of a causal grid (FlashParams::order_group): all of
+// `entries`, unless the environment variable `knob` (QKV_CUDA_FLASH_GROUP for the
+// forward, QKV_CUDA_BWD_GROUP for the backward) is set to N > 0, for measuring.
+int64_t order_group(int64_t entries, const char* knob);
 
 // Queues the kernel on `stream` (a cudaStream_t) of the current device. DeviceError
 // naming `op` when the launch fails.

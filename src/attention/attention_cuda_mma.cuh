@@ -1,7 +1,8 @@
 // Tensor-core building blocks of the CUDA FlashAttention kernels (forward:
 // attention_cuda_kernel.cu; backward: attention_backward_cuda_kernel.cu), sm_80 and
 // later: PTX wrappers for cp.async, ldmatrix and mma.sync m16n8k16, the swizzled
-// shared-memory tile layout, its ldmatrix fragment addresses and the tile loader.
+// shared-memory tile layout, its ldmatrix fragment addresses, the tile loader, the
+// warps' products both kernels are made of, and the grids' heaviest-first order.
 // Device code only: included by .cu files.
 #pragma once
 
@@ -122,6 +123,110 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, int64_t stride
     // (row + pass * kRowsPerPass) % 8 == row % 8: one swizzle for every pass.
     cp_async_16(dst + pass * kRowsPerPass * D, valid ? src + pass * kRowsPerPass * stride : base, valid);
   }
+}
+
+// ---- warp products on the tensor cores ------------------------------------------
+
+// c[m] = A_m B^T for the warp's M m-tiles of 16 rows of tile `sa` (from row `row0`)
+// against the N rows of tile `sb`, both [.., D] swizzled: row r, column n * 8 + x of
+// product m in c[m][n] as the mma accumulator (c[m][n][0..1]: row lane / 4, columns
+// 2 (lane % 4) + 0..1; c[m][n][2..3]: row lane / 4 + 8). The forward's S = Q K^T, the
+// backward's S^T = K Q^T and dP^T = V dO^T. A fragments (ldmatrix, matrices 0-3 from
+// lanes 0-7, 8-15, 16-23, 24-31): rows 0-7 / 8-15 / 0-7 / 8-15, k chunks 0 / 0 / 1 / 1 =
+// a0..a3 of m16n8k16, read from shared memory per k-step (registers are for c). B
+// fragments (B[k][n] = sb[n][k]): rows n 0-7 / 0-7 / 8-15 / 8-15, k chunks 0 / 1 / 0 / 1
+// = b0, b1 of n-tile 2 np, then of 2 np + 1; each serves the M m-tiles.
+template <class T, int D, int M, int N>
+__device__ __forceinline__ void mma_abt(const T* sa, int row0, const T* sb, float (&c)[M][N / 8][4]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n) c[m][n][0] = c[m][n][1] = c[m][n][2] = c[m][n][3] = 0.0f;
+  }
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    uint32_t a[M][4];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      ldmatrix_x4(a[m], fragment_address<D>(smem_address(sa), row0 + m * 16 + lane % 16, ks, lane / 16));
+    }
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t b[4];
+      const int row = np * 16 + (lane % 8) + 8 * (lane / 16);
+      ldmatrix_x4(b, fragment_address<D>(smem_address(sb), row, ks, (lane / 8) % 2));
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        mma_16816<T>(c[m][2 * np], a[m], b[0], b[1]);
+        mma_16816<T>(c[m][2 * np + 1], a[m], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// Accumulators [16, N] as the A fragments of a product over their columns, rounded to
+// T: a[m][kk][0] = row lane / 4, columns 16 kk + 2 (lane % 4) + 0..1 = c[m][2 kk][0..1];
+// [1] = row + 8 = c[m][2 kk][2..3]; [2], [3] = columns + 8 = c[m][2 kk + 1]. The forward's
+// P (so that the float scores die before P V), the backward's P^T and dS^T.
+template <class T, int M, int N>
+__device__ __forceinline__ void pack_rows(const float (&c)[M][N / 8][4], uint32_t (&a)[M][N / 16][4]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+      a[m][kk][0] = pack2<T>(c[m][2 * kk][0], c[m][2 * kk][1]);
+      a[m][kk][1] = pack2<T>(c[m][2 * kk][2], c[m][2 * kk][3]);
+      a[m][kk][2] = pack2<T>(c[m][2 * kk + 1][0], c[m][2 * kk + 1][1]);
+      a[m][kk][3] = pack2<T>(c[m][2 * kk + 1][2], c[m][2 * kk + 1][3]);
+    }
+  }
+}
+
+// c[m] += A_m B for A_m [16, K] packed by pack_rows and B[k][n] = sb[k][n], a swizzled
+// [K, D] tile read transposed: the forward's O += P V, the backward's dV += P^T dO and
+// dK += dS^T Q. ldmatrix .trans gives lane t the elements (2 (t % 4) + 0..1, t / 4) of a
+// stored 8x8 matrix, so matrices of rows k 0-7 / 8-15 / 0-7 / 8-15, column chunks 0 / 0 /
+// 1 / 1 are b0, b1 of n-tile 2 dp, then of 2 dp + 1; each serves the M m-tiles.
+template <class T, int D, int M, int K>
+__device__ __forceinline__ void mma_ab_packed(const uint32_t (&a)[M][K / 16][4], const T* sb, float (&c)[M][D / 8][4]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      const int row = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+      ldmatrix_x4_trans(b, fragment_address<D>(smem_address(sb), row, dp, lane / 16));
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        mma_16816<T>(c[m][2 * dp], a[m][kk], b[0], b[1]);
+        mma_16816<T>(c[m][2 * dp + 1], a[m][kk], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// ---- grid order ------------------------------------------------------------------
+
+// Which work the 1-D grid's block blockIdx.x does, when each of `entries` batch entries has
+// `blocks` blocks ranked by cost (rank 0 the heaviest: the forward's last causal query
+// tile, the backward's first causal key block). group > 0: heaviest first within groups
+// of `group` entries (all ranks 0 of a group, then all ranks 1, ...), so that short blocks
+// fill the tail, a longest-first list schedule; group 0: entry by entry, rank by rank.
+// Unsigned 32-bit arithmetic: the launches check that blocks x entries < 2^31. (With
+// int64, or signed int, ptxas spilled 16 more bytes in the backward at D = 128; unsigned
+// spills none there, 8 bytes fewer than the division the backward had before.)
+struct GridSlot {
+  unsigned entry, rank;
+};
+__device__ __forceinline__ GridSlot grid_slot(int64_t blocks64, int64_t entries64, int64_t group64) {
+  const unsigned i = blockIdx.x, blocks = static_cast<unsigned>(blocks64);
+  const unsigned entries = static_cast<unsigned>(entries64), group = static_cast<unsigned>(group64);
+  if (group == 0) return {i / blocks, i % blocks};
+  const unsigned span = group * blocks, first = i / span * group;
+  const unsigned within = i % span, size = min(group, entries - first);
+  return {first + within % size, within / size};
 }
 
 }  // namespace qkv::attention::cuda_kernel

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import qkv
+from cuda_oracles import assert_flash_grads, torch_cuda as _torch_cuda
 from fake_cuda_dlpack import kDLCUDA, kDLROCM, FakeCudaArray
 
 describe, roundtrip = qkv._qkv.cuda._describe, qkv._qkv.cuda._roundtrip
@@ -209,20 +210,6 @@ def test_host_only_functions_refuse_cuda_arrays_without_reading_them(tmp_path):
 
 # ---- on a GPU: torch CUDA tensors in and out (pytest -m cuda) ----------------------------
 
-def _torch_cuda():
-    """torch with a GPU and qkv's CUDA backend, or a failure saying what is missing."""
-    if not qkv.cuda.is_available():
-        pytest.fail(f"-m cuda needs qkv's CUDA backend and a GPU (is_built={qkv.cuda.is_built()}, "
-                    f"device_count={qkv.cuda.device_count()})")
-    try:
-        import torch
-    except ImportError:
-        pytest.fail("-m cuda needs torch")
-    if not torch.cuda.is_available():
-        pytest.fail("-m cuda: torch sees no GPU")
-    return torch
-
-
 def _qkv_close_to_torch_float64(torch, q, k, v, out, lse=None, **kw):
     """out (and lse) against torch's SDPA in float64 on the same values (the oracle), with the
     FlashAttention error criterion: at most 2x the error of torch's own kernel in the same
@@ -350,15 +337,4 @@ def test_torch_cuda_backward_against_torch_autograd(causal):
     kw = dict(is_causal=causal, enable_gqa=True)
     out, lse = qkv.scaled_dot_product_attention(q, k, v, return_logsumexp=True, **kw)
     got = qkv.scaled_dot_product_attention_backward(q, k, v, out, dout, lse, **kw)
-
-    def grads(dtype):
-        x = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-        o = torch.nn.functional.scaled_dot_product_attention(*x, **kw)
-        return torch.autograd.grad(o, x, dout.to(dtype))
-
-    for name, mine, want, theirs in zip("qkv", got, grads(torch.float64), grads(torch.bfloat16)):
-        assert mine.device == q.device and mine.dtype == q.dtype and mine.shape == want.shape, name
-        err = (mine.double() - want).abs().max().item()
-        torch_err = (theirs.double() - want).abs().max().item()
-        floor = 2 * ((want + 0.3).to(torch.bfloat16).double() - 0.3 - want).abs().max().item()
-        assert err <= 2 * torch_err + floor, (f"d{name}", err, torch_err, floor)
+    assert_flash_grads(torch, got, q, k, v, dout, **kw)

@@ -172,22 +172,26 @@ for b in json.load(open(sys.argv[1]))["benchmarks"]:
   done
 }
 
-# The backward: attention_backward_cuda_bench at each key tile of $CUDA_BWD_TILES
-# (QKV_CUDA_BWD_BC; default "64 128"), torch's flash SDPA backward on the same shapes,
-# and one table per tile, printed and appended to $OUT/report.md (the JSON stays in
-# /tmp/qkv_backward: $OUT returns at most 8 files).
+# The backward: attention_backward_cuda_bench under each setting of $CUDA_BWD_SETTINGS
+# (space-separated; a setting is VAR=value[,VAR=value...]; default "QKV_CUDA_BWD_BC=64
+# QKV_CUDA_BWD_BC=128", the two key tiles), torch's flash SDPA backward on the same
+# shapes, and one table per setting, printed and appended to $OUT/report.md (the JSON
+# stays in /tmp/qkv_backward: $OUT returns at most 8 files).
 backward_bench() {
   set -o pipefail # (step runs this in a new bash, which does not inherit it)
-  local tmp=/tmp/qkv_backward bc
+  local tmp=/tmp/qkv_backward setting n=0 vars
   mkdir -p "$tmp"
-  for bc in ${CUDA_BWD_TILES:-64 128}; do
-    env LD_LIBRARY_PATH="$QKV_LD" QKV_CUDA_BWD_BC="$bc" "$QKV_BUNDLE_BIN/attention_backward_cuda_bench" \
-      --benchmark_out="$tmp/qkv_$bc.json" --benchmark_out_format=json || return
+  local settings=${CUDA_BWD_SETTINGS:-QKV_CUDA_BWD_BC=64 QKV_CUDA_BWD_BC=128}
+  for setting in $settings; do
+    IFS=, read -ra vars <<<"$setting"
+    env LD_LIBRARY_PATH="$QKV_LD" "${vars[@]}" "$QKV_BUNDLE_BIN/attention_backward_cuda_bench" \
+      --benchmark_out="$tmp/qkv_$((n++)).json" --benchmark_out_format=json || return
   done
   "$PYTHON" bench/peers/sdpa_cuda.py --backward --gemm 0 --out "$tmp/torch.json" || return
-  for bc in ${CUDA_BWD_TILES:-64 128}; do
-    printf '\n%s\n\n' "Backward, key tiles of $bc (QKV_CUDA_BWD_BC=$bc):" | tee -a "$OUT/report.md"
-    "$PYTHON" bench/peers/cuda_report.py --backward --qkv "$tmp/qkv_$bc.json" --torch "$tmp/torch.json" \
+  n=0
+  for setting in $settings; do
+    printf '\n%s\n\n' "Backward, $setting:" | tee -a "$OUT/report.md"
+    "$PYTHON" bench/peers/cuda_report.py --backward --qkv "$tmp/qkv_$((n++)).json" --torch "$tmp/torch.json" \
       ${cuda_runtime:+--cuda-runtime "$cuda_runtime"} | tee -a "$OUT/report.md" || return
   done
 }
@@ -208,7 +212,7 @@ profile() {
     --benchmark_filter="$CUDA_NCU_FILTER" --benchmark_min_time=0.01
 }
 
-# The Python GPU tests (pytest -m cuda tests/python/test_cuda.py) on an extension built
+# The Python GPU tests (pytest -m cuda: test_cuda.py, test_qkv_torch_cuda.py) on an extension built
 # here by tools/device/build_python_ext.sh from the bundle's static libraries: pylibs/
 # (docs/python.md), or pylibs.tar.xz (the same, packed: `tar cJf pylibs.tar.xz -C pylibs .`).
 python_gpu_tests() {
@@ -223,7 +227,8 @@ python_gpu_tests() {
     tail -n 30 "$ext.log"
     return 6
   }
-  PYTHONPATH=$ext "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/python/test_cuda.py 2>&1 | tail -n 40
+  PYTHONPATH=$ext "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests/python/test_cuda.py \
+    tests/python/test_qkv_torch_cuda.py 2>&1 | tail -n 40
 }
 
 # find_tool NAME: NAME on PATH, else in a CUDA toolkit's bin folder (not always on PATH).
