@@ -103,6 +103,30 @@ void BM_ExpStd(benchmark::State& state) {
 BENCHMARK(BM_ExpHighway)->Arg(4096)->Arg(1 << 20);
 BENCHMARK(BM_ExpStd)->Arg(4096)->Arg(1 << 20);
 
+// The online-softmax step of fused attention on one score tile, [128, 512] floats (the
+// f32 forward's tile, in L2): x = exp(x - shift) row by row with the row sums, by
+// exp_shift_sum (Highway's Exp) and by exp_shift_sum_fast (attention's polynomial), the
+// inputs refreshed each iteration in both.
+template <bool kFast>
+void BM_ExpShiftSumTile(benchmark::State& state) {
+  constexpr int64_t kRows = 128, kCols = 512;
+  const std::vector<float> src = inputs(kRows * kCols);  // in [-5, 5]: shift 5 keeps x - shift <= 0
+  std::vector<float> x(src.size());
+  for (auto _ : state) {
+    std::copy(src.begin(), src.end(), x.begin());
+    float total = 0.0f;
+    for (int64_t r = 0; r < kRows; ++r) {
+      float* row = x.data() + r * kCols;
+      total +=
+          kFast ? qkv::kernels::exp_shift_sum_fast(row, kCols, 5.0f) : qkv::kernels::exp_shift_sum(row, kCols, 5.0f);
+    }
+    benchmark::DoNotOptimize(total);
+  }
+  set_bytes(state, kRows * kCols);
+}
+BENCHMARK(BM_ExpShiftSumTile<false>)->Name("BM_ExpShiftSumTile/highway");
+BENCHMARK(BM_ExpShiftSumTile<true>)->Name("BM_ExpShiftSumTile/fast");
+
 // The tensor op: copy, rows on get_num_threads() threads, f32 [rows, cols].
 void BM_SoftmaxTensor(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1);

@@ -116,7 +116,7 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
     if (lse[x] == kNegInf<T>) {
       std::fill(s + x * lds, s + x * lds + cols, T(0));
     } else {
-      (void)kernels::exp_shift_sum(s + x * lds, cols, lse[x]);
+      (void)kernels::exp_shift_sum_fast(s + x * lds, cols, lse[x]);
     }
   }
   // Forward value_tile: O_i += (P o M) V_j. d/d(P o M): dO_i V_j^T.

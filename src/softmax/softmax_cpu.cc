@@ -28,6 +28,7 @@ HWY_EXPORT(MaxValue);
 HWY_EXPORT(MaxValue64);
 HWY_EXPORT(ExpShiftSum);
 HWY_EXPORT(ExpShiftSum64);
+HWY_EXPORT(ExpShiftSumFast);
 HWY_EXPORT(Scale);
 HWY_EXPORT(Scale64);
 HWY_EXPORT(ExpInplace);
@@ -47,6 +48,12 @@ double max_value(const double* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxVa
 float exp_shift_sum(float* x, int64_t n, float shift) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, shift); }
 
 double exp_shift_sum(double* x, int64_t n, double shift) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum64)(x, n, shift); }
+
+float exp_shift_sum_fast(float* x, int64_t n, float shift) {
+  return HWY_DYNAMIC_DISPATCH(ExpShiftSumFast)(x, n, shift);
+}
+
+double exp_shift_sum_fast(double* x, int64_t n, double shift) { return exp_shift_sum(x, n, shift); }
 
 void scale(float* x, int64_t n, float s) { HWY_DYNAMIC_DISPATCH(Scale)(x, n, s); }
 

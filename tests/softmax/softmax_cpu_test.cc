@@ -214,6 +214,63 @@ TEST(Softmax, MaxValueAndExpShiftSum) {
   });
 }
 
+// exp_shift_sum_fast (attention's exp) on every target: within 1e-7 relative of 2^y for the
+// y = (x - shift) log2 e it computes in float32 (the polynomial's 1.32 ulp of 2^-24 and the
+// exact 2^n), and within that plus the rounding of y of std::exp(x - shift) in double;
+// +0 below 2^-126.5, exactly 1 at x = shift, -inf -> 0, NaN kept; the sum is the values'.
+TEST(Softmax, FastExpShiftWithinItsBound) {
+  for_each_target([] {
+    double worst = 0.0;
+    for (float shift : {0.0f, 3.5f, -50.0f, 1000.25f}) {
+      std::vector<float> x;
+      for (int i = 0; i <= 20000; ++i) x.push_back(shift - static_cast<float>(i) * 0.0045f);  // x - shift in [-90, 0]
+      const int64_t n = static_cast<int64_t>(x.size());
+      std::vector<float> got = x;
+      const float sum = kernels::exp_shift_sum_fast(got.data(), n, shift);
+      double total = 0.0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float y = (x[i] - shift) * 1.44269504088896341f;  // as the kernel rounds it
+        total += got[i];
+        if (y < -126.5f) {
+          ASSERT_EQ(got[i], 0.0f) << "x - shift = " << x[i] - shift;
+          continue;
+        }
+        if (y < -126.0f) continue;  // at the flush threshold either is right
+        const double want = std::exp2(static_cast<double>(y));
+        const double rel = std::fabs(got[i] / want - 1.0);
+        worst = std::max(worst, rel);
+        ASSERT_LE(rel, 1e-7) << "x - shift = " << x[i] - shift << " (shift " << shift << ")";
+        const double exact = std::exp(static_cast<double>(x[i]) - shift);
+        ASSERT_LE(std::fabs(got[i] / exact - 1.0), 1e-7 + (std::fabs(y) + 1.0) * 0x1p-24) << x[i] - shift;
+      }
+      ASSERT_NEAR(sum, total, total * 1e-5);  // 20001 float additions (one chain on SCALAR)
+    }
+    std::printf("exp_shift_sum_fast: worst relative error %.3g against 2^y\n", worst);
+    for (int64_t n : kCols) {  // every tail length; masked, NaN and equal entries
+      std::vector<float> x = normal_values(static_cast<size_t>(n), 5.0f, static_cast<uint32_t>(n) + 3);
+      const float m = *std::max_element(x.begin(), x.end());
+      x[0] = -kInf;
+      std::vector<float> got = x;
+      (void)kernels::exp_shift_sum_fast(got.data(), n, m);
+      ASSERT_EQ(got[0], 0.0f);
+      for (int64_t i = 1; i < n; ++i) {
+        if (x[i] == m) {
+          ASSERT_EQ(got[i], 1.0f);
+        }
+      }
+      if (n > 2) {
+        x[n - 1] = kNaN;
+        got = x;
+        const float s = kernels::exp_shift_sum_fast(got.data(), n, m);
+        ASSERT_TRUE(std::isnan(got[n - 1]) && std::isnan(s));
+      }
+      got = x;
+      ASSERT_TRUE(std::isnan(kernels::exp_shift_sum_fast(got.data(), n, kNaN)));
+    }
+    EXPECT_EQ(kernels::exp_shift_sum_fast(static_cast<float*>(nullptr), 0, 0.0f), 0.0f);
+  });
+}
+
 // The double row kernels (float64 attention) against the reference and std::exp, on
 // every target: Highway's double exp is within a few ulp, so 1e-14 relative holds with
 // margin (worst seen: 2.1e-15, AVX2 EPYC, both of its targets); NaN, masked and +inf rows follow the float rules.
