@@ -157,7 +157,9 @@ void softmax_segments(const Segment<T>* seg, size_t count, int64_t rows, T* m, T
     // exp(-inf) = 0 on the first keys that count; NaN stays NaN.
     const T alpha = m_new == m[x] ? T(1) : std::exp(m[x] - m_new);
     T sum = 0;
-    for (size_t c = 0; c < count; ++c) sum += kernels::exp_shift_sum(seg[c].s + x * seg[c].lds, seg[c].cols, m_new);
+    for (size_t c = 0; c < count; ++c) {
+      sum += kernels::exp_shift_sum_fast(seg[c].s + x * seg[c].lds, seg[c].cols, m_new);
+    }
     if (alpha != T(1)) {
       l[x] *= alpha;
       kernels::scale(o + x * dv, dv, alpha);
