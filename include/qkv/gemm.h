@@ -83,6 +83,25 @@ void gemm_reference(const GemmShape& s, const int8_t* a, const int8_t* b, int32_
 // choose between 16-bit tiles and float32 tiles (attention_cpu.cc).
 bool gemm_has_native(DType operands);
 
+// ---- float32 B packed once, multiplied many times --------------------------------------
+// op(B) [K, N] as ceil(N / 64) panels one after another, panel p holding columns
+// [64 p, 64 p + 64) as a row-major [K16, 64] matrix (K16 = K rounded up to a multiple of
+// 16; rows past K and columns past N are zero): oneDNN's blocked weights layout
+// (BA16a64b), which its brgemm kernels read as they are, where a B stored as rows of
+// op(B)^T (attention's K) is transposed into that layout on every call. Whole panels
+// p.. of a packed matrix are themselves the packed columns 64 p.. (attention packs K
+// once per call and multiplies runs of its key blocks; attention_cpu.cc).
+int64_t gemm_panels_size(int64_t k, int64_t n);  // floats of the packed op(B)
+// panels [gemm_panels_size(k, n)] = op(B) packed; b as gemm reads it (trans_b, ldb). With
+// `stream`, stores of a transposed b bypass the cache (for packed matrices that will have
+// left it before they are read; ordered before this thread's later stores).
+void gemm_pack_panels(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb, float* panels,
+                      bool stream = false);
+// C = alpha * op(A) * P + beta * C with P [K, N] packed by gemm_pack_panels (s.trans_b
+// and s.ldb are not used); one matrix, no batch. Conventions and checks as gemm.
+void gemm_panels(const GemmShape& s, float alpha, const float* a, const float* panels, float beta, float* c);
+void gemm_panels_reference(const GemmShape& s, float alpha, const float* a, const float* panels, float beta, float* c);
+
 // float64: OpenBLAS cblas_dgemm per batch matrix (OpenMP build of OpenBLAS, so it
 // uses get_num_threads() threads, one inside parallel_for). Many small matrices run
 // as a parallel_for over the batch, each dgemm on one thread. Same conventions and

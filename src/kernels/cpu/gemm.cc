@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/copy_transpose.h"
 #include "qkv/error.h"
 #include "qkv/size.h"  // kMaxElements
 
@@ -146,3 +147,54 @@ template void gemm_widened(const GemmShape&, float, const float16*, const float1
                            const std::vector<GemmDim>&);
 
 }  // namespace qkv::detail
+
+namespace qkv {
+
+namespace {
+
+constexpr int64_t kPanel = 64;  // columns of a panel (oneDNN's BA16a64b)
+
+int64_t panel_rows(int64_t k) { return (k + 15) / 16 * 16; }
+
+}  // namespace
+
+int64_t gemm_panels_size(int64_t k, int64_t n) {
+  const std::optional<int64_t> size =
+      k < 0 || n < 0 ? std::nullopt : checked_mul((n + kPanel - 1) / kPanel, panel_rows(k) * kPanel);
+  if (!size) fail<ValueError>("gemm_panels_size: no packed size for k=", k, ", n=", n);
+  return *size;
+}
+
+void gemm_pack_panels(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb, float* panels, bool stream) {
+  GemmShape s;  // one row of A and C, so that b and panels are checked for null too
+  s.trans_b = trans_b;
+  s.m = 1, s.k = k, s.n = n, s.lda = k, s.ldb = ldb, s.ldc = n;
+  detail::check_gemm_args("gemm_pack_panels", s, 1.0, b, b, 0.0, panels, {});
+  const int64_t rows = panel_rows(k);
+  for (int64_t j0 = 0; j0 < n; j0 += kPanel) {
+    float* panel = panels + j0 * rows;  // [rows, 64]
+    const int64_t cols = std::min(kPanel, n - j0);
+    if (trans_b) {  // b holds op(B)^T [N, K]: its rows j0.. transposed
+      kernels::detail::transpose_tile(sizeof(float), b + j0 * ldb, ldb, panel, kPanel, k, cols, stream);
+    } else {
+      for (int64_t p = 0; p < k; ++p) std::copy_n(b + p * ldb + j0, cols, panel + p * kPanel);
+    }
+    for (int64_t p = 0; p < k && cols < kPanel; ++p) std::fill_n(panel + p * kPanel + cols, kPanel - cols, 0.0f);
+    std::fill(panel + k * kPanel, panel + rows * kPanel, 0.0f);  // rows past K
+  }
+  if (stream) kernels::detail::stream_fence();
+}
+
+namespace detail {
+
+int64_t check_gemm_panels_args(const char* op, const GemmShape& s, double alpha, const void* a, const void* panels,
+                               double beta, const void* c) {
+  GemmShape plain = s;  // the packed B's checks: those of a dense [K, N]
+  plain.trans_b = false;
+  plain.ldb = s.n;
+  return check_gemm_args(op, plain, alpha, a, panels, beta, c, {});
+}
+
+}  // namespace detail
+
+}  // namespace qkv

@@ -29,6 +29,10 @@ std::string gemm_args_str(const GemmShape& s, const GemmBatch& batch);
 int64_t check_gemm_args(const char* op, const GemmShape& s, double alpha, const void* a, const void* b, double beta,
                         const void* c, const GemmBatch& batch);
 
+// check_gemm_args for gemm_panels (B packed: checked as a dense [K, N]; no batch).
+int64_t check_gemm_panels_args(const char* op, const GemmShape& s, double alpha, const void* a, const void* panels,
+                               double beta, const void* c);
+
 // The batch as a list of dims (checked arguments only).
 std::vector<GemmDim> gemm_batch_dims(const GemmBatch& batch);
 

@@ -57,6 +57,7 @@ struct Problem {
   memory::data_type ab = memory::data_type::f32;  // A and B
   memory::data_type c = memory::data_type::f32;   // C: f32, or s32 for s8 operands
   bool trans_a = false, trans_b = false;
+  bool b_panels = false;  // B packed by gemm_pack_panels (oneDNN's BA16a64b); trans_b, ldb unused
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   uint32_t alpha_bits = 0, beta_bits = 0;  // bits, so that -0.0 and NaN are keys too
   int threads = 1;
@@ -69,7 +70,7 @@ struct ProblemHash {
     uint64_t h = 0x9e3779b97f4a7c15ull;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull + (h >> 29); };
     mix(static_cast<uint64_t>(p.trans_a) | static_cast<uint64_t>(p.trans_b) << 1 | static_cast<uint64_t>(p.ab) << 2 |
-        static_cast<uint64_t>(p.c) << 10);
+        static_cast<uint64_t>(p.c) << 10 | static_cast<uint64_t>(p.b_panels) << 20);
     for (int64_t v : {p.m, p.n, p.k, p.lda, p.ldb, p.ldc}) mix(static_cast<uint64_t>(v));
     mix(p.alpha_bits | static_cast<uint64_t>(p.beta_bits) << 32);
     mix(static_cast<uint64_t>(p.threads));
@@ -96,7 +97,7 @@ int64_t canonical_ld(int64_t stored_rows, int64_t row_len, int64_t ld) {
 }
 
 Problem make_problem(memory::data_type ab, const GemmShape& s, float alpha, float beta, std::vector<GemmDim> dims,
-                     int threads) {
+                     int threads, bool b_panels = false) {
   Problem p;
   p.ab = ab;
   p.c = ab == memory::data_type::s8 ? memory::data_type::s32 : memory::data_type::f32;
@@ -108,6 +109,7 @@ Problem make_problem(memory::data_type ab, const GemmShape& s, float alpha, floa
   p.lda = canonical_ld(s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda);
   p.ldb = canonical_ld(s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb);
   p.ldc = canonical_ld(s.m, s.n, s.ldc);
+  if (b_panels) p.b_panels = true, p.trans_b = false, p.ldb = 0;
   p.alpha_bits = std::bit_cast<uint32_t>(alpha);
   p.beta_bits = std::bit_cast<uint32_t>(beta);
   p.threads = threads;
@@ -170,7 +172,9 @@ std::optional<Plan> try_plan(const Problem& p, size_t split) {
       p.threads > 1 && detail::gemm_batch_count(plan.outer) >= p.threads && call_flops < kSerialCallFlops;
   try {
     plan.a_md = operand_md(inner, Operand::a, p.m, p.k, p.trans_a ? 1 : p.lda, p.trans_a ? p.lda : 1, p.ab);
-    plan.b_md = operand_md(inner, Operand::b, p.k, p.n, p.trans_b ? 1 : p.ldb, p.trans_b ? p.ldb : 1, p.ab);
+    plan.b_md = p.b_panels
+                    ? memory::desc({p.k, p.n}, p.ab, memory::format_tag::BA16a64b)
+                    : operand_md(inner, Operand::b, p.k, p.n, p.trans_b ? 1 : p.ldb, p.trans_b ? p.ldb : 1, p.ab);
     plan.c_md = operand_md(inner, Operand::c, p.m, p.n, p.ldc, 1, p.c);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // see the top of the file
@@ -416,6 +420,21 @@ void gemm(const GemmShape& s, float alpha, const bfloat16* a, const bfloat16* b,
 void gemm(const GemmShape& s, float alpha, const float16* a, const float16* b, float beta, float* c,
           const GemmBatch& batch) {
   gemm_f32_out(s, alpha, a, b, beta, c, batch);
+}
+
+void gemm_panels(const GemmShape& s, float alpha, const float* a, const float* panels, float beta, float* c) {
+  detail::check_gemm_panels_args("gemm_panels", s, alpha, a, panels, beta, c);
+  if (s.m == 0 || s.n == 0) return;
+  if (s.k == 0 || alpha == 0.0f) {
+    detail::scale_gemm_output(c, s.m, s.n, s.ldc, beta);
+    return;
+  }
+  const int threads = detail::sync_runtime_threads();
+  try {
+    run_plan(thread_plan(make_problem(memory::data_type::f32, s, alpha, beta, {}, threads, true), s, {}), a, panels, c);
+  } catch (const dnnl::error& e) {
+    fail<Error>("gemm_panels: oneDNN failed (", e.what(), ") for ", detail::gemm_args_str(s, {}));
+  }
 }
 
 void gemm(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch) {

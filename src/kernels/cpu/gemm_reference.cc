@@ -2,6 +2,7 @@
 // operands, long double for float64), one rounding per output. Deliberately naive (no blocking, no
 // threads) so that it is obviously right.
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/gemm_internal.h"
 #include "qkv/gemm.h"
@@ -75,6 +76,20 @@ void gemm_reference(const GemmShape& s, float alpha, const bfloat16* a, const bf
 void gemm_reference(const GemmShape& s, float alpha, const float16* a, const float16* b, float beta, float* c,
                     const GemmBatch& batch) {
   reference_batch<float16, float, double>(s, alpha, a, b, beta, c, batch);
+}
+
+void gemm_panels_reference(const GemmShape& s, float alpha, const float* a, const float* panels, float beta, float* c) {
+  detail::check_gemm_panels_args("gemm_panels_reference", s, alpha, a, panels, beta, c);
+  const int64_t rows = (s.k + 15) / 16 * 16;             // of a panel (qkv/gemm.h)
+  std::vector<float> b(static_cast<size_t>(s.k * s.n));  // [K, N] unpacked
+  for (int64_t p = 0; p < s.k && alpha != 0.0f; ++p) {
+    for (int64_t j = 0; j < s.n; ++j)
+      b[static_cast<size_t>(p * s.n + j)] = panels[j / 64 * rows * 64 + p * 64 + j % 64];
+  }
+  GemmShape dense = s;
+  dense.trans_b = false;
+  dense.ldb = s.n;
+  reference_batch<float, float, double>(dense, alpha, a, b.data(), beta, c, {});
 }
 
 void gemm_reference(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch) {
