@@ -19,7 +19,8 @@
 // each row's ends; other masks list the tiles that may hold an allowed key
 // (ModPlan::candidate_tiles), up to 512 keys of them one online-softmax step where they are
 // small (gather_keys, run_group: BigBird's blocks of 64; runs of adjacent tiles read in place,
-// lone tiles copied side by side). Empty tiles are skipped, full ones unmasked.
+// lone tiles copied side by side; their Q K^T read K packed once per call in gemm panels,
+// attention_cpu_panels.h). Empty tiles are skipped, full ones unmasked.
 //
 // Weights (return_weights) come from a second pass over the same item, right
 // after the first: scores are recomputed tile by tile into the item's rows of
@@ -51,8 +52,10 @@
 #include <numeric>
 #include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "attention/attention_cpu_panels.h"
 #include "attention/attention_cpu_tiles.h"
 #include "attention/flash_tiles.h"
 #include "attention/problem.h"
@@ -91,13 +94,15 @@ struct Scratch {
   std::vector<G> qg;        // [Br, Dk] the item's Q rows widened (kWiden)
   std::vector<G> kg;        // [Bc, Dk] a K tile widened (kWiden)
   std::vector<G> vg;        // [Bc, Dv] a V tile widened (kWiden)
-  std::vector<G> kx;        // [gather, Dk] the K rows of gathered tiles (gather_keys), Bc a slot
+  std::vector<G> kx;        // [gather, Dk] the K rows of gathered tiles (gather_keys), Bc a slot; or their panels
+  const G* kp = nullptr;    // the item's K packed (KeyPanels) or null: kx then holds panels
   std::vector<G> vx;        // [gather, Dv] their V rows
   int8::QuantizedQuery q8;  // the item's Q rows on int8 (qk_quantization; empty otherwise)
-  // [gather / Bc] the K rows each slot of kx holds (null: none; place_gathered).
-  std::vector<const G*> held;
+  // [gather / Bc] the K and V rows each slot of kx and vx holds (null: none; place_gathered).
+  // Both: a k broadcast over the batch (zero stride) meets different v rows.
+  std::vector<std::pair<const G*, const G*>> held;
   // s and pg hold [Br, max(Bc, gather)] (gathered tiles are up to `gather` keys wide).
-  Scratch(const FlashTiles& t, int64_t dk, int64_t dv, bool int8, int64_t gather)
+  Scratch(const FlashTiles& t, int64_t dk, int64_t dv, bool int8, int64_t gather, bool panels)
       : s(size(t.br * std::max(t.bc, gather))),
         m(size(t.br)),
         l(size(t.br)),
@@ -105,10 +110,10 @@ struct Scratch {
         qg(size(K::kWiden ? t.br * dk : 0)),
         kg(size(K::kWiden ? t.bc * dk : 0)),
         vg(size(K::kWiden ? t.bc * dv : 0)),
-        kx(size(gather * dk)),
+        kx(size(panels ? gemm_panels_size(dk, gather) : gather * dk)),
         vx(size(gather * dv)),
         q8(int8 ? t.br : 0, int8 ? t.bc : 0, int8 ? dk : 0),
-        held(size(gather / t.bc), nullptr) {}
+        held(size(gather / t.bc)) {}
   static size_t size(int64_t n) { return static_cast<size_t>(n); }
 };
 
@@ -239,18 +244,26 @@ void place_gathered(const Flash<K>& f, const Rows<K>& r, const std::vector<Tile>
   thread_local std::vector<char> taken;  // [c] the slots given
   taken.assign(c, 0);
   at.assign(c, -1);
-  auto put = [&](size_t x, size_t slot, const G* held) {
+  const int64_t panel = sc.kp ? gemm_panels_size(p.dk, 64) : 0;  // floats of 64 packed keys
+  using Held = std::pair<const G*, const G*>;
+  auto rows_of_tile = [&](size_t x) { return Held{r.k + pick[x].first * ks, r.v + pick[x].first * vs}; };
+  auto put = [&](size_t x, size_t slot, Held held) {
     const auto [j0, cols] = pick[x];
-    copy_rows(r.k + j0 * ks, cols, p.dk, ks, sc.kx.data() + static_cast<int64_t>(slot) * bc * p.dk);
+    if (sc.kp) {  // the tile's whole panels
+      std::copy_n(sc.kp + j0 / 64 * panel, (cols + 63) / 64 * panel,
+                  sc.kx.data() + static_cast<int64_t>(slot) * bc / 64 * panel);
+    } else {
+      copy_rows(r.k + j0 * ks, cols, p.dk, ks, sc.kx.data() + static_cast<int64_t>(slot) * bc * p.dk);
+    }
     copy_rows(r.v + j0 * vs, cols, p.dv, vs, sc.vx.data() + static_cast<int64_t>(slot) * bc * p.dv);
     sc.held[slot] = held;
     at[x] = static_cast<int64_t>(slot), taken[slot] = 1;
   };
   for (size_t x = 0; x < c; ++x) {
-    if (pick[x].second < bc) put(x, c - 1, nullptr);
+    if (pick[x].second < bc) put(x, c - 1, Held{});
   }
   for (size_t x = 0; x < c; ++x) {  // already there
-    const G* key = r.k + pick[x].first * ks;
+    const Held key = rows_of_tile(x);
     for (size_t slot = 0; slot < c && at[x] < 0; ++slot) {
       if (!taken[slot] && sc.held[slot] == key) at[x] = static_cast<int64_t>(slot), taken[slot] = 1;
     }
@@ -259,7 +272,7 @@ void place_gathered(const Flash<K>& f, const Rows<K>& r, const std::vector<Tile>
   for (size_t x = 0; x < c; ++x) {
     if (at[x] >= 0) continue;
     while (taken[slot]) ++slot;
-    put(x, slot, r.k + pick[x].first * ks);
+    put(x, slot, rows_of_tile(x));
   }
   for (int64_t& a : at) a *= bc;
 }
@@ -270,6 +283,7 @@ template <class G>
 struct Piece {
   Mat<G> k, v;
   int64_t col = 0, cols = 0;
+  const G* kp = nullptr;  // the keys' panels (Scratch::kp) or null
 };
 
 // A group of key tiles (descending) as one online-softmax step: runs of adjacent tiles are
@@ -300,13 +314,14 @@ void run_group(const Flash<K>& f, const Rows<K>& r, Mat<typename K::G> q, const 
     }
     const int64_t first = group[y - 1].first, cols = group[x].first + group[x].second - first;
     for (size_t z = x; z < y; ++z) at[z] = group[z].first - first, of[z] = static_cast<int64_t>(pieces.size());
-    pieces.push_back({{r.k + first * ks, ks}, {r.v + first * vs, vs}, n, cols});
+    const G* kp = sc.kp ? sc.kp + first / 64 * gemm_panels_size(p.dk, 64) : nullptr;
+    pieces.push_back({{r.k + first * ks, ks}, {r.v + first * vs, vs}, n, cols, kp});
     n += cols;
   }
   segs.clear();
   auto product = [&](const Piece<G>& c) {
     segs.push_back({sc.s.data() + r.rows * c.col, c.cols, c.cols});  // [rows, cols]
-    tiles::product(f, r, q, c.k, c.cols, segs.back().s, c.cols);
+    tiles::product(f, r, q, c.k, c.cols, segs.back().s, c.cols, c.kp);
   };
   for (const Piece<G>& c : pieces) product(c);
   if (!pick.empty()) {
@@ -317,7 +332,7 @@ void run_group(const Flash<K>& f, const Rows<K>& r, Mat<typename K::G> q, const 
       at[z] = pick_at[x], of[z] = static_cast<int64_t>(pieces.size());
       cols += pick[x].second;
     }
-    pieces.push_back({{sc.kx.data(), p.dk}, {sc.vx.data(), p.dv}, n, cols});
+    pieces.push_back({{sc.kx.data(), p.dk}, {sc.vx.data(), p.dv}, n, cols, sc.kp ? sc.kx.data() : nullptr});
     product(pieces.back());
     n += cols;
   }
@@ -499,7 +514,7 @@ std::vector<int64_t> item_order(const Flash<K>& f, int64_t items) {
 
 // Every item, on get_num_threads() workers taking items from a shared counter.
 template <class K>
-void run_all(const Flash<K>& f) {
+void run_all(const Flash<K>& f, const tiles::KeyPanels* panels) {
   const Problem& p = *f.p;
   const int64_t items = p.batch_size * ((p.lq + f.tiles.br - 1) / f.tiles.br);
   if (items == 0) return;
@@ -507,9 +522,11 @@ void run_all(const Flash<K>& f) {
   const int64_t workers = std::min<int64_t>(get_num_threads(), items);
   const std::vector<int64_t> order = item_order(f, items);
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, gather_keys(f));
+    Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, gather_keys(f), panels != nullptr);
     for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
-      run_rows(f, rows_of(f, order.empty() ? item : order[static_cast<size_t>(item)]), sc);
+      const Rows<K> r = rows_of(f, order.empty() ? item : order[static_cast<size_t>(item)]);
+      if constexpr (std::is_same_v<typename K::G, float>) sc.kp = panels ? panels->of(r.k - f.k) : nullptr;
+      run_rows(f, r, sc);
     }
   });
 }
@@ -543,7 +560,8 @@ AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
       f.k8 = &*k8;
     }
   }
-  run_all(f);
+  const std::optional<tiles::KeyPanels> panels = tiles::pack_keys(f, gather_keys(f) > 0);
+  run_all(f, panels ? &*panels : nullptr);
 
   AttentionResult result;
   result.output = out.to(p.out_dtype);

@@ -206,9 +206,11 @@ bool empty_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols) {
   return f.mods.masking && f.mods.classify(r.i0, r.i0 + r.rows, j0, j0 + cols) == TileClass::empty;
 }
 
-// s [rows, cols] = scale * Q K^T on the tile GEMM of type G; k: [cols, Dk].
+// s [rows, cols] = scale * Q K^T on the tile GEMM of type G; k: [cols, Dk], or `panels`, the
+// same keys packed by gemm_pack_panels (float tiles only; attention_cpu.cc's KeyPanels).
 template <class K, class T = typename K::T, class G = typename K::G>
-void product(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Mat<G> k, int64_t cols, T* s, int64_t lds) {
+void product(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Mat<G> k, int64_t cols, T* s, int64_t lds,
+             const G* panels = nullptr) {
   const Problem& p = *f.p;
   GemmShape g;
   g.trans_b = true;
@@ -220,7 +222,11 @@ void product(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Mat<G> k, int64_t co
   g.ldc = lds;
   // gemm skips A B when alpha is 0 (BLAS rules); scale 0 must still turn an inf q . k into NaN.
   const T alpha = static_cast<T>(p.scale);
-  gemm(g, alpha == T(0) ? T(1) : alpha, q.data, k.data, T(0), s);
+  const T a = alpha == T(0) ? T(1) : alpha;
+  if constexpr (std::is_same_v<G, float>) {
+    if (panels) gemm_panels(g, a, q.data, panels, T(0), s);
+  }
+  if (panels == nullptr || !std::is_same_v<G, float>) gemm(g, a, q.data, k.data, T(0), s);
   if (alpha == T(0)) {
     for (int64_t x = 0; x < r.rows; ++x) kernels::scale(s + x * lds, cols, T(0));
   }

@@ -236,6 +236,34 @@ TEST(AttentionMods, BigBirdWithAutomaticTilesMatchesTheReference) {
   }
 }
 
+// The gathered tiles' Q K^T on K packed once per call (attention_cpu_panels.h): one packed
+// copy per distinct k/v head (GQA, a k/v batch broadcast by a zero stride), K rows apart by
+// more than Dk, Dk not a multiple of 16 (padded panel rows), tiles of one panel (blocks of
+// 16 and 64) and of two (blocks of 128), a ragged last tile; against the float64 reference.
+TEST(AttentionMods, BigBirdOnPackedKeysMatchesTheReference) {
+  struct Run {
+    const char* name;
+    int64_t block, l, dk;
+    bool causal;
+  };
+  for (const Run& c : {Run{"block64_dk40", 64, 700, 40, false}, Run{"block128", 128, 900, 64, false},
+                       Run{"block16_causal", 16, 400, 32, true}}) {
+    SCOPED_TRACE(c.name);
+    const Tensor q = Tensor::randn({2, 2, c.l, c.dk}, 51);
+    const Tensor k = Tensor::randn({1, 1, c.l, c.dk + 24}, 52).slice(-1, 0, c.dk).expand({2, 1, c.l, c.dk});
+    const Tensor v = Tensor::randn({2, 1, c.l, 24}, 53);
+    AttentionOptions o;
+    o.mods = AttentionMods::bigbird(c.block, 1, 2, 7, c.l);
+    o.enable_gqa = true;
+    o.is_causal = c.causal;
+    o.return_logsumexp = true;
+    const AttentionResult got = scaled_dot_product_attention(q, k, v, o);
+    const AttentionResult ref = attention_reference(q, k, v, o);
+    EXPECT_LE(max_abs_diff(got.output, ref.output), 3e-6);
+    EXPECT_LE(max_abs_diff(*got.logsumexp, *ref.logsumexp), 3e-5);
+  }
+}
+
 // 16-bit inputs through the run path (the window) and the gathered block tiles (BigBird,
 // Longformer's globals): against the float64 reference on the same rounded inputs, within
 // the rounding of P to the input type for P V (native bf16 tiles; f16 and widened bf16
