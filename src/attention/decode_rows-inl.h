@@ -109,18 +109,27 @@ HWY_INLINE void PrefetchAhead(const R& rows, int64_t j, int64_t n) {
   for (int64_t c = 0; c < bytes; c += 64) hwy::Prefetch(p + c);
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2
+// Per 128-bit block, the sums of that block's 4 lanes of a, b, c and d, in that order (float or
+// int32 lanes).
+template <class D, class V>
+HWY_INLINE V BlockSums4(D d, V a, V b, V c, V e) {
+  const hn::Repartition<uint64_t, D> d64;
+  const auto ab = hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));  // a b a b per block
+  const auto ce = hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));  // c e c e
+  const auto lo = hn::InterleaveLower(d64, hn::BitCast(d64, ab), hn::BitCast(d64, ce));
+  const auto hi = hn::InterleaveUpper(d64, hn::BitCast(d64, ab), hn::BitCast(d64, ce));
+  return hn::Add(hn::BitCast(d, lo), hn::BitCast(d, hi));
+}
+#endif
+
 // The lane sums of a, b, c and d (one query row's products with one key each) into out[0..3]:
 // on AVX2 and AVX-512 with interleaves and one block reduction (13 operations where four
 // SumOfLanes took 32: the reductions had been a third of the scores' time), else lane by lane.
 template <class D, class V>
 HWY_INLINE void Sum4(D df, V a, V b, V c, V d, float* out) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2
-  const hn::Repartition<uint64_t, D> d64;
-  const auto ab = hn::Add(hn::InterleaveLower(df, a, b), hn::InterleaveUpper(df, a, b));  // a b a b per block
-  const auto cd = hn::Add(hn::InterleaveLower(df, c, d), hn::InterleaveUpper(df, c, d));  // c d c d
-  const auto lo = hn::InterleaveLower(d64, hn::BitCast(d64, ab), hn::BitCast(d64, cd));
-  const auto hi = hn::InterleaveUpper(d64, hn::BitCast(d64, ab), hn::BitCast(d64, cd));
-  const auto blocks = hn::Add(hn::BitCast(df, lo), hn::BitCast(df, hi));  // a b c d per 128-bit block
+  const auto blocks = BlockSums4(df, a, b, c, d);  // a b c d per 128-bit block
   const hn::Half<D> dh;
   const auto half = hn::Add(hn::LowerHalf(dh, blocks), hn::UpperHalf(dh, blocks));
 #if HWY_TARGET == HWY_AVX3
@@ -375,12 +384,31 @@ HWY_INLINE void ScoreRowsInt(const int16_t* q16, const float* qm, const float* q
 
 // ScoreRowsInt for 4 rows and d = 64 NB on AVX-512 (one vector a block of 64 channels): the 4 NB
 // query vectors (even and odd channels of each row and block) stay in registers for the whole
-// run and each key's Sum4 goes to a [keys, 4] buffer, turned into the rows of s per 64 keys.
-// The generic loop (q16 reloaded for every key, f spilled between keys) took 64 cycles a key
-// row on an L2-resident chunk (Zen 4, 3.6 GHz), more than the float loop's 57; this takes 38.
+// run. A block's 4 rows of int32 lane sums are summed per group in integers first (lanes 4g ..
+// 4g + 3 hold group g's 16 channels: BlockSums4 gives block g the 4 rows' sums of group g), then
+// converted and scaled once: 2 conversions and 2 FMAs a key instead of 8 and 8, the FMA pipes'
+// share of a key row 26 -> 20 operations (Zen 4 runs the multiply-adds on the FMA pipes too),
+// but 35.7 -> 34.6 cycles a key row on a 1024-key chunk in L2: the loop is bound by all its
+// vector operations (shifts, interleaves, lookups) on the 4 pipes, not by the FMA pipes alone.
+// 4 keys' vectors [group][row] are then summed over their blocks together (KeySums4) into a
+// [keys, 4] buffer, turned into the rows of s per 64 keys. The generic loop (q16 reloaded for
+// every key, f spilled between keys) took 64 cycles a key row on an L2-resident chunk (Zen 4,
+// 3.6 GHz), the float loop 57, this with float scaling per row and block 38.
+template <class DF>
+HWY_INLINE void KeySums4(DF df, hn::Vec<DF> f0, hn::Vec<DF> f1, hn::Vec<DF> f2, hn::Vec<DF> f3, float* out) {
+  // f_x: 4 blocks of the 4 rows' partial sums of key x -> out [4 keys, 4 rows]
+  const auto s01 = hn::Add(hn::ConcatLowerLower(df, f1, f0), hn::ConcatUpperUpper(df, f1, f0));  // f0 a b, f1 a b
+  const auto s23 = hn::Add(hn::ConcatLowerLower(df, f3, f2), hn::ConcatUpperUpper(df, f3, f2));  // f2 a b, f3 a b
+  const auto x = hn::ConcatLowerLower(df, s23, s01), y = hn::ConcatUpperUpper(df, s23, s01);     // f0 f2, f1 f3 (a b)
+  const auto first = hn::OddEvenBlocks(y, x);                                                    // f0a f1b f2a f3b
+  const auto second = hn::OddEvenBlocks(hn::SwapAdjacentBlocks(y), hn::SwapAdjacentBlocks(x));   // f0b f1a f2b f3a
+  hn::StoreU(hn::Add(first, second), df, out);
+}
+
 template <int64_t NB>
 HWY_INLINE void ScoreRowsInt4(const int16_t* q16, const float* qm, const float* qc, const Int8Rows& k, int64_t n,
                               int64_t d, float scale, float* s, int64_t lds) {
+  static_assert(kGroup == 16, "a 128-bit block of int32 lane sums is one group");
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::Repartition<int16_t, decltype(di)> dw;
@@ -393,29 +421,39 @@ HWY_INLINE void ScoreRowsInt4(const int16_t* q16, const float* qm, const float* 
       qv[r][b][0] = hn::LoadU(dw, q16 + r * d + b * 64), qv[r][b][1] = hn::LoadU(dw, q16 + r * d + b * 64 + 32);
     }
   }
+  // key j's 4 rows, per block g the sums of groups g, g + 4, ..
+  const auto key = [&](int64_t j) HWY_ATTR {
+    PrefetchAhead(k, j, n);
+    const int8_t* row = k.x + j * d;
+    const uint16_t* sc = k.scales + j * k.groups;
+    hn::Vec<decltype(df)> f = hn::Zero(df);
+    for (int64_t b = 0; b < NB; ++b) {
+      const auto xv = hn::LoadU(dw, reinterpret_cast<const int16_t*>(row + b * 64));
+      const auto even = hn::ShiftRight<8>(hn::ShiftLeft<8>(xv)), odd = hn::ShiftRight<8>(xv);
+      hn::Vec<decltype(di)> dot[4];  // lane i: channels 4i .. 4i + 3 of the block
+      for (int64_t r = 0; r < 4; ++r) {
+        auto sum1 = hn::Zero(di);
+        const auto sum0 = hn::ReorderWidenMulAccumulate(di, even, qv[r][b][0], hn::Zero(di), sum1);
+        dot[r] = hn::RearrangeToOddPlusEven(hn::ReorderWidenMulAccumulate(di, odd, qv[r][b][1], sum0, sum1), sum1);
+      }
+      const auto t = hn::ConvertTo(df, BlockSums4(di, dot[0], dot[1], dot[2], dot[3]));
+      const auto sv = hn::TableLookupLanes(ScaleBlock(df, sc + b * 4), idx);  // block g: group 4 b + g's scale
+      f = b == 0 ? hn::Mul(t, sv) : hn::MulAdd(t, sv, f);
+    }
+    return f;
+  };
   constexpr int64_t kKeys = 64;
   HWY_ALIGN float sums[kKeys][4];  // [key][row]
   for (int64_t j0 = 0; j0 < n; j0 += kKeys) {
     const int64_t m = std::min(kKeys, n - j0);
-    for (int64_t x = 0; x < m; ++x) {
-      const int64_t j = j0 + x;
-      PrefetchAhead(k, j, n);
-      const int8_t* row = k.x + j * d;
-      const uint16_t* sc = k.scales + j * k.groups;
-      hn::Vec<decltype(df)> f[4];
-      for (int64_t b = 0; b < NB; ++b) {
-        const auto xv = hn::LoadU(dw, reinterpret_cast<const int16_t*>(row + b * 64));
-        const auto even = hn::ShiftRight<8>(hn::ShiftLeft<8>(xv)), odd = hn::ShiftRight<8>(xv);
-        const auto sv = hn::TableLookupLanes(ScaleBlock(df, sc + b * 4), idx);
-        for (int64_t r = 0; r < 4; ++r) {
-          auto sum1 = hn::Zero(di);
-          auto sum0 = hn::ReorderWidenMulAccumulate(di, even, qv[r][b][0], hn::Zero(di), sum1);
-          sum0 = hn::ReorderWidenMulAccumulate(di, odd, qv[r][b][1], sum0, sum1);
-          const auto t = hn::ConvertTo(df, hn::RearrangeToOddPlusEven(sum0, sum1));
-          f[r] = b == 0 ? hn::Mul(t, sv) : hn::MulAdd(t, sv, f[r]);
-        }
-      }
-      Sum4(df, f[0], f[1], f[2], f[3], sums[x]);
+    int64_t x = 0;
+    for (; x + 4 <= m; x += 4) {
+      const auto f0 = key(j0 + x), f1 = key(j0 + x + 1), f2 = key(j0 + x + 2), f3 = key(j0 + x + 3);
+      KeySums4(df, f0, f1, f2, f3, sums[x]);
+    }
+    if (x < m) {  // the last 1 to 3 keys (the rest of sums unused)
+      const auto z = hn::Zero(df);
+      KeySums4(df, key(j0 + x), x + 1 < m ? key(j0 + x + 1) : z, x + 2 < m ? key(j0 + x + 2) : z, z, sums[x]);
     }
     for (int64_t r = 0; r < 4; ++r) {  // s = scale (sigma sum + qc)
       const float mul = scale * qm[r], add = scale * qc[r];
