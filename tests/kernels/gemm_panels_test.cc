@@ -74,12 +74,12 @@ TEST(GemmPanels, MatchesReference) {
 }
 
 TEST(GemmPanels, RunsOfWholePanelsAreThemselvesPacked) {
-  // op(B) [64, 320] packed once; columns 128..319 are panels 2.. of it.
+  // op(B) [64, 320] packed once (streamed stores); columns 128..319 are panels 2.. of it.
   std::mt19937 rng(7);
   const int64_t m = 64, k = 64, n = 320, j0 = 128, cols = 192;
   const std::vector<float> a = random_floats(m * k, rng), kt = random_floats(n * k, rng);  // kt: [N, K]
   std::vector<float> panels(static_cast<size_t>(gemm_panels_size(k, n)));
-  gemm_pack_panels(true, k, n, kt.data(), k, panels.data());
+  gemm_pack_panels(true, k, n, kt.data(), k, panels.data(), /*stream=*/true);
   const GemmShape s{false, true, m, cols, k, k, k, cols};
   std::vector<float> got(static_cast<size_t>(m * cols)), want(got.size());
   gemm_panels(s, 1.0f, a.data(), panels.data() + j0 * gemm_panels_size(k, 64) / 64, 0.0f, got.data());
