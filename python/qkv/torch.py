@@ -13,9 +13,9 @@ Both are torch.library custom ops (qkv::scaled_dot_product_attention, qkv::multi
 their backward ops), each with a fake (meta) kernel and a registered autograd formula, so
 torch.compile traces them and torch.library.opcheck passes. Tensors cross into qkv through DLPack
 without copies. The SDPA ops are registered for CPU and CUDA tensors: on CUDA, bfloat16/float16
-inputs with head dims 64 or 128 run qkv's GPU forward and backward (docs/cuda.md); the MHA ops are
-CPU only (torch names the missing CUDA kernel). Masks are constants: a float attn_mask that requires grad gets
-no gradient (torch's would). Dropout seeds are drawn from torch's default generator, so
+inputs with head dims 64 or 128 run qkv's GPU forward and backward (docs/cuda.md); the MHA layer
+runs on the CPU (CUDA tensors: a ValueError naming the device). Masks are constants: a float
+attn_mask that requires grad gets no gradient (torch's would). Dropout seeds are drawn from torch's default generator, so
 torch.manual_seed makes a run repeatable; the draws themselves are qkv's (Philox), not torch's.
 See docs/python.md, "qkv inside PyTorch autograd".
 """

@@ -1,7 +1,7 @@
 """qkv.torch on CUDA tensors (pytest -m cuda, the device machine; docs/python.md): the SDPA custom
 ops reach qkv's GPU forward and backward through torch's autograd, torch.library.opcheck and
-torch.compile on CUDA inputs, a model trained on the GPU through qkv's kernels, and the MHA ops'
-missing CUDA kernel named by torch. Every test carries the `cuda` marker (deselected by `make
+torch.compile on CUDA inputs, a model trained on the GPU through qkv's kernels, and the MHA
+layer's clear error for CUDA tensors. Every test carries the `cuda` marker (deselected by `make
 pytest`) and fails rather than skips without a GPU, qkv's CUDA backend or torch."""
 import pytest
 
