@@ -235,7 +235,7 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
       std::fill(s, s + cols, 0.0f);
       l[r] = 0.0f;
     } else {
-      l[r] = kernels::exp_shift_sum(s, cols, m[r]);  // exp(-inf) = 0 outside the range
+      l[r] = kernels::exp_shift_sum_fast(s, cols, m[r]);  // exp(-inf) = 0 outside the range
     }
   }
   float* o_part = out.o.data() + it.slot * rows * d.dv;  // [G Lq, Dv]
