@@ -19,8 +19,8 @@
 // each row's ends; other masks list the tiles that may hold an allowed key
 // (ModPlan::candidate_tiles), up to 512 keys of them one online-softmax step where they are
 // small (gather_keys, run_group: BigBird's blocks of 64; runs of adjacent tiles read in place,
-// lone tiles copied side by side; their Q K^T read K packed once per call in gemm panels,
-// attention_cpu_panels.h). Empty tiles are skipped, full ones unmasked.
+// lone tiles copied side by side). Empty tiles are skipped, full ones unmasked. Float Q K^T
+// tiles read K packed once per call in gemm panels (attention_cpu_panels.h) where it pays.
 //
 // Weights (return_weights) come from a second pass over the same item, right
 // after the first: scores are recomputed tile by tile into the item's rows of
@@ -480,10 +480,10 @@ void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
   } else {
     // Key tiles end at kv_end and go backwards: only the tile at the first keys may be
     // partial (with causal masking, a multiple of Br wide), and the masked part of the
-    // diagonal stays within the last Br columns. Under mask modifiers they start at
-    // multiples of Bc instead (aligned with their blocks).
-    const int64_t first_end =
-        f.mods.masking && r.kv_end > 0 ? (r.kv_end - 1) / f.tiles.bc * f.tiles.bc + f.tiles.bc : r.kv_end;
+    // diagonal stays within the last Br columns. Under mask modifiers, or on packed keys
+    // (Rows::kp: whole panels) without causal masking, they start at multiples of Bc instead.
+    const bool aligned = (f.mods.masking || (r.kp && !f.causal)) && r.kv_end > 0;
+    const int64_t first_end = aligned ? (r.kv_end - 1) / f.tiles.bc * f.tiles.bc + f.tiles.bc : r.kv_end;
     for (int64_t hi = first_end; hi > 0; hi -= f.tiles.bc) {
       const int64_t j0 = std::max<int64_t>(0, hi - f.tiles.bc);
       tile(j0, std::min(hi, r.kv_end) - j0);
@@ -524,8 +524,8 @@ void run_all(const Flash<K>& f, const tiles::KeyPanels* panels) {
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, gather_keys(f), panels != nullptr);
     for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
-      const Rows<K> r = rows_of(f, order.empty() ? item : order[static_cast<size_t>(item)]);
-      if constexpr (std::is_same_v<typename K::G, float>) sc.kp = panels ? panels->of(r.k - f.k) : nullptr;
+      Rows<K> r = rows_of(f, order.empty() ? item : order[static_cast<size_t>(item)]);
+      if constexpr (std::is_same_v<typename K::G, float>) r.kp = sc.kp = panels ? panels->of(r.k - f.k) : nullptr;
       run_rows(f, r, sc);
     }
   });

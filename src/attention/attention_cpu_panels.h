@@ -31,22 +31,35 @@ struct KeyPanels {
   }
 };
 
+// The distinct K offsets (k/v heads) the call's batch entries read, ascending.
+inline std::vector<int64_t> key_entries(const Problem& p) {
+  std::vector<int64_t> offsets;
+  for (int64_t b = 0; b < p.batch_size; ++b) offsets.push_back(batch_offset(p.k, p.batch, b, p.gqa_group));
+  std::sort(offsets.begin(), offsets.end());
+  offsets.erase(std::unique(offsets.begin(), offsets.end()), offsets.end());
+  return offsets;
+}
+
 // The call's K entries (the distinct k/v heads the batch reads) packed, or nothing where
-// the gathered path (`gathered`: attention_cpu.cc's gather_keys) does not run on float
-// tiles whole panels wide.
+// the tiles are not float and whole panels wide. The gathered path (`gathered`:
+// attention_cpu.cc's gather_keys) reads them always; the plain and masked tiles
+// (product_tile) where each entry's K is read by at least kMinReads query tiles: packing
+// costs one transposition and one float copy of K per entry, as much as a product's own
+// transposition of its key tile (oneDNN's, on every call) for K read once.
 template <class K>
 std::optional<KeyPanels> pack_keys(const Flash<K>& f, bool gathered) {
   if constexpr (!std::is_same_v<typename K::S, float> || !std::is_same_v<typename K::G, float>) {
     return std::nullopt;
   } else {
+    constexpr int64_t kMinReads = 2;
     const Problem& p = *f.p;
-    if (!gathered || f.tiles.bc % 64 != 0 || p.lk == 0) return std::nullopt;
+    if (f.tiles.bc % 64 != 0 || p.lk == 0 || f.k8 != nullptr) return std::nullopt;
     KeyPanels kp;
-    for (int64_t b = 0; b < p.batch_size; ++b) kp.offsets.push_back(batch_offset(p.k, p.batch, b, p.gqa_group));
-    std::sort(kp.offsets.begin(), kp.offsets.end());
-    kp.offsets.erase(std::unique(kp.offsets.begin(), kp.offsets.end()), kp.offsets.end());
-    kp.size = gemm_panels_size(p.dk, p.lk);
+    kp.offsets = key_entries(p);
     const auto entries = static_cast<int64_t>(kp.offsets.size());
+    const int64_t reads = (p.lq + f.tiles.br - 1) / f.tiles.br * (p.batch_size / entries);
+    if (!gathered && reads < kMinReads) return std::nullopt;
+    kp.size = gemm_panels_size(p.dk, p.lk);
     kp.buffer = kernels::empty_pooled({entries, kp.size}, DType::f32, "packed keys");  // [entries, size]
     // Streamed stores: the products read a head's panels long after they are written (all
     // heads are packed first); measured 1.3-1.5% faster at L = 4096 and 16384 than cached ones.

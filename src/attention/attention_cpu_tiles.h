@@ -111,6 +111,7 @@ template <class K>
 struct Rows {
   using T = typename K::T;
   using S = typename K::S;
+  using G = typename K::G;
   int64_t b = 0, i0 = 0, rows = 0;
   int64_t kv_end = 0;     // keys [0, kv_end) take part (causal stops at the diagonal)
   const S* q = nullptr;   // [rows, Dk], row stride p->q.stride(-2)
@@ -118,6 +119,11 @@ struct Rows {
   const S* v = nullptr;   // [Lk, Dv]
   int64_t mask_base = 0;  // offset of the entry's [Lq, Lk] mask
   T* o = nullptr;         // [rows, Dv] output rows, the accumulator
+  // The entry's keys from kp_from packed by gemm_pack_panels (float tiles), or null:
+  // product_tile then reads a key tile starting at a panel as it is (no per-product
+  // transposition); forward: the whole K (KeyPanels), backward: the key tile.
+  const G* kp = nullptr;
+  int64_t kp_from = 0;
 };
 
 // `rows` rows of n elements (ld apart) as the tile GEMMs read them: in place, or
@@ -237,7 +243,11 @@ template <class K, class T = typename K::T, class G = typename K::G>
 void product_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
                   std::vector<G>& k_buffer) {
   const Problem& p = *f.p;
-  product(f, r, q, gemm_operand(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), k_buffer), cols, s, lds);
+  const G* panels = nullptr;  // the tile's keys packed (Rows::kp), where they start a panel
+  if (r.kp && j0 >= r.kp_from && (j0 - r.kp_from) % 64 == 0) {
+    panels = r.kp + (j0 - r.kp_from) / 64 * gemm_panels_size(p.dk, 64);
+  }
+  product(f, r, q, gemm_operand(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), k_buffer), cols, s, lds, panels);
 }
 
 // The scores s [rows, cols] of keys j0.. after the product: score mods, mask, mask mods,

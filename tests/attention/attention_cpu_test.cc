@@ -154,6 +154,41 @@ TEST_F(FlashAttention, ResultsDoNotDependOnThreadCount) {
   }
 }
 
+// Float Q K^T tiles on K packed once per call in gemm panels (attention_cpu_panels.h: tiles
+// a multiple of 64 keys wide, each head's K read by at least two query tiles): Lk not a
+// multiple of 64 (a last partial panel), Dk not a multiple of 16 (padded panel rows), GQA,
+// k/v broadcast over the batch (zero stride), k rows apart by more than Dk, causal key tiles
+// that start on a panel or between two (then read unpacked), masks, dropout and the
+// weights' second pass; against the float64 reference with the criterion above.
+TEST_F(FlashAttention, PackedKeysMatchReferenceWithinTwiceNaiveF32Error) {
+  std::mt19937_64 rng(14);
+  double worst = 0.0;
+  for (const FlashTiles tiles : {FlashTiles{64, 64}, FlashTiles{32, 128}, FlashTiles{64, 192}}) {
+    for (int i = 0; i < 12; ++i) {
+      Config c = random_config(rng, i);
+      c.lq = test::pick<int64_t>(rng, {130, 200, 257}), c.lk = test::pick<int64_t>(rng, {200, 257, 300, 384});
+      if (i % 8 == 2 && c.lq == c.lk) c.lk += 37;  // causal with Lq != Lk
+      Inputs in = make_inputs(c);
+      in.options.tuning.flash_tiles = tiles;
+      in.options.return_weights = i % 4 == 3;
+      if (i % 3 == 0) {  // k rows 8 elements apart beyond Dk
+        Shape wide = in.k.shape();
+        wide.back() += 8;
+        in.k = Tensor::randn(wide, c.seed + 5).slice(-1, 0, c.dk);
+      }
+      const AttentionResult fused = scaled_dot_product_attention(in.q, in.k, in.v, in.options);
+      const AttentionResult naive = naive_f32(in.q, in.k, in.v, in.options);
+      const AttentionResult ref = attention_reference(in.q, in.k, in.v, in.options);
+      expect_within_criterion(c, fused.output, naive.output, ref.output, max_abs(in.v), &worst);
+      if (in.options.return_weights) {
+        ASSERT_TRUE(fused.weights.has_value());
+        expect_within_criterion(c, *fused.weights, *naive.weights, *ref.weights, 1.0 / (1.0 - c.dropout));
+      }
+    }
+  }
+  std::printf("packed keys: worst fused/naive error ratio over 36 configurations: %.3f\n", worst);
+}
+
 TEST_F(FlashAttention, MatchesTorchFixturesWithinTwiceNaiveF32Error) {
   // PyTorch's float64 results for the inputs of tests/fixtures/sdpa (see
   // reference_torch_test.cc). f32: the criterion; f16/bf16 outputs are rounded
