@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cmath>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "attention/attention_cpu_tiles.h"
@@ -72,7 +73,8 @@ struct Scratch {
   std::vector<T> dq, dk, dv;  // [Lq, Dk], [Lk, Dk], [Lk, Dv] of the entry
   std::vector<T> unused;      // score_tile's widening buffer (T operands: never used)
   std::vector<T> cap;         // [Br, Bc] softcap's derivative (mods.softcap only)
-  Scratch(const FlashTiles& t, const Problem& p, bool dropout, bool softcap)
+  std::vector<T> kp, vp;      // K_j and V_j packed in gemm panels (packed_tiles) or empty
+  Scratch(const FlashTiles& t, const Problem& p, bool dropout, bool softcap, bool packed)
       : s(n(t.br * t.bc)),
         w(n(dropout ? t.br * t.bc : 0)),
         ds(n(t.br * t.bc)),
@@ -80,7 +82,9 @@ struct Scratch {
         dq(n(p.lq * p.dk)),
         dk(n(p.lk * p.dk)),
         dv(n(p.lk * p.dv)),
-        cap(n(softcap ? t.br * t.bc : 0)) {}
+        cap(n(softcap ? t.br * t.bc : 0)),
+        kp(n(packed ? gemm_panels_size(p.dk, t.bc) : 0)),
+        vp(n(packed ? gemm_panels_size(p.dv, t.bc) : 0)) {}
   static size_t n(int64_t x) { return static_cast<size_t>(x); }
 };
 
@@ -119,8 +123,11 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
       (void)kernels::exp_shift_sum_fast(s + x * lds, cols, lse[x]);
     }
   }
-  // Forward value_tile: O_i += (P o M) V_j. d/d(P o M): dO_i V_j^T.
-  gemm_acc<T>(false, true, r.rows, cols, p.dv, T(1), dout, p.dv, r.v + j0 * vs, vs, ds, lds, T(0));
+  // Forward value_tile: O_i += (P o M) V_j. d/d(P o M): dO_i V_j^T (on V_j packed: sc.vp).
+  if constexpr (std::is_same_v<T, float>) {
+    if (r.kp) gemm_panels({false, false, r.rows, cols, p.dv, p.dv, 0, lds}, 1.0f, dout, sc.vp.data(), 0, ds);
+  }
+  if (!r.kp) gemm_acc<T>(false, true, r.rows, cols, p.dv, T(1), dout, p.dv, r.v + j0 * vs, vs, ds, lds, T(0));
   const T* w = s;           // P o M
   if (f.dropout_p > 0.0) {  // forward dropout_tile: the same factors M, redrawn from the seed
     std::copy(s, s + r.rows * lds, sc.w.data());
@@ -178,6 +185,16 @@ void run_entry(const Backward<T>& bw, int64_t b, Scratch<T>& sc) {
     const int64_t cols = std::min(f.tiles.bc, p.lk - j0);
     // Causal: query rows i < j0 see none of these keys; tiles wholly before j0 are skipped.
     const int64_t first = f.causal ? j0 / f.tiles.br * f.tiles.br : 0;
+    if constexpr (std::is_same_v<T, float>) {
+      // K_j and V_j packed once for the query tiles' S and dP (packed_tiles); whole tiles
+      // only (product_tile: oneDNN's packed products need ldc = N, a multiple of 64).
+      r.kp = nullptr;
+      if (!sc.kp.empty() && cols == f.tiles.bc && cols % 64 == 0) {
+        gemm_pack_panels(true, p.dk, cols, r.k + j0 * p.k.stride(-2), p.k.stride(-2), sc.kp.data());
+        gemm_pack_panels(true, p.dv, cols, r.v + j0 * p.v.stride(-2), p.v.stride(-2), sc.vp.data());
+        r.kp = sc.kp.data(), r.kp_from = j0;
+      }
+    }
     for (r.i0 = first; r.i0 < p.lq; r.i0 += f.tiles.br) {
       r.rows = std::min(f.tiles.br, p.lq - r.i0);
       r.q = f.q + q_base + r.i0 * p.q.stride(-2);
@@ -210,6 +227,18 @@ FlashTiles backward_tiles(const FlashTiles& requested, bool causal, int64_t lq, 
   return t;
 }
 
+// Whether each key tile's K_j and V_j are packed in gemm panels once for the query tiles
+// that meet it (float only): brgemm reads them as they are in S = Q_i K_j^T and
+// dP = dO_i V_j^T, where it transposed both for every tile pair. Where a key tile meets
+// at least two query tiles, without causal masking: measured (2 threads, AMD EPYC Zen 4,
+// paired runs) 1.5-10% faster at (1, 16, 4096, 64), within +-1.2% at (4, 8, 1024, 64);
+// causal (128 x 128 tiles) 1-6% slower at both.
+template <class T>
+bool packed_tiles(const Flash<Same<T>>& f) {
+  if (f.causal) return false;
+  return std::is_same_v<T, float> && f.p->lk > 0 && f.p->lq > f.tiles.br;
+}
+
 template <class T>
 AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tensor& dout, const Tensor& lse,
                                 const AttentionOptions& options) {
@@ -224,8 +253,9 @@ AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tenso
   Backward<T> bw{&f, out.data<T>(), dout.data<T>(), lse.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), &add};
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(get_num_threads(), p.batch_size);
+  const bool packed = packed_tiles<T>(f);
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch<T> sc(f.tiles, p, f.dropout_p > 0.0, f.mods.softcap > 0.0);
+    Scratch<T> sc(f.tiles, p, f.dropout_p > 0.0, f.mods.softcap > 0.0, packed);
     for (int64_t b = next++; b < p.batch_size && !interrupt_requested(); b = next++) run_entry(bw, b, sc);
   });
   check_interrupt(p.op);

@@ -243,8 +243,12 @@ template <class K, class T = typename K::T, class G = typename K::G>
 void product_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
                   std::vector<G>& k_buffer) {
   const Problem& p = *f.p;
-  const G* panels = nullptr;  // the tile's keys packed (Rows::kp), where they start a panel
-  if (r.kp && j0 >= r.kp_from && (j0 - r.kp_from) % 64 == 0) {
+  // The tile's keys packed (Rows::kp) where they start a panel and fill the score rows with
+  // whole panels: oneDNN 2.6 ran packed products with ldc != N (a causal row block's
+  // 128-key first tile in 256-wide scores) or N not a multiple of 64 (a last partial
+  // tile) on its reference matmul, 0.1 s a call (ONEDNN_VERBOSE: ref:any).
+  const G* panels = nullptr;
+  if (r.kp && j0 >= r.kp_from && (j0 - r.kp_from) % 64 == 0 && cols == lds && cols % 64 == 0) {
     panels = r.kp + (j0 - r.kp_from) / 64 * gemm_panels_size(p.dk, 64);
   }
   product(f, r, q, gemm_operand(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), k_buffer), cols, s, lds, panels);

@@ -132,6 +132,28 @@ TEST(FlashAttentionBackward, ResultsDoNotDependOnThreadCount) {
   expect_close(x, two, one, 1e-14, c, &worst);
 }
 
+// The float32 backward's S = Q_i K_j^T and dP = dO_i V_j^T on K_j and V_j packed once per
+// key tile (attention_backward_cpu.cc packed_tiles: more than one query tile, no causal
+// masking): whole key tiles of 64, 128 and 256 (automatic) packed, a ragged last one not,
+// Dk and Dv not multiples of 16, GQA, broadcast batches, masks, dropout (and causal
+// configurations, which do not pack).
+TEST(FlashAttentionBackward, PackedKeyTilesMatchTheReference) {
+  std::mt19937_64 rng(15);
+  double worst = 0.0;
+  for (const FlashTiles tiles : {FlashTiles{32, 64}, FlashTiles{64, 128}, FlashTiles{}}) {
+    for (int i = 0; i < 8; ++i) {
+      test::Config c = test::random_config(rng, i);
+      c.lq = test::pick<int64_t>(rng, {130, 257, 300}), c.lk = test::pick<int64_t>(rng, {100, 200, 300});
+      c.big = false;  // x1000 logits: f32 scores lose 1e-4 (as above)
+      Case x = make_case(c, DType::f32);
+      x.options.tuning.flash_tiles = tiles;
+      const AttentionGradients ref = attention_backward_reference(x.q, x.k, x.v, x.grad_out, x.options);
+      expect_close(x, fused(x), ref, 2e-5, c, &worst);
+    }
+  }
+  std::printf("packed key tiles: worst relative error %.2e\n", worst);
+}
+
 TEST(FlashAttentionBackward, HalfPrecisionGradientsAreTheFloat32OnesRounded) {
   // bf16/f16 inputs run the float32 backward on their upcast (documented in
   // qkv/attention_backward.h): the gradients are the f32 ones rounded to the dtype.

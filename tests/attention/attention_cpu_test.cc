@@ -155,10 +155,10 @@ TEST_F(FlashAttention, ResultsDoNotDependOnThreadCount) {
 }
 
 // Float Q K^T tiles on K packed once per call in gemm panels (attention_cpu_panels.h: tiles
-// a multiple of 64 keys wide, each head's K read by at least two query tiles): Lk not a
+// a multiple of 64 keys wide, each head's K read by at least four query tiles): Lk not a
 // multiple of 64 (a last partial panel), Dk not a multiple of 16 (padded panel rows), GQA,
 // k/v broadcast over the batch (zero stride), k rows apart by more than Dk, causal key tiles
-// that start on a panel or between two (then read unpacked), masks, dropout and the
+// that start on a panel or between two and partial tiles (both read unpacked), masks, dropout and the
 // weights' second pass; against the float64 reference with the criterion above.
 TEST_F(FlashAttention, PackedKeysMatchReferenceWithinTwiceNaiveF32Error) {
   std::mt19937_64 rng(14);
@@ -166,7 +166,7 @@ TEST_F(FlashAttention, PackedKeysMatchReferenceWithinTwiceNaiveF32Error) {
   for (const FlashTiles tiles : {FlashTiles{64, 64}, FlashTiles{32, 128}, FlashTiles{64, 192}}) {
     for (int i = 0; i < 12; ++i) {
       Config c = random_config(rng, i);
-      c.lq = test::pick<int64_t>(rng, {130, 200, 257}), c.lk = test::pick<int64_t>(rng, {200, 257, 300, 384});
+      c.lq = test::pick<int64_t>(rng, {200, 257, 300}), c.lk = test::pick<int64_t>(rng, {200, 257, 300, 384});
       if (i % 8 == 2 && c.lq == c.lk) c.lk += 37;  // causal with Lq != Lk
       Inputs in = make_inputs(c);
       in.options.tuning.flash_tiles = tiles;
