@@ -245,8 +245,8 @@ void product_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int
   const Problem& p = *f.p;
   // The tile's keys packed (Rows::kp) where they start a panel and fill the score rows with
   // whole panels: oneDNN 2.6 ran packed products with ldc != N (a causal row block's
-  // 128-key first tile in 256-wide scores) or N not a multiple of 64 (a last partial
-  // tile) on its reference matmul, 0.1 s a call (ONEDNN_VERBOSE: ref:any).
+  // 128-key first tile in 256-wide scores; the last 488 keys at Lk = 1000 in 512-wide
+  // ones) on its reference matmul, 0.1 s a call (ONEDNN_VERBOSE: ref:any).
   const G* panels = nullptr;
   if (r.kp && j0 >= r.kp_from && (j0 - r.kp_from) % 64 == 0 && cols == lds && cols % 64 == 0) {
     panels = r.kp + (j0 - r.kp_from) / 64 * gemm_panels_size(p.dk, 64);
