@@ -116,6 +116,20 @@ TEST(FlashAttentionBackward, OddTilesMatchTheReference) {
   }
 }
 
+// Causal on 256 x 256 tiles (the automatic choice from Lq, Lk >= 8192 on): several
+// diagonal tiles, a ragged last one, GQA; f64 and f32 against the float64 reference.
+TEST(FlashAttentionBackward, CausalOnLargeTilesMatchesTheReference) {
+  test::Config c;
+  c.b = 1, c.hq = 4, c.hk = 2, c.gqa = true, c.lq = 600, c.lk = 600, c.dk = 40, c.dv = 40, c.causal = true;
+  double worst = 0.0;
+  for (const DType dtype : {DType::f64, DType::f32}) {
+    Case x = make_case(c, dtype);
+    x.options.tuning.flash_tiles = FlashTiles{256, 256};
+    const AttentionGradients ref = attention_backward_reference(x.q, x.k, x.v, x.grad_out, x.options);
+    expect_close(x, fused(x), ref, dtype == DType::f64 ? 1e-10 : 2e-5, c, &worst);
+  }
+}
+
 TEST(FlashAttentionBackward, ResultsDoNotDependOnThreadCount) {
   // Entries add their gradients under a lock in whatever order workers finish: with GQA
   // several entries add into one dk/dv, so the order may change the last bits only.
