@@ -75,6 +75,33 @@ TEST(FlashTiles, OptionsWinOverTheEnvironmentWhichWinsOverTheAutomaticChoice) {
   EXPECT_EQ(empty.bc, 1);
   const FlashTiles causal = attention::auto_flash_tiles(64, 64, true);
   EXPECT_EQ(causal.bc, 2 * causal.br);  // key tiles backwards from the diagonal (flash_tiles.h)
+  // Long causal problems: square tiles of 128 to 256 that fit the L2; shorter ones as above.
+  const int64_t budget = attention::l2_cache_bytes() / 4;
+  for (const int64_t d : {64, 128}) {
+    const FlashTiles lng = attention::choose_flash_tiles({}, {}, 9000, 8192, d, d, true);
+    EXPECT_EQ(lng.br, lng.bc);
+    EXPECT_TRUE(lng.br == 128 || lng.br == 256) << lng.br;
+    EXPECT_TRUE(lng.br == 128 || attention::flash_working_set(lng.br, lng.bc, d, d) <= budget);
+    const FlashTiles shorter = attention::choose_flash_tiles({}, {}, 9000, 8191, d, d, true);
+    EXPECT_EQ(shorter.bc, 2 * shorter.br);
+  }
+}
+
+// Causal on 256 x 256 tiles (the automatic choice of long causal problems): the f64 kernel
+// against the float64 reference, several diagonal tiles and a ragged last one, GQA.
+TEST(FlashTiles, CausalOnLargeSquareTilesMatchesTheReference) {
+  const Tensor q = Tensor::randn({1, 4, 600, 40}, 1).to(DType::f64),
+               k = Tensor::randn({1, 2, 600, 40}, 2).to(DType::f64);
+  const Tensor v = Tensor::randn({1, 2, 600, 24}, 3).to(DType::f64);
+  AttentionOptions o;
+  o.is_causal = true;
+  o.enable_gqa = true;
+  o.return_logsumexp = true;
+  const AttentionResult ref = attention_reference(q, k, v, o);
+  o.tuning.flash_tiles = FlashTiles{256, 256};
+  const AttentionResult r = scaled_dot_product_attention(q, k, v, o);
+  EXPECT_LE(max_abs_diff(r.output, ref.output), 1e-12);
+  EXPECT_LE(max_abs_diff(*r.logsumexp, *ref.logsumexp), 1e-12);
 }
 
 // Tiles passed in the options reach the kernel: every tile shape gives the
