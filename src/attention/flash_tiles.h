@@ -4,10 +4,11 @@
 // scores/probabilities [Br, Bc] and the output accumulator [Br, Dv] in its L2.
 // Br and Bc are powers of two; Bc is the largest whose working set fits the L2,
 // capped at kMaxBc, and Br = min(kBr, Bc). With causal masking Br = kCausal and
-// Bc = 2 Br (long causal problems: square tiles of up to 256, kLongCausal below): attention_cpu.cc takes key tiles
-// backwards from the diagonal, so only the tile at the first keys is partial and it is Br wide: the tile GEMMs see two
-// shapes (qkv::gemm keeps a per-thread memo of 4 plans), and the masked triangle computed per query tile is Br x Br
-// / 2.
+// Bc = 2 Br: attention_cpu.cc takes key tiles backwards from the diagonal, so only
+// the tile at the first keys is partial and it is Br wide: the tile GEMMs see
+// two shapes (qkv::gemm keeps a per-thread memo of 4 plans), and the masked
+// triangle computed per query tile is Br x Br / 2. Long causal problems take
+// square tiles of up to 256 instead (kLongCausal below).
 //
 // Who decides (qkv/attention.h, FlashTiles): AttentionOptions::tuning.flash_tiles
 // when set, else QKV_FLASH_TILES=BRxBC (e.g. "64x256", read once, at the first
