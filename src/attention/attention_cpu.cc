@@ -95,7 +95,6 @@ struct Scratch {
   std::vector<G> kg;        // [Bc, Dk] a K tile widened (kWiden)
   std::vector<G> vg;        // [Bc, Dv] a V tile widened (kWiden)
   std::vector<G> kx;        // [gather, Dk] the K rows of gathered tiles (gather_keys), Bc a slot; or their panels
-  const G* kp = nullptr;    // the item's K packed (KeyPanels) or null: kx then holds panels
   std::vector<G> vx;        // [gather, Dv] their V rows
   int8::QuantizedQuery q8;  // the item's Q rows on int8 (qk_quantization; empty otherwise)
   // [gather / Bc] the K and V rows each slot of kx and vx holds (null: none; place_gathered).
@@ -244,13 +243,13 @@ void place_gathered(const Flash<K>& f, const Rows<K>& r, const std::vector<Tile>
   thread_local std::vector<char> taken;  // [c] the slots given
   taken.assign(c, 0);
   at.assign(c, -1);
-  const int64_t panel = sc.kp ? gemm_panels_size(p.dk, 64) : 0;  // floats of 64 packed keys
+  const int64_t panel = r.kp ? gemm_panels_size(p.dk, 64) : 0;  // floats of 64 packed keys
   using Held = std::pair<const G*, const G*>;
   auto rows_of_tile = [&](size_t x) { return Held{r.k + pick[x].first * ks, r.v + pick[x].first * vs}; };
   auto put = [&](size_t x, size_t slot, Held held) {
     const auto [j0, cols] = pick[x];
-    if (sc.kp) {  // the tile's whole panels
-      std::copy_n(sc.kp + j0 / 64 * panel, (cols + 63) / 64 * panel,
+    if (r.kp) {  // the tile's whole panels (the forward packs all of K: Rows::kp_from is 0)
+      std::copy_n(r.kp + j0 / 64 * panel, (cols + 63) / 64 * panel,
                   sc.kx.data() + static_cast<int64_t>(slot) * bc / 64 * panel);
     } else {
       copy_rows(r.k + j0 * ks, cols, p.dk, ks, sc.kx.data() + static_cast<int64_t>(slot) * bc * p.dk);
@@ -283,7 +282,7 @@ template <class G>
 struct Piece {
   Mat<G> k, v;
   int64_t col = 0, cols = 0;
-  const G* kp = nullptr;  // the keys' panels (Scratch::kp) or null
+  const G* kp = nullptr;  // the keys' panels (Rows::kp) or null
 };
 
 // A group of key tiles (descending) as one online-softmax step: runs of adjacent tiles are
@@ -314,7 +313,7 @@ void run_group(const Flash<K>& f, const Rows<K>& r, Mat<typename K::G> q, const 
     }
     const int64_t first = group[y - 1].first, cols = group[x].first + group[x].second - first;
     for (size_t z = x; z < y; ++z) at[z] = group[z].first - first, of[z] = static_cast<int64_t>(pieces.size());
-    const G* kp = sc.kp ? sc.kp + first / 64 * gemm_panels_size(p.dk, 64) : nullptr;
+    const G* kp = r.kp ? r.kp + first / 64 * gemm_panels_size(p.dk, 64) : nullptr;
     pieces.push_back({{r.k + first * ks, ks}, {r.v + first * vs, vs}, n, cols, kp});
     n += cols;
   }
@@ -332,7 +331,7 @@ void run_group(const Flash<K>& f, const Rows<K>& r, Mat<typename K::G> q, const 
       at[z] = pick_at[x], of[z] = static_cast<int64_t>(pieces.size());
       cols += pick[x].second;
     }
-    pieces.push_back({{sc.kx.data(), p.dk}, {sc.vx.data(), p.dv}, n, cols, sc.kp ? sc.kx.data() : nullptr});
+    pieces.push_back({{sc.kx.data(), p.dk}, {sc.vx.data(), p.dv}, n, cols, r.kp ? sc.kx.data() : nullptr});
     product(pieces.back());
     n += cols;
   }
@@ -525,7 +524,7 @@ void run_all(const Flash<K>& f, const tiles::KeyPanels* panels) {
     Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, gather_keys(f), panels != nullptr);
     for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
       Rows<K> r = rows_of(f, order.empty() ? item : order[static_cast<size_t>(item)]);
-      if constexpr (std::is_same_v<typename K::G, float>) r.kp = sc.kp = panels ? panels->of(r.k - f.k) : nullptr;
+      if constexpr (std::is_same_v<typename K::G, float>) r.kp = panels ? panels->of(r.k - f.k) : nullptr;
       run_rows(f, r, sc);
     }
   });
