@@ -219,11 +219,12 @@ void run_entry(const Backward<T>& bw, int64_t b, Scratch<T>& sc) {
 // Causal: 128 x 128 (smaller tiles compute less of the masked triangle), measured the
 // same way at causal (1, 8, 512, 64) / (4, 8, 1024, 64) / (1, 16, 4096, 64): 128x128 106-125 /
 // 136 / 140-146 GFLOP/s, 256x256 104-105 / 122-133 / 142-143, 64x64 80-99 / 88-121 / 107-119.
-// Long causal problems (Lq and Lk >= 8192) take 256 x 256 again: the masked triangle is
+// Long causal problems (Lq and Lk >= kLongCausal, 8192: flash_tiles.h, the forward's
+// threshold too) take 256 x 256 again: the masked triangle is
 // <= 3% of a row's keys there; at causal (1, 8, 16384, 128), 2 threads, two runs each:
 // 7443 / 7764 ms against 8095 / 8448 with 128 x 128 (+8%).
 FlashTiles backward_tiles(const FlashTiles& requested, bool causal, int64_t lq, int64_t lk) {
-  const bool short_causal = causal && std::min(lq, lk) < 8192;
+  const bool short_causal = causal && std::min(lq, lk) < kLongCausal;
   const FlashTiles automatic = short_causal ? FlashTiles{128, 128} : FlashTiles{256, 256};
   FlashTiles t = requested.is_auto() ? flash_tiles_from_env().value_or(automatic) : requested;
   t.br = std::max<int64_t>(1, std::min(t.br, lq));
