@@ -315,6 +315,20 @@ HWY_INLINE hn::Vec<DF> ScaleBlock(DF df, const uint16_t* p) {
 template <class DF>
 using TableIndices = decltype(hn::SetTableIndices(DF(), static_cast<const int32_t*>(nullptr)));
 
+// A vector of key bytes (int16 lanes holding pairs) split into its even and odd channels,
+// sign-extended to int16 lanes; and int32 lane i = the sum of the 4 products of those
+// channels 4i .. 4i + 3 with the query's even and odd int16 lanes (two vpmaddwd).
+template <class VW>
+HWY_INLINE void SplitBytes(VW x, VW& even, VW& odd) {
+  even = hn::ShiftRight<8>(hn::ShiftLeft<8>(x)), odd = hn::ShiftRight<8>(x);
+}
+template <class DI, class VW>
+HWY_INLINE hn::Vec<DI> PairDots(DI di, VW even, VW odd, VW q_even, VW q_odd) {
+  auto sum1 = hn::Zero(di);
+  const auto sum0 = hn::ReorderWidenMulAccumulate(di, even, q_even, hn::Zero(di), sum1);
+  return hn::RearrangeToOddPlusEven(hn::ReorderWidenMulAccumulate(di, odd, q_odd, sum0, sum1), sum1);
+}
+
 // f[r] += the lanes of query row r's products with key row j (summing f's lanes gives the dot).
 template <int64_t NR, class DF>
 HWY_INLINE void KeyDots(DF df, const int16_t* q16, const Int8Rows& k, int64_t j, int64_t d, const TableIndices<DF>* idx,
@@ -325,16 +339,14 @@ HWY_INLINE void KeyDots(DF df, const int16_t* q16, const Int8Rows& k, int64_t j,
   const int8_t* row = k.x + j * d;
   const uint16_t* sc = k.scales + j * k.groups;
   for (int64_t c = 0; c < d; c += step) {
-    const auto x = hn::LoadU(dw, reinterpret_cast<const int16_t*>(row + c));
-    const auto even = hn::ShiftRight<8>(hn::ShiftLeft<8>(x)), odd = hn::ShiftRight<8>(x);
+    hn::Vec<decltype(dw)> even, odd;
+    SplitBytes(hn::LoadU(dw, reinterpret_cast<const int16_t*>(row + c)), even, odd);
     const int64_t block = c / 64, at = c % 64;
     const auto sv = hn::TableLookupLanes(ScaleBlock(df, sc + block * 4), idx[at / step]);
     const int16_t* qe = q16 + block * 64 + at / 2;  // even channels; odd: qe + 32
     for (int64_t r = 0; r < NR; ++r) {
-      auto sum1 = hn::Zero(di);
-      auto sum0 = hn::ReorderWidenMulAccumulate(di, even, hn::LoadU(dw, qe + r * d), hn::Zero(di), sum1);
-      sum0 = hn::ReorderWidenMulAccumulate(di, odd, hn::LoadU(dw, qe + r * d + 32), sum0, sum1);
-      f[r] = hn::MulAdd(hn::ConvertTo(df, hn::RearrangeToOddPlusEven(sum0, sum1)), sv, f[r]);
+      const auto dot = PairDots(di, even, odd, hn::LoadU(dw, qe + r * d), hn::LoadU(dw, qe + r * d + 32));
+      f[r] = hn::MulAdd(hn::ConvertTo(df, dot), sv, f[r]);
     }
   }
 }
@@ -428,14 +440,10 @@ HWY_INLINE void ScoreRowsInt4(const int16_t* q16, const float* qm, const float* 
     const uint16_t* sc = k.scales + j * k.groups;
     hn::Vec<decltype(df)> f = hn::Zero(df);
     for (int64_t b = 0; b < NB; ++b) {
-      const auto xv = hn::LoadU(dw, reinterpret_cast<const int16_t*>(row + b * 64));
-      const auto even = hn::ShiftRight<8>(hn::ShiftLeft<8>(xv)), odd = hn::ShiftRight<8>(xv);
+      hn::Vec<decltype(dw)> even, odd;
+      SplitBytes(hn::LoadU(dw, reinterpret_cast<const int16_t*>(row + b * 64)), even, odd);
       hn::Vec<decltype(di)> dot[4];  // lane i: channels 4i .. 4i + 3 of the block
-      for (int64_t r = 0; r < 4; ++r) {
-        auto sum1 = hn::Zero(di);
-        const auto sum0 = hn::ReorderWidenMulAccumulate(di, even, qv[r][b][0], hn::Zero(di), sum1);
-        dot[r] = hn::RearrangeToOddPlusEven(hn::ReorderWidenMulAccumulate(di, odd, qv[r][b][1], sum0, sum1), sum1);
-      }
+      for (int64_t r = 0; r < 4; ++r) dot[r] = PairDots(di, even, odd, qv[r][b][0], qv[r][b][1]);
       const auto t = hn::ConvertTo(df, BlockSums4(di, dot[0], dot[1], dot[2], dot[3]));
       const auto sv = hn::TableLookupLanes(ScaleBlock(df, sc + b * 4), idx);  // block g: group 4 b + g's scale
       f = b == 0 ? hn::Mul(t, sv) : hn::MulAdd(t, sv, f);
