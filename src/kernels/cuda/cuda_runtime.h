@@ -46,8 +46,9 @@ void copy_device_to_device(void* dst, const void* src, size_t nbytes, int device
 
 // The integer in environment variable `name`, or `fallback` when it is unset or not a
 // number: the kernels' tuning knobs (QKV_CUDA_FLASH_BC, QKV_CUDA_BWD_BC,
-// QKV_CUDA_FLASH_GROUP) that measuring runs set; callers check the range and keep
-// the answer (read once). Defined in a CUDA build only.
+// QKV_CUDA_FLASH_GROUP, QKV_CUDA_BWD_GROUP) that measuring runs set; callers check the
+// range (the tile sizes are read once, the group sizes at each launch: order_group).
+// Defined in a CUDA build only.
 int64_t env_int(const char* name, int64_t fallback);
 
 // The copy engine on the GPU: dst[i...] = src[i...] for every multi-index of `shape`
