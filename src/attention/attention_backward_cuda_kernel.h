@@ -46,8 +46,9 @@ struct FlashBackwardParams {
 };
 
 constexpr int kBackwardQueryTile = 64;  // query rows per step of the backward's main loop
-constexpr int kBackwardKeyTile = 64;    // keys per block of the main kernel
-constexpr int kBackwardPreRows = 16;    // query rows per block of the preprocess
+constexpr int kBackwardKeyTile =
+    64;  // keys per block of the main kernel at its smaller tile (the default is 128): the grid check
+constexpr int kBackwardPreRows = 16;  // query rows per block of the preprocess
 
 // Queues zeroing, the preprocess, the main kernel and the conversion on `stream` (a
 // cudaStream_t) of the current device. DeviceError naming `op` when a launch fails.
