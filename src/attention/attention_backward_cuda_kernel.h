@@ -46,8 +46,8 @@ struct FlashBackwardParams {
 };
 
 constexpr int kBackwardQueryTile = 64;  // query rows per step of the backward's main loop
-constexpr int kBackwardKeyTile =
-    64;  // keys per block of the main kernel at its smaller tile (the default is 128): the grid check
+// Keys per block of the main kernel at its smaller tile (the default is 128): the grid check's.
+constexpr int kBackwardKeyTile = 64;
 constexpr int kBackwardPreRows = 16;  // query rows per block of the preprocess
 
 // Queues zeroing, the preprocess, the main kernel and the conversion on `stream` (a
