@@ -235,12 +235,15 @@ FlashTiles backward_tiles(const FlashTiles& requested, bool causal, int64_t lq, 
 // Whether each key tile's K_j and V_j are packed in gemm panels once for the query tiles
 // that meet it (float only): brgemm reads them as they are in S = Q_i K_j^T and
 // dP = dO_i V_j^T, where it transposed both for every tile pair. Where a key tile meets
-// at least two query tiles, without causal masking: measured (2 threads, AMD EPYC Zen 4,
-// paired runs) 1.5-10% faster at (1, 16, 4096, 64), within +-1.2% at (4, 8, 1024, 64);
-// causal (128 x 128 tiles) 1-6% slower at both.
+// at least two query tiles: measured (2 threads, AMD EPYC Zen 4, paired runs) 1.5-10% faster
+// at (1, 16, 4096, 64), within +-1.2% at (4, 8, 1024, 64); causal (128 x 128 tiles) 1-6%
+// slower at both, so causal only on tiles of 256 or more (the long problems' automatic
+// 256 x 256, kLongCausal, or a caller's), where a key tile meets 32 query tiles on average at
+// L = 16384: (1, 8, 16384, 128) causal, three
+// alternating runs, 7344 / 7358 / 7349 ms against 7491 / 7435 / 7395 unpacked (-1.5%).
 template <class T>
 bool packed_tiles(const Flash<Same<T>>& f) {
-  if (f.causal) return false;
+  if (f.causal && std::min(f.tiles.br, f.tiles.bc) < 256) return false;
   return std::is_same_v<T, float> && f.p->lk > 0 && f.p->lq > f.tiles.br;
 }
 

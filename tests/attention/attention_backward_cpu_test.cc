@@ -117,7 +117,8 @@ TEST(FlashAttentionBackward, OddTilesMatchTheReference) {
 }
 
 // Causal on 256 x 256 tiles (the automatic choice from Lq, Lk >= 8192 on): several
-// diagonal tiles, a ragged last one, GQA; f64 and f32 against the float64 reference.
+// diagonal tiles, a ragged last one, GQA; f64 and f32 against the float64 reference
+// (float32 on K_j, V_j packed: packed_tiles takes causal tiles of 256).
 TEST(FlashAttentionBackward, CausalOnLargeTilesMatchesTheReference) {
   test::Config c;
   c.b = 1, c.hq = 4, c.hk = 2, c.gqa = true, c.lq = 600, c.lk = 600, c.dk = 40, c.dv = 40, c.causal = true;
@@ -150,7 +151,8 @@ TEST(FlashAttentionBackward, ResultsDoNotDependOnThreadCount) {
 // key tile (attention_backward_cpu.cc packed_tiles: more than one query tile, no causal
 // masking): whole key tiles of 64, 128 and 256 (automatic) packed, a ragged last one not,
 // Dk and Dv not multiples of 16, GQA, broadcast batches, masks, dropout (and causal
-// configurations, which do not pack).
+// configurations, which do not pack on these tiles; CausalOnLargeTilesMatchesTheReference
+// covers causal packed tiles).
 TEST(FlashAttentionBackward, PackedKeyTilesMatchTheReference) {
   std::mt19937_64 rng(15);
   double worst = 0.0;
