@@ -99,7 +99,16 @@ void gemm_pack_panels(bool trans_b, int64_t k, int64_t n, const float* b, int64_
                       bool stream = false);
 // C = alpha * op(A) * P + beta * C with P [K, N] packed by gemm_pack_panels (s.trans_b
 // and s.ldb are not used); one matrix, no batch. Conventions and checks as gemm.
+// A (and C) need not be dense: rows that are not (lda != K, trans_a, ldc != N) are staged
+// through dense per-thread rows, as oneDNN 2.6 runs such packed products on its reference
+// matmul (80 ms for one 128 x 64 x 512 product).
 void gemm_panels(const GemmShape& s, float alpha, const float* a, const float* panels, float beta, float* c);
+// Whether gemm_panels runs on a fast oneDNN kernel for packed B on this CPU (its brgemm
+// matmul, AVX-512 cores; oneDNN 2.6 has only its reference matmul for packed B on AVX2, 0.2
+// GFLOP/s). Probed once (honours ONEDNN_MAX_CPU_ISA). Where false, gemm_panels unpacks B
+// and runs gemm: callers that pack only to spare gemm's per-call transposition of B should
+// not pack (attention's K panels do not).
+bool gemm_panels_native();
 void gemm_panels_reference(const GemmShape& s, float alpha, const float* a, const float* panels, float beta, float* c);
 
 // float64: OpenBLAS cblas_dgemm per batch matrix (OpenMP build of OpenBLAS, so it

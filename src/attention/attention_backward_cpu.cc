@@ -239,12 +239,12 @@ FlashTiles backward_tiles(const FlashTiles& requested, bool causal, int64_t lq, 
 // at (1, 16, 4096, 64), within +-1.2% at (4, 8, 1024, 64); causal (128 x 128 tiles) 1-6%
 // slower at both, so causal only on tiles of 256 or more (the long problems' automatic
 // 256 x 256, kLongCausal, or a caller's), where a key tile meets 32 query tiles on average at
-// L = 16384: (1, 8, 16384, 128) causal, three
-// alternating runs, 7344 / 7358 / 7349 ms against 7491 / 7435 / 7395 unpacked (-1.5%).
+// L = 16384: (1, 8, 16384, 128) causal, three alternating runs, 7344 / 7358 / 7349 ms against
+// 7491 / 7435 / 7395 unpacked (-1.5%). Not where oneDNN has no packed kernel (AVX2).
 template <class T>
 bool packed_tiles(const Flash<Same<T>>& f) {
   if (f.causal && std::min(f.tiles.br, f.tiles.bc) < 256) return false;
-  return std::is_same_v<T, float> && f.p->lk > 0 && f.p->lq > f.tiles.br;
+  return std::is_same_v<T, float> && f.p->lk > 0 && f.p->lq > f.tiles.br && gemm_panels_native();
 }
 
 template <class T>

@@ -55,7 +55,8 @@ std::optional<KeyPanels> pack_keys(const Flash<K>& f, bool gathered) {
   } else {
     constexpr int64_t kMinReads = 4;
     const Problem& p = *f.p;
-    if (f.tiles.bc % 64 != 0 || p.lk == 0 || f.k8 != nullptr) return std::nullopt;
+    // Not where gemm_panels would unpack them again (AVX2: oneDNN has no packed kernel there).
+    if (f.tiles.bc % 64 != 0 || p.lk == 0 || f.k8 != nullptr || !gemm_panels_native()) return std::nullopt;
     KeyPanels kp;
     kp.offsets = key_entries(p);
     const auto entries = static_cast<int64_t>(kp.offsets.size());

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gemm_internal.h"
 #include "kernels/gemm_test_util.h"
 #include "qkv/gemm.h"
 
@@ -52,6 +53,39 @@ TEST(GemmInt8, ExtremeValuesDoNotOverflowAtTheDepthLimit) {
   gemm_reference({false, true, 1, 1, k, k, k, 1}, a.data(), a.data(), &r);
   EXPECT_EQ(c, int64_t{128} * 128 * k);
   EXPECT_EQ(r, c);
+}
+
+// The exact path of CPUs whose oneDNN int8 matmul saturates (no VNNI: AVX2; the ctest
+// onednn.avx2 runs this file there too): float32 gemms over depth chunks of 1024, added in
+// int32. Forced here on any CPU: random layouts, depths across chunk edges, batches, and
+// the extremes at the depth limit (each chunk's sum is then exactly 2^24).
+TEST(GemmInt8, WidenedPathMatchesTheReferenceExactly) {
+  detail::force_gemm_int8_widening(true);
+  const int64_t sizes[] = {1, 17, 64, 1023, 1024, 1025, 2500};
+  std::mt19937 rng(5);
+  auto pick = [&](auto& arr) { return arr[rng() % std::size(arr)]; };
+  for (int trial = 0; trial < 16; ++trial) {
+    const int64_t k = pick(sizes);
+    const test::Case c = test::plain(1 + rng() % 40, 1 + rng() % 40, k, rng() & 1, rng() & 1, trial % 3 == 0 ? 5 : 0);
+    expect_int8_matches_reference(c, static_cast<uint32_t>(trial));
+  }
+  {  // three op(A) [7, 1100] stored transposed, one B broadcast over them
+    const GemmShape s{true, false, 7, 9, 1100, 7, 9, 9};
+    const GemmBatch batch{{3}, {7 * 1100}, {0}, {7 * 9}};
+    std::vector<int8_t> a(3 * 7 * 1100), b(1100 * 9);
+    for (size_t x = 0; x < a.size(); ++x) a[x] = static_cast<int8_t>(rng());
+    for (size_t x = 0; x < b.size(); ++x) b[x] = static_cast<int8_t>(rng());
+    std::vector<int32_t> got(3 * 7 * 9), want(got.size());
+    gemm(s, a.data(), b.data(), got.data(), batch);
+    gemm_reference(s, a.data(), b.data(), want.data(), batch);
+    EXPECT_EQ(got, want);
+  }
+  const int64_t k = 131071;
+  const std::vector<int8_t> a(static_cast<size_t>(k), -128);
+  int32_t c = 0;
+  gemm({false, true, 1, 1, k, k, k, 1}, a.data(), a.data(), &c);
+  EXPECT_EQ(c, int64_t{128} * 128 * k);
+  detail::force_gemm_int8_widening(false);
 }
 
 TEST(GemmInt8, DepthsThatCouldOverflowAreValueErrors) {

@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "kernels/cpu/gemm_internal.h"
 #include "qkv/error.h"
 #include "qkv/gemm.h"
 
@@ -85,6 +87,39 @@ TEST(GemmPanels, RunsOfWholePanelsAreThemselvesPacked) {
   gemm_panels(s, 1.0f, a.data(), panels.data() + j0 * gemm_panels_size(k, 64) / 64, 0.0f, got.data());
   gemm_reference(s, 1.0f, a.data(), kt.data() + j0 * k, 0.0f, want.data());
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4) << "element " << i;
+}
+
+// A as the MHA layer's head views give it (q rows 3E apart), transposed, and C rows wider
+// than N, with beta: gemm_panels stages them as dense rows, since oneDNN 2.6 ran such packed
+// products on its reference matmul (80 ms a 128 x 64 x 512 call); and where this CPU (or
+// ONEDNN_MAX_CPU_ISA: the ctest gemm_panels.avx2) has no packed kernel at all, it unpacks B.
+// Either way the plan it runs is one of oneDNN's fast kernels.
+TEST(GemmPanels, NonDenseRowsMatchTheReferenceOnFastKernels) {
+  std::mt19937 rng(11);
+  struct Case {
+    bool trans_a;
+    int64_t m, n, k, lda, ldc;
+    float beta;
+  };
+  for (const Case& x : {Case{false, 128, 512, 64, 384, 512, 0.0f}, Case{true, 40, 192, 64, 50, 192, 0.0f},
+                        Case{false, 64, 256, 48, 48, 300, 0.5f}, Case{true, 33, 128, 20, 40, 140, 1.0f},
+                        Case{false, 64, 128, 64, 64, 128, 0.0f}}) {
+    const GemmShape s{x.trans_a, false, x.m, x.n, x.k, x.lda, x.n, x.ldc};
+    SCOPED_TRACE(testing::Message() << detail::gemm_args_str(s, {}));
+    const std::vector<float> a = random_floats((x.trans_a ? x.k : x.m) * x.lda, rng);
+    const std::vector<float> b = random_floats(x.k * x.n, rng);
+    std::vector<float> panels(static_cast<size_t>(gemm_panels_size(x.k, x.n)));
+    gemm_pack_panels(false, x.k, x.n, b.data(), x.n, panels.data());
+    std::vector<float> want = random_floats(x.m * x.ldc, rng), got = want;
+    gemm_reference(s, 0.25f, a.data(), b.data(), x.beta, want.data());
+    gemm_panels(s, 0.25f, a.data(), panels.data(), x.beta, got.data());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-5 * std::sqrt(static_cast<double>(x.k))) << "element " << i;
+    }
+    const std::string plan = detail::gemm_panels_plan_str(s, 0.25f, x.beta);
+    EXPECT_EQ(plan.find("ref"), std::string::npos) << plan;
+    EXPECT_EQ(plan.rfind("unpacked", 0) == 0, !gemm_panels_native()) << plan;
+  }
 }
 
 TEST(GemmPanels, EdgeCasesAndErrors) {

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/copy.h"
 #include "kernels/cpu/copy_transpose.h"
 #include "qkv/error.h"
 #include "qkv/size.h"  // kMaxElements
@@ -146,6 +147,43 @@ template void gemm_widened(const GemmShape&, float, const bfloat16*, const bfloa
 template void gemm_widened(const GemmShape&, float, const float16*, const float16*, float, float*,
                            const std::vector<GemmDim>&);
 
+namespace {
+
+// dst [rows, cols] (dense float32) = src's int8 elements at src[r * s0 + c * s1].
+void widen_int8(const int8_t* src, int64_t rows, int64_t cols, int64_t s0, int64_t s1, std::vector<float>& dst) {
+  dst.resize(static_cast<size_t>(rows * cols));
+  const int64_t shape[] = {rows, cols}, from[] = {s0, s1}, to[] = {cols, 1};
+  kernels::strided_copy(shape, {src, DType::i8, from}, {dst.data(), DType::f32, to});
+}
+
+}  // namespace
+
+void gemm_int8_widened(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c,
+                       const std::vector<GemmDim>& dims) {
+  // 1024 * 128 * 128 = 2^24: float32's last exact integer.
+  constexpr int64_t kChunk = 1024;
+  thread_local std::vector<float> wa, wb, wc;  // [m, kc], [kc, n], [m, n]
+  const GemmShape w{false, false, s.m, s.n, 0, 0, s.n, s.n};
+  for_each_gemm_batch(dims, 0, gemm_batch_count(dims), [&](int64_t oa, int64_t ob, int64_t oc) {
+    for (int64_t k0 = 0; k0 < s.k; k0 += kChunk) {
+      GemmShape chunk = w;
+      chunk.k = chunk.lda = std::min(kChunk, s.k - k0);
+      // op(A)[:, k0..] and op(B)[k0.., :] as dense rows, whichever way they are stored.
+      widen_int8(a + oa + (s.trans_a ? k0 * s.lda : k0), s.m, chunk.k, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1,
+                 wa);
+      widen_int8(b + ob + (s.trans_b ? k0 : k0 * s.ldb), chunk.k, s.n, s.trans_b ? 1 : s.ldb, s.trans_b ? s.ldb : 1,
+                 wb);
+      wc.resize(static_cast<size_t>(s.m * s.n));
+      gemm(chunk, 1.0f, wa.data(), wb.data(), 0.0f, wc.data());
+      for (int64_t i = 0; i < s.m; ++i) {
+        int32_t* row = c + oc + i * s.ldc;
+        const float* part = wc.data() + i * s.n;
+        for (int64_t j = 0; j < s.n; ++j) row[j] = (k0 == 0 ? 0 : row[j]) + static_cast<int32_t>(part[j]);
+      }
+    }
+  });
+}
+
 }  // namespace qkv::detail
 
 namespace qkv {
@@ -186,6 +224,51 @@ void gemm_pack_panels(bool trans_b, int64_t k, int64_t n, const float* b, int64_
 }
 
 namespace detail {
+
+namespace {
+
+// rows [m, n] (row stride ld_from, column stride col_from) -> `to` ([m, n], row stride ld_to).
+void copy_rows(int64_t m, int64_t n, const float* from, int64_t ld_from, int64_t col_from, float* to, int64_t ld_to) {
+  const int64_t shape[] = {m, n}, src[] = {ld_from, col_from}, dst[] = {ld_to, 1};
+  kernels::strided_copy(shape, {from, DType::f32, src}, {to, DType::f32, dst});
+}
+
+}  // namespace
+
+GemmShape dense_panels_shape(const GemmShape& s) {
+  GemmShape d = s;
+  d.trans_a = false;
+  d.lda = s.k;
+  d.ldc = s.n;
+  return d;
+}
+
+const float* dense_panels_a(const GemmShape& s, const float* a, std::vector<float>& buffer) {
+  if (s.m <= 1 || (!s.trans_a && s.lda == s.k)) return a;
+  buffer.resize(static_cast<size_t>(s.m * s.k));
+  copy_rows(s.m, s.k, a, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1, buffer.data(), s.k);
+  return buffer.data();
+}
+
+float* dense_panels_c(const GemmShape& s, float* c, float beta, std::vector<float>& buffer) {
+  if (s.m <= 1 || s.ldc == s.n) return c;
+  buffer.resize(static_cast<size_t>(s.m * s.n));
+  if (beta != 0.0f) copy_rows(s.m, s.n, c, s.ldc, 1, buffer.data(), s.n);
+  return buffer.data();
+}
+
+void finish_panels_c(const GemmShape& s, const float* out, float* c) {
+  if (out != c) copy_rows(s.m, s.n, out, s.n, 1, c, s.ldc);
+}
+
+void gemm_unpack_panels(int64_t k, int64_t n, const float* panels, float* b) {
+  const int64_t rows = panel_rows(k);
+  for (int64_t j0 = 0; j0 < n; j0 += kPanel) {
+    const float* panel = panels + j0 * rows;  // [rows, 64]
+    const int64_t cols = std::min(kPanel, n - j0);
+    for (int64_t p = 0; p < k; ++p) std::copy_n(panel + p * kPanel, cols, b + p * n + j0);
+  }
+}
 
 int64_t check_gemm_panels_args(const char* op, const GemmShape& s, double alpha, const void* a, const void* panels,
                                double beta, const void* c) {

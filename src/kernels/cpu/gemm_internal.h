@@ -83,11 +83,20 @@ template <class H>
 void gemm_widened(const GemmShape& s, float alpha, const H* a, const H* b, float beta, float* c,
                   const std::vector<GemmDim>& dims);
 
+// int8 A and B where oneDNN's int8 matmul is not exact (gemm_onednn.cc: CPUs without VNNI,
+// whose vpmaddubsw saturates pairs of products at 16 bits): float32 gemms over depth
+// chunks of at most 1024, each exact (every partial sum is an integer of magnitude
+// <= 1024 * 128 * 128 = 2^24), added in int32. Same result as gemm_reference, bit for bit.
+void gemm_int8_widened(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c,
+                       const std::vector<GemmDim>& dims);
+
 // ---- introspection of qkv::gemm (gemm_onednn.cc), for tests and benchmarks ----
 
 // Test hook: while on, gemm_has_native answers false for bf16 and f16, so the widening
 // path (and attention's float32 tiles) run on any CPU. Process-wide.
 void force_gemm_widening(bool on);
+// Test hook: while on, the int8 gemm takes gemm_int8_widened on any CPU. Process-wide.
+void force_gemm_int8_widening(bool on);
 
 // Capacity of gemm's plan cache (least recently used plans are dropped).
 inline constexpr size_t kGemmPlanCacheCapacity = 256;
@@ -96,6 +105,24 @@ inline constexpr size_t kGemmPlanCacheCapacity = 256;
 // "<oneDNN implementation> outer=<dims looped outside oneDNN>[ parallel]".
 // Creates (and caches) the plan like a gemm call would.
 std::string gemm_plan_str(const GemmShape& s, float alpha, float beta, const GemmBatch& batch = {});
+// oneDNN's implementation name for the plan gemm_panels runs for s (after it stages
+// non-dense A or C rows: gemm_onednn.cc dense_panels_shape), or "unpacked: " and
+// gemm_plan_str of the unpacked product where !gemm_panels_native().
+std::string gemm_panels_plan_str(const GemmShape& s, float alpha, float beta);
+// gemm_panels' A and C as dense rows (gemm.cc): oneDNN 2.6 runs a product on packed panels
+// whose A or C rows are not dense (lda != K, a transposed A, ldc != N) on its reference
+// matmul: 80 ms for one 128x64 x 64x512 product of attention on the MHA layer's head views
+// (q rows 3E apart; ONEDNN_VERBOSE ref:any), 15 s for a (8, 12, 512, 64) layer call. Such A
+// and C are staged through dense rows (the copy engine): m (k + n) floats copied against
+// 2 m n k flops. dense_panels_shape: s with dense A and C; dense_panels_a: a, or its rows
+// copied to `buffer`; dense_panels_c: c, or `buffer` (holding C where beta != 0), which
+// finish_panels_c copies back to c after the product.
+GemmShape dense_panels_shape(const GemmShape& s);
+const float* dense_panels_a(const GemmShape& s, const float* a, std::vector<float>& buffer);
+float* dense_panels_c(const GemmShape& s, float* c, float beta, std::vector<float>& buffer);
+void finish_panels_c(const GemmShape& s, const float* out, float* c);
+// b [k, n] (dense rows) = the op(B) that gemm_pack_panels packed into `panels`.
+void gemm_unpack_panels(int64_t k, int64_t n, const float* panels, float* b);
 size_t gemm_plan_cache_size();
 void gemm_plan_cache_clear();
 

@@ -405,6 +405,46 @@ bool probe_native(memory::data_type type) {
 
 std::atomic<bool> g_force_widening{false};
 
+std::atomic<bool> g_force_int8_widening{false};
+
+// Whether oneDNN's int8 matmul is exact on this CPU: without VNNI (AVX2, AVX-512 before
+// Cascade Lake) oneDNN 2.6's gemm:jit multiplies s8 A (shifted to u8) by s8 B with
+// vpmaddubsw, which saturates each pair of products at 16 bits: every element of a 64 x 64
+// x 768 product was wrong under ONEDNN_MAX_CPU_ISA=AVX2. Probed once on extreme values.
+bool probe_int8_exact() {
+  constexpr int64_t m = 16, n = 16, k = 128;
+  std::vector<int8_t> a(m * k), b(k * n);
+  for (int64_t x = 0; x < m * k; ++x) a[static_cast<size_t>(x)] = static_cast<int8_t>(x % 3 == 0 ? -128 : 127);
+  for (int64_t x = 0; x < k * n; ++x) b[static_cast<size_t>(x)] = static_cast<int8_t>(x % 5 == 0 ? -128 : 127);
+  std::vector<int32_t> got(m * n), want(m * n);
+  const GemmShape s{false, false, m, n, k, k, n, n};
+  try {
+    run_plan(thread_plan(make_problem(kOneDnnType<int8_t>, s, 1.0f, 0.0f, {}, 1), s, {}), a.data(), b.data(),
+             got.data());
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  gemm_reference(s, a.data(), b.data(), want.data());
+  return got == want;
+}
+
+bool int8_exact() {
+  static const bool exact = probe_int8_exact();
+  return exact && !g_force_int8_widening;
+}
+
+// Whether oneDNN has a fast matmul for float32 B packed as BA16a64b (gemm_panels_native).
+bool probe_panels() {
+  try {
+    const memory::desc a({64, 64}, memory::data_type::f32, memory::dims{64, 1});
+    const memory::desc b({64, 64}, memory::data_type::f32, memory::format_tag::BA16a64b);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, a), cpu_engine());
+    return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 void gemm(const GemmShape& s, float alpha, const float* a, const float* b, float beta, float* c,
@@ -422,6 +462,11 @@ void gemm(const GemmShape& s, float alpha, const float16* a, const float16* b, f
   gemm_f32_out(s, alpha, a, b, beta, c, batch);
 }
 
+bool gemm_panels_native() {
+  static const bool native = probe_panels();
+  return native;
+}
+
 void gemm_panels(const GemmShape& s, float alpha, const float* a, const float* panels, float beta, float* c) {
   detail::check_gemm_panels_args("gemm_panels", s, alpha, a, panels, beta, c);
   if (s.m == 0 || s.n == 0) return;
@@ -429,12 +474,28 @@ void gemm_panels(const GemmShape& s, float alpha, const float* a, const float* p
     detail::scale_gemm_output(c, s.m, s.n, s.ldc, beta);
     return;
   }
+  // No packed kernel: B unpacked, then gemm (the reference matmul is ~100x slower).
+  if (!gemm_panels_native()) {
+    thread_local std::vector<float> b_rows;  // [K, N]
+    b_rows.resize(static_cast<size_t>(s.k * s.n));
+    detail::gemm_unpack_panels(s.k, s.n, panels, b_rows.data());
+    GemmShape plain = s;
+    plain.trans_b = false, plain.ldb = s.n;
+    gemm(plain, alpha, a, b_rows.data(), beta, c);
+    return;
+  }
+  thread_local std::vector<float> a_rows, c_rows;  // [m, k], [m, n]: see dense_panels_shape
+  const GemmShape d = detail::dense_panels_shape(s);
+  a = detail::dense_panels_a(s, a, a_rows);
+  float* out = detail::dense_panels_c(s, c, beta, c_rows);
   const int threads = detail::sync_runtime_threads();
   try {
-    run_plan(thread_plan(make_problem(memory::data_type::f32, s, alpha, beta, {}, threads, true), s, {}), a, panels, c);
+    run_plan(thread_plan(make_problem(memory::data_type::f32, d, alpha, beta, {}, threads, true), d, {}), a, panels,
+             out);
   } catch (const dnnl::error& e) {
     fail<Error>("gemm_panels: oneDNN failed (", e.what(), ") for ", detail::gemm_args_str(s, {}));
   }
+  detail::finish_panels_c(s, out, c);
 }
 
 void gemm(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch) {
@@ -444,6 +505,10 @@ void gemm(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, cons
   std::vector<GemmDim> dims = detail::simplify_gemm_batch(detail::gemm_batch_dims(batch));
   if (s.k == 0) {
     detail::scale_gemm_batch(s, int32_t{0}, c, dims);
+    return;
+  }
+  if (!int8_exact()) {
+    detail::gemm_int8_widened(s, a, b, c, dims);
     return;
   }
   const int threads = detail::sync_runtime_threads();
@@ -468,6 +533,17 @@ bool gemm_has_native(DType operands) {
 
 namespace detail {
 
+std::string gemm_panels_plan_str(const GemmShape& s, float alpha, float beta) {
+  if (!gemm_panels_native()) {
+    GemmShape plain = s;
+    plain.trans_b = false, plain.ldb = s.n;
+    return "unpacked: " + gemm_plan_str(plain, alpha, beta);
+  }
+  const int threads = sync_runtime_threads();
+  const GemmShape d = dense_panels_shape(s);
+  return get_plan(make_problem(memory::data_type::f32, d, alpha, beta, {}, threads, true), d, {})->impl;
+}
+
 std::string gemm_plan_str(const GemmShape& s, float alpha, float beta, const GemmBatch& batch) {
   static const float unused = 0.0f;  // the plan does not depend on the pointers
   const int64_t count = check_gemm_args("gemm_plan_str", s, alpha, &unused, &unused, beta, &unused, batch);
@@ -486,6 +562,8 @@ size_t gemm_plan_cache_size() { return plan_cache().size(); }
 void gemm_plan_cache_clear() { plan_cache().clear(); }
 
 void force_gemm_widening(bool on) { g_force_widening = on; }
+
+void force_gemm_int8_widening(bool on) { g_force_int8_widening = on; }
 
 }  // namespace detail
 

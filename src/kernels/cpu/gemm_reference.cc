@@ -80,12 +80,8 @@ void gemm_reference(const GemmShape& s, float alpha, const float16* a, const flo
 
 void gemm_panels_reference(const GemmShape& s, float alpha, const float* a, const float* panels, float beta, float* c) {
   detail::check_gemm_panels_args("gemm_panels_reference", s, alpha, a, panels, beta, c);
-  const int64_t rows = (s.k + 15) / 16 * 16;             // of a panel (qkv/gemm.h)
   std::vector<float> b(static_cast<size_t>(s.k * s.n));  // [K, N] unpacked
-  for (int64_t p = 0; p < s.k && alpha != 0.0f; ++p) {
-    for (int64_t j = 0; j < s.n; ++j)
-      b[static_cast<size_t>(p * s.n + j)] = panels[j / 64 * rows * 64 + p * 64 + j % 64];
-  }
+  if (alpha != 0.0f) detail::gemm_unpack_panels(s.k, s.n, panels, b.data());
   GemmShape dense = s;
   dense.trans_b = false;
   dense.ldb = s.n;
