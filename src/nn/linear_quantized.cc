@@ -10,6 +10,7 @@
 #include "qkv/gemm.h"
 #include "qkv/nn/linear.h"
 #include "qkv/parallel.h"
+#include "tensor/buffer_pool.h"
 
 namespace qkv::nn {
 
@@ -64,51 +65,113 @@ Tensor Linear::weight_scales() const {
   return Tensor::from_vector(quant_->scale, {out_});
 }
 
+namespace {
+
+// The rows [m0, m0 + rows) of one int8 forward: x [rows, in] quantized per token (or with the
+// static scale `fixed` > 0) into xq, one int8 GEMM against the [out, in] weight into acc
+// [rows, out], then y = acc * (x scale * weight scale) + bias.
+struct Int8Rows {
+  const float* x = nullptr;        // [rows, in]
+  const int8_t* w = nullptr;       // [out, in]
+  const float* w_scale = nullptr;  // [out]
+  const float* bias = nullptr;     // [out] or null
+  float fixed = 0.0f;
+  int64_t in = 0, out = 0;
+  float* y = nullptr;  // [rows, out]
+};
+
+// xq [rows, in], xs [rows] = rows m0.. of x quantized (per token, or with l.fixed > 0).
+void quantize_rows(const Int8Rows& l, int64_t m0, int64_t rows, int8_t* xq, float* xs) {
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* xm = l.x + (m0 + m) * l.in;
+    if (l.fixed > 0.0f) {
+      kernels::quantize_with(xm, l.in, l.fixed, xq + m * l.in);
+      xs[m] = l.fixed;
+    } else {
+      xs[m] = quantize_row(xm, l.in, xq + m * l.in);
+    }
+  }
+}
+
+// acc [rows, out] = xq [rows, in] W^T (the [out, in] int8 weight).
+void multiply_rows(const Int8Rows& l, int64_t rows, const int8_t* xq, int32_t* acc) {
+  GemmShape g;
+  g.trans_b = true;
+  g.m = rows, g.n = l.out, g.k = l.in;
+  g.lda = l.in, g.ldb = l.in, g.ldc = l.out;
+  gemm(g, xq, l.w, acc);
+}
+
+// y rows m0.. = acc [rows, out] * (x scale * weight scale) + bias.
+void dequantize_rows(const Int8Rows& l, int64_t m0, int64_t rows, const int32_t* acc, const float* xs) {
+  for (int64_t m = 0; m < rows; ++m) {
+    float* ym = l.y + (m0 + m) * l.out;
+    const int32_t* cm = acc + m * l.out;
+    for (int64_t n = 0; n < l.out; ++n) {
+      ym[n] = static_cast<float>(cm[n]) * (xs[m] * l.w_scale[n]) + (l.bias ? l.bias[n] : 0.0f);
+    }
+  }
+}
+
+// Per-thread buffers, reused across calls (page faults of fresh ones were 13% of the layer's
+// time): xq [rows, in], acc [rows, out], xs [rows].
+struct Int8Buffers {
+  std::vector<int8_t> xq;
+  std::vector<int32_t> acc;
+  std::vector<float> xs;
+  static Int8Buffers& of_thread(int64_t rows, int64_t in, int64_t out) {
+    thread_local Int8Buffers b;
+    b.xq.resize(static_cast<size_t>(rows * in));
+    b.acc.resize(static_cast<size_t>(rows * out));
+    b.xs.resize(static_cast<size_t>(rows));
+    return b;
+  }
+};
+
+}  // namespace
+
 Tensor Linear::forward_int8(const Tensor& x) const {
   Shape out_shape = x.shape();
   out_shape.back() = out_;
-  Tensor y = Tensor::empty(out_shape);  // [..., out]
+  // Pooled: a fresh 37 MB output ([8, 512, 2304]) page-faulted in on every call otherwise.
+  Tensor y = kernels::empty_pooled(out_shape, DType::f32, "int8 Linear output");  // [..., out]
   const int64_t rows = y.numel() / std::max<int64_t>(out_, 1);
   if (rows == 0 || out_ == 0) return y;
   const Tensor a = (x.dtype() == DType::f32 ? x : x.to(DType::f32)).reshape({rows, in_}).contiguous();  // [rows, in]
-  // The int8 activations and int32 products live in per-thread buffers reused across calls
-  // (perf showed 13% of the int8 layer's time in the kernel, mostly page faults of fresh
-  // buffers). Measured after, 2 threads, quant_peers.py: 75.8-78.2 ms against 75.9-83.4
-  // before: within this VM's noise. The buffers keep the largest size a thread has seen.
-  thread_local std::vector<int8_t> xq_buffer;
-  thread_local std::vector<int32_t> acc_buffer;
-  xq_buffer.resize(static_cast<size_t>(rows * in_));    // [rows, in]
-  acc_buffer.resize(static_cast<size_t>(rows * out_));  // [rows, out]
-  std::vector<float> xs(static_cast<size_t>(rows));     // [rows]
-  const float* af = a.data<float>();
-  int8_t* q = xq_buffer.data();
-  const float fixed = quant_->activation_scale;  // static: one scale; dynamic (0): per token
-  parallel_for(0, rows, 16, [&](int64_t lo, int64_t hi) {
-    for (int64_t m = lo; m < hi; ++m) {
-      if (fixed > 0.0f) {
-        kernels::quantize_with(af + m * in_, in_, fixed, q + m * in_);
-        xs[static_cast<size_t>(m)] = fixed;
-      } else {
-        xs[static_cast<size_t>(m)] = quantize_row(af + m * in_, in_, q + m * in_);
+  const Int8Rows l{a.data<float>(),
+                   quant_->q.data<int8_t>(),
+                   quant_->scale.data(),
+                   bias_ ? bias_->data<float>() : nullptr,
+                   quant_->activation_scale,
+                   in_,
+                   out_,
+                   y.data<float>()};
+  // Blocks of kBlock token rows, each quantized, multiplied (one single-threaded GEMM inside
+  // parallel_for) and dequantized while its [kBlock, out] int32 products are in the L2,
+  // where one GEMM over all rows wrote them to memory and read them back: (8, 512, 768, 12)
+  // in-projection, 2 threads, AMD EPYC Zen 4: see docs/nn.md. Few rows (decode) stay one
+  // multi-threaded GEMM.
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (rows + kBlock - 1) / kBlock;
+  if (blocks >= 2 * static_cast<int64_t>(get_num_threads())) {
+    parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
+      Int8Buffers& b = Int8Buffers::of_thread(kBlock, in_, out_);
+      for (int64_t m0 = lo * kBlock; m0 < std::min(rows, hi * kBlock); m0 += kBlock) {
+        const int64_t n = std::min(kBlock, rows - m0);
+        quantize_rows(l, m0, n, b.xq.data(), b.xs.data());
+        multiply_rows(l, n, b.xq.data(), b.acc.data());
+        dequantize_rows(l, m0, n, b.acc.data(), b.xs.data());
       }
-    }
+    });
+    return y;
+  }
+  Int8Buffers& b = Int8Buffers::of_thread(rows, in_, out_);
+  parallel_for(0, rows, 16, [&](int64_t lo, int64_t hi) {
+    quantize_rows(l, lo, hi - lo, b.xq.data() + lo * in_, b.xs.data() + lo);
   });
-  GemmShape g;
-  g.trans_b = true;  // B = W^T from the [out, in] int8 weight
-  g.m = rows, g.n = out_, g.k = in_;
-  g.lda = in_, g.ldb = in_, g.ldc = out_;
-  gemm(g, q, quant_->q.data<int8_t>(), acc_buffer.data());
-  const int32_t* c = acc_buffer.data();
-  const float* b = bias_ ? bias_->data<float>() : nullptr;
-  const float* ws = quant_->scale.data();
-  float* out = y.data<float>();
+  multiply_rows(l, rows, b.xq.data(), b.acc.data());
   parallel_for(0, rows, 16, [&](int64_t lo, int64_t hi) {
-    for (int64_t m = lo; m < hi; ++m) {
-      const float s = xs[static_cast<size_t>(m)];
-      for (int64_t n = 0; n < out_; ++n) {
-        out[m * out_ + n] = static_cast<float>(c[m * out_ + n]) * (s * ws[n]) + (b ? b[n] : 0.0f);
-      }
-    }
+    dequantize_rows(l, lo, hi - lo, b.acc.data() + lo * out_, b.xs.data() + lo);
   });
   return y;
 }
