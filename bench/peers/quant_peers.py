@@ -7,6 +7,9 @@ nn.MultiheadAttention (batch_first) initialised from a fixed seed. Timed, in thi
 self-attention forward (need_weights=False) of:
   qkv f32        qkv.nn.MultiheadAttention.from_state_dict(its state_dict)
   qkv int8       qkv.nn.quantize_dynamic(that layer)
+  qkv int8 + bf16 attention
+                 the same, its attention with attention_options={"matmul_precision": "medium"}
+                 (bf16 Q K^T and P V tiles where the CPU has a native bf16 GEMM; opt-in)
   torch f32      the same projections as four nn.Linear + F.scaled_dot_product_attention
   torch int8     torch.ao.quantization.quantize_dynamic of that module ({nn.Linear}, qint8):
                  nn.MultiheadAttention itself has no nn.Linear in_proj, so quantize_dynamic
@@ -75,9 +78,11 @@ def main():
     print(f"torch {torch.__version__}, load {os.getloadavg()}", file=sys.stderr)
     print(f"Machine: {machine(a.qkv)}\n")
     print(f"(B, L, E, H) = ({b}, {l}, {e}, {h}), self-attention forward, need_weights=False\n")
-    print("| threads | qkv f32 ms | qkv int8 ms | torch f32 ms | torch int8 ms | qkv int8 / qkv f32 "
-          "| qkv int8 / torch int8 | rel. error qkv int8 | rel. error torch int8 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| threads | qkv f32 ms | qkv int8 ms | qkv int8 + bf16 attention ms | torch f32 ms | torch int8 ms "
+          "| qkv int8 / qkv f32 | qkv int8 / torch int8 | qkv int8 + bf16 attention / torch int8 "
+          "| rel. error qkv int8 | rel. error qkv int8 + bf16 attention | rel. error torch int8 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    medium = {"need_weights": False, "attention_options": {"matmul_precision": "medium"}}
     for threads in map(int, a.threads.split(",")):
         torch.set_num_threads(threads)
         qkv.set_num_threads(threads)
@@ -85,15 +90,19 @@ def main():
             want = proj(x)
             t = {"qkv f32": best_seconds(lambda: layer(xn, xn, xn, need_weights=False), a.min_time),
                  "qkv int8": best_seconds(lambda: qlayer(xn, xn, xn, need_weights=False), a.min_time),
+                 "qkv int8 medium": best_seconds(lambda: qlayer(xn, xn, xn, **medium), a.min_time),
                  "torch f32": best_seconds(lambda: proj(x), a.min_time),
                  "torch int8": best_seconds(lambda: tq(x), a.min_time)}
             got_q = torch.from_numpy(qlayer(xn, xn, xn, need_weights=False)[0])
+            got_m = torch.from_numpy(qlayer(xn, xn, xn, **medium)[0])
             got_t = tq(x)
         rel = lambda y: float((y - want).norm() / want.norm())
         ms = {k: v * 1e3 for k, v in t.items()}
-        print(f"| {threads} | {ms['qkv f32']:.1f} | {ms['qkv int8']:.1f} | {ms['torch f32']:.1f} | {ms['torch int8']:.1f} "
+        print(f"| {threads} | {ms['qkv f32']:.1f} | {ms['qkv int8']:.1f} | {ms['qkv int8 medium']:.1f} "
+              f"| {ms['torch f32']:.1f} | {ms['torch int8']:.1f} "
               f"| {ms['qkv f32'] / ms['qkv int8']:.2f}× | {ms['torch int8'] / ms['qkv int8']:.2f}× "
-              f"| {rel(got_q):.2e} | {rel(got_t):.2e} |")
+              f"| {ms['torch int8'] / ms['qkv int8 medium']:.2f}× "
+              f"| {rel(got_q):.2e} | {rel(got_m):.2e} | {rel(got_t):.2e} |")
 
 
 if __name__ == "__main__":

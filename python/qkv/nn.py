@@ -174,7 +174,10 @@ class MultiheadAttention:
         projections, with attention_options = qkv.attention.linear's / qkv.attention.lsh's keywords
         (is_causal, feature_map, num_features, seed, chunk / n_hashes, n_buckets, chunk_length, ...);
         "lsh" takes the query projection as Reformer's shared query-key (self-attention only).
-        Forward only, need_weights=False, no masks, mods or dropout (docs/nn.md)."""
+        Forward only, need_weights=False, no masks, mods or dropout (docs/nn.md). The softmax
+        attention takes attention_options={"matmul_precision": "highest" | "high" | "medium"}
+        (scaled_dot_product_attention's: "medium" runs the heads through bf16 tiles where the CPU
+        has a native bf16 GEMM; forward only, the backward stays float32)."""
         if cache is not None:
             if key is not query or value is not query:
                 raise ValueError("MultiheadAttention.forward: with a cache, key and value must be the query itself")

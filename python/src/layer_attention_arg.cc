@@ -85,16 +85,21 @@ nn::LayerAttention layer_attention_arg(nb::handle kind, nb::handle options, cons
   if (!nb::isinstance<nb::dict>(options)) {
     throw nb::type_error((arg_name(op, "attention_options") + " must be a dict or None").c_str());
   }
-  if (a.kind == nn::AttentionKind::softmax && nb::len(options) > 0) {
-    throw nb::value_error((arg_name(op, "attention_options") +
-                           " are for attention='linear', 'performer' or 'lsh' (the softmax attention takes the "
-                           "layer's own arguments)")
-                              .c_str());
-  }
   for (auto [k, v] : nb::cast<nb::dict>(options)) {
     const std::string key = str_arg(k, arg_name(op, "attention_options key"));
     const std::string what = arg_name(op, ("attention_options['" + key + "']").c_str());
-    if (a.kind == nn::AttentionKind::lsh) {
+    if (a.kind == nn::AttentionKind::softmax) {
+      if (key != "matmul_precision") {
+        throw nb::value_error((what + ": the softmax attention takes only matmul_precision here (its masks, "
+                                      "dropout and mods are the layer's own arguments)")
+                                  .c_str());
+      }
+      const std::string precision = str_arg(v, what);
+      if (precision != "highest" && precision != "high" && precision != "medium") {
+        throw nb::value_error((what + " must be 'highest', 'high' or 'medium', got '" + precision + "'").c_str());
+      }
+      a.matmul_precision = matmul_precision_from_name(precision);
+    } else if (a.kind == nn::AttentionKind::lsh) {
       set_lsh(a.lsh, key, v, what);
     } else {
       set_linear(a.linear, key, v, what);

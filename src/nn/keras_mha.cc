@@ -290,6 +290,7 @@ KerasMultiHeadAttentionResult KerasMultiHeadAttention::forward(const Tensor& que
     ao.scale = 1.0 / std::sqrt(static_cast<double>(config_.key_dim));
     ao.return_weights = o.return_attention_scores;
     ao.mods = o.mods;
+    ao.matmul_precision = o.attention.matmul_precision;
     if (dropout) {
       ao.dropout_p = config_.dropout;
       ao.seed = dropout_seed;

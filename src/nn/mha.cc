@@ -356,6 +356,7 @@ AttentionOptions MultiheadAttention::attention_options(const MultiheadAttentionO
   AttentionOptions ao;
   ao.attn_mask = mask;
   ao.is_causal = causal;
+  ao.matmul_precision = o.attention.matmul_precision;
   if (o.mods.any()) {
     if (extra > 0) fail<ValueError>(kOp, ": mods cannot be combined with add_bias_kv / add_zero_attn");
     ao.mods = o.mods;

@@ -10,6 +10,8 @@
 
 #include "attention/attention_test_configs.h"
 #include "common/expect.h"
+#include "qkv/attention.h"
+#include "qkv/gemm.h"
 #include "qkv/linear_attention.h"
 #include "qkv/lsh_attention.h"
 #include "qkv/nn/keras_mha.h"
@@ -23,6 +25,11 @@ using test::max_abs_diff;  // NaN-aware, shapes checked (attention_test_configs.
 
 // The choice applied to heads by the standalone functions (lsh: q is the shared query-key).
 Tensor standalone(const LayerAttention& a, const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (a.kind == AttentionKind::softmax) {
+    AttentionOptions o;
+    o.matmul_precision = a.matmul_precision;
+    return scaled_dot_product_attention(q, k, v, o).output;
+  }
   return a.kind == AttentionKind::linear ? linear_attention(q, k, v, a.linear) : lsh_attention(q, v, a.lsh);
 }
 
@@ -62,7 +69,9 @@ TEST(LayerAttention, TorchLayerEqualsItsProjectionsWithTheStandaloneFunction) {
                                 {LayerAttention::performer(32, 7), true, false},
                                 {LayerAttention::performer(32, 7, true), false, true},
                                 {lsh_choice(false), true, true},
-                                {lsh_choice(true), false, true}};
+                                {lsh_choice(true), false, true},
+                                {LayerAttention::softmax(MatmulPrecision::medium), true, false},
+                                {LayerAttention::softmax(MatmulPrecision::medium), false, true}};
   for (const Case& c : cases) {
     MultiheadAttentionConfig cfg;
     cfg.embed_dim = 16, cfg.num_heads = 4, cfg.batch_first = c.bf;
@@ -80,6 +89,29 @@ TEST(LayerAttention, TorchLayerEqualsItsProjectionsWithTheStandaloneFunction) {
     EXPECT_FALSE(r.weights.has_value());
     EXPECT_LE(max_abs_diff(r.output, torch_by_hand(m, xq, xkv, c.a)), 2e-6)
         << attention_kind_name(c.a.kind) << (c.bf ? " batch_first" : "") << (c.self ? " self" : " cross");
+  }
+}
+
+// matmul_precision "medium" on the softmax attention (the int8 layer's companion): bf16 tiles
+// where the CPU has a native bf16 GEMM (the output then differs from float32's), within bf16's
+// error of the float32 layer everywhere; the backward stays float32.
+TEST(LayerAttention, SoftmaxMatmulPrecisionReachesTheKernel) {
+  MultiheadAttentionConfig cfg;
+  cfg.embed_dim = 64, cfg.num_heads = 4, cfg.batch_first = true;
+  const MultiheadAttention m(cfg, 9);
+  const Tensor x = Tensor::randn({2, 100, 64}, 3);
+  MultiheadAttentionOptions o;
+  o.need_weights = false;
+  const Tensor exact = m.forward(x, x, x, o).output;
+  o.attention = LayerAttention::softmax(MatmulPrecision::medium);
+  const Tensor medium = m.forward(x, x, x, o).output;
+  const double scale = max_abs_diff(exact, Tensor::zeros(exact.shape()));
+  const double diff = max_abs_diff(medium, exact);
+  EXPECT_LE(diff, 2e-2 * scale);
+  if (gemm_has_native(DType::bf16)) {
+    EXPECT_GT(diff, 0.0);
+  } else {
+    EXPECT_EQ(diff, 0.0);
   }
 }
 
@@ -146,7 +178,8 @@ TEST(LayerAttention, KerasLayerEqualsItsProjectionsWithTheStandaloneFunction) {
                                                     {LayerAttention::linear_attention(causal), true},
                                                     {LayerAttention::performer(24, 3), true},
                                                     {lsh_choice(false), true},
-                                                    {lsh_choice(true), true}}) {
+                                                    {lsh_choice(true), true},
+                                                    {LayerAttention::softmax(MatmulPrecision::medium), false}}) {
     KerasMultiHeadAttention m = small_keras(12, 5);
     std::vector<Tensor> w = m.get_weights();
     for (size_t i = 1; i < w.size(); i += 2) w[i] = Tensor::randn(w[i].shape(), 20 + i);  // nonzero biases

@@ -76,8 +76,12 @@ def test_torch_layer_choice_errors():
         mha(x, x, x, need_weights=False, attention="flash")
     with pytest.raises(ValueError, match=r"attention_options\['n_hashes'\]: no such option of linear attention"):
         mha(x, x, x, need_weights=False, attention="linear", attention_options={"n_hashes": 2})
-    with pytest.raises(ValueError, match="attention_options are for attention='linear', 'performer' or 'lsh'"):
+    with pytest.raises(ValueError, match=r"attention_options\['is_causal'\]: the softmax attention takes only "
+                                         "matmul_precision"):
         mha(x, x, x, need_weights=False, attention_options={"is_causal": True})
+    with pytest.raises(ValueError, match=r"attention_options\['matmul_precision'\] must be 'highest', 'high' or "
+                                         "'medium', got 'low'"):
+        mha(x, x, x, need_weights=False, attention_options={"matmul_precision": "low"})
 
 
 def keras_by_hand(layer, query, value, fn):

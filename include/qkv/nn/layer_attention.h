@@ -3,7 +3,10 @@
 // nn::KerasMultiHeadAttention (KerasMultiHeadAttentionOptions::attention).
 //
 //   softmax (default): scaled_dot_product_attention with the layer's masks, dropout and
-//            modifiers (the options' `mods`: sliding windows, BigBird, ALiBi, ...).
+//            modifiers (the options' `mods`: sliding windows, BigBird, ALiBi, ...), at
+//            `matmul_precision` (AttentionOptions::matmul_precision: "medium" runs the float32
+//            heads through bf16 tiles where the CPU has a native bf16 GEMM, e.g. beside an int8
+//            quantized layer's projections; the forward only: the backward stays float32).
 //   linear:  qkv::linear_attention on the projected heads, with `linear`'s feature map (elu + 1,
 //            or Performer FAVOR+, whose phi(q) . phi(k) estimates exp(q . k / sqrt(D)): the
 //            layers' own softmax scale, D = the head size) and is_causal (top-left: query i sees
@@ -22,6 +25,7 @@
 // with the standalone function (tests/nn/layer_attention_test.cc).
 #pragma once
 
+#include "qkv/attention.h"
 #include "qkv/linear_attention.h"
 #include "qkv/lsh_attention.h"
 
@@ -31,10 +35,15 @@ enum class AttentionKind { softmax, linear, lsh };
 
 struct LayerAttention {
   AttentionKind kind = AttentionKind::softmax;
-  LinearAttentionOptions linear;  // kind == linear
-  LshAttentionOptions lsh;        // kind == lsh (attention_mask must stay empty)
+  LinearAttentionOptions linear;                                // kind == linear
+  LshAttentionOptions lsh;                                      // kind == lsh (attention_mask must stay empty)
+  MatmulPrecision matmul_precision = MatmulPrecision::highest;  // kind == softmax
 
-  static LayerAttention softmax() { return {}; }
+  static LayerAttention softmax(MatmulPrecision precision = MatmulPrecision::highest) {
+    LayerAttention a;
+    a.matmul_precision = precision;
+    return a;
+  }
   static LayerAttention linear_attention(const LinearAttentionOptions& options = {}) {
     LayerAttention a;
     a.kind = AttentionKind::linear;
