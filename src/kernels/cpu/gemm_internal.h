@@ -97,6 +97,9 @@ void gemm_int8_widened(const GemmShape& s, const int8_t* a, const int8_t* b, int
 void force_gemm_widening(bool on);
 // Test hook: while on, the int8 gemm takes gemm_int8_widened on any CPU. Process-wide.
 void force_gemm_int8_widening(bool on);
+// How many calls so far ran on oneDNN's reference matmul (`ref:any`, 100x slower or more: a
+// plan oneDNN had no fast kernel for). Tests of the kernels that matter check it stays put.
+int64_t gemm_reference_runs();
 
 // Capacity of gemm's plan cache (least recently used plans are dropped).
 inline constexpr size_t kGemmPlanCacheCapacity = 256;

@@ -344,9 +344,13 @@ ThreadPlan& thread_plan(Problem&& p, const GemmShape& s, const GemmBatch& batch)
   return slot;
 }
 
+// Calls run on oneDNN's reference matmul (detail::gemm_reference_runs).
+std::atomic<int64_t> g_reference_runs{0};
+
 template <class AB, class C>
 void run_plan(ThreadPlan& tp, const AB* a, const AB* b, C* c) {
   const Plan& plan = *tp.plan;
+  if (plan.impl.find("ref") != std::string::npos) g_reference_runs.fetch_add(1, std::memory_order_relaxed);
   const int64_t count = detail::gemm_batch_count(plan.outer);
   if (!plan.parallel_outer) {
     run_outer_range(plan, *tp.ops, a, b, c, 0, count);
@@ -564,6 +568,8 @@ void gemm_plan_cache_clear() { plan_cache().clear(); }
 void force_gemm_widening(bool on) { g_force_widening = on; }
 
 void force_gemm_int8_widening(bool on) { g_force_int8_widening = on; }
+
+int64_t gemm_reference_runs() { return g_reference_runs.load(std::memory_order_relaxed); }
 
 }  // namespace detail
 
