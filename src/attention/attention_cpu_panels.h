@@ -1,5 +1,5 @@
 // The fused CPU forward's keys packed once per call for its gathered key tiles
-// (attention_cpu.cc: gather_keys, run_group). Internal to that kernel.
+// (attention_cpu_gather.h: gather_keys, run_group). Internal to that kernel.
 #pragma once
 
 #include <algorithm>
@@ -42,7 +42,7 @@ inline std::vector<int64_t> key_entries(const Problem& p) {
 
 // The call's K entries (the distinct k/v heads the batch reads) packed, or nothing where
 // the tiles are not float and whole panels wide. The gathered path (`gathered`:
-// attention_cpu.cc's gather_keys) reads them always; the plain and masked tiles
+// attention_cpu_gather.h's gather_keys) reads them always; the plain and masked tiles
 // (product_tile) where each entry's K is read by at least kMinReads query tiles: packing
 // costs a pass over K and one float copy of it per entry, where each product transposes
 // its key tile (oneDNN's, on every call) while it is in cache. Measured (2 threads, AMD
