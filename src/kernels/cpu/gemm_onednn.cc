@@ -24,6 +24,7 @@
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <iterator>
 #include <list>
 #include <memory>
