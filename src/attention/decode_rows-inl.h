@@ -3,11 +3,13 @@
 // widened to float32 in registers (decode_rows.h); float32 accumulation throughout. One loop
 // per product, templated over a row type (Int8Rows, HalfRows) that loads lanes of a row as
 // floats; for int8 rows with D a multiple of 64 (not on the scalar target) integer score loops
-// (ScoreRowsInt) on a query rounded to int16 and value passes that split the bytes by shifts
-// (ValuePassInt) take their place. The int8 scalar loop that widened each chunk into scratch before two f32 GEMMs read
-// int8 at 6.5 GB/s, the bf16 widening at 73-78% of memcpy (docs/decode.md). decode_rows.cc
-// re-includes this file once per SIMD target via hwy/foreach_target.h; no other file includes
-// it. Include guard toggled per target.
+// (ScoreRowsInt) on a query rounded to int16 and the value products of decode_rows_int8-inl.h
+// (included at the end: integer products over pairs of keys, or float passes that split the
+// bytes by shifts) take their place. The int8 scalar loop that widened each chunk into scratch
+// before two f32 GEMMs read int8 at 6.5 GB/s, the bf16 widening at 73-78% of memcpy
+// (docs/decode.md). decode_rows.cc re-includes this file once per SIMD target via
+// hwy/foreach_target.h; no other file includes it (nor decode_rows_int8-inl.h). Include guard
+// toggled per target.
 #if defined(QKV_ATTENTION_DECODE_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef QKV_ATTENTION_DECODE_ROWS_INL_H_
 #undef QKV_ATTENTION_DECODE_ROWS_INL_H_
@@ -101,8 +103,8 @@ struct HalfRows {
 // default), shorter than the prefetch distance, and ran at half speed without it. A next run
 // shorter than that prefetches rows past it: harmless, prefetches do not fault.
 template <class R>
-HWY_INLINE void PrefetchAhead(const R& rows, int64_t j, int64_t n) {
-  const int64_t a = j + kAhead, bytes = rows.d * R::kBytes;
+HWY_INLINE void PrefetchAhead(const R& rows, int64_t j, int64_t n, int64_t ahead = kAhead) {
+  const int64_t a = j + ahead, bytes = rows.d * R::kBytes;
   const char* p = a < n ? static_cast<const char*>(rows.Row(a))
                         : (rows.next ? static_cast<const char*>(rows.next) + (a - n) * bytes : nullptr);
   if (p == nullptr) return;
@@ -495,87 +497,7 @@ void Int8Scores(const Int8Query& q, int64_t rows, const int8_t* k, const uint16_
 #endif
   Scores(q.qf, q.scale, q.offset, rows, keys, n, d, scale, s, lds);
 }
-#if HWY_TARGET != HWY_SCALAR
-// o[r, c] += sum_j p[r, j] v[j, c] for NR rows and the 4 N channels [c0, c0 + 4 N) of int8 rows
-// (N int32 lanes): one load of 4 N bytes split by shifts into 4 vectors, vector t lane i holding
-// channel c0 + 4 i + t, scaled lane by lane (its group's scale). vpmovsxbd widening one vector
-// at a time ran on Zen 4's FMA pipes beside the 16 FMAs of 4 rows, shifts and conversions do not.
-// The 4 NR accumulators go back to channel order at the end (a 4 x 4 transpose per block). Keys
-// [j0, j1) of n (the prefetches run ahead over all n).
-template <int64_t NR>
-HWY_INLINE void ValuePassInt(const float* p, int64_t ldp, const Int8Rows& v, int64_t j0, int64_t j1, int64_t n,
-                             int64_t dv, int64_t c0, const TableIndices<hn::ScalableTag<float>>& idx, float* o) {
-  const hn::ScalableTag<float> df;
-  const hn::RebindToSigned<decltype(df)> di;
-  hn::Vec<decltype(df)> acc[NR][4];
-  for (auto& row : acc) {
-    for (auto& a : row) a = hn::Zero(df);
-  }
-  for (int64_t j = j0; j < j1; ++j) {
-    if (c0 == 0) PrefetchAhead(v, j, n);  // the first pass brings whole rows
-    const auto x = hn::LoadU(di, reinterpret_cast<const int32_t*>(v.x + j * dv + c0));
-    const auto sv = hn::TableLookupLanes(ScaleBlock(df, v.scales + j * v.groups + c0 / 64 * 4), idx);
-    const hn::Vec<decltype(df)> vv[4] = {hn::Mul(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<24>(x))), sv),
-                                         hn::Mul(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<16>(x))), sv),
-                                         hn::Mul(hn::ConvertTo(df, hn::ShiftRight<24>(hn::ShiftLeft<8>(x))), sv),
-                                         hn::Mul(hn::ConvertTo(df, hn::ShiftRight<24>(x)), sv)};
-    for (int64_t r = 0; r < NR; ++r) {
-      const auto w = hn::Set(df, p[r * ldp + j]);
-      for (int64_t t = 0; t < 4; ++t) acc[r][t] = hn::MulAdd(w, vv[t], acc[r][t]);
-    }
-  }
-  const hn::Repartition<uint64_t, decltype(df)> d64;
-  const hn::FixedTag<float, 4> d4;
-  const auto n32 = static_cast<int64_t>(hn::Lanes(df));
-  HWY_ALIGN float out[4][hn::MaxLanes(df)];  // out[t] block m: channels c0 + 16 m + 4 t .. + 3
-  for (int64_t r = 0; r < NR; ++r) {
-    const auto a = hn::BitCast(d64, hn::InterleaveLower(df, acc[r][0], acc[r][1]));  // 0 1 4 5 of each block
-    const auto b = hn::BitCast(d64, hn::InterleaveLower(df, acc[r][2], acc[r][3]));  // 2 3 6 7
-    const auto c = hn::BitCast(d64, hn::InterleaveUpper(df, acc[r][0], acc[r][1]));  // 8 9 12 13
-    const auto e = hn::BitCast(d64, hn::InterleaveUpper(df, acc[r][2], acc[r][3]));  // 10 11 14 15
-    hn::Store(hn::BitCast(df, hn::InterleaveLower(d64, a, b)), df, out[0]);
-    hn::Store(hn::BitCast(df, hn::InterleaveUpper(d64, a, b)), df, out[1]);
-    hn::Store(hn::BitCast(df, hn::InterleaveLower(d64, c, e)), df, out[2]);
-    hn::Store(hn::BitCast(df, hn::InterleaveUpper(d64, c, e)), df, out[3]);
-    for (int64_t m = 0; m < n32 / 4; ++m) {
-      for (int64_t t = 0; t < 4; ++t) {
-        float* dst = o + r * dv + c0 + 16 * m + 4 * t;
-        hn::StoreU(hn::Add(hn::LoadU(d4, dst), hn::Load(d4, out[t] + 4 * m)), d4, dst);
-      }
-    }
-  }
-}
 
-// The passes over 128 keys at a time, all of them, then the next 128 (in L1): passes over a whole
-// chunk left memory idle during the later passes, which read the rows back from L2.
-template <int64_t NR>
-HWY_INLINE void ValueRowsInt(const float* p, int64_t ldp, const Int8Rows& v, int64_t n, int64_t dv, float* o) {
-  const hn::ScalableTag<float> df;
-  const int64_t step = 4 * static_cast<int64_t>(hn::Lanes(df));
-  constexpr int64_t kKeys = 128;
-  for (int64_t j0 = 0; j0 < n; j0 += kKeys) {
-    for (int64_t c = 0; c < dv; c += step) {
-      HWY_ALIGN int32_t lanes[hn::MaxLanes(df)];  // lane i: group (c % 64) / 16 + i / 4 of c's block
-      for (int64_t i = 0; i < step / 4; ++i) lanes[i] = static_cast<int32_t>(c % 64 / kGroup + i / 4);
-      ValuePassInt<NR>(p, ldp, v, j0, std::min(n, j0 + kKeys), n, dv, c, hn::SetTableIndices(df, lanes), o);
-    }
-  }
-}
-#endif
-
-void Int8Values(const float* p, int64_t ldp, int64_t rows, const int8_t* v, const uint16_t* vs, int64_t n, int64_t dv,
-                const int8_t* next, float* o) {
-  const Int8Rows values{v, vs, dv, Groups(dv), next};
-#if HWY_TARGET != HWY_SCALAR
-  if (dv % 64 == 0) {
-    int64_t r = 0;
-    for (; r + kRows <= rows; r += kRows) ValueRowsInt<kRows>(p + r * ldp, ldp, values, n, dv, o + r * dv);
-    for (; r < rows; ++r) ValueRowsInt<1>(p + r * ldp, ldp, values, n, dv, o + r * dv);
-    return;
-  }
-#endif
-  Values(p, ldp, rows, values, n, dv, o);
-}
 void HalfScores(bool f16, const float* q, int64_t rows, const uint16_t* k, int64_t n, int64_t d, const uint16_t* next,
                 float scale, float* s, int64_t lds) {
   if (f16) {
@@ -595,5 +517,8 @@ void HalfValues(bool f16, const float* p, int64_t ldp, int64_t rows, const uint1
 
 }  // namespace qkv::attention::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
+
+// Int8Values (the value products of int8 rows), on the helpers above
+#include "attention/decode_rows_int8-inl.h"
 
 #endif  // include guard

@@ -34,7 +34,14 @@ void int8_scores(const Int8Query& q, int64_t rows, const int8_t* k, const bfloat
                  const int8_t* next, float scale, float* s, int64_t lds);
 
 // o[r, c] += sum_j p[r * ldp + j] vs[j, c / 16] v[j, c] for `rows` rows, n values [n, dv]
-// with bfloat16 scales vs [n, groups]; o [rows, dv].
+// with bfloat16 scales vs [n, groups]; o [rows, dv]. On AVX2 / AVX-512 with dv a multiple of 64
+// (decode_rows_int8-inl.h) as integer products over pairs of keys: per row and block of
+// kInt8ValueKeys keys from the first (the last one shorter), with big = max_j p[j] max_(j, g) vs[j, g]
+// and tau = big / 32767, inv = 32767 / big in float32, each weight p vs is w tau, w =
+// round((p inv) vs) (p inv in float32, the product rounded once, to nearest even), and the
+// block adds tau sum_j w v; an odd last key of a run is p vs v in float. Elsewhere exactly
+// p vs v in float. So each product moves by at most tau / 2 |v| (tests/attention/decode_int8_test.cc).
+constexpr int64_t kInt8ValueKeys = 128;
 void int8_values(const float* p, int64_t ldp, int64_t rows, const int8_t* v, const bfloat16* vs, int64_t n, int64_t dv,
                  const int8_t* next, float* o);
 

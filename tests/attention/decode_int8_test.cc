@@ -11,10 +11,12 @@
 #include <vector>
 
 #include "attention/attention_test_configs.h"
+#include "attention/decode_rows.h"
 #include "attention/decode_targets.h"
 #include "common/expect.h"
 #include "common/simd_targets.h"
 #include "qkv/kv_cache.h"
+#include "softmax/softmax_cpu.h"
 
 namespace qkv {
 namespace {
@@ -36,6 +38,88 @@ TEST(DecodeInt8, EveryTargetMatchesTheReference) {
     KVCacheConfig c{2, 2, cs.d, 600, cs.dv, DType::i8};
     c.page_size = cs.page;
     test::expect_every_target_matches_the_reference(c, cs.hq, cs.lq);
+  }
+}
+
+// int8_values as decode_rows.h states it, in float64 (rows [rows, n] of p, values [n, dv] with
+// scales s [n, dv / 16]): with `rounded` each block of kInt8ValueKeys keys adds tau sum_j w v
+// with w = round((p inv) s) (an odd last key p s v), else sum_j p s v; `size` gets sum_j p s |v|.
+std::vector<double> int8_values_arithmetic(const std::vector<float>& p, int64_t rows, const std::vector<int8_t>& v,
+                                           const std::vector<bfloat16>& s, int64_t n, int64_t dv, bool rounded,
+                                           std::vector<double>& size) {
+  const int64_t groups = dv / KVCache::kInt8Group;
+  std::vector<double> out(static_cast<size_t>(rows * dv), 0.0);
+  size.assign(out.size(), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j0 = 0; j0 < n; j0 += attention::kInt8ValueKeys) {
+      const int64_t j1 = std::min(n, j0 + attention::kInt8ValueKeys), paired = rounded ? j0 + (j1 - j0) / 2 * 2 : j0;
+      float pmax = 0.0f, smax = 0.0f;
+      for (int64_t j = j0; j < j1; ++j) {
+        pmax = std::max(pmax, p[r * n + j]);
+        for (int64_t g = 0; g < groups; ++g) smax = std::max(smax, static_cast<float>(s[j * groups + g]));
+      }
+      const float big = pmax * smax, tau = big / 32767.0f, inv = big > 0.0f ? 32767.0f / big : 0.0f;
+      std::vector<double> sum(static_cast<size_t>(dv), 0.0);  // of w v
+      for (int64_t j = j0; j < j1; ++j) {
+        const float pw = p[r * n + j] * inv;
+        for (int64_t c = 0; c < dv; ++c) {
+          const double sc = static_cast<float>(s[j * groups + c / KVCache::kInt8Group]), x = v[j * dv + c];
+          if (j < paired) {
+            sum[c] += std::nearbyint(pw * sc) * x;
+          } else {
+            out[r * dv + c] += static_cast<double>(p[r * n + j]) * sc * x;
+          }
+          size[r * dv + c] += p[r * n + j] * sc * std::fabs(x);
+        }
+      }
+      for (int64_t c = 0; c < dv; ++c) out[r * dv + c] += tau * sum[c];
+    }
+  }
+  return out;
+}
+
+// int8_values (attention/decode_rows.h) on every SIMD target against int8_values_arithmetic:
+// AVX-512 and AVX2 round the weights (dv a multiple of 64), the scalar target does not. The
+// int32 sums are exact, so kernel and loop differ by float32 rounding only: the conversions and
+// scalings of 3 blocks (under 1e-6 of sum p s |v|), or with float products the sum over n keys
+// ((n + 2) 2^-24 of it). The weights' rounding itself moves outputs by more than 5e-6 of that
+// (7e-6 to 9e-6 here, checked: the test tells the two arithmetics apart). 6 rows (4 together, 2 alone), 301 keys
+// (2 whole blocks and 45 keys: an odd last key), dv = 128 (8 groups: 8-lane weights), 64 and
+// 192 (4 and 12: 4-lane weights); zero probabilities (masked keys) and a row of them.
+TEST(DecodeInt8, ValuesFollowTheirRoundedArithmetic) {
+  const int64_t rows = 6, n = 301;
+  for (int64_t dv : {128, 64, 192}) {
+    SCOPED_TRACE("dv " + std::to_string(dv));
+    const int64_t groups = dv / KVCache::kInt8Group;
+    std::vector<float> p = Tensor::randn({rows, n}, 21).to_vector<float>();
+    for (int64_t i = 0; i < rows * n; ++i) p[i] = i % 7 == 3 || i / n == 4 ? 0.0f : std::exp(-std::fabs(p[i]));
+    std::vector<int8_t> v;
+    for (float x : Tensor::randn({n, dv}, 22).to_vector<float>())
+      v.push_back(static_cast<int8_t>(std::clamp(std::nearbyint(40.0f * x), -127.0f, 127.0f)));
+    std::vector<bfloat16> s;
+    for (float x : Tensor::randn({n, groups}, 23).to_vector<float>())
+      s.push_back(bfloat16(0.01f + 0.005f * std::fabs(x)));
+    std::vector<double> size;
+    const std::vector<double> exact = int8_values_arithmetic(p, rows, v, s, n, dv, false, size);
+    const std::vector<double> rounded = int8_values_arithmetic(p, rows, v, s, n, dv, true, size);
+    double apart = 0.0;  // the rounding's largest move, relative to size
+    for (size_t i = 0; i < size.size(); ++i)
+      apart = std::max(apart, std::fabs(rounded[i] - exact[i]) / (size[i] + 1e-30));
+    EXPECT_GT(apart, 5e-6);
+    for (int64_t target : kernels::detail::simd_targets()) {
+      kernels::detail::force_simd_target(target);
+      const std::string name = kernels::detail::simd_target_name(target);
+      SCOPED_TRACE("target " + name);
+      const bool pairs = name == "AVX3" || name == "AVX2";
+      std::vector<float> o(static_cast<size_t>(rows * dv), 0.0f);
+      attention::int8_values(p.data(), n, rows, v.data(), s.data(), n, dv, nullptr, o.data());
+      const std::vector<double>& want = pairs ? rounded : exact;
+      const double tol = pairs ? 1e-6 : (n + 2) * std::ldexp(1.0, -24);
+      double worst = 0.0;
+      for (size_t i = 0; i < o.size(); ++i) worst = std::max(worst, std::fabs(o[i] - want[i]) - tol * size[i]);
+      EXPECT_LE(worst, 1e-12);
+    }
+    kernels::detail::force_simd_target(0);
   }
 }
 
