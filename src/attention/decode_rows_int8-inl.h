@@ -203,7 +203,8 @@ HWY_INLINE float MaxScale(const uint16_t* s, int64_t n) {
 
 // Keys [j0, j1) of n for NR rows by PairPass: per row tau = max_j p max s / 32767 over the block,
 // pw = p / tau, the weights, the passes; an odd last key by the float pass. False (nothing
-// done) when some p or scale is not finite: the float passes keep their NaN and inf.
+// done) when some p or scale is not finite, or a scale negative (its bits would be the largest):
+// the float passes keep their NaN and inf.
 template <int64_t NR>
 HWY_INLINE bool PairBlock(const float* p, int64_t ldp, const Int8Rows& v, int64_t j0, int64_t j1, int64_t n, int64_t dv,
                           float* o) {
@@ -220,7 +221,8 @@ HWY_INLINE bool PairBlock(const float* p, int64_t ldp, const Int8Rows& v, int64_
     float pmax = hn::GetLane(hn::MaxOfLanes(df, vmax)), sum = hn::GetLane(hn::SumOfLanes(df, vsum));
     for (; x < keys; ++x) pmax = std::max(pmax, pr[x]), sum += pr[x];
     const float big = pmax * smax;  // the block's largest p s, up to a scale's
-    if (!std::isfinite(big) || !std::isfinite(sum)) return false;
+    if (!std::isfinite(big) || !std::isfinite(sum) || smax < 0.0f)
+      return false;  // a negative scale: only loaded states
     tau[r] = big / 32767.0f;
     const float inv = big > 0.0f ? 32767.0f / big : 0.0f;
     for (x = 0; x + lanes <= keys; x += lanes)
