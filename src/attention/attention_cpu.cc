@@ -263,8 +263,8 @@ std::vector<int64_t> item_order(const Flash<K>& f, int64_t items) {
 // stored once with streamed stores: accumulated in place, each item's output rows were
 // first read from memory only to be overwritten (their zeroing was 3% of BigBird's samples
 // at L = 4096, 0.4% of full attention's: the same 0.7 ms a call). BigBird, L = 4096, 2
-// threads, paired rounds: 29.5-29.6 ms against 30.5-30.9 with the machine busy, within 1%
-// when it was quiet.
+// threads, paired rounds: 29.5-29.6 ms against 30.5-30.9 in slower rounds, within 1% in
+// faster ones.
 template <class K>
 void run_all(const Flash<K>& f, const tiles::KeyPanels* panels) {
   using T = typename K::T;
