@@ -88,6 +88,7 @@ struct Plan {
   std::vector<GemmDim> outer;   // batch dims looped here, outermost first; empty = one call
   bool parallel_outer = false;  // outer loop on parallel_for, single-threaded oneDNN calls
   std::string impl;             // oneDNN's implementation name
+  bool reference = false;       // impl is oneDNN's reference matmul (detail::gemm_reference_runs)
 };
 
 // A leading dimension is unused when only one row is stored; giving it the dense
@@ -194,8 +195,8 @@ std::optional<Plan> try_plan(const Problem& p, size_t split) {
     // The reference kernel is orders of magnitude slower than looping over a
     // batch dim with a fast kernel; accept it only when nothing is left to loop
     // (and never for 16-bit operands: those are only planned where gemm_has_native).
-    const bool ref = plan.impl.find("ref") != std::string::npos;
-    if (ref && (split < p.dims.size() || p.ab != memory::data_type::f32)) return std::nullopt;
+    plan.reference = plan.impl.find("ref") != std::string::npos;
+    if (plan.reference && (split < p.dims.size() || p.ab != memory::data_type::f32)) return std::nullopt;
     plan.prim = dnnl::matmul(pd);
   } catch (const dnnl::error&) {
     return std::nullopt;  // e.g. strides that make a descriptor overlap
@@ -351,7 +352,7 @@ std::atomic<int64_t> g_reference_runs{0};
 template <class AB, class C>
 void run_plan(ThreadPlan& tp, const AB* a, const AB* b, C* c) {
   const Plan& plan = *tp.plan;
-  if (plan.impl.find("ref") != std::string::npos) g_reference_runs.fetch_add(1, std::memory_order_relaxed);
+  if (plan.reference) g_reference_runs.fetch_add(1, std::memory_order_relaxed);
   const int64_t count = detail::gemm_batch_count(plan.outer);
   if (!plan.parallel_outer) {
     run_outer_range(plan, *tp.ops, a, b, c, 0, count);
