@@ -42,8 +42,7 @@
 // Work items are handed out dynamically (an atomic counter) to get_num_threads()
 // workers; an item's arithmetic does not depend on which worker runs it, so the
 // results do not depend on the thread count (except that a call with a single
-// item lets oneDNN thread the tile GEMMs themselves, and that the gathered tiles'
-// columns follow what the worker's slots held before: the last bits of BigBird's P V).
+// item lets oneDNN thread the tile GEMMs themselves).
 // Outputs larger than the workers' L2 are stored once per item, streamed (run_all).
 #include "attention/attention_cpu.h"
 

@@ -148,11 +148,13 @@ void copy_rows(const G* src, int64_t rows, int64_t n, int64_t ld, G* dst) {
 
 using Tile = std::pair<int64_t, int64_t>;  // a key tile: (j0, cols)
 
-// Copies the key tiles `pick` into slots [0, pick.size()) of sc.kx / sc.vx (Bc rows a slot)
-// but for those a slot among them already holds (sc.held: the worker's earlier groups; each
-// row tile of a head reads BigBird's global blocks, copied once per head and worker);
-// at[x] = the first row of pick[x]. A tile narrower than Bc (the last keys) takes the last
-// slot, so that the slots' rows are one dense run.
+// Copies the key tiles `pick` into slots [0, pick.size()) of sc.kx / sc.vx (Bc rows a slot),
+// pick[x] into slot x but a tile narrower than Bc (the last keys) into the last slot, swapped
+// with the tile there (so that the slots' rows are one dense run); at[x] = the first row of
+// pick[x]. The slots are a function of `pick` alone, so an item's columns and its P V
+// summation order do not depend on which worker runs it or what that worker ran before;
+// a slot that still holds the same rows (sc.held: BigBird's global blocks, read by every row
+// tile of a head) is not copied again.
 template <class K>
 void place_gathered(const Flash<K>& f, const Rows<K>& r, const std::vector<Tile>& pick, std::vector<int64_t>& at,
                     Scratch<K>& sc) {
@@ -160,14 +162,19 @@ void place_gathered(const Flash<K>& f, const Rows<K>& r, const std::vector<Tile>
   const Problem& p = *f.p;
   const int64_t bc = f.tiles.bc, ks = p.k.stride(-2), vs = p.v.stride(-2);
   const size_t c = pick.size();
-  thread_local std::vector<char> taken;  // [c] the slots given
-  taken.assign(c, 0);
-  at.assign(c, -1);
+  at.assign(c, 0);
   const int64_t panel = r.kp ? gemm_panels_size(p.dk, 64) : 0;  // floats of 64 packed keys
   using Held = std::pair<const G*, const G*>;
-  auto rows_of_tile = [&](size_t x) { return Held{r.k + pick[x].first * ks, r.v + pick[x].first * vs}; };
-  auto put = [&](size_t x, size_t slot, Held held) {
+  size_t narrow = c;  // the tile narrower than Bc, if any
+  for (size_t x = 0; x < c; ++x) {
+    if (pick[x].second < bc) narrow = x;
+  }
+  for (size_t x = 0; x < c; ++x) {
+    const size_t slot = x == narrow ? c - 1 : (narrow < c && x == c - 1 ? narrow : x);
     const auto [j0, cols] = pick[x];
+    at[x] = static_cast<int64_t>(slot) * bc;
+    const Held held = x == narrow ? Held{} : Held{r.k + j0 * ks, r.v + j0 * vs};
+    if (x != narrow && sc.held[slot] == held) continue;  // already there
     if (r.kp) {  // the tile's whole panels (the forward packs all of K: Rows::kp_from is 0)
       std::copy_n(r.kp + j0 / 64 * panel, (cols + 63) / 64 * panel,
                   sc.kx.data() + static_cast<int64_t>(slot) * bc / 64 * panel);
@@ -176,24 +183,7 @@ void place_gathered(const Flash<K>& f, const Rows<K>& r, const std::vector<Tile>
     }
     copy_rows(r.v + j0 * vs, cols, p.dv, vs, sc.vx.data() + static_cast<int64_t>(slot) * bc * p.dv);
     sc.held[slot] = held;
-    at[x] = static_cast<int64_t>(slot), taken[slot] = 1;
-  };
-  for (size_t x = 0; x < c; ++x) {
-    if (pick[x].second < bc) put(x, c - 1, Held{});
   }
-  for (size_t x = 0; x < c; ++x) {  // already there
-    const Held key = rows_of_tile(x);
-    for (size_t slot = 0; slot < c && at[x] < 0; ++slot) {
-      if (!taken[slot] && sc.held[slot] == key) at[x] = static_cast<int64_t>(slot), taken[slot] = 1;
-    }
-  }
-  size_t slot = 0;
-  for (size_t x = 0; x < c; ++x) {
-    if (at[x] >= 0) continue;
-    while (taken[slot]) ++slot;
-    put(x, slot, rows_of_tile(x));
-  }
-  for (int64_t& a : at) a *= bc;
 }
 
 // One product of a group of key tiles: keys read from k and v; its scores are the group's
