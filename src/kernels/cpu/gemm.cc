@@ -149,11 +149,12 @@ template void gemm_widened(const GemmShape&, float, const float16*, const float1
 
 namespace {
 
-// dst [rows, cols] (dense float32) = src's int8 elements at src[r * s0 + c * s1].
-void widen_int8(const int8_t* src, int64_t rows, int64_t cols, int64_t s0, int64_t s1, std::vector<float>& dst) {
-  dst.resize(static_cast<size_t>(rows * cols));
-  const int64_t shape[] = {rows, cols}, from[] = {s0, s1}, to[] = {cols, 1};
-  kernels::strided_copy(shape, {src, DType::i8, from}, {dst.data(), DType::f32, to});
+// to [rows, cols] (float32, rows ld_to apart) = the `type` elements from[r * s0 + c * s1]
+// (the copy engine; int8 converts exactly).
+void copy_to_rows(int64_t rows, int64_t cols, const void* from, DType type, int64_t s0, int64_t s1, float* to,
+                  int64_t ld_to) {
+  const int64_t shape[] = {rows, cols}, src[] = {s0, s1}, dst[] = {ld_to, 1};
+  kernels::strided_copy(shape, {from, type, src}, {to, DType::f32, dst});
 }
 
 }  // namespace
@@ -169,10 +170,11 @@ void gemm_int8_widened(const GemmShape& s, const int8_t* a, const int8_t* b, int
       GemmShape chunk = w;
       chunk.k = chunk.lda = std::min(kChunk, s.k - k0);
       // op(A)[:, k0..] and op(B)[k0.., :] as dense rows, whichever way they are stored.
-      widen_int8(a + oa + (s.trans_a ? k0 * s.lda : k0), s.m, chunk.k, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1,
-                 wa);
-      widen_int8(b + ob + (s.trans_b ? k0 : k0 * s.ldb), chunk.k, s.n, s.trans_b ? 1 : s.ldb, s.trans_b ? s.ldb : 1,
-                 wb);
+      wa.resize(static_cast<size_t>(s.m * chunk.k)), wb.resize(static_cast<size_t>(chunk.k * s.n));
+      copy_to_rows(s.m, chunk.k, a + oa + (s.trans_a ? k0 * s.lda : k0), DType::i8, s.trans_a ? 1 : s.lda,
+                   s.trans_a ? s.lda : 1, wa.data(), chunk.k);
+      copy_to_rows(chunk.k, s.n, b + ob + (s.trans_b ? k0 : k0 * s.ldb), DType::i8, s.trans_b ? 1 : s.ldb,
+                   s.trans_b ? s.ldb : 1, wb.data(), s.n);
       wc.resize(static_cast<size_t>(s.m * s.n));
       gemm(chunk, 1.0f, wa.data(), wb.data(), 0.0f, wc.data());
       for (int64_t i = 0; i < s.m; ++i) {
@@ -225,15 +227,12 @@ void gemm_pack_panels(bool trans_b, int64_t k, int64_t n, const float* b, int64_
 
 namespace detail {
 
-namespace {
-
-// rows [m, n] (row stride ld_from, column stride col_from) -> `to` ([m, n], row stride ld_to).
-void copy_rows(int64_t m, int64_t n, const float* from, int64_t ld_from, int64_t col_from, float* to, int64_t ld_to) {
-  const int64_t shape[] = {m, n}, src[] = {ld_from, col_from}, dst[] = {ld_to, 1};
-  kernels::strided_copy(shape, {from, DType::f32, src}, {to, DType::f32, dst});
+GemmShape unpacked_panels_shape(const GemmShape& s) {
+  GemmShape plain = s;
+  plain.trans_b = false;
+  plain.ldb = s.n;
+  return plain;
 }
-
-}  // namespace
 
 GemmShape dense_panels_shape(const GemmShape& s) {
   GemmShape d = s;
@@ -246,19 +245,19 @@ GemmShape dense_panels_shape(const GemmShape& s) {
 const float* dense_panels_a(const GemmShape& s, const float* a, std::vector<float>& buffer) {
   if (s.m <= 1 || (!s.trans_a && s.lda == s.k)) return a;
   buffer.resize(static_cast<size_t>(s.m * s.k));
-  copy_rows(s.m, s.k, a, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1, buffer.data(), s.k);
+  copy_to_rows(s.m, s.k, a, DType::f32, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1, buffer.data(), s.k);
   return buffer.data();
 }
 
 float* dense_panels_c(const GemmShape& s, float* c, float beta, std::vector<float>& buffer) {
   if (s.m <= 1 || s.ldc == s.n) return c;
   buffer.resize(static_cast<size_t>(s.m * s.n));
-  if (beta != 0.0f) copy_rows(s.m, s.n, c, s.ldc, 1, buffer.data(), s.n);
+  if (beta != 0.0f) copy_to_rows(s.m, s.n, c, DType::f32, s.ldc, 1, buffer.data(), s.n);
   return buffer.data();
 }
 
 void finish_panels_c(const GemmShape& s, const float* out, float* c) {
-  if (out != c) copy_rows(s.m, s.n, out, s.n, 1, c, s.ldc);
+  if (out != c) copy_to_rows(s.m, s.n, out, DType::f32, s.n, 1, c, s.ldc);
 }
 
 void gemm_unpack_panels(int64_t k, int64_t n, const float* panels, float* b) {
@@ -272,10 +271,8 @@ void gemm_unpack_panels(int64_t k, int64_t n, const float* panels, float* b) {
 
 int64_t check_gemm_panels_args(const char* op, const GemmShape& s, double alpha, const void* a, const void* panels,
                                double beta, const void* c) {
-  GemmShape plain = s;  // the packed B's checks: those of a dense [K, N]
-  plain.trans_b = false;
-  plain.ldb = s.n;
-  return check_gemm_args(op, plain, alpha, a, panels, beta, c, {});
+  // the packed B's checks: those of a dense [K, N]
+  return check_gemm_args(op, unpacked_panels_shape(s), alpha, a, panels, beta, c, {});
 }
 
 }  // namespace detail

@@ -124,6 +124,9 @@ GemmShape dense_panels_shape(const GemmShape& s);
 const float* dense_panels_a(const GemmShape& s, const float* a, std::vector<float>& buffer);
 float* dense_panels_c(const GemmShape& s, float* c, float beta, std::vector<float>& buffer);
 void finish_panels_c(const GemmShape& s, const float* out, float* c);
+// s with its packed B as a dense [K, N] (trans_b false, ldb N): what gemm_panels is checked
+// as, and the product it runs where B is unpacked.
+GemmShape unpacked_panels_shape(const GemmShape& s);
 // b [k, n] (dense rows) = the op(B) that gemm_pack_panels packed into `panels`.
 void gemm_unpack_panels(int64_t k, int64_t n, const float* panels, float* b);
 size_t gemm_plan_cache_size();

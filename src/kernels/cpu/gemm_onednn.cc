@@ -397,16 +397,22 @@ void gemm_f32_out(const GemmShape& s, float alpha, const AB* a, const AB* b, flo
   }
 }
 
-// Whether oneDNN makes a kernel other than its reference one for a 64^3 matmul of
-// `type` operands on this CPU (the same answer for the tile shapes qkv uses).
-bool probe_native(memory::data_type type) {
+// Whether oneDNN makes a kernel other than its reference one for the 64^3 matmul of these
+// operands on this CPU (the same answer for the tile shapes qkv uses); false where it makes
+// none at all (oneDNN 2.6: f16 below AVX512-FP16).
+bool fast_matmul(const memory::desc& a, const memory::desc& b, const memory::desc& c) {
   try {
-    const memory::desc a({64, 64}, type, memory::dims{64, 1}), c({64, 64}, memory::data_type::f32, {64, 1});
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), cpu_engine());
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), cpu_engine());
     return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
   } catch (const dnnl::error&) {
-    return false;  // no matmul at all for the type (oneDNN 2.6: f16 below AVX512-FP16)
+    return false;
   }
+}
+
+// gemm_has_native: dense 64^3 operands of `type`, float32 C.
+bool probe_native(memory::data_type type) {
+  const memory::desc a({64, 64}, type, memory::dims{64, 1}), c({64, 64}, memory::data_type::f32, {64, 1});
+  return fast_matmul(a, a, c);
 }
 
 std::atomic<bool> g_force_widening{false};
@@ -441,14 +447,8 @@ bool int8_exact() {
 
 // Whether oneDNN has a fast matmul for float32 B packed as BA16a64b (gemm_panels_native).
 bool probe_panels() {
-  try {
-    const memory::desc a({64, 64}, memory::data_type::f32, memory::dims{64, 1});
-    const memory::desc b({64, 64}, memory::data_type::f32, memory::format_tag::BA16a64b);
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, a), cpu_engine());
-    return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
-  } catch (const dnnl::error&) {
-    return false;
-  }
+  const memory::desc a({64, 64}, memory::data_type::f32, memory::dims{64, 1});
+  return fast_matmul(a, memory::desc({64, 64}, memory::data_type::f32, memory::format_tag::BA16a64b), a);
 }
 
 }  // namespace
@@ -485,9 +485,7 @@ void gemm_panels(const GemmShape& s, float alpha, const float* a, const float* p
     thread_local std::vector<float> b_rows;  // [K, N]
     b_rows.resize(static_cast<size_t>(s.k * s.n));
     detail::gemm_unpack_panels(s.k, s.n, panels, b_rows.data());
-    GemmShape plain = s;
-    plain.trans_b = false, plain.ldb = s.n;
-    gemm(plain, alpha, a, b_rows.data(), beta, c);
+    gemm(detail::unpacked_panels_shape(s), alpha, a, b_rows.data(), beta, c);
     return;
   }
   thread_local std::vector<float> a_rows, c_rows;  // [m, k], [m, n]: see dense_panels_shape
@@ -541,9 +539,7 @@ namespace detail {
 
 std::string gemm_panels_plan_str(const GemmShape& s, float alpha, float beta) {
   if (!gemm_panels_native()) {
-    GemmShape plain = s;
-    plain.trans_b = false, plain.ldb = s.n;
-    return "unpacked: " + gemm_plan_str(plain, alpha, beta);
+    return "unpacked: " + gemm_plan_str(unpacked_panels_shape(s), alpha, beta);
   }
   const int threads = sync_runtime_threads();
   const GemmShape d = dense_panels_shape(s);

@@ -82,10 +82,7 @@ void gemm_panels_reference(const GemmShape& s, float alpha, const float* a, cons
   detail::check_gemm_panels_args("gemm_panels_reference", s, alpha, a, panels, beta, c);
   std::vector<float> b(static_cast<size_t>(s.k * s.n));  // [K, N] unpacked
   if (alpha != 0.0f) detail::gemm_unpack_panels(s.k, s.n, panels, b.data());
-  GemmShape dense = s;
-  dense.trans_b = false;
-  dense.ldb = s.n;
-  reference_batch<float, float, double>(dense, alpha, a, b.data(), beta, c, {});
+  reference_batch<float, float, double>(detail::unpacked_panels_shape(s), alpha, a, b.data(), beta, c, {});
 }
 
 void gemm_reference(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch) {
