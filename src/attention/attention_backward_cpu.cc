@@ -187,7 +187,7 @@ void run_entry(const Backward<T>& bw, int64_t b, Scratch<T>& sc) {
     const int64_t first = f.causal ? j0 / f.tiles.br * f.tiles.br : 0;
     if constexpr (std::is_same_v<T, float>) {
       // K_j and V_j packed once for the query tiles' S and dP (packed_tiles); whole tiles
-      // only (product_tile: oneDNN's packed products need ldc = N).
+      // only, as product_tile reads panels only for tiles that fill the score rows.
       r.kp = nullptr;
       if (!sc.kp.empty() && cols == f.tiles.bc && cols % 64 == 0) {
         gemm_pack_panels(true, p.dk, cols, r.k + j0 * p.k.stride(-2), p.k.stride(-2), sc.kp.data());

@@ -244,9 +244,11 @@ void product_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int
                   std::vector<G>& k_buffer) {
   const Problem& p = *f.p;
   // The tile's keys packed (Rows::kp) where they start a panel and fill the score rows with
-  // whole panels: oneDNN 2.6 ran packed products with ldc != N (a causal row block's
-  // 128-key first tile in 256-wide scores; the last 488 keys at Lk = 1000 in 512-wide
-  // ones) on its reference matmul, 0.1 s a call (ONEDNN_VERBOSE: ref:any).
+  // whole panels. Narrower tiles (a causal row block's 128-key first tile in 256-wide scores;
+  // the last 488 keys at Lk = 1000 in 512-wide ones) take the transposing product: gemm_panels
+  // would stage their C rows through a copy (oneDNN 2.6 runs packed products with ldc != N on
+  // its reference matmul), and packing them measured no faster at causal (4, 8, 1024, 64) and
+  // (1, 16, 4096, 64) (2 threads, Zen 4, three alternating runs).
   const G* panels = nullptr;
   if (r.kp && j0 >= r.kp_from && (j0 - r.kp_from) % 64 == 0 && cols == lds && cols % 64 == 0) {
     panels = r.kp + (j0 - r.kp_from) / 64 * gemm_panels_size(p.dk, 64);
