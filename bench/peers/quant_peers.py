@@ -6,7 +6,8 @@ AVX-512/AMX flags, oneDNN's ISA line). Same weights everywhere: a torch
 nn.MultiheadAttention (batch_first) initialised from a fixed seed. Timed, in this order,
 self-attention forward (need_weights=False) of:
   qkv f32        qkv.nn.MultiheadAttention.from_state_dict(its state_dict)
-  qkv int8       qkv.nn.quantize_dynamic(that layer)
+  qkv int8       qkv.nn.quantize_dynamic(that layer, weight_bits=--weight-bits): 8-bit weights
+                 where the CPU has VNNI/AMX, 7-bit elsewhere unless told (docs/nn.md)
   qkv int8 + bf16 attention
                  the same, its attention with attention_options={"matmul_precision": "medium"}
                  (bf16 Q K^T and P V tiles where the CPU has a native bf16 GEMM; opt-in)
@@ -17,6 +18,8 @@ self-attention forward (need_weights=False) of:
 and the relative error ||y - y_f32|| / ||y_f32|| of each against torch's f32 output.
 
     .venv-fixtures/bin/python bench/peers/quant_peers.py --threads 2
+    ONEDNN_MAX_CPU_ISA=AVX2 .venv-fixtures/bin/python bench/peers/quant_peers.py --threads 2
+        (qkv's GEMMs as on an AVX2-only machine; torch's fbgemm does not read that cap)
 """
 import argparse
 import os
@@ -60,6 +63,7 @@ def main():
     ap.add_argument("--min-time", type=float, default=1.0)
     ap.add_argument("--shape", default="8,512,768,12", help="B,L,E,H")
     ap.add_argument("--qkv", default="build/release/bin/qkv", help="the qkv CLI (for the machine line)")
+    ap.add_argument("--weight-bits", type=int, default=None, help="qkv int8 weights: 8 or 7 (default: the CPU's)")
     a = ap.parse_args()
     b, l, e, h = map(int, a.shape.split(","))
     import numpy as np
@@ -73,11 +77,13 @@ def main():
     xn = x.numpy()
     layer = qkv.nn.MultiheadAttention.from_state_dict({k: v.numpy() for k, v in mha.state_dict().items()}, h,
                                                       batch_first=True)
-    qlayer = qkv.nn.quantize_dynamic(layer)
+    qlayer = qkv.nn.quantize_dynamic(layer, weight_bits=a.weight_bits)
     tq = torch.ao.quantization.quantize_dynamic(proj, {torch.nn.Linear}, dtype=torch.qint8)
     print(f"torch {torch.__version__}, load {os.getloadavg()}", file=sys.stderr)
     print(f"Machine: {machine(a.qkv)}\n")
-    print(f"(B, L, E, H) = ({b}, {l}, {e}, {h}), self-attention forward, need_weights=False\n")
+    print(f"(B, L, E, H) = ({b}, {l}, {e}, {h}), self-attention forward, need_weights=False; qkv int8 with "
+          f"{qlayer.weight_bits}-bit weights (this CPU's choice: {qkv.nn.int8_weight_bits()}); "
+          f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')}\n")
     print("| threads | qkv f32 ms | qkv int8 ms | qkv int8 + bf16 attention ms | torch f32 ms | torch int8 ms "
           "| qkv int8 / qkv f32 | qkv int8 / torch int8 | qkv int8 + bf16 attention / torch int8 "
           "| rel. error qkv int8 | rel. error qkv int8 + bf16 attention | rel. error torch int8 |")

@@ -76,6 +76,12 @@ void gemm_reference(const GemmShape& s, float alpha, const float16* a, const flo
 void gemm(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch = {});
 // Its oracle: int64 accumulation.
 void gemm_reference(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch = {});
+// Whether that gemm runs at int8 speed for any int8 B on this CPU (VNNI, AMX). Where false
+// (AVX2: oneDNN's vpmaddubsw pairs saturate at 16 bits) it stays exact through float32
+// products over depth chunks, at the float32 rate, and only a B within [-64, 63] runs on
+// oneDNN's int8 kernel: quantizers that choose their weights' range make 7-bit weights there
+// (nn::Linear::quantize_dynamic). Probed once (honours ONEDNN_MAX_CPU_ISA).
+bool gemm_int8_full_range();
 
 // Whether gemm on `operands` (f32, bf16 or f16; f64 is always OpenBLAS) runs a oneDNN
 // kernel made for that type on this CPU, rather than oneDNN's reference kernel or the

@@ -10,7 +10,7 @@ place through DLPack); results are NumPy arrays, or torch tensors when the query
 from __future__ import annotations
 
 import types
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from ._qkv import _array_like
 from ._qkv import nn as _nn
@@ -26,7 +26,7 @@ cross_entropy = _nn.cross_entropy
 mse_loss = _nn.mse_loss
 
 __all__ = ["MultiheadAttention", "KerasMultiHeadAttention", "SelfAttention", "MultiHeadSelfAttention",
-           "SeparateHeadsAttention", "LazyMultiHeadAttention", "keras_to_torch", "torch_to_keras", "quantize_dynamic",
+           "SeparateHeadsAttention", "LazyMultiHeadAttention", "keras_to_torch", "torch_to_keras", "quantize_dynamic", "int8_weight_bits",
            "Adam", "SGD", "binary_cross_entropy_with_logits", "cross_entropy", "mse_loss", "keras_adam_state"]
 
 
@@ -107,26 +107,33 @@ class MultiheadAttention:
     def state_dict(self) -> dict:
         return self._layer.state_dict()
 
-    def quantize_dynamic(self) -> "MultiheadAttention":
+    def quantize_dynamic(self, weight_bits: Optional[int] = None) -> "MultiheadAttention":
         """A copy whose projections are dynamically int8-quantized: int8 weights per output channel,
         activations per token at run time, int8 GEMMs with int32 accumulation; attention stays
-        float32 (docs/nn.md). state_dict() still returns the float32 parameters."""
+        float32 (docs/nn.md). state_dict() still returns the float32 parameters. weight_bits: 8, 7
+        (weights in [-63, 63]) or None for this CPU's choice (qkv.nn.int8_weight_bits())."""
         layer = object.__new__(MultiheadAttention)
         layer.__dict__.update(self.__dict__)
-        layer._layer = self._layer.quantize_dynamic()
+        layer._layer = self._layer.quantize_dynamic(_weight_bits(weight_bits))
         return layer
 
-    def quantize_static(self, batches: Sequence[Any], observer: str = "minmax",
-                        percentile: float = 99.99) -> "MultiheadAttention":
+    def quantize_static(self, batches: Sequence[Any], observer: str = "minmax", percentile: float = 99.99,
+                        weight_bits: Optional[int] = None) -> "MultiheadAttention":
         """A copy with int8 projections whose activation scales are fixed by calibration: the
         float32 layer runs `batches` (each an array for self-attention, or (query, key, value)),
         observers record the projections' inputs ('minmax': the largest |x|; 'percentile': that
-        percentile of |x|), and each projection quantizes its input with one scale (docs/nn.md)."""
+        percentile of |x|), and each projection quantizes its input with one scale (docs/nn.md).
+        weight_bits as quantize_dynamic's."""
         layer = object.__new__(MultiheadAttention)
         layer.__dict__.update(self.__dict__)
         items = [tuple(_array(t) for t in b) if isinstance(b, (tuple, list)) else _array(b) for b in batches]
-        layer._layer = self._layer.quantize_static(items, observer, percentile)
+        layer._layer = self._layer.quantize_static(items, observer, percentile, _weight_bits(weight_bits))
         return layer
+
+    @property
+    def weight_bits(self) -> int:
+        """8 or 7: the bits of the int8 projections' weights; 0 when not quantized."""
+        return self._layer.weight_bits
 
     def quantized_state_dict(self) -> dict:
         """The quantized layer as a file holds it (qkv.save(path, sd) writes safetensors): each
@@ -272,12 +279,12 @@ class KerasMultiHeadAttention:
     def built(self) -> bool:
         return self._layer.built
 
-    def quantize_dynamic(self) -> "KerasMultiHeadAttention":
-        """A copy whose projections are dynamically int8-quantized (as MultiheadAttention's);
-        attention stays float32, get_weights() keeps the float32 weights, backward refuses."""
+    def quantize_dynamic(self, weight_bits: Optional[int] = None) -> "KerasMultiHeadAttention":
+        """A copy whose projections are dynamically int8-quantized (as MultiheadAttention's, same
+        weight_bits); attention stays float32, get_weights() keeps the float32 weights, backward refuses."""
         layer = object.__new__(KerasMultiHeadAttention)
         layer.__dict__.update(self.__dict__)
-        layer._layer = self._layer.quantize_dynamic()
+        layer._layer = self._layer.quantize_dynamic(_weight_bits(weight_bits))
         return layer
 
     @property
@@ -355,13 +362,28 @@ def torch_to_keras(state_dict: Mapping[str, Any], num_heads: int) -> dict:
     return _nn._torch_to_keras(_arrays(state_dict), int(num_heads))
 
 
-def quantize_dynamic(layer: Any) -> Any:
+def _weight_bits(weight_bits: Optional[int]) -> int:
+    if weight_bits is None:
+        return 0
+    if isinstance(weight_bits, bool) or not isinstance(weight_bits, int):
+        raise TypeError(f"quantize: weight_bits must be 8, 7 or None, got {weight_bits!r}")
+    return weight_bits
+
+
+def int8_weight_bits() -> int:
+    """The weight bits quantize_dynamic picks on this CPU when not told: 8 where its int8 GEMMs run
+    at int8 speed for any int8 weight (VNNI, AMX), 7 elsewhere (AVX2: oneDNN's int8 kernel is exact
+    there only for weights in [-64, 63]; docs/nn.md)."""
+    return _nn._int8_weight_bits()
+
+
+def quantize_dynamic(layer: Any, weight_bits: Optional[int] = None) -> Any:
     """qkv.nn.quantize_dynamic(mha), as torch.ao.quantization.quantize_dynamic(model): a copy of the
-    layer with int8 projections (MultiheadAttention.quantize_dynamic)."""
+    layer with int8 projections (MultiheadAttention.quantize_dynamic; weight_bits as there)."""
     if not isinstance(layer, (MultiheadAttention, KerasMultiHeadAttention)):
         raise TypeError("quantize_dynamic: expected a qkv.nn.MultiheadAttention or KerasMultiHeadAttention, got "
                         f"{type(layer).__name__}")
-    return layer.quantize_dynamic()
+    return layer.quantize_dynamic(weight_bits)
 
 
 def keras_adam_state(path: str, variables: Sequence[tuple[str, str]]) -> tuple[dict, int, float | None]:

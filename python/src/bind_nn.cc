@@ -85,7 +85,7 @@ qkv::nn::MultiheadAttention make_torch(nb::handle embed_dim, nb::handle num_head
 // mha.quantize_static(batches, observer, percentile): each batch an array (self-attention)
 // or a (query, key, value) sequence.
 qkv::nn::MultiheadAttention quantize_static(const qkv::nn::MultiheadAttention& m, nb::handle batches,
-                                            const std::string& observer, double percentile) {
+                                            const std::string& observer, double percentile, int weight_bits) {
   constexpr const char* kWhat = "MultiheadAttention.quantize_static";
   qkv::nn::CalibrationOptions options;
   if (observer == "percentile") {
@@ -95,6 +95,7 @@ qkv::nn::MultiheadAttention quantize_static(const qkv::nn::MultiheadAttention& m
         (std::string(kWhat) + ": observer must be 'minmax' or 'percentile', got '" + observer + "'").c_str());
   }
   options.percentile = percentile;
+  options.weight_bits = weight_bits;
   std::vector<std::array<Tensor, 3>> tensors;
   size_t i = 0;
   for (nb::handle item : nb::iter(batches)) {
@@ -211,12 +212,14 @@ void bind_torch_flavour(nb::module_& nn) {
                 m.config(), to_tensor_map(sd, "MultiheadAttention.from_quantized_state_dict"));
           },
           nb::arg("state_dict"))
-      .def("quantize_dynamic", &qkv::nn::MultiheadAttention::quantize_dynamic)
+      .def("quantize_dynamic", &qkv::nn::MultiheadAttention::quantize_dynamic, nb::arg("weight_bits") = 0)
       .def("quantize_static", &quantize_static, nb::arg("batches"), nb::arg("observer") = "minmax",
-           nb::arg("percentile") = 99.99)
+           nb::arg("percentile") = 99.99, nb::arg("weight_bits") = 0)
       .def_prop_ro("quantized", &qkv::nn::MultiheadAttention::quantized)
+      .def_prop_ro("weight_bits", &qkv::nn::MultiheadAttention::weight_bits)
       .def_rw("training", &qkv::nn::MultiheadAttention::training)
       .def_rw("dropout_seed", &qkv::nn::MultiheadAttention::dropout_seed);
+  nn.def("_int8_weight_bits", [] { return qkv::nn::int8_weight_bits(0, "int8_weight_bits"); });
   nn.def(
       "_mha_state_dict",
       [](nb::handle d, const std::string& prefix) {
@@ -312,7 +315,7 @@ void bind_keras_flavour(nb::module_& nn) {
            nb::arg("output_shape").none() = nb::none(), nb::arg("attention_axes").none() = nb::none(),
            nb::arg("dropout").none() = 0.0, nb::arg("sliding_window").none() = nb::none(),
            nb::arg("use_gate").none() = false)
-      .def("quantize_dynamic", &qkv::nn::KerasMultiHeadAttention::quantize_dynamic)
+      .def("quantize_dynamic", &qkv::nn::KerasMultiHeadAttention::quantize_dynamic, nb::arg("weight_bits") = 0)
       .def_prop_ro("quantized", &qkv::nn::KerasMultiHeadAttention::quantized)
       .def("set_weights",
            [](qkv::nn::KerasMultiHeadAttention& m, nb::handle weights) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/gemm_internal.h"
 #include "kernels/cpu/quantize.h"
 #include "qkv/gemm.h"
 #include "qkv/nn/linear.h"
@@ -16,43 +17,59 @@ namespace qkv::nn {
 
 namespace {
 
-// q[i] = round(x[i] / scale) in [-127, 127], scale = max|x| / 127 (1 when x is all 0, so
+// q[i] = round(x[i] / scale) in [-qmax, qmax], scale = max|x| / qmax (1 when x is all 0, so
 // that q is 0). Round half to even, as torch's quantize_per_channel. A NaN or inf in x
 // gives scale 1 and saturated or undefined q: garbage in, as for torch. Returns the scale.
-float quantize_row(const float* x, int64_t n, int8_t* q) {
-  const float scale = kernels::symmetric_scale(kernels::max_abs(x, n));
-  kernels::quantize_with(x, n, scale, q);
+float quantize_row(const float* x, int64_t n, int8_t* q, float qmax = 127.0f) {
+  const float scale = kernels::symmetric_scale(kernels::max_abs(x, n), qmax);
+  kernels::quantize_with(x, n, scale, q, qmax);
   return scale;
 }
 
 }  // namespace
 
-Linear Linear::quantize_dynamic() const {
+int int8_weight_bits(int requested, const char* op) {
+  if (requested != 0 && requested != 7 && requested != 8) {
+    fail<ValueError>(op, ": weight_bits must be 8, 7 or 0 (this CPU's choice), got ", requested);
+  }
+  if (requested != 0) return requested;
+  return gemm_int8_full_range() ? 8 : 7;
+}
+
+Linear Linear::quantize_dynamic(int weight_bits) const {
+  const int bits = int8_weight_bits(weight_bits, "Linear.quantize_dynamic");
   if (quant_) return *this;
   const Tensor w = to_torch_layout();  // [out, in] f32 contiguous
   auto q = std::make_shared<Int8Weight>();
   q->q = Tensor::empty({out_, in_}, DType::i8);
   q->scale.resize(static_cast<size_t>(out_));
+  q->bits = bits;
+  const float qmax = bits == 7 ? 63.0f : 127.0f;
   const float* src = w.data<float>();
   int8_t* dst = q->q.data<int8_t>();
   parallel_for(0, out_, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t n = lo; n < hi; ++n)
-      q->scale[static_cast<size_t>(n)] = quantize_row(src + n * in_, in_, dst + n * in_);
+      q->scale[static_cast<size_t>(n)] = quantize_row(src + n * in_, in_, dst + n * in_, qmax);
   });
   Linear l = *this;
   l.quant_ = std::move(q);
   return l;
 }
 
-Linear Linear::quantize_static(float activation_scale) const {
+Linear Linear::quantize_static(float activation_scale, int weight_bits) const {
   if (!(activation_scale > 0.0f) || !std::isfinite(activation_scale)) {
     fail<ValueError>("Linear: quantize_static needs a positive finite activation scale, got ", activation_scale);
   }
-  Linear l = quantize_dynamic();
+  Linear l = quantize_dynamic(weight_bits);
   auto q = std::make_shared<Int8Weight>(*l.quant_);
   q->activation_scale = activation_scale;
   l.quant_ = std::move(q);
   return l;
+}
+
+int Linear::weight_bits() const {
+  if (!quant_) fail<ValueError>("Linear: weight_bits of a layer that is not quantized (quantize_dynamic)");
+  return quant_->bits;
 }
 
 Tensor Linear::quantized_weight() const {
@@ -76,6 +93,7 @@ struct Int8Rows {
   const float* w_scale = nullptr;  // [out]
   const float* bias = nullptr;     // [out] or null
   float fixed = 0.0f;
+  bool narrow = false;  // 7-bit weights: gemm_int8_narrow_b
   int64_t in = 0, out = 0;
   float* y = nullptr;  // [rows, out]
 };
@@ -99,7 +117,11 @@ void multiply_rows(const Int8Rows& l, int64_t rows, const int8_t* xq, int32_t* a
   g.trans_b = true;
   g.m = rows, g.n = l.out, g.k = l.in;
   g.lda = l.in, g.ldb = l.in, g.ldc = l.out;
-  gemm(g, xq, l.w, acc);
+  if (l.narrow) {
+    detail::gemm_int8_narrow_b(g, xq, l.w, acc);
+  } else {
+    gemm(g, xq, l.w, acc);
+  }
 }
 
 // y rows m0.. = acc [rows, out] * (x scale * weight scale) + bias.
@@ -143,6 +165,7 @@ Tensor Linear::forward_int8(const Tensor& x) const {
                    quant_->scale.data(),
                    bias_ ? bias_->data<float>() : nullptr,
                    quant_->activation_scale,
+                   quant_->bits == 7,
                    in_,
                    out_,
                    y.data<float>()};
@@ -150,10 +173,12 @@ Tensor Linear::forward_int8(const Tensor& x) const {
   // parallel_for) and dequantized while its [kBlock, out] int32 products are in the L2,
   // where one GEMM over all rows wrote them to memory and read them back: (8, 512, 768, 12)
   // in-projection, 2 threads, AMD EPYC Zen 4: see docs/nn.md. Few rows (decode) stay one
-  // multi-threaded GEMM.
+  // multi-threaded GEMM, and so do CPUs without VNNI: there oneDNN's int8 gemm:jit packs the
+  // whole weight on every call (23% of the layer's samples with blocks of 64 under
+  // ONEDNN_MAX_CPU_ISA=AVX2; layer 118 ms in blocks of 64, 97 in 256, 93 in one GEMM).
   constexpr int64_t kBlock = 64;
   const int64_t blocks = (rows + kBlock - 1) / kBlock;
-  if (blocks >= 2 * static_cast<int64_t>(get_num_threads())) {
+  if (gemm_int8_full_range() && blocks >= 2 * static_cast<int64_t>(get_num_threads())) {
     parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
       Int8Buffers& b = Int8Buffers::of_thread(kBlock, in_, out_);
       for (int64_t m0 = lo * kBlock; m0 < std::min(rows, hi * kBlock); m0 += kBlock) {

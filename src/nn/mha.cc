@@ -176,15 +176,16 @@ void MultiheadAttention::rebuild() {
   out_ = Linear::torch(params_.at("out_proj.weight"), ob);
   if (quantized_ && static_scales_) {  // one fixed activation scale per projection input
     const auto [sq, sk, sv, so] = *static_scales_;
-    q_ = q_.quantize_static(sq);
-    k_ = k_.quantize_static(sk);
-    v_ = v_.quantize_static(sv);
-    if (qkv_.defined()) qkv_ = qkv_.quantize_static(std::max({sq, sk, sv}));  // the same x feeds all three
-    if (kv_.defined()) kv_ = kv_.quantize_static(std::max(sk, sv));
-    out_ = out_.quantize_static(so);
+    const int bits = weight_bits_;
+    q_ = q_.quantize_static(sq, bits);
+    k_ = k_.quantize_static(sk, bits);
+    v_ = v_.quantize_static(sv, bits);
+    if (qkv_.defined()) qkv_ = qkv_.quantize_static(std::max({sq, sk, sv}), bits);  // the same x feeds all three
+    if (kv_.defined()) kv_ = kv_.quantize_static(std::max(sk, sv), bits);
+    out_ = out_.quantize_static(so, bits);
   } else if (quantized_) {
     for (Linear* l : {&q_, &k_, &v_, &qkv_, &kv_, &out_}) {
-      if (l->defined()) *l = l->quantize_dynamic();
+      if (l->defined()) *l = l->quantize_dynamic(weight_bits_);
     }
   }
 }
@@ -212,14 +213,16 @@ MultiheadAttention MultiheadAttention::quantize_static(const std::vector<std::ar
   const Calibration& c = *observed.calibrating_;
   MultiheadAttention q = *this;
   q.quantized_ = true;
+  q.weight_bits_ = int8_weight_bits(options.weight_bits, "MultiheadAttention.quantize_static");
   q.static_scales_ = std::array<float, 4>{c.q.scale(), c.k.scale(), c.v.scale(), c.o.scale()};
   q.rebuild();
   return q;
 }
 
-MultiheadAttention MultiheadAttention::quantize_dynamic() const {
+MultiheadAttention MultiheadAttention::quantize_dynamic(int weight_bits) const {
   MultiheadAttention q = *this;
   q.quantized_ = true;
+  q.weight_bits_ = int8_weight_bits(weight_bits, "MultiheadAttention.quantize_dynamic");
   q.rebuild();
   return q;
 }

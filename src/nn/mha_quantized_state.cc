@@ -32,7 +32,7 @@ std::map<std::string, Tensor> MultiheadAttention::quantized_state_dict() const {
       continue;
     }
     // [out, in] per output channel, exactly as the layer's projections quantize it
-    const Linear q = Linear::torch(t, std::nullopt).quantize_dynamic();
+    const Linear q = Linear::torch(t, std::nullopt).quantize_dynamic(weight_bits_);
     out[name] = q.quantized_weight();          // int8 [out, in]
     out[name + ".scale"] = q.weight_scales();  // f32 [out]
   }
@@ -46,6 +46,7 @@ std::map<std::string, Tensor> MultiheadAttention::quantized_state_dict() const {
 MultiheadAttention MultiheadAttention::from_quantized_state_dict(const MultiheadAttentionConfig& config,
                                                                  const std::map<std::string, Tensor>& state_dict) {
   std::map<std::string, Tensor> f32;  // weights dequantized: int8 * scale per row
+  bool seven_bit = true;              // every weight in [-63, 63]: quantize_dynamic(7)'s
   for (const auto& [name, t] : state_dict) {
     if (name == "activation_scales" || name.ends_with(".scale")) continue;
     if (!is_weight(name)) {
@@ -58,6 +59,7 @@ MultiheadAttention MultiheadAttention::from_quantized_state_dict(const Multihead
       fail<ValueError>(kOp, ".from_quantized_state_dict: '", name, "' must be int8 [out, in] with '", name,
                        ".scale' [out], got ", dtype_name(t.dtype()), " ", shape_str(t.shape()));
     }
+    for (int8_t v : t.to_vector<int8_t>()) seven_bit = seven_bit && v >= -63 && v <= 63;
     const Tensor s = scale->second.to(DType::f32).contiguous().unsqueeze(1);  // [out, 1]
     Tensor w = t.to(DType::f32).contiguous();                                 // [out, in]
     for (int64_t r = 0; r < w.size(0); ++r) {
@@ -69,6 +71,7 @@ MultiheadAttention MultiheadAttention::from_quantized_state_dict(const Multihead
   }
   MultiheadAttention layer = from_state_dict(config, f32);
   layer.quantized_ = true;
+  layer.weight_bits_ = seven_bit ? 7 : 8;
   if (const auto a = state_dict.find("activation_scales"); a != state_dict.end()) {
     const auto v = a->second.to_vector<float>();
     if (v.size() != 4) fail<ValueError>(kOp, ".from_quantized_state_dict: activation_scales must hold 4 values");

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,21 +15,29 @@
 namespace qkv {
 namespace {
 
-void expect_int8_matches_reference(const test::Case& c, uint32_t seed) {
-  SCOPED_TRACE(test::describe(c));
+// `narrow`: B in [-64, 63] through detail::gemm_int8_narrow_b, half of the cases at its extremes.
+void expect_int8_matches_reference(const test::Case& c, uint32_t seed, bool narrow = false) {
+  SCOPED_TRACE(test::describe(c) + (narrow ? " narrow B" : ""));
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dist(-128, 127);
+  std::uniform_int_distribution<int> dist(-128, 127), dist_b(narrow ? -64 : -128, narrow ? 63 : 127);
+  const bool extremes = narrow && seed % 2 == 0;
   const GemmShape& s = c.s;
-  auto fill = [&](int64_t span) {
+  auto fill = [&](int64_t span, std::uniform_int_distribution<int>& d, int lo, int hi) {
     std::vector<int8_t> x(static_cast<size_t>(std::max<int64_t>(span, 1)));
-    for (int8_t& e : x) e = static_cast<int8_t>(dist(rng));
+    for (int8_t& e : x) e = static_cast<int8_t>(extremes ? (rng() & 1 ? lo : hi) : d(rng));
     return x;
   };
-  const std::vector<int8_t> a = fill(test::matrix_span(s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda));
-  const std::vector<int8_t> b = fill(test::matrix_span(s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb));
+  const std::vector<int8_t> a =
+      fill(test::matrix_span(s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda), dist, -128, 127);
+  const std::vector<int8_t> b =
+      fill(test::matrix_span(s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb), dist_b, -64, 63);
   std::vector<int32_t> got(static_cast<size_t>(std::max<int64_t>(test::matrix_span(s.m, s.n, s.ldc), 1)), -7);
   std::vector<int32_t> want = got;
-  gemm(s, a.data(), b.data(), got.data());
+  if (narrow) {
+    detail::gemm_int8_narrow_b(s, a.data(), b.data(), got.data());
+  } else {
+    gemm(s, a.data(), b.data(), got.data());
+  }
   gemm_reference(s, a.data(), b.data(), want.data());
   EXPECT_EQ(got, want);  // padding between rows (ldc > n) stays -7 in both
 }
@@ -86,6 +95,35 @@ TEST(GemmInt8, WidenedPathMatchesTheReferenceExactly) {
   gemm({false, true, 1, 1, k, k, k, 1}, a.data(), a.data(), &c);
   EXPECT_EQ(c, int64_t{128} * 128 * k);
   detail::force_gemm_int8_widening(false);
+}
+
+// B in [-64, 63] (7-bit weights): oneDNN's int8 kernel on every CPU, also where 8-bit B
+// saturates (the hook, and the ctest onednn.avx2 under ONEDNN_MAX_CPU_ISA=AVX2), never the
+// float32-chunk path; random and extreme values, bit for bit.
+TEST(GemmInt8, NarrowBIsExactWithoutTheFloat32Path) {
+  const int64_t widened = detail::gemm_int8_widened_runs();
+  const int64_t sizes[] = {1, 16, 17, 64, 100, 768};
+  std::mt19937 rng(12);
+  auto pick = [&](auto& arr) { return arr[rng() % std::size(arr)]; };
+  for (bool force : {false, true}) {
+    detail::force_gemm_int8_widening(force);
+    for (int trial = 0; trial < 12; ++trial) {
+      const test::Case c = test::plain(pick(sizes), pick(sizes), pick(sizes), false, rng() & 1, trial % 3 == 0 ? 5 : 0);
+      expect_int8_matches_reference(c, static_cast<uint32_t>(trial), true);
+    }
+    expect_int8_matches_reference(test::plain(64, 2304, 768, false, true), 4, true);  // the Linear's block
+  }
+  detail::force_gemm_int8_widening(false);
+  EXPECT_EQ(detail::gemm_int8_widened_runs(), widened);
+}
+
+TEST(GemmInt8, FullRangeFollowsTheHook) {
+  const bool native = gemm_int8_full_range();
+  detail::force_gemm_int8_widening(true);
+  EXPECT_FALSE(gemm_int8_full_range());
+  detail::force_gemm_int8_widening(false);
+  EXPECT_EQ(gemm_int8_full_range(), native);
+  std::printf("gemm_int8_full_range: %d\n", native);
 }
 
 TEST(GemmInt8, DepthsThatCouldOverflowAreValueErrors) {

@@ -11,20 +11,23 @@
 #include <vector>
 
 #include "common/relative_error.h"
+#include "kernels/cpu/gemm_internal.h"
+#include "qkv/gemm.h"
 #include "qkv/nn/linear.h"
 #include "qkv/nn/mha.h"
 
 namespace qkv::nn {
 namespace {
 
-// Symmetric int8 of one row, in double: scale = max|x| / 127, q = round half even.
-std::vector<double> quantized_row(const float* x, int64_t n, double& scale) {
+// Symmetric int8 of one row, in double: scale = max|x| / qmax (127; 63 for 7-bit weights),
+// q = round half even.
+std::vector<double> quantized_row(const float* x, int64_t n, double& scale, float qmax = 127.0f) {
   double amax = 0.0;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
-  scale = amax > 0.0 ? static_cast<double>(static_cast<float>(amax) / 127.0f) : 1.0;
+  scale = amax > 0.0 ? static_cast<double>(static_cast<float>(amax) / qmax) : 1.0;
   std::vector<double> q(static_cast<size_t>(n));
   const float inv = 1.0f / static_cast<float>(scale);
-  for (int64_t i = 0; i < n; ++i) q[static_cast<size_t>(i)] = std::nearbyint(std::clamp(x[i] * inv, -127.0f, 127.0f));
+  for (int64_t i = 0; i < n; ++i) q[static_cast<size_t>(i)] = std::nearbyint(std::clamp(x[i] * inv, -qmax, qmax));
   return q;
 }
 
@@ -41,25 +44,30 @@ double norm_rel(const Tensor& got, const Tensor& want) {
   return std::sqrt(err / std::max(norm, 1e-300));
 }
 
-TEST(LinearQuantized, MatchesTheDefinitionInFloat64) {
+// quantize_dynamic(bits) against the definition, every output element.
+void expect_definition(int bits) {
   const int64_t in = 96, out = 40, rows = 33;
+  const float qmax = bits == 7 ? 63.0f : 127.0f;
   const Tensor w = Tensor::randn({out, in}, 1), b = Tensor::randn({out}, 2);
   Tensor x = Tensor::randn({3, 11, in}, 3);
   std::vector<float> xv = x.to_vector<float>();
   std::fill(xv.begin() + 5 * in, xv.begin() + 6 * in, 0.0f);  // an all-zero token
   x = Tensor::from_vector(xv, {3, 11, in});
-  const Linear q = Linear::torch(w, b).quantize_dynamic();
+  const Linear q = Linear::torch(w, b).quantize_dynamic(bits);
   ASSERT_TRUE(q.quantized());
+  EXPECT_EQ(q.weight_bits(), bits);
   EXPECT_EQ(q.quantized_weight().dtype(), DType::i8);
   EXPECT_EQ(q.weight_scales().shape(), (Shape{out}));
-  const Tensor y = q.forward(x);  // [3, 11, out]
+  const std::vector<int8_t> qw8 = q.quantized_weight().to_vector<int8_t>();
+  EXPECT_EQ(*std::max_element(qw8.begin(), qw8.end()), static_cast<int8_t>(qmax));  // each row's max hits it
+  const Tensor y = q.forward(x);                                                    // [3, 11, out]
   const std::vector<float> wv = w.to_vector<float>(), bv = b.to_vector<float>(), yv = y.to_vector<float>();
   for (int64_t m = 0; m < rows; ++m) {
     double sx = 0.0;
     const std::vector<double> qx = quantized_row(xv.data() + m * in, in, sx);
     for (int64_t n = 0; n < out; ++n) {
       double sw = 0.0;
-      const std::vector<double> qw = quantized_row(wv.data() + n * in, in, sw);
+      const std::vector<double> qw = quantized_row(wv.data() + n * in, in, sw, qmax);
       double acc = 0.0;
       for (int64_t i = 0; i < in; ++i) acc += qx[static_cast<size_t>(i)] * qw[static_cast<size_t>(i)];
       const double want = acc * sx * sw + bv[static_cast<size_t>(n)];
@@ -68,10 +76,43 @@ TEST(LinearQuantized, MatchesTheDefinitionInFloat64) {
   }
   // The zero token gives exactly the bias.
   for (int64_t n = 0; n < out; ++n) EXPECT_EQ(yv[static_cast<size_t>(5 * out + n)], bv[static_cast<size_t>(n)]);
-  // Against float32: int8 costs ~1e-2 of the output's scale at most.
+  // Against float32: int8 costs ~1e-2 of the output's scale at most (7-bit weights: ~2e-2).
   const double rel = max_relative_error(y, Linear::torch(w, b).forward(x));
-  EXPECT_LT(rel, 2e-2);
+  EXPECT_LT(rel, bits == 7 ? 4e-2 : 2e-2);
   EXPECT_GT(rel, 0.0);
+}
+
+TEST(LinearQuantized, MatchesTheDefinitionInFloat64) { expect_definition(8); }
+
+TEST(LinearQuantized, SevenBitWeightsMatchTheDefinitionWithoutTheFloat32Path) {
+  // 7-bit weights run on oneDNN's int8 kernel on every CPU, with or without VNNI (the ctest
+  // onednn.avx2 runs this under ONEDNN_MAX_CPU_ISA=AVX2): never on the float32-chunk path.
+  const int64_t widened = detail::gemm_int8_widened_runs();
+  expect_definition(7);
+  detail::force_gemm_int8_widening(true);  // as a CPU without VNNI
+  expect_definition(7);
+  detail::force_gemm_int8_widening(false);
+  EXPECT_EQ(detail::gemm_int8_widened_runs(), widened);
+  // 8-bit weights there take the exact float32 path.
+  detail::force_gemm_int8_widening(true);
+  expect_definition(8);
+  detail::force_gemm_int8_widening(false);
+  EXPECT_GT(detail::gemm_int8_widened_runs(), widened);
+}
+
+TEST(LinearQuantized, WeightBitsFollowTheCpu) {
+  const Linear f = Linear::torch(Tensor::randn({8, 16}, 1), std::nullopt);
+  EXPECT_EQ(f.quantize_dynamic().weight_bits(), gemm_int8_full_range() ? 8 : 7);
+  EXPECT_EQ(int8_weight_bits(0, "test"), gemm_int8_full_range() ? 8 : 7);
+  detail::force_gemm_int8_widening(true);  // as a CPU without VNNI
+  EXPECT_FALSE(gemm_int8_full_range());
+  EXPECT_EQ(f.quantize_dynamic().weight_bits(), 7);
+  EXPECT_EQ(f.quantize_static(0.5f).weight_bits(), 7);
+  EXPECT_EQ(f.quantize_dynamic(8).weight_bits(), 8);
+  detail::force_gemm_int8_widening(false);
+  EXPECT_EQ(f.quantize_dynamic(7).weight_bits(), 7);
+  for (int bad : {-1, 1, 6, 9, 16}) EXPECT_THROW((void)f.quantize_dynamic(bad), ValueError) << bad;
+  EXPECT_THROW((void)f.weight_bits(), ValueError);
 }
 
 TEST(LinearQuantized, LayoutsAndErrors) {
@@ -84,17 +125,16 @@ TEST(LinearQuantized, LayoutsAndErrors) {
   EXPECT_THROW((void)q.forward(Tensor::randn({5, 15}, 6)), ShapeError);
 }
 
-TEST(MultiheadAttentionQuantized, StaysWithinTwoPercentOfFloat32) {
-  // Relative error ||int8 - f32|| / ||f32||: measured 1.1-1.4% on these random (untrained)
-  // weights and inputs, against 3.2-3.5% for torch.ao's quantize_dynamic on the same weights
-  // (bench/peers/quant_peers.py); issue 14 asks <= 1e-2, which random weights miss. Bounds
-  // here: 2e-2, and the largest element error within 3% of the output's largest magnitude.
+// Relative error ||int8 - f32|| / ||f32|| of quantize_dynamic(bits) below `bound`, and the
+// largest element error below `bound_max` of the output's largest magnitude.
+void expect_mha_error(int bits, double bound, double bound_max) {
   MultiheadAttentionConfig c;
   c.embed_dim = 96, c.num_heads = 4, c.batch_first = true;
   const MultiheadAttention f(c, 7);
-  const MultiheadAttention q = quantize_dynamic(f);
+  const MultiheadAttention q = quantize_dynamic(f, bits);
   EXPECT_TRUE(q.quantized());
   EXPECT_FALSE(f.quantized());
+  EXPECT_EQ(q.weight_bits(), bits);
   const Tensor x = Tensor::randn({2, 64, 96}, 8), kv = Tensor::randn({2, 80, 96}, 9);
   MultiheadAttentionOptions o;
   o.need_weights = false;
@@ -103,17 +143,33 @@ TEST(MultiheadAttentionQuantized, StaysWithinTwoPercentOfFloat32) {
     const Tensor& k = self ? x : kv;
     const Tensor yq = q.forward(x, k, k, o).output, yf = f.forward(x, k, k, o).output;
     const double rel = norm_rel(yq, yf), rel_max = max_relative_error(yq, yf);
-    EXPECT_LT(rel, 2e-2) << "self " << self;
-    EXPECT_LT(rel_max, 3e-2) << "self " << self;
+    EXPECT_LT(rel, bound) << "self " << self;
+    EXPECT_LT(rel_max, bound_max) << "self " << self;
     worst = std::max(worst, rel), worst_max = std::max(worst_max, rel_max);
   }
-  std::printf("int8 MultiheadAttention vs f32: relative error %.2e (largest element error / max|y| %.2e)\n", worst,
-              worst_max);
-  // load_state_dict re-quantizes the new weights.
+  std::printf(
+      "int8 MultiheadAttention (%d-bit weights) vs f32: relative error %.2e (largest element error / max|y| "
+      "%.2e)\n",
+      bits, worst, worst_max);
+  // load_state_dict re-quantizes the new weights, with the same bits.
   MultiheadAttention q2 = q;
   q2.load_state_dict(MultiheadAttention(c, 11).state_dict());
   EXPECT_TRUE(q2.quantized());
-  EXPECT_LT(norm_rel(q2.forward(x, x, x, o).output, MultiheadAttention(c, 11).forward(x, x, x, o).output), 2e-2);
+  EXPECT_EQ(q2.weight_bits(), bits);
+  EXPECT_LT(norm_rel(q2.forward(x, x, x, o).output, MultiheadAttention(c, 11).forward(x, x, x, o).output), bound);
+}
+
+TEST(MultiheadAttentionQuantized, StaysWithinTwoPercentOfFloat32) {
+  // Measured 1.1-1.4% on these random (untrained) weights and inputs, against 3.2-3.5% for
+  // torch.ao's quantize_dynamic on the same weights (bench/peers/quant_peers.py); issue 14
+  // asks <= 1e-2, which random weights miss. Bounds here: 2e-2, and 3% for the largest element.
+  expect_mha_error(8, 2e-2, 3e-2);
+}
+
+TEST(MultiheadAttentionQuantized, SevenBitWeightsStayWithinThreePercentOfFloat32) {
+  // 7-bit weights double the weights' rounding error (the activations' stays): measured
+  // 1.78e-2 (largest element 1.68e-2) here, against 1.29e-2 with 8-bit weights.
+  expect_mha_error(7, 3e-2, 4e-2);
 }
 
 TEST(ActivationObserver, MinMaxAndPercentileScales) {

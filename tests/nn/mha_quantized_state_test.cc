@@ -2,7 +2,9 @@
 // back is the same layer: the same int8 weights and scales, the same outputs (issue 14 item 4).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <vector>
 
 #include "common/expect.h"
 #include "qkv/io.h"
@@ -47,6 +49,29 @@ TEST(MultiheadAttentionQuantizedState, DynamicAndStaticRoundTripThroughSafetenso
   separate.kdim = 24, separate.vdim = 20;
   const MultiheadAttention sep = MultiheadAttention(separate, 11).quantize_dynamic();
   EXPECT_EQ(sep.quantized_state_dict().at("k_proj_weight.scale").shape(), (Shape{32}));
+}
+
+TEST(MultiheadAttentionQuantizedState, SevenBitWeightsStaySevenBit) {
+  // 7-bit weights (the CPUs without VNNI choose them) saved and loaded, on any CPU: the loaded
+  // layer keeps 7 bits, whatever this CPU would choose, so the int8 weights come back the same.
+  MultiheadAttentionConfig c;
+  c.embed_dim = 32, c.num_heads = 4;
+  const MultiheadAttention layer(c, 9);
+  const Tensor x = Tensor::randn({6, 2, 32}, 10);  // [L, N, E]
+  for (int bits : {7, 8}) {
+    const MultiheadAttention dyn = layer.quantize_dynamic(bits);
+    EXPECT_EQ(dyn.weight_bits(), bits);
+    const std::vector<int8_t> w = dyn.quantized_state_dict().at("in_proj_weight").to_vector<int8_t>();
+    EXPECT_EQ(*std::max_element(w.begin(), w.end()), bits == 7 ? 63 : 127);
+    EXPECT_EQ(MultiheadAttention::from_quantized_state_dict(c, dyn.quantized_state_dict()).weight_bits(), bits);
+    round_trip(dyn, c, x, "qkv_mha_bits.safetensors");
+    CalibrationOptions o;
+    o.weight_bits = bits;
+    round_trip(layer.quantize_static({{x, x, x}}, o), c, x, "qkv_mha_bits_static.safetensors");
+  }
+  EXPECT_EQ(layer.weight_bits(), 0);
+  EXPECT_THROW_WITH(layer.quantize_dynamic(6), ValueError,
+                    "MultiheadAttention.quantize_dynamic: weight_bits must be 8, 7 or 0");
 }
 
 TEST(MultiheadAttentionQuantizedState, Errors) {

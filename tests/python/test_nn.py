@@ -200,8 +200,8 @@ def test_quantize_dynamic_keeps_the_layer_within_two_percent():
     # activations); the float32 layer is the oracle of the error it costs (measured ~1.4%
     # on random weights, torch.ao's quantize_dynamic 3.7% on the same: docs/nn.md).
     layer = qkv.nn.MultiheadAttention(64, 4, batch_first=True)
-    q = qkv.nn.quantize_dynamic(layer)
-    assert q.quantized and not layer.quantized
+    q = qkv.nn.quantize_dynamic(layer, weight_bits=8)
+    assert q.quantized and not layer.quantized and q.weight_bits == 8
     x = np.random.default_rng(3).standard_normal((2, 40, 64)).astype(np.float32)
     want, _ = layer(x, x, x, need_weights=False)
     got, _ = q(x, x, x, need_weights=False)
@@ -212,6 +212,32 @@ def test_quantize_dynamic_keeps_the_layer_within_two_percent():
     np.testing.assert_array_equal(q.state_dict()["out_proj.weight"], layer.state_dict()["out_proj.weight"])
     with pytest.raises(TypeError, match="quantize_dynamic: expected a qkv.nn.MultiheadAttention or KerasMultiHeadAttention, got str"):
         qkv.nn.quantize_dynamic("layer")
+
+
+def test_quantize_dynamic_weight_bits():
+    # 7-bit weights (in [-63, 63]): what CPUs without VNNI choose (qkv.nn.int8_weight_bits()), so
+    # that oneDNN's int8 kernel stays exact there; any CPU runs either when asked.
+    assert qkv.nn.int8_weight_bits() in (7, 8)
+    layer = qkv.nn.MultiheadAttention(64, 4, batch_first=True)
+    assert layer.weight_bits == 0
+    assert qkv.nn.quantize_dynamic(layer).weight_bits == qkv.nn.int8_weight_bits()
+    x = np.random.default_rng(3).standard_normal((2, 40, 64)).astype(np.float32)
+    want, _ = layer(x, x, x, need_weights=False)
+    for bits, bound in ((7, 3e-2), (8, 2e-2)):
+        q = layer.quantize_dynamic(weight_bits=bits)
+        assert q.weight_bits == bits
+        assert np.abs(q.quantized_state_dict()["in_proj_weight"]).max() == (63 if bits == 7 else 127)
+        got, _ = q(x, x, x, need_weights=False)
+        rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert 0 < rel < bound, (bits, rel)
+        assert layer.quantize_static([x], weight_bits=bits).weight_bits == bits
+    keras = qkv.nn.KerasMultiHeadAttention(num_heads=4, key_dim=16)
+    keras(x, x)
+    assert qkv.nn.quantize_dynamic(keras, weight_bits=7).quantized
+    with pytest.raises(ValueError, match="weight_bits must be 8, 7 or 0"):
+        layer.quantize_dynamic(weight_bits=4)
+    with pytest.raises(TypeError, match="weight_bits must be 8, 7 or None"):
+        layer.quantize_dynamic(weight_bits="8")
 
 
 @pytest.mark.parametrize("observer", ["minmax", "percentile"])
@@ -341,13 +367,14 @@ def test_quantized_layer_round_trips_through_safetensors(tmp_path):
 
     layer = qkv.nn.MultiheadAttention(16, 4, batch_first=True)
     x = np.random.default_rng(3).standard_normal((2, 5, 16)).astype(np.float32)
-    for q in (layer.quantize_dynamic(), layer.quantize_static([x])):
+    for q in (layer.quantize_dynamic(), layer.quantize_static([x]), layer.quantize_dynamic(weight_bits=7),
+              layer.quantize_dynamic(weight_bits=8)):
         sd = q.quantized_state_dict()
         assert sd["in_proj_weight"].dtype == np.int8 and sd["in_proj_weight.scale"].shape == (48,)
         qkv.save(tmp_path / "q.safetensors", sd)
         back = qkv.nn.MultiheadAttention.from_quantized_state_dict(qkv.load(tmp_path / "q.safetensors"), 4,
                                                                    batch_first=True)
-        assert back.quantized
+        assert back.quantized and back.weight_bits == q.weight_bits
         np.testing.assert_array_equal(back(x, x, x, need_weights=False)[0], q(x, x, x, need_weights=False)[0])
 
 

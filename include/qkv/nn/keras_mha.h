@@ -150,7 +150,8 @@ class KerasMultiHeadAttention {
   // activations per token at run time, int8 GEMMs; attention stays float32. get_weights() keeps
   // the float32 weights (loading weights gives a float32 layer again); backward refuses (a
   // quantized Linear has none). ValueError for an unbuilt layer. keras_mha_quantized.cc.
-  KerasMultiHeadAttention quantize_dynamic() const;
+  // weight_bits as MultiheadAttention::quantize_dynamic's.
+  KerasMultiHeadAttention quantize_dynamic(int weight_bits = 0) const;
   bool quantized() const { return query_.defined() && query_.quantized(); }
 
   const KerasMultiHeadAttentionConfig& config() const { return config_; }

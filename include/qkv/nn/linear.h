@@ -81,12 +81,19 @@ class Linear {
   // qkv::gemm (oneDNN: VNNI/AMX where present) and returns
   //   y[m, n] = scale_x[m] * scale_w[n] * acc[m, n] + b[n]   (float32).
   // The bias stays float32. linear_quantized.cc.
-  Linear quantize_dynamic() const;
+  // weight_bits: 8, or 7 (weights in [-63, 63], scale = max|w_n| / 63: twice the weight's
+  // rounding error, as torch's reduce_range costs its activations), or 0 for this CPU's
+  // choice: 8 where qkv::gemm_int8_full_range() (VNNI, AMX), else 7, the range oneDNN's
+  // int8 kernel multiplies exactly without VNNI (8-bit weights there take the exact float32
+  // path, no faster than a float32 layer: docs/nn.md). ValueError for other values.
+  Linear quantize_dynamic(int weight_bits = 0) const;
   // Static int8 quantization: weights as quantize_dynamic, activations with one fixed scale
   // for every token (from calibration: ActivationObserver::scale()), values beyond it
   // clipped to +-127. ValueError unless activation_scale > 0 and finite.
-  Linear quantize_static(float activation_scale) const;
+  Linear quantize_static(float activation_scale, int weight_bits = 0) const;
   bool quantized() const { return quant_ != nullptr; }
+  // 8 or 7 (quantize_dynamic's weight_bits as resolved); ValueError unless quantized().
+  int weight_bits() const;
   // The quantized weight [out, in] int8 and its per-channel scales [out] (f32); ValueError
   // unless quantized().
   Tensor quantized_weight() const;
@@ -103,6 +110,7 @@ class Linear {
     Tensor q;                    // [out, in] int8, contiguous
     std::vector<float> scale;    // [out]
     float activation_scale = 0;  // static quantization's fixed scale; 0: per token (dynamic)
+    int bits = 8;                // 7: every value in [-63, 63] (gemm_int8_narrow_b)
   };
   Tensor forward_int8(const Tensor& x) const;
 
@@ -112,6 +120,11 @@ class Linear {
   std::optional<Tensor> bias_;  // [out] contiguous f32
   int64_t in_ = 0, out_ = 0;
 };
+
+// The weight bits of an int8 quantization: 8 or 7 as asked, 0 resolved for this CPU (8 where
+// qkv::gemm_int8_full_range(), else 7; Linear::quantize_dynamic); ValueError naming `op` for
+// any other value.
+int int8_weight_bits(int requested, const char* op);
 
 // Reads an f32 parameter: converts other float dtypes, ShapeError naming `what`
 // unless its shape is `shape`.

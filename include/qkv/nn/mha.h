@@ -71,6 +71,7 @@ struct MultiheadAttentionOptions {
 struct CalibrationOptions {
   ActivationObserver::Kind observer = ActivationObserver::Kind::min_max;
   double percentile = 99.99;  // for Kind::percentile
+  int weight_bits = 0;        // as MultiheadAttention::quantize_dynamic's
 };
 
 // Gradients of a loss through MultiheadAttention::forward (MultiheadAttention::backward).
@@ -131,7 +132,9 @@ class MultiheadAttention {
   // accumulation); attention itself stays float32. The float32 parameters are kept
   // (state_dict() returns them; load_state_dict re-quantizes). As
   // torch.ao.quantization.quantize_dynamic on a model whose projections are nn.Linear.
-  MultiheadAttention quantize_dynamic() const;
+  // weight_bits: 8, 7 or 0 for this CPU's choice (Linear::quantize_dynamic: 7-bit weights
+  // where the CPU has no VNNI, so that its int8 GEMMs run at int8 speed).
+  MultiheadAttention quantize_dynamic(int weight_bits = 0) const;
   // Static int8 quantization (seed 002): runs the float32 layer on the calibration
   // `batches` ({query, key, value} each, the forward's layouts; default options),
   // observing the inputs of the query, key and value projections and of the output
@@ -141,11 +144,13 @@ class MultiheadAttention {
   MultiheadAttention quantize_static(const std::vector<std::array<Tensor, 3>>& batches,
                                      const CalibrationOptions& options = {}) const;
   bool quantized() const { return quantized_; }
+  int weight_bits() const { return quantized_ ? weight_bits_ : 0; }  // 8 or 7; 0 when not quantized
   // A quantized layer as a file can hold it (safetensors through qkv::io::save): each projection
   // weight as int8 [out, in] ("in_proj_weight", "out_proj.weight", ...) with "<name>.scale" f32
   // [out] (its per-channel scales), biases float32, and for static quantization
   // "activation_scales" [4] (query, key, value, output inputs). ValueError unless quantized().
-  // from_quantized_state_dict gives back a layer with exactly those int8 weights and scales.
+  // from_quantized_state_dict gives back a layer with exactly those int8 weights and scales
+  // (7-bit when every weight lies in [-63, 63], as quantize_dynamic(7) makes them).
   std::map<std::string, Tensor> quantized_state_dict() const;
   static MultiheadAttention from_quantized_state_dict(const MultiheadAttentionConfig& config,
                                                       const std::map<std::string, Tensor>& state_dict);
@@ -177,6 +182,7 @@ class MultiheadAttention {
 
   MultiheadAttentionConfig config_;
   bool quantized_ = false;                             // projections int8 (quantize_dynamic / quantize_static)
+  int weight_bits_ = 8;                                // of the int8 projections: 8 or 7
   std::optional<std::array<float, 4>> static_scales_;  // query, key, value, attention output
   std::shared_ptr<Calibration> calibrating_;           // set while quantize_static runs batches
   std::map<std::string, Tensor> params_;               // PyTorch names -> f32 tensors
@@ -190,7 +196,9 @@ class MultiheadAttention {
 // included). ValueError naming the layers and listing the keys found when there is none, or
 // several and no prefix.
 // layer.quantize_dynamic(), as torch.ao.quantization.quantize_dynamic(model) is called.
-inline MultiheadAttention quantize_dynamic(const MultiheadAttention& layer) { return layer.quantize_dynamic(); }
+inline MultiheadAttention quantize_dynamic(const MultiheadAttention& layer, int weight_bits = 0) {
+  return layer.quantize_dynamic(weight_bits);
+}
 
 std::map<std::string, Tensor> mha_state_dict(const std::map<std::string, Tensor>& tensors,
                                              const std::string& prefix = "");

@@ -1,6 +1,7 @@
 #include "kernels/cpu/gemm_internal.h"
 
 #include <algorithm>
+#include <atomic>
 #include <sstream>
 
 #include "kernels/cpu/convert.h"
@@ -157,10 +158,15 @@ void copy_to_rows(int64_t rows, int64_t cols, const void* from, DType type, int6
   kernels::strided_copy(shape, {from, type, src}, {to, DType::f32, dst});
 }
 
+std::atomic<int64_t> g_int8_widened_runs{0};
+
 }  // namespace
+
+int64_t gemm_int8_widened_runs() { return g_int8_widened_runs.load(std::memory_order_relaxed); }
 
 void gemm_int8_widened(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c,
                        const std::vector<GemmDim>& dims) {
+  g_int8_widened_runs.fetch_add(1, std::memory_order_relaxed);
   // 1024 * 128 * 128 = 2^24: float32's last exact integer.
   constexpr int64_t kChunk = 1024;
   thread_local std::vector<float> wa, wb, wc;  // [m, kc], [kc, n], [m, n]

@@ -89,13 +89,25 @@ void gemm_widened(const GemmShape& s, float alpha, const H* a, const H* b, float
 // <= 1024 * 128 * 128 = 2^24), added in int32. Same result as gemm_reference, bit for bit.
 void gemm_int8_widened(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c,
                        const std::vector<GemmDim>& dims);
+// How many int8 gemms so far took gemm_int8_widened (tests: 7-bit weights must not).
+int64_t gemm_int8_widened_runs();
+
+// The int8 gemm for a B whose values all lie in [-64, 63] (the 7-bit weights quantizers make
+// where gemm_int8_full_range() is false): on oneDNN's int8 kernel on every CPU, as its
+// vpmaddubsw pairs cannot saturate then (2 * 255 * 64 <= 2^15: exact, and 2x the float32
+// rate under ONEDNN_MAX_CPU_ISA=AVX2 on Zen 4, docs/kernels.md). A B outside the range
+// gives wrong sums on such CPUs: not checked per call (the weights are checked once, where
+// they are made), so internal to the layers that own their weights.
+void gemm_int8_narrow_b(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch = {});
 
 // ---- introspection of qkv::gemm (gemm_onednn.cc), for tests and benchmarks ----
 
 // Test hook: while on, gemm_has_native answers false for bf16 and f16, so the widening
 // path (and attention's float32 tiles) run on any CPU. Process-wide.
 void force_gemm_widening(bool on);
-// Test hook: while on, the int8 gemm takes gemm_int8_widened on any CPU. Process-wide.
+// Test hook: while on, the int8 gemm takes gemm_int8_widened on any CPU and
+// gemm_int8_full_range() is false, as on a CPU without VNNI (gemm_int8_narrow_b still runs
+// on oneDNN). Process-wide.
 void force_gemm_int8_widening(bool on);
 // How many calls so far ran on oneDNN's reference matmul (`ref:any`, 100x slower or more: a
 // plan oneDNN had no fast kernel for). Tests of the kernels that matter check it stays put.

@@ -419,15 +419,16 @@ std::atomic<bool> g_force_widening{false};
 
 std::atomic<bool> g_force_int8_widening{false};
 
-// Whether oneDNN's int8 matmul is exact on this CPU: without VNNI (AVX2, AVX-512 before
-// Cascade Lake) oneDNN 2.6's gemm:jit multiplies s8 A (shifted to u8) by s8 B with
-// vpmaddubsw, which saturates each pair of products at 16 bits: every element of a 64 x 64
-// x 768 product was wrong under ONEDNN_MAX_CPU_ISA=AVX2. Probed once on extreme values.
-bool probe_int8_exact() {
+// Whether oneDNN's int8 matmul is exact on this CPU for B in [b_lo, b_hi]: without VNNI
+// (AVX2, AVX-512 before Cascade Lake) oneDNN 2.6's gemm:jit multiplies s8 A (shifted to u8)
+// by s8 B with vpmaddubsw, which saturates each pair of products at 16 bits: every element
+// of a 64 x 64 x 768 product was wrong under ONEDNN_MAX_CPU_ISA=AVX2 with 8-bit B, none with
+// B in [-64, 63] (2 * 255 * 64 <= 2^15). Probed once per range on extreme values.
+bool probe_int8_exact(int8_t b_lo, int8_t b_hi) {
   constexpr int64_t m = 16, n = 16, k = 128;
   std::vector<int8_t> a(m * k), b(k * n);
   for (int64_t x = 0; x < m * k; ++x) a[static_cast<size_t>(x)] = static_cast<int8_t>(x % 3 == 0 ? -128 : 127);
-  for (int64_t x = 0; x < k * n; ++x) b[static_cast<size_t>(x)] = static_cast<int8_t>(x % 5 == 0 ? -128 : 127);
+  for (int64_t x = 0; x < k * n; ++x) b[static_cast<size_t>(x)] = x % 5 == 0 ? b_lo : b_hi;
   std::vector<int32_t> got(m * n), want(m * n);
   const GemmShape s{false, false, m, n, k, k, n, n};
   try {
@@ -440,9 +441,11 @@ bool probe_int8_exact() {
   return got == want;
 }
 
-bool int8_exact() {
-  static const bool exact = probe_int8_exact();
-  return exact && !g_force_int8_widening;
+// Whether the int8 gemm runs on oneDNN for any int8 B (`narrow`: for B in [-64, 63]).
+bool int8_exact(bool narrow) {
+  static const bool exact = probe_int8_exact(-128, 127);
+  static const bool narrow_exact = probe_int8_exact(-64, 63);
+  return narrow ? narrow_exact : exact && !g_force_int8_widening;
 }
 
 // Whether oneDNN has a fast matmul for float32 B packed as BA16a64b (gemm_panels_native).
@@ -502,7 +505,11 @@ void gemm_panels(const GemmShape& s, float alpha, const float* a, const float* p
   detail::finish_panels_c(s, out, c);
 }
 
-void gemm(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch) {
+namespace {
+
+// The int8 gemm: oneDNN where it is exact for B's range, else the float32-chunk path.
+void gemm_int8(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch,
+               bool narrow_b) {
   const int64_t count = detail::check_gemm_args("gemm", s, 1.0, a, b, 0.0, c, batch);
   detail::check_int8_depth("gemm", s, batch);
   if (count == 0 || s.m == 0 || s.n == 0) return;
@@ -511,7 +518,7 @@ void gemm(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, cons
     detail::scale_gemm_batch(s, int32_t{0}, c, dims);
     return;
   }
-  if (!int8_exact()) {
+  if (!int8_exact(narrow_b)) {
     detail::gemm_int8_widened(s, a, b, c, dims);
     return;
   }
@@ -523,6 +530,14 @@ void gemm(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, cons
     fail<Error>("gemm: oneDNN failed (", e.what(), ") for ", detail::gemm_args_str(s, batch));
   }
 }
+
+}  // namespace
+
+void gemm(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch) {
+  gemm_int8(s, a, b, c, batch, false);
+}
+
+bool gemm_int8_full_range() { return int8_exact(false); }
 
 bool gemm_has_native(DType operands) {
   static const bool bf16 = probe_native(memory::data_type::bf16);
@@ -566,6 +581,10 @@ void gemm_plan_cache_clear() { plan_cache().clear(); }
 void force_gemm_widening(bool on) { g_force_widening = on; }
 
 void force_gemm_int8_widening(bool on) { g_force_int8_widening = on; }
+
+void gemm_int8_narrow_b(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch) {
+  gemm_int8(s, a, b, c, batch, true);
+}
 
 int64_t gemm_reference_runs() { return g_reference_runs.load(std::memory_order_relaxed); }
 

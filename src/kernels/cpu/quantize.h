@@ -11,12 +11,15 @@
 
 namespace qkv::kernels {
 
-// The scale of values whose largest magnitude is amax: amax / 127, or 1 when amax is 0
-// or not finite (then every value quantizes to 0, or saturates: garbage in, as for torch).
-inline float symmetric_scale(float amax) { return amax > 0.0f && std::isfinite(amax) ? amax / 127.0f : 1.0f; }
+// The scale of values whose largest magnitude is amax: amax / qmax (127; 63 for the 7-bit
+// weights of CPUs without VNNI, qkv/gemm.h gemm_int8_full_range), or 1 when amax is 0 or
+// not finite (then every value quantizes to 0, or saturates: garbage in, as for torch).
+inline float symmetric_scale(float amax, float qmax = 127.0f) {
+  return amax > 0.0f && std::isfinite(amax) ? amax / qmax : 1.0f;
+}
 
-// q[i] = round(x[i] / scale) clipped to [-127, 127], half to even (torch's quantize_per_channel).
-inline void quantize_with(const float* x, int64_t n, float scale, int8_t* q) {
+// q[i] = round(x[i] / scale) clipped to [-qmax, qmax], half to even (torch's quantize_per_channel).
+inline void quantize_with(const float* x, int64_t n, float scale, int8_t* q, float qmax = 127.0f) {
   const float inv = 1.0f / scale;
   // Round half to even by the 1.5 * 2^23 trick (exact for |r| <= 2^22, in the default
   // rounding mode): unlike std::nearbyint it vectorizes. Measured with
@@ -24,7 +27,7 @@ inline void quantize_with(const float* x, int64_t n, float scale, int8_t* q) {
   // with nearbyint, 75.9 ms with this.
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
   for (int64_t i = 0; i < n; ++i) {
-    const float r = (std::clamp(x[i] * inv, -127.0f, 127.0f) + kMagic) - kMagic;
+    const float r = (std::clamp(x[i] * inv, -qmax, qmax) + kMagic) - kMagic;
     q[i] = static_cast<int8_t>(r);
   }
 }
