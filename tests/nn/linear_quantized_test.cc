@@ -111,6 +111,11 @@ TEST(LinearQuantized, WeightBitsFollowTheCpu) {
   EXPECT_EQ(f.quantize_dynamic(8).weight_bits(), 8);
   detail::force_gemm_int8_widening(false);
   EXPECT_EQ(f.quantize_dynamic(7).weight_bits(), 7);
+  // A quantized layer asked for the other bits quantizes its float32 weight again.
+  const Linear q7 = f.quantize_dynamic(7), q8 = q7.quantize_dynamic(8);
+  EXPECT_EQ(q8.weight_bits(), 8);
+  EXPECT_EQ(q8.quantized_weight().to_vector<int8_t>(), f.quantize_dynamic(8).quantized_weight().to_vector<int8_t>());
+  EXPECT_EQ(q7.quantize_dynamic(7).quantized_weight().data<int8_t>(), q7.quantized_weight().data<int8_t>());
   for (int bad : {-1, 1, 6, 9, 16}) EXPECT_THROW((void)f.quantize_dynamic(bad), ValueError) << bad;
   EXPECT_THROW((void)f.weight_bits(), ValueError);
 }
