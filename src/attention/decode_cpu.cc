@@ -39,16 +39,32 @@ int64_t first_needed(const DecodeCall& d, const DecodeOptions& o, int64_t length
   return decode_keys(d, o.causal, length, 0).first;
 }
 
+// The largest automatic chunk: 1024 keys, or kInt8Chunk on an int8 cache whose G Lq query rows
+// the kernels take in one pass (1 row, or kRowsPerPass rows) with Dv a multiple of 64 (value
+// passes over blocks of kInt8ValueKeys keys in L1): each key row and value row is read once, so
+// nothing asks the chunk to stay in L2; and the scores [G Lq, C] stay within 128 KB. Each item
+// starts its key and value streams cold (its first rows before the prefetches run ahead) and
+// adds a partial to merge: at 32k keys, 2 threads, 8192-key chunks took the int8 step from 30.0
+// to 25.0 ms at B = 8 and from 3.91 to 3.42 ms at B = 1 (docs/decode.md, "Fifth pass"; 32768:
+// 24.7 and 3.55 ms, 4 items a thread at B = 1 too few to balance).
+constexpr int64_t kInt8Chunk = 8192;
+int64_t int8_chunk_max(const DecodeCall& d, const KVCache& cache) {
+  const int64_t rows = d.group * d.lq;
+  if (cache.config().dtype != DType::i8 || d.dv % 64 != 0 || (rows != 1 && rows != kRowsPerPass)) return 1024;
+  return std::max<int64_t>(1024, std::min(kInt8Chunk, (int64_t{32} << 10) / rows));
+}
+
 // Keys per item: the caller's, else enough chunks for 4 items per thread over B Hk sequences
 // of the longest span of keys, between 256 keys (smaller GEMMs would cost more than they save) and
 // 1024 (a chunk's K and V stay in L2 for the value passes and the bf16 GEMMs: whole-sequence
-// chunks of a bf16 cache widened to f32 scratch at 32k keys ran at 2.6 GB/s against 12 for f32).
+// chunks of a bf16 cache widened to f32 scratch at 32k keys ran at 2.6 GB/s against 12 for f32),
+// or kInt8Chunk for an int8 cache whose kernels read each key and value once (int8_chunk_max).
 int64_t chunk_size(const DecodeCall& d, const KVCache& cache, const DecodeOptions& o) {
   if (o.chunk > 0) return o.chunk;
   int64_t longest = 1;
   for (int64_t b = 0; b < d.b; ++b) longest = std::max(longest, cache.length(b) - first_needed(d, o, cache.length(b)));
   const int64_t per_seq = std::max<int64_t>(1, (4 * get_num_threads() + d.b * d.hk - 1) / (d.b * d.hk));
-  return std::clamp<int64_t>((longest + per_seq - 1) / per_seq, 256, 1024);
+  return std::clamp<int64_t>((longest + per_seq - 1) / per_seq, 256, int8_chunk_max(d, cache));
 }
 
 // Work items (b, hk, keys [c0, c1)): chunks over the keys some query needs, on multiples of the

@@ -33,7 +33,7 @@ namespace qkv::attention::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 constexpr int64_t kGroup = KVCache::kInt8Group;  // channels per scale
-constexpr int64_t kRows = 4;                     // query rows per pass: each row vector loaded feeds kRows FMAs
+constexpr int64_t kRows = kRowsPerPass;          // query rows per pass: each row vector loaded feeds kRows FMAs
 constexpr int64_t kAhead = 32;  // rows prefetched ahead (16: int8's 1-thread 32k step 10.2 ms, 32: 8.7; 64: the same)
 
 // int8 lanes [p, p + N) as floats.

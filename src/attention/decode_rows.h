@@ -13,6 +13,10 @@
 
 namespace qkv::attention {
 
+// Query rows the kernels take together (each key or value row loaded feeds them all): more rows
+// take more passes over the keys and values.
+constexpr int64_t kRowsPerPass = 4;
+
 // int8 caches' query rows for the keys, built once per work item (decode_cpu.cc): qs = q r (the
 // query times the key spreads) rounded to int16 with one scale per row, qs ~ sigma q_hat
 // (quantize_query_row), and qc = q . c (the offsets' share, the same for every key). The keys'

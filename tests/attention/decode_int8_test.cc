@@ -15,6 +15,7 @@
 #include "attention/decode_targets.h"
 #include "common/expect.h"
 #include "common/simd_targets.h"
+#include "common/thread_guard.h"
 #include "qkv/kv_cache.h"
 #include "softmax/softmax_cpu.h"
 
@@ -38,6 +39,30 @@ TEST(DecodeInt8, EveryTargetMatchesTheReference) {
     KVCacheConfig c{2, 2, cs.d, 600, cs.dv, DType::i8};
     c.page_size = cs.page;
     test::expect_every_target_matches_the_reference(c, cs.hq, cs.lq);
+  }
+}
+
+// Long caches take long work items (decode_cpu.cc's int8_chunk_max: up to 8192 keys where the
+// kernels read each key and value row once: 1 or 4 query rows a cache head): sequences of 9000
+// and 5001 keys (a whole 8192-key chunk, its rest, shorter chunks), G = 4 and 1, on 1 and 2
+// threads, within 2e-6 plus the value rounding's bound of the float64 reference, as the short
+// caches above.
+TEST(DecodeInt8, LongCachesTakeLongChunks) {
+  KVCache cache({2, 4, 128, 9000, 128, DType::i8});
+  cache.append(Tensor::randn({2, 4, 6000, 128}, 21), Tensor::randn({2, 4, 6000, 128}, 22), {6000, 5000});
+  cache.append(Tensor::randn({2, 4, 3000, 128}, 23), Tensor::randn({2, 4, 3000, 128}, 24), {3000, 1});
+  for (int64_t hq : {16, 4}) {
+    const Tensor q = Tensor::randn({2, hq, 1, 128}, 25);
+    const std::vector<double> ref = decode_attention_reference(q, cache).output.to_vector<double>();
+    const std::vector<double> rounding = test::int8_rounding_bound(cache, q);
+    for (int threads : {1, 2}) {
+      const test::ThreadCountGuard guard;
+      set_num_threads(threads);
+      const std::vector<double> out = decode_attention(q, cache).output.to_vector<double>();
+      double worst = -1.0;  // the largest excess over 2e-6 plus the bound: <= 0 expected
+      for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - ref[i]) - 2e-6 - rounding[i]);
+      EXPECT_LE(worst, 0.0) << "Hq " << hq << ", " << threads << " threads";
+    }
   }
 }
 
