@@ -96,8 +96,9 @@ int64_t gemm_int8_widened_runs();
 // where gemm_int8_full_range() is false): on oneDNN's int8 kernel on every CPU, as its
 // vpmaddubsw pairs cannot saturate then (2 * 255 * 64 <= 2^15: exact, and 2x the float32
 // rate under ONEDNN_MAX_CPU_ISA=AVX2 on Zen 4, docs/kernels.md). A B outside the range
-// gives wrong sums on such CPUs: not checked per call (the weights are checked once, where
-// they are made), so internal to the layers that own their weights.
+// gives wrong sums on such CPUs: not checked per call (a scan of B per call would cost ~10% of
+// a 64-row block's product), so internal to the layers that own their weights and know their
+// range (nn::Linear quantizes them to [-63, 63]; a loaded layer scans them once).
 void gemm_int8_narrow_b(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch = {});
 
 // ---- introspection of qkv::gemm (gemm_onednn.cc), for tests and benchmarks ----
