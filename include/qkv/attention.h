@@ -115,6 +115,10 @@ std::string_view qk_quantization_name(QKQuantization quantization);
 // Kernel knobs: they choose how the result is computed, not what it is.
 struct AttentionTuning {
   FlashTiles flash_tiles;  // default: automatic (see above)
+  // bf16/f16 operands on float32 tiles (no native 16-bit GEMM: bf16 on AVX2, f16 without
+  // AVX512-FP16): each worker widens a head's whole K and V once where they take at most this
+  // many bytes as float32, else every tile where it is used. -1: automatic (8 MiB); 0: per tile.
+  int64_t widen_head_bytes = -1;
 };
 
 struct AttentionOptions {

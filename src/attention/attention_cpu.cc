@@ -256,6 +256,26 @@ std::vector<int64_t> item_order(const Flash<K>& f, int64_t items) {
   return order;
 }
 
+// 16-bit K and V without a native GEMM (K::kWiden: bf16 on AVX2, f16 without AVX512-FP16) are
+// widened to float once per worker and entry where they fit AttentionTuning::widen_head_bytes
+// (automatic: 8 MiB), not once per query tile and key tile: the per-tile widening was 5% of a
+// bf16 call's samples at (4, 8, 1024, 64) under ONEDNN_MAX_CPU_ISA=AVX2; 2-4% faster
+// (docs/performance.md). Larger heads keep per-tile widening, so that no call converts K and V
+// whole.
+template <class K>
+void widen_head(const Flash<K>& f, Rows<K>& r, Scratch<K>& sc, int64_t budget) {
+  using G = typename K::G;
+  const Problem& p = *f.p;
+  if (p.lk * (p.dk + p.dv) * static_cast<int64_t>(sizeof(G)) > budget) return;
+  if (sc.widened != std::pair<const void*, const void*>{r.k, r.v}) {
+    sc.kw.resize(static_cast<size_t>(p.lk * p.dk)), sc.vw.resize(static_cast<size_t>(p.lk * p.dv));
+    kernels::convert_rows(r.k, p.lk, p.dk, p.k.stride(-2), sc.kw.data(), p.dk);
+    kernels::convert_rows(r.v, p.lk, p.dv, p.v.stride(-2), sc.vw.data(), p.dv);
+    sc.widened = {r.k, r.v};
+  }
+  r.kw = sc.kw.data(), r.vw = sc.vw.data();
+}
+
 // Every item, on get_num_threads() workers taking items from a shared counter.
 //
 // An output larger than the workers' L2 is accumulated item by item in the scratch and
@@ -265,7 +285,7 @@ std::vector<int64_t> item_order(const Flash<K>& f, int64_t items) {
 // threads, paired rounds: 29.5-29.6 ms against 30.5-30.9 in slower rounds, within 1% in
 // faster ones.
 template <class K>
-void run_all(const Flash<K>& f, const tiles::KeyPanels* panels) {
+void run_all(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t widen_head_bytes) {
   using T = typename K::T;
   const Problem& p = *f.p;
   const int64_t items = p.batch_size * ((p.lq + f.tiles.br - 1) / f.tiles.br);
@@ -280,6 +300,7 @@ void run_all(const Flash<K>& f, const tiles::KeyPanels* panels) {
     for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
       Rows<K> r = rows_of(f, order.empty() ? item : order[static_cast<size_t>(item)]);
       if constexpr (std::is_same_v<typename K::G, float>) r.kp = panels ? panels->of(r.k - f.k) : nullptr;
+      if constexpr (K::kWiden) widen_head(f, r, sc, widen_head_bytes < 0 ? int64_t{8} << 20 : widen_head_bytes);
       T* const out = r.o;  // [rows, Dv], dense
       if (stream) r.o = sc.o.data();
       run_rows(f, r, sc);
@@ -319,7 +340,7 @@ AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
     }
   }
   const std::optional<tiles::KeyPanels> panels = tiles::pack_keys(f, gather_keys(f) > 0);
-  run_all(f, panels ? &*panels : nullptr);
+  run_all(f, panels ? &*panels : nullptr, options.tuning.widen_head_bytes);
 
   AttentionResult result;
   result.output = out.to(p.out_dtype);

@@ -38,6 +38,9 @@ struct Scratch {
   // Both: a k broadcast over the batch (zero stride) meets different v rows.
   std::vector<std::pair<const G*, const G*>> held;
   std::vector<T> o;  // [Br, Dv] the item's output rows, where they are stored once (run_all: streamed)
+  // [Lk, Dk] and [Lk, Dv]: the K and V rows at `widened` (k, v of an entry) widened whole (widen_head).
+  std::vector<G> kw, vw;
+  std::pair<const void*, const void*> widened{nullptr, nullptr};
   // s and pg hold [Br, max(Bc, gather)] (gathered tiles are up to `gather` keys wide).
   Scratch(const FlashTiles& t, int64_t dk, int64_t dv, bool int8, int64_t gather, bool panels, bool own_output)
       : s(size(t.br * std::max(t.bc, gather))),
@@ -121,7 +124,10 @@ template <class K, class T = typename K::T>
 void value_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, const T* s, int64_t lds,
                 Scratch<K>& sc) {
   const Problem& p = *f.p;
-  value_product(f, r, gemm_operand(r.v + j0 * p.v.stride(-2), cols, p.dv, p.v.stride(-2), sc.vg), cols, s, lds, sc);
+  using G = typename K::G;
+  const Mat<G> v = r.vw ? Mat<G>{r.vw + j0 * p.dv, p.dv}
+                        : gemm_operand(r.v + j0 * p.v.stride(-2), cols, p.dv, p.v.stride(-2), sc.vg);
+  value_product(f, r, v, cols, s, lds, sc);
 }
 
 // Keys per gathered tile, or 0. Where the mask's candidate key tiles are small (BigBird's

@@ -124,6 +124,11 @@ struct Rows {
   // transposition); forward: the whole K (KeyPanels), backward: the key tile.
   const G* kp = nullptr;
   int64_t kp_from = 0;
+  // The entry's whole K [Lk, Dk] and V [Lk, Dv] widened to G once per worker (16-bit operands
+  // without a native GEMM, small heads: attention_cpu.cc widen_head), or null: each tile is
+  // widened where it is used.
+  const G* kw = nullptr;
+  const G* vw = nullptr;
 };
 
 // `rows` rows of n elements (ld apart) as the tile GEMMs read them: in place, or
@@ -253,7 +258,9 @@ void product_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int
   if (r.kp && j0 >= r.kp_from && (j0 - r.kp_from) % 64 == 0 && cols == lds && cols % 64 == 0) {
     panels = r.kp + (j0 - r.kp_from) / 64 * gemm_panels_size(p.dk, 64);
   }
-  product(f, r, q, gemm_operand(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), k_buffer), cols, s, lds, panels);
+  const Mat<G> k = r.kw ? Mat<G>{r.kw + j0 * p.dk, p.dk}
+                        : gemm_operand(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), k_buffer);
+  product(f, r, q, k, cols, s, lds, panels);
 }
 
 // The scores s [rows, cols] of keys j0.. after the product: score mods, mask, mask mods,

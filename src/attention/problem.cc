@@ -84,6 +84,9 @@ void check_options(const AttentionOptions& o, const char* op) {
   if (!t.is_auto() && (t.br <= 0 || t.bc <= 0)) {
     fail<ValueError>(op, ": tuning.flash_tiles must be both positive or both 0 (automatic), got ", t.br, "x", t.bc);
   }
+  if (o.tuning.widen_head_bytes < -1) {
+    fail<ValueError>(op, ": tuning.widen_head_bytes must be -1 (automatic) or >= 0, got ", o.tuning.widen_head_bytes);
+  }
 }
 
 // The batch dims of q, k and v broadcast together; the error names the call.

@@ -101,19 +101,27 @@ INSTANTIATE_TEST_SUITE_P(Paths, MixedPrecision, ::testing::Values(false, true),
 
 TEST(MixedPrecisionFloat32Tiles, AreTheF32KernelOnTheUpcastInputs) {
   // On float32 tiles nothing is rounded but the output: the result is the f32 kernel's
-  // on the upcast inputs, rounded to the dtype (same tiles, same summation order).
+  // on the upcast inputs, rounded to the dtype (same tiles, same summation order): with each
+  // head's K and V widened once per worker (the automatic budget) and tile by tile (budget 0).
   detail::force_gemm_widening(true);
   for (DType dt : {DType::bf16, DType::f16}) {
     const Tensor q = Tensor::randn({2, 3, 70, 40}, 1).to(dt), k = Tensor::randn({2, 3, 90, 40}, 2).to(dt),
                  v = Tensor::randn({2, 3, 90, 24}, 3).to(dt);
-    AttentionOptions o;
-    o.is_causal = true;
-    const Tensor got = scaled_dot_product_attention(q, k, v, o).output;
-    const Tensor f32 =
-        scaled_dot_product_attention(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), o).output.to(dt);
-    EXPECT_EQ(max_abs_diff(got, f32), 0.0) << dtype_name(dt);
+    for (int64_t budget : {int64_t{-1}, int64_t{0}}) {
+      AttentionOptions o;
+      o.is_causal = true;
+      o.tuning.widen_head_bytes = budget;
+      const Tensor got = scaled_dot_product_attention(q, k, v, o).output;
+      const Tensor f32 =
+          scaled_dot_product_attention(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), o).output.to(dt);
+      EXPECT_EQ(max_abs_diff(got, f32), 0.0) << dtype_name(dt) << " budget " << budget;
+    }
   }
   detail::force_gemm_widening(false);
+  AttentionOptions bad;
+  bad.tuning.widen_head_bytes = -2;
+  const Tensor x = Tensor::randn({1, 4, 8}, 4);
+  EXPECT_THROW((void)scaled_dot_product_attention(x, x, x, bad), ValueError);
 }
 
 TEST(MatmulPrecision, MediumIsTheBf16KernelOnF32InputsWhereNative) {
