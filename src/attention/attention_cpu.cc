@@ -258,10 +258,12 @@ std::vector<int64_t> item_order(const Flash<K>& f, int64_t items) {
 
 // 16-bit K and V without a native GEMM (K::kWiden: bf16 on AVX2, f16 without AVX512-FP16) are
 // widened to float once per worker and entry where they fit AttentionTuning::widen_head_bytes
-// (automatic: 8 MiB), not once per query tile and key tile: the per-tile widening was 5% of a
-// bf16 call's samples at (4, 8, 1024, 64) under ONEDNN_MAX_CPU_ISA=AVX2; 2-4% faster
-// (docs/performance.md). Larger heads keep per-tile widening, so that no call converts K and V
-// whole.
+// (automatic: kWidenHeadBytes), not once per query tile and key tile: the per-tile widening
+// was 5% of a bf16 call's samples at (4, 8, 1024, 64) under ONEDNN_MAX_CPU_ISA=AVX2; 2-4%
+// faster (docs/performance.md). Larger heads keep per-tile widening, so that no call converts
+// K and V whole.
+constexpr int64_t kWidenHeadBytes = int64_t{8} << 20;
+
 template <class K>
 void widen_head(const Flash<K>& f, Rows<K>& r, Scratch<K>& sc, int64_t budget) {
   using G = typename K::G;
@@ -288,6 +290,7 @@ template <class K>
 void run_all(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t widen_head_bytes) {
   using T = typename K::T;
   const Problem& p = *f.p;
+  const int64_t widen_budget = widen_head_bytes < 0 ? kWidenHeadBytes : widen_head_bytes;
   const int64_t items = p.batch_size * ((p.lq + f.tiles.br - 1) / f.tiles.br);
   if (items == 0) return;
   std::atomic<int64_t> next{0};
@@ -300,7 +303,7 @@ void run_all(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t widen_he
     for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
       Rows<K> r = rows_of(f, order.empty() ? item : order[static_cast<size_t>(item)]);
       if constexpr (std::is_same_v<typename K::G, float>) r.kp = panels ? panels->of(r.k - f.k) : nullptr;
-      if constexpr (K::kWiden) widen_head(f, r, sc, widen_head_bytes < 0 ? int64_t{8} << 20 : widen_head_bytes);
+      if constexpr (K::kWiden) widen_head(f, r, sc, widen_budget);
       T* const out = r.o;  // [rows, Dv], dense
       if (stream) r.o = sc.o.data();
       run_rows(f, r, sc);

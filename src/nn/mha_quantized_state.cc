@@ -59,13 +59,15 @@ MultiheadAttention MultiheadAttention::from_quantized_state_dict(const Multihead
       fail<ValueError>(kOp, ".from_quantized_state_dict: '", name, "' must be int8 [out, in] with '", name,
                        ".scale' [out], got ", dtype_name(t.dtype()), " ", shape_str(t.shape()));
     }
-    for (int8_t v : t.to_vector<int8_t>()) seven_bit = seven_bit && v >= -63 && v <= 63;
     const Tensor s = scale->second.to(DType::f32).contiguous().unsqueeze(1);  // [out, 1]
     Tensor w = t.to(DType::f32).contiguous();                                 // [out, in]
     for (int64_t r = 0; r < w.size(0); ++r) {
       const float sr = s.data<float>()[r];
       float* row = w.data<float>() + r * w.size(1);
-      for (int64_t c = 0; c < w.size(1); ++c) row[c] *= sr;
+      for (int64_t c = 0; c < w.size(1); ++c) {
+        seven_bit = seven_bit && std::fabs(row[c]) <= 63.0f;  // the int8 value, before its scale
+        row[c] *= sr;
+      }
     }
     f32[name] = w;
   }
