@@ -110,6 +110,9 @@ void force_gemm_widening(bool on);
 // gemm_int8_full_range() is false, as on a CPU without VNNI (gemm_int8_narrow_b still runs
 // on oneDNN). Process-wide.
 void force_gemm_int8_widening(bool on);
+// oneDNN's effective CPU ISA as its cpu_isa enum names it ("avx512_core_bf16", "avx2";
+// honours ONEDNN_MAX_CPU_ISA), for machine_info (gemm_onednn_isa.cc).
+std::string gemm_onednn_isa();
 // How many calls so far ran on oneDNN's reference matmul (`ref:any`, 100x slower or more: a
 // plan oneDNN had no fast kernel for). Tests of the kernels that matter check it stays put.
 int64_t gemm_reference_runs();

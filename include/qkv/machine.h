@@ -1,0 +1,52 @@
+// The machine qkv runs on, as every benchmark table names it: the CPU, its SIMD flags, the
+// Highway target qkv's kernels dispatch to and the ISA oneDNN's GEMM kernels run at. One
+// place for what `qkv info`, `qkv bench`, the Google Benchmark programs (bench/bench_main.h)
+// and the peer scripts (bench/peers/, through `qkv info --json`) print.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace qkv {
+
+struct MachineInfo {
+  // /proc/cpuinfo's first "model name" ("AMD EPYC 9R14 96-Core Processor"); "unknown"
+  // where there is none (not Linux, or a CPU whose cpuinfo names no model).
+  std::string cpu_model = "unknown";
+  // The flags of /proc/cpuinfo's first "flags" line that decide qkv's kernels: avx2, fma,
+  // f16c, every avx512* and every amx*, sorted. nullopt where there is no flags line (not
+  // Linux, not x86); empty where there is one without any of them.
+  std::optional<std::vector<std::string>> isa_flags;
+  // The best Highway target among those qkv compiles (kernels/cpu/hwy_targets.h: AVX3,
+  // AVX2 and the portable fallback) that this CPU runs: the one the SIMD kernels dispatch
+  // to ("AVX3", "AVX2", "EMU128" or "SCALAR").
+  std::string simd_target;
+  // oneDNN's effective ISA (dnnl::get_effective_cpu_isa, so ONEDNN_MAX_CPU_ISA lowers it),
+  // named as oneDNN's cpu_isa enum and as ONEDNN_MAX_CPU_ISA takes it in lower case
+  // ("avx512_core_bf16", "avx2"), followed by " (ONEDNN_MAX_CPU_ISA=AVX2)" where that
+  // variable (or the older DNNL_MAX_CPU_ISA) is set.
+  std::string onednn_isa;
+  int logical_cpus = 0;  // std::thread::hardware_concurrency() (0: unknown)
+  int threads = 0;       // get_num_threads(): the threads qkv's kernels use now
+};
+
+// This machine, now (threads follows set_num_threads; the rest is fixed for the process).
+// Never throws for a missing or unreadable /proc/cpuinfo: those fields say "unknown".
+MachineInfo machine_info();
+
+// machine_info() on one line, the header of every benchmark table:
+//   "<cpu_model>, <logical_cpus> vCPUs, <threads> thread(s); flags: <isa_flags, space-separated>;
+//    Highway: <simd_target>; oneDNN isa: <onednn_isa>"
+// e.g. "AMD EPYC 9R14 96-Core Processor, 2 vCPUs, 2 threads; flags: avx2 avx512_bf16 avx512bw
+// ... f16c fma; Highway: AVX3; oneDNN isa: avx512_core_bf16". Flags read "unknown" without a
+// flags line and "none" with one that has none of them.
+std::string machine_line();
+std::string machine_line(const MachineInfo& info);
+
+namespace detail {
+// machine_info() with `cpuinfo_path` read in place of /proc/cpuinfo (tests: missing files).
+MachineInfo machine_info_from(const std::string& cpuinfo_path);
+}  // namespace detail
+
+}  // namespace qkv

@@ -1,0 +1,152 @@
+// machine_info / machine_line (qkv/machine.h) against /proc/cpuinfo read here on its own,
+// the SIMD dispatch's target list and ONEDNN_MAX_CPU_ISA. The ctest onednn.avx2 runs these
+// again under ONEDNN_MAX_CPU_ISA=AVX2, where oneDNN's ISA must read avx2.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/thread_guard.h"
+#include "qkv/machine.h"
+#include "qkv/parallel.h"
+#include "softmax/softmax_cpu.h"  // simd_targets: the list the kernels dispatch over
+
+namespace qkv {
+namespace {
+
+// The words of /proc/cpuinfo's first line starting with `key` (after its colon), and
+// whether there was one.
+bool first_cpuinfo_line(const std::string& key, std::string& value) {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key, 0) == 0 && line.find(':') != std::string::npos) {
+      value = line.substr(line.find(':') + 1);
+      value.erase(0, value.find_first_not_of(' '));
+      return true;
+    }
+  }
+  return false;
+}
+
+std::set<std::string> cpu_flags() {
+  std::string line;
+  EXPECT_TRUE(first_cpuinfo_line("flags", line)) << "qkv's tests run on x86 Linux";
+  std::istringstream words(line);
+  std::set<std::string> flags;
+  for (std::string w; words >> w;) flags.insert(w);
+  return flags;
+}
+
+std::filesystem::path write_cpuinfo(const std::string& name, const std::string& text) {
+  // the pid: the ctests MachineInfo.* and onednn.avx2 may run at once
+  const auto path =
+      std::filesystem::temp_directory_path() / ("qkv_machine_test_" + std::to_string(getpid()) + "_" + name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(MachineInfo, FlagsAreTheIsaFlagsOfProcCpuinfo) {
+  const MachineInfo info = machine_info();
+  const std::set<std::string> flags = cpu_flags();
+  ASSERT_TRUE(info.isa_flags.has_value());
+  const std::vector<std::string>& got = *info.isa_flags;
+  EXPECT_TRUE(std::is_sorted(got.begin(), got.end()));
+  for (const std::string& f : got) EXPECT_TRUE(flags.count(f)) << f << " is not in /proc/cpuinfo's flags";
+  for (const std::string& f : flags) {
+    const bool wanted = f == "avx2" || f == "fma" || f == "f16c" || f.rfind("avx512", 0) == 0 || f.rfind("amx", 0) == 0;
+    EXPECT_EQ(std::count(got.begin(), got.end(), f), wanted ? 1 : 0) << f;
+  }
+  std::string model;
+  ASSERT_TRUE(first_cpuinfo_line("model name", model));
+  EXPECT_EQ(info.cpu_model, model);
+  EXPECT_GE(info.logical_cpus, 1);
+}
+
+TEST(MachineInfo, SimdTargetIsTheBestTargetTheKernelsDispatchTo) {
+  const MachineInfo info = machine_info();
+  ASSERT_FALSE(kernels::detail::simd_targets().empty());
+  EXPECT_EQ(info.simd_target, kernels::detail::simd_target_name(kernels::detail::simd_targets().front()));
+  // Highway's AVX3 needs AVX-512 F, VL, DQ and BW; AVX2 needs AVX2, FMA, F16C (and BMI).
+  const std::set<std::string> f = cpu_flags();
+  if (f.count("avx512f") && f.count("avx512vl") && f.count("avx512dq") && f.count("avx512bw")) {
+    EXPECT_EQ(info.simd_target, "AVX3");
+  } else if (f.count("avx2") && f.count("fma") && f.count("f16c") && f.count("bmi2")) {
+    EXPECT_EQ(info.simd_target, "AVX2");
+  } else {
+    EXPECT_TRUE(info.simd_target == "EMU128" || info.simd_target == "SCALAR") << info.simd_target;
+  }
+}
+
+TEST(MachineInfo, OnednnIsaFollowsTheCpuAndOnednnMaxCpuIsa) {
+  const MachineInfo info = machine_info();
+  ASSERT_FALSE(info.onednn_isa.empty());
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  const std::set<std::string> f = cpu_flags();
+  if (cap != nullptr && std::string(cap) == "AVX2") {  // the ctest onednn.avx2
+    EXPECT_EQ(info.onednn_isa, "avx2 (ONEDNN_MAX_CPU_ISA=AVX2)");
+  } else if (cap != nullptr && *cap != '\0') {
+    EXPECT_NE(info.onednn_isa.find(std::string(" (ONEDNN_MAX_CPU_ISA=") + cap + ")"), std::string::npos)
+        << info.onednn_isa;
+  } else if (f.count("avx512f") && f.count("avx512vl") && f.count("avx512dq") && f.count("avx512bw")) {
+    EXPECT_EQ(info.onednn_isa.rfind("avx512_core", 0), 0u) << info.onednn_isa;
+  } else if (f.count("avx2")) {
+    EXPECT_EQ(info.onednn_isa.rfind("avx2", 0), 0u) << info.onednn_isa;
+  }
+  EXPECT_NE(machine_line(info).find("; oneDNN isa: " + info.onednn_isa), std::string::npos);
+}
+
+TEST(MachineInfo, ThreadsFollowSetNumThreads) {
+  test::ThreadCountGuard guard;
+  set_num_threads(3);
+  EXPECT_EQ(machine_info().threads, 3);
+  EXPECT_NE(machine_line().find(", 3 threads; "), std::string::npos) << machine_line();
+}
+
+TEST(MachineInfo, LineFormat) {
+  MachineInfo info;
+  info.cpu_model = "AMD EPYC 9R14";
+  info.isa_flags = std::vector<std::string>{"avx2", "avx512f", "fma"};
+  info.simd_target = "AVX3";
+  info.onednn_isa = "avx2 (ONEDNN_MAX_CPU_ISA=AVX2)";
+  info.logical_cpus = 2;
+  info.threads = 1;
+  EXPECT_EQ(machine_line(info),
+            "AMD EPYC 9R14, 2 vCPUs, 1 thread; flags: avx2 avx512f fma; Highway: AVX3; "
+            "oneDNN isa: avx2 (ONEDNN_MAX_CPU_ISA=AVX2)");
+  info.isa_flags = std::vector<std::string>{};
+  EXPECT_NE(machine_line(info).find("; flags: none; "), std::string::npos);
+}
+
+TEST(MachineInfo, MissingCpuinfoSaysUnknown) {
+  const MachineInfo info = detail::machine_info_from("/nonexistent/qkv/cpuinfo");
+  EXPECT_EQ(info.cpu_model, "unknown");
+  EXPECT_FALSE(info.isa_flags.has_value());
+  EXPECT_FALSE(info.simd_target.empty());
+  EXPECT_FALSE(info.onednn_isa.empty());
+  EXPECT_EQ(machine_line(info).rfind("unknown, ", 0), 0u);
+  EXPECT_NE(machine_line(info).find("; flags: unknown; "), std::string::npos) << machine_line(info);
+}
+
+TEST(MachineInfo, ReadsTheFirstProcessorOfACpuinfoFile) {
+  const auto path =
+      write_cpuinfo("two", std::string("processor\t: 0\nmodel name\t: Some CPU @ 2.0GHz\n") +
+                               "vmx flags\t: ept\nflags\t\t: fpu sse2 fma avx512f amx_tile avx2 f16c\n\n" +
+                               "processor\t: 1\nmodel name\t: Other\nflags\t\t: avx512bw\n");
+  const MachineInfo info = detail::machine_info_from(path.string());
+  EXPECT_EQ(info.cpu_model, "Some CPU @ 2.0GHz");
+  EXPECT_EQ(info.isa_flags, (std::vector<std::string>{"amx_tile", "avx2", "avx512f", "f16c", "fma"}));
+  const auto none = write_cpuinfo("none", "model name : Old CPU\nflags : fpu sse sse2\n");
+  EXPECT_EQ(detail::machine_info_from(none.string()).isa_flags, std::vector<std::string>{});
+  std::filesystem::remove(path);
+  std::filesystem::remove(none);
+}
+
+}  // namespace
+}  // namespace qkv
