@@ -170,6 +170,7 @@ def test_bench_lines_arrive_through_a_pipe_as_printed(qkv_cli):
                              "--shape", "1,1,8,8", "--shape", "1,1,16,8"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        machine = proc.stdout.readline()  # "Machine: ...", before any result
         first = proc.stdout.readline()
         first_at = time.monotonic()
         rest = proc.stdout.read()  # to EOF, i.e. until qkv exits
@@ -178,6 +179,7 @@ def test_bench_lines_arrive_through_a_pipe_as_printed(qkv_cli):
         proc.wait(timeout=120)
     finally:
         proc.kill()
+    assert machine.startswith("Machine: ") and "; oneDNN isa: " in machine, machine
     assert first.startswith("attention (B,H,L,D)=(1,1,8,8) non-causal, 1 thread(s): "), first
     assert exit_at - first_at > 0.5, "the first line came only when qkv exited"
     assert rest.startswith("attention (B,H,L,D)=(1,1,16,8)") and len(rest.splitlines()) == 1

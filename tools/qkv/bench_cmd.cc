@@ -10,7 +10,8 @@
 // GFLOP/s count 4*B*H*L*L*D (non-causal) or 4*B*H*D*L(L+1)/2 (causal: the
 // unmasked half only). Time per call is the fastest of the timed calls. A progress
 // line goes out before each measurement: to stdout on a terminal, to stderr when
-// stdout is a pipe or file (which then holds only the results).
+// stdout is a pipe or file (which then holds only the results). First of all goes the
+// machine, "Machine: <qkv info's line>": on stdout, or on stderr with --json.
 #include <unistd.h>
 
 #include <cstdio>
@@ -171,6 +172,7 @@ void bench_one(const BenchArgs& a, const std::string& shape_text, double gemm_gf
 
 void run_bench_attention(const BenchArgs& a) {
   if (a.threads > 0) set_num_threads(a.threads);
+  print_machine_line(a.json);
   double gemm_gflops = 0.0;
   const size_t count = a.shapes.size() + (a.gemm_n > 0 ? 1 : 0);
   if (a.gemm_n > 0) {

@@ -1,6 +1,7 @@
 // qkv bench decode: one decode step (decode_attention, Lq = 1) against a KV cache on this machine:
 // time and bandwidth (bytes of K and V read per step / time). bench/decode_bench.cc has the
-// table with memcpy beside it; bench/peers/decode_peers.py puts PyTorch beside it.
+// table with memcpy beside it; bench/peers/decode_peers.py puts PyTorch beside it. The machine
+// line (qkv info) goes first, as for qkv bench attention.
 //
 //   qkv bench decode --cache-len 32768 [--cache-len ...] [--batch 1] [--heads 32 --kv-heads 8
 //                    --head-dim 128] [--dtype bfloat16] [--matmul-precision medium] [--threads 2]
@@ -92,6 +93,7 @@ void register_bench_decode(CLI::App* bench) {
   cmd->add_flag("--json", a->json, "one JSON object per line");
   cmd->callback([a] {
     if (a->threads > 0) set_num_threads(a->threads);
+    print_machine_line(a->json);
     if (a->lengths.empty()) a->lengths = {8192};
     for (int64_t len : a->lengths) bench_one(*a, len);
   });

@@ -23,6 +23,11 @@ void register_bench_decode(CLI::App* bench);  // bench decode (bench_decode_cmd.
 void register_einsum(CLI::App& app);
 void register_einops(CLI::App& app);   // rearrange, reduce, repeat, pack, unpack, parse-shape
 void register_heatmap(CLI::App& app);  // heatmap WEIGHTS -o OUT.png
+void register_info(CLI::App& app);     // info [--json]: the machine (qkv/machine.h)
+// "Machine: <machine_line()>", once before qkv bench's results: on stdout with the results,
+// on stderr with --json (stdout then holds only the results' JSON lines; qkv info --json
+// gives the machine as JSON). info_cmd.cc.
+void print_machine_line(bool json);
 
 // qkv attention --parallel ring|ulysses|heads under mpiexec (attention_parallel.cc).
 struct ParallelAttentionCall {

@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
   qkv::cli::register_einsum(app);
   qkv::cli::register_einops(app);
   qkv::cli::register_heatmap(app);
+  qkv::cli::register_info(app);
   std::signal(SIGINT, on_sigint);
   try {
     check_subcommand_names(app, argc, argv);
