@@ -8,7 +8,9 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "qkv/machine.h"
 #include "qkv/parallel.h"
 #include "qkv/tensor.h"
 
@@ -30,11 +32,27 @@ inline Tensor huge_page_uniform(const Shape& shape) {
 }
 
 // Applies QKV_NUM_THREADS to this thread's OpenMP runtime (so raw oneDNN and
-// peers in the same program use qkv's thread count), records it in the
-// report's context, and runs the registered benchmarks.
-inline int run_benchmarks(int argc, char** argv) {
+// peers in the same program use qkv's thread count) and records the machine in the
+// report's context (its header, and "context" of --benchmark_format=json), as
+// machine_info() names it (qkv/machine.h): cpu (model), cpu_isa (AVX2/FMA/F16C/AVX-512/AMX
+// flags), simd_target (Highway's), onednn_isa, qkv_num_threads.
+inline void add_machine_context() {
   set_num_threads(get_num_threads());
-  benchmark::AddCustomContext("qkv_num_threads", std::to_string(get_num_threads()));
+  const MachineInfo m = machine_info();
+  std::string flags;
+  for (const std::string& f : m.isa_flags.value_or(std::vector<std::string>{"unknown"})) {
+    flags += (flags.empty() ? "" : " ") + f;
+  }
+  benchmark::AddCustomContext("cpu", m.cpu_model);
+  benchmark::AddCustomContext("cpu_isa", flags);
+  benchmark::AddCustomContext("simd_target", m.simd_target);
+  benchmark::AddCustomContext("onednn_isa", m.onednn_isa);
+  benchmark::AddCustomContext("qkv_num_threads", std::to_string(m.threads));
+}
+
+// add_machine_context, then the registered benchmarks.
+inline int run_benchmarks(int argc, char** argv) {
+  add_machine_context();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -8,7 +8,6 @@
 //
 //   nice -n 0 build/release/copy_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
-#include <hwy/targets.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -99,17 +98,7 @@ void thread_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Contiguous)->Apply(thread_args);
 BENCHMARK(BM_EinopsMaterialize)->Apply(thread_args);
 
-// The best SIMD target of this CPU among those qkv compiles (it leaves out SSSE3
-// and SSE4): the ISA the copy kernels dispatch to, recorded with the results.
-std::string simd_target() {
-  const int64_t targets = hwy::SupportedTargets() & ~int64_t{HWY_SSSE3 | HWY_SSE4};
-  const int64_t best = targets & -targets;  // lower bits are the better targets
-  return best == 0 ? "none" : hwy::TargetName(best);
-}
-
 }  // namespace
 
-int main(int argc, char** argv) {
-  benchmark::AddCustomContext("simd_target", simd_target());
-  return qkv::bench::run_benchmarks(argc, argv);
-}
+// The context's simd_target (bench_main.h) is the ISA the copy kernels dispatch to.
+int main(int argc, char** argv) { return qkv::bench::run_benchmarks(argc, argv); }

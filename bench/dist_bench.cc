@@ -13,8 +13,6 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,23 +24,6 @@ namespace qkv::bench {
 namespace {
 
 constexpr int64_t kB = 1, kH = 8, kD = 64;
-
-// The CPU's AVX-512 / AMX flags, as docs/performance.md's tables name the machine.
-std::string cpu_isa() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    std::istringstream words(line.substr(line.find(':') + 1));
-    std::string w, isa;
-    while (words >> w) {
-      if (w.rfind("avx512", 0) == 0 || w.rfind("amx", 0) == 0 || w == "avx2" || w == "fma")
-        isa += (isa.empty() ? "" : " ") + w;
-    }
-    return isa;
-  }
-  return "unknown";
-}
 
 dist::Communicator& world() {
   static dist::Communicator c = dist::Communicator::world();
@@ -175,9 +156,7 @@ BENCHMARK(BM_RingComputeOnly)->Arg(4096)->Arg(16384)->UseManualTime()->Iteration
 
 int main(int argc, char** argv) {
   qkv::dist::MpiSession mpi(&argc, &argv);
-  qkv::set_num_threads(qkv::get_num_threads());
-  benchmark::AddCustomContext("qkv_num_threads", std::to_string(qkv::get_num_threads()));
-  benchmark::AddCustomContext("cpu_isa", qkv::bench::cpu_isa());
+  qkv::bench::add_machine_context();  // cpu_isa: the flags bench/peers/dist_model.py prints
   benchmark::AddCustomContext("ranks", std::to_string(qkv::bench::world().size()));
   benchmark::Initialize(&argc, argv);
   if (qkv::bench::world().rank() == 0) {
