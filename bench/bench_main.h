@@ -8,7 +8,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "qkv/machine.h"
 #include "qkv/parallel.h"
@@ -39,12 +38,8 @@ inline Tensor huge_page_uniform(const Shape& shape) {
 inline void add_machine_context() {
   set_num_threads(get_num_threads());
   const MachineInfo m = machine_info();
-  std::string flags;
-  for (const std::string& f : m.isa_flags.value_or(std::vector<std::string>{"unknown"})) {
-    flags += (flags.empty() ? "" : " ") + f;
-  }
   benchmark::AddCustomContext("cpu", m.cpu_model);
-  benchmark::AddCustomContext("cpu_isa", flags);
+  benchmark::AddCustomContext("cpu_isa", machine_flags(m));
   benchmark::AddCustomContext("simd_target", m.simd_target);
   benchmark::AddCustomContext("onednn_isa", m.onednn_isa);
   benchmark::AddCustomContext("qkv_num_threads", std::to_string(m.threads));

@@ -43,6 +43,8 @@ MachineInfo machine_info();
 // flags line and "none" with one that has none of them.
 std::string machine_line();
 std::string machine_line(const MachineInfo& info);
+// The line's flags: isa_flags space-separated, "unknown" or "none".
+std::string machine_flags(const MachineInfo& info);
 
 namespace detail {
 // machine_info() with `cpuinfo_path` read in place of /proc/cpuinfo (tests: missing files).

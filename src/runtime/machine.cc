@@ -89,19 +89,19 @@ MachineInfo machine_info_from(const std::string& cpuinfo_path) {
 
 MachineInfo machine_info() { return detail::machine_info_from("/proc/cpuinfo"); }
 
-std::string machine_line(const MachineInfo& info) {
+std::string machine_flags(const MachineInfo& info) {
+  if (!info.isa_flags) return "unknown";
+  if (info.isa_flags->empty()) return "none";
   std::string flags;
-  if (!info.isa_flags) {
-    flags = "unknown";
-  } else if (info.isa_flags->empty()) {
-    flags = "none";
-  } else {
-    for (const std::string& f : *info.isa_flags) flags += (flags.empty() ? "" : " ") + f;
-  }
+  for (const std::string& f : *info.isa_flags) flags += (flags.empty() ? "" : " ") + f;
+  return flags;
+}
+
+std::string machine_line(const MachineInfo& info) {
   const std::string cpus = info.logical_cpus > 0 ? std::to_string(info.logical_cpus) : "unknown";
   const std::string threads = std::to_string(info.threads) + (info.threads == 1 ? " thread" : " threads");
-  return info.cpu_model + ", " + cpus + " vCPUs, " + threads + "; flags: " + flags + "; Highway: " + info.simd_target +
-         "; oneDNN isa: " + info.onednn_isa;
+  return info.cpu_model + ", " + cpus + " vCPUs, " + threads + "; flags: " + machine_flags(info) +
+         "; Highway: " + info.simd_target + "; oneDNN isa: " + info.onednn_isa;
 }
 
 std::string machine_line() { return machine_line(machine_info()); }
