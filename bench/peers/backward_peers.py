@@ -2,8 +2,8 @@
 """qkv's fused CPU attention backward beside PyTorch's CPU SDPA backward (issue 15).
 
 One invocation prints one Markdown table whose header names the machine (CPU model,
-AVX-512/AMX flags, oneDNN's ISA line). Per shape and causal flag it times, f32, in
-this order: qkv (`qkv bench attention --backward --json`: the forward with its
+AVX-512/AMX flags, Highway's and oneDNN's ISA: `qkv info`). Per shape and causal flag it
+times, f32, in this order: qkv (`qkv bench attention --backward --json`: the forward with its
 logsumexp, the backward from the saved tensors, and the two together) and PyTorch
 `F.scaled_dot_product_attention` forward (no grad) and forward + `.backward(dO)` on
 tensors that require grad; torch's backward time is the difference. The gemm

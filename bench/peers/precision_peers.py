@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """qkv's fused CPU attention per dtype beside PyTorch SDPA in the same dtype (issue 14).
 
-One invocation prints one Markdown table whose header names the machine: the CPU
-model, its AVX-512 / AMX flags from /proc/cpuinfo and oneDNN's ISA line. Per thread
-count, dtype (float32, bfloat16, float16, float32 with matmul_precision "medium", float32
+One invocation prints one Markdown table whose header names the machine (`qkv info`): the
+CPU model, its AVX-512 / AMX flags from /proc/cpuinfo, Highway's target and oneDNN's ISA.
+Per thread count, dtype (float32, bfloat16, float16, float32 with matmul_precision "medium", float32
 with the int8 Q K^T (qk_quantization "int8", P V in float32 or, with "medium", in bf16);
 float64 with --f64) and shape it times, in
 this order: qkv (`qkv bench attention --dtype D --json`, a subprocess with
@@ -20,8 +20,8 @@ unmasked half, the same count for both). Each time is the fastest call after one
 warm-up call, calls repeated for at least --min-time seconds.
 """
 import argparse
+import json
 import os
-import re
 import subprocess
 import sys
 
@@ -37,17 +37,14 @@ DTYPES = [("float32", "float32", "highest", "none"), ("bfloat16", "bfloat16", "h
 
 
 def machine(qkv):
-    """'AMD EPYC ..., avx512f avx512_bf16 ..., oneDNN isa: ...' for the table's header."""
-    text = open("/proc/cpuinfo").read()
-    model = re.search(r"model name\s*:\s*(.*)", text)
-    flags = sorted(set(re.findall(r"\b(avx512[a-z_0-9]*|amx[a-z_0-9]*|avx2|fma|f16c)\b", text)))
-    env = dict(os.environ, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1")
-    out = subprocess.run([qkv, "bench", "attention", "--min-time", "0", "--shape", "1,1,8,8", "--gemm", "8"],
-                         capture_output=True, text=True, env=env).stdout
-    isa = re.search(r"isa:([^\n,]*)", out)
-    isa_cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
-    return (f"{model.group(1) if model else 'unknown CPU'}, {os.cpu_count()} vCPUs; flags: {' '.join(flags)}; "
-            f"oneDNN isa: {isa.group(1) if isa else '?'}" + (f" (ONEDNN_MAX_CPU_ISA={isa_cap})" if isa_cap else ""))
+    """'AMD EPYC, 2 vCPUs; flags: avx2 avx512_bf16 ...; Highway: AVX3; oneDNN isa: avx512_core_bf16' for
+    the table's header: `qkv info --json` (qkv/machine.h; the isa ends in ' (ONEDNN_MAX_CPU_ISA=...)'
+    where that variable caps it). The callers add their thread count."""
+    out = subprocess.run([qkv, "info", "--json"], capture_output=True, text=True, check=True).stdout
+    info = json.loads(out)
+    flags = "unknown" if info["isa_flags"] is None else " ".join(info["isa_flags"]) or "none"
+    return (f"{info['cpu_model']}, {info['logical_cpus']} vCPUs; flags: {flags}; Highway: {info['simd_target']}; "
+            f"oneDNN isa: {info['onednn_isa']}")
 
 
 def run_torch(threads, shape, causal, dtype, min_time, precision="highest"):

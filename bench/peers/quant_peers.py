@@ -2,7 +2,7 @@
 """Dynamic int8 quantization of the MHA layer (issue 14): qkv f32 vs qkv int8 vs PyTorch.
 
 One invocation prints one Markdown table whose header names the machine (CPU model,
-AVX-512/AMX flags, oneDNN's ISA line). Same weights everywhere: a torch
+AVX-512/AMX flags, Highway's and oneDNN's ISA: `qkv info`). Same weights everywhere: a torch
 nn.MultiheadAttention (batch_first) initialised from a fixed seed. Timed, in this order,
 self-attention forward (need_weights=False) of:
   qkv f32        qkv.nn.MultiheadAttention.from_state_dict(its state_dict)
