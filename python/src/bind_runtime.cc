@@ -1,10 +1,13 @@
-// Threads, version, and the conversion test hook.
+// Threads, version, the machine, and the conversion test hook.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <climits>
 
 #include "args.h"
 #include "array_like.h"
+#include "qkv/machine.h"
 #include "qkv/parallel.h"
 #include "tensor_convert.h"
 
@@ -23,6 +26,26 @@ void bind_runtime(nb::module_& m) {
       "Global to the process, as torch.set_num_threads. The initial value comes from\n"
       "QKV_NUM_THREADS, else OMP_NUM_THREADS, else the number of cores.");
   m.def("get_num_threads", &qkv::get_num_threads, "The number of threads qkv's kernels use.");
+  m.def(
+      "machine_info",
+      [] {
+        const qkv::MachineInfo info = qkv::machine_info();
+        nb::dict out;
+        out["cpu_model"] = info.cpu_model;
+        out["isa_flags"] = info.isa_flags ? nb::cast(*info.isa_flags) : nb::none();
+        out["simd_target"] = info.simd_target;
+        out["onednn_isa"] = info.onednn_isa;
+        out["logical_cpus"] = info.logical_cpus;
+        out["threads"] = info.threads;
+        return out;
+      },
+      nb::sig("def machine_info() -> dict[str, typing.Any]"),
+      "This machine, as benchmark tables name it (qkv/machine.h; the fields of `qkv info --json`):\n"
+      "cpu_model (/proc/cpuinfo's model name, or 'unknown'), isa_flags (its avx2, fma, f16c,\n"
+      "avx512* and amx* flags, sorted; None without a flags line), simd_target (the Highway\n"
+      "target qkv's kernels dispatch to), onednn_isa (oneDNN's effective ISA, with\n"
+      "' (ONEDNN_MAX_CPU_ISA=...)' where that caps it), logical_cpus and threads\n"
+      "(get_num_threads()).");
 
   m.def(
       "_roundtrip", [](nb::handle array) { return qkv::python::to_numpy(qkv::python::to_tensor(array, "_roundtrip")); },

@@ -1,0 +1,99 @@
+"""qkv.machine_info(), `qkv info [--json]`, the machine line of `qkv bench` and the peer scripts'
+machine() (qkv/machine.h), against /proc/cpuinfo read here on its own."""
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import qkv
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+KEYS = ["cpu_model", "isa_flags", "simd_target", "onednn_isa", "logical_cpus", "threads"]
+
+
+def cpuinfo_first(key):
+    """The value of /proc/cpuinfo's first `key` line (qkv's tests run on x86 Linux)."""
+    text = pathlib.Path("/proc/cpuinfo").read_text()
+    return re.search(rf"^{key}\s*:\s*(.*)$", text, re.M).group(1)
+
+
+def test_machine_info_is_proc_cpuinfo_highway_and_onednn():
+    info = qkv.machine_info()
+    assert list(info) == KEYS
+    flags = set(cpuinfo_first("flags").split())
+    wanted = sorted(f for f in flags if f in ("avx2", "fma", "f16c") or f.startswith(("avx512", "amx")))
+    assert info["isa_flags"] == wanted
+    assert ("avx2" in info["isa_flags"]) == ("avx2" in flags)
+    assert info["cpu_model"] == cpuinfo_first("model name")
+    assert info["logical_cpus"] == os.cpu_count()
+    assert info["threads"] == qkv.get_num_threads()
+    avx512 = {"avx512f", "avx512vl", "avx512dq", "avx512bw"} <= flags
+    if avx512:
+        assert info["simd_target"] == "AVX3"
+    elif "avx2" in flags:
+        assert info["simd_target"] == "AVX2"
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    if cap:
+        assert info["onednn_isa"].endswith(f" (ONEDNN_MAX_CPU_ISA={cap})"), info["onednn_isa"]
+    else:
+        assert info["onednn_isa"].startswith("avx512_core" if avx512 else "avx2"), info["onednn_isa"]
+
+
+def test_machine_info_threads_follow_set_num_threads():
+    before = qkv.get_num_threads()
+    try:
+        qkv.set_num_threads(3)
+        assert qkv.machine_info()["threads"] == 3
+    finally:
+        qkv.set_num_threads(before)
+
+
+def test_cli_info_json_has_the_fields_of_machine_info(qkv_cli):
+    env = dict(os.environ, QKV_NUM_THREADS="1")
+    out = subprocess.run([qkv_cli, "info", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert list(info) == KEYS and info["threads"] == 1
+    mine = qkv.machine_info()
+    assert {k: info[k] for k in KEYS[:-1]} == {k: mine[k] for k in KEYS[:-1]}
+    line = subprocess.run([qkv_cli, "info"], capture_output=True, text=True, env=env, timeout=60).stdout
+    assert line == (f"{info['cpu_model']}, {info['logical_cpus']} vCPUs, 1 thread; flags: {' '.join(info['isa_flags'])}; "
+                    f"Highway: {info['simd_target']}; oneDNN isa: {info['onednn_isa']}\n")
+
+
+def test_cli_info_names_the_onednn_cap(qkv_cli):
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    out = subprocess.run([qkv_cli, "info", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    assert json.loads(out.stdout)["onednn_isa"] == "avx2 (ONEDNN_MAX_CPU_ISA=AVX2)"
+
+
+def test_bench_prints_the_machine_line_before_its_results(qkv_cli):
+    env = dict(os.environ, QKV_NUM_THREADS="1")
+    line = subprocess.run([qkv_cli, "info"], capture_output=True, text=True, env=env, timeout=60).stdout
+    text = subprocess.run([qkv_cli, "bench", "attention", "--min-time", "0", "--shape", "1,1,4,4"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[0] == "Machine: " + line.rstrip("\n")
+    assert text.stdout.splitlines()[1].startswith("attention (B,H,L,D)=(1,1,4,4)")
+    # --json: stdout keeps one JSON result per line; the machine line goes to stderr
+    for args in (["attention", "--shape", "1,1,4,4"], ["decode", "--cache-len", "8", "--heads", "2", "--kv-heads",
+                                                        "1", "--head-dim", "4"]):
+        out = subprocess.run([qkv_cli, "bench", *args, "--min-time", "0", "--json"], capture_output=True, text=True,
+                             env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert [json.loads(x)["threads"] for x in out.stdout.splitlines()] == [1]
+        assert "Machine: " + line.rstrip("\n") in out.stderr.splitlines()
+
+
+def test_peer_scripts_name_the_machine_through_qkv_info(qkv_cli):
+    sys.path.insert(0, str(ROOT / "bench" / "peers"))
+    try:
+        import precision_peers
+    finally:
+        sys.path.pop(0)
+    info = qkv.machine_info()
+    assert precision_peers.machine(qkv_cli) == (
+        f"{info['cpu_model']}, {info['logical_cpus']} vCPUs; flags: {' '.join(info['isa_flags'])}; "
+        f"Highway: {info['simd_target']}; oneDNN isa: {info['onednn_isa']}")
