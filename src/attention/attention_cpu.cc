@@ -39,11 +39,12 @@
 // call, each item's Q rows once per item, and score_tile runs the int8 product instead of
 // the G one (attention_int8.h); P V stays on G (float, or bf16 with "medium").
 //
-// Work items are handed out dynamically (an atomic counter) to get_num_threads()
-// workers; an item's arithmetic does not depend on which worker runs it, so the
-// results do not depend on the thread count (except that a call with a single
-// item lets oneDNN thread the tile GEMMs themselves).
-// Outputs larger than the workers' L2 are stored once per item, streamed (run_all).
+// Work items are handed out dynamically (ItemQueue: atomic counters; whole entries first
+// where a worker widens an entry's 16-bit K and V) to get_num_threads() workers; an item's
+// arithmetic does not depend on which worker runs it, so the results do not depend on the
+// thread count (except that a call with a single item lets oneDNN thread the tile GEMMs
+// themselves). Outputs larger than the workers' L2 are stored once per item, streamed, and
+// 16-bit outputs are rounded into place item by item (run_all).
 #include "attention/attention_cpu.h"
 
 #include <algorithm>
@@ -105,7 +106,7 @@ Rows<K> rows_of(const Flash<K>& f, int64_t item) {
   r.k = f.k + batch_offset(p.k, p.batch, r.b, p.gqa_group);
   r.v = f.v + batch_offset(p.v, p.batch, r.b, p.gqa_group);
   r.mask_base = p.mask ? batch_offset(*p.mask, p.batch, r.b, 1) : 0;
-  r.o = f.out + (r.b * p.lq + r.i0) * p.dv;
+  r.o = f.out ? f.out + (r.b * p.lq + r.i0) * p.dv : nullptr;  // null: rows rounded into a 16-bit output (run_all)
   return r;
 }
 
@@ -264,11 +265,17 @@ std::vector<int64_t> item_order(const Flash<K>& f, int64_t items) {
 // K and V whole.
 constexpr int64_t kWidenHeadBytes = int64_t{8} << 20;
 
+// Whether widen_head widens the entries' whole K and V (else per tile).
+template <class K>
+bool widens_heads(const Problem& p, int64_t budget) {
+  if constexpr (!K::kWiden) return false;
+  return p.lk * (p.dk + p.dv) * static_cast<int64_t>(sizeof(typename K::G)) <= budget;
+}
+
 template <class K>
 void widen_head(const Flash<K>& f, Rows<K>& r, Scratch<K>& sc, int64_t budget) {
-  using G = typename K::G;
   const Problem& p = *f.p;
-  if (p.lk * (p.dk + p.dv) * static_cast<int64_t>(sizeof(G)) > budget) return;
+  if (!widens_heads<K>(p, budget)) return;
   if (sc.widened != std::pair<const void*, const void*>{r.k, r.v}) {
     sc.kw.resize(static_cast<size_t>(p.lk * p.dk)), sc.vw.resize(static_cast<size_t>(p.lk * p.dv));
     kernels::convert_rows(r.k, p.lk, p.dk, p.k.stride(-2), sc.kw.data(), p.dk);
@@ -277,6 +284,48 @@ void widen_head(const Flash<K>& f, Rows<K>& r, Scratch<K>& sc, int64_t budget) {
   }
   r.kw = sc.kw.data(), r.vw = sc.vw.data();
 }
+
+// Hands out a call's items (entry-major: tiles_q row tiles of each batch entry) to the
+// workers. Shared: one counter, items in turn. By entry: a worker claims a whole entry and
+// takes its row tiles one after the other, so that what it prepares once per entry (16-bit K
+// and V widened, widen_head) serves every tile of it, where items in turn had both workers
+// widen every head (bf16 at (1, 8, 512, 64) under ONEDNN_MAX_CPU_ISA=AVX2: docs/performance.md);
+// once no entry is unclaimed it takes the tiles others have not reached, so that the call
+// ends as balanced as with the shared counter.
+class ItemQueue {
+ public:
+  ItemQueue(int64_t entries, int64_t tiles_q, bool by_entry)
+      : entries_(entries), tiles_q_(tiles_q), by_entry_(by_entry), tile_(by_entry ? entries : 0) {}
+
+  // The next item for a worker whose current entry is `mine` (-1 at first), or -1 at the end.
+  int64_t next(int64_t& mine) {
+    if (!by_entry_) {
+      const int64_t item = item_++;
+      return item < entries_ * tiles_q_ ? item : -1;
+    }
+    for (;;) {
+      if (mine >= 0) {
+        const int64_t t = tile_[static_cast<size_t>(mine)]++;
+        if (t < tiles_q_) return mine * tiles_q_ + t;
+      }
+      const int64_t e = entry_++;
+      if (e >= entries_) break;
+      mine = e;
+    }
+    for (int64_t e = 0; e < entries_; ++e) {  // every entry claimed: help where tiles are left
+      if (tile_[static_cast<size_t>(e)].load() >= tiles_q_) continue;
+      const int64_t t = tile_[static_cast<size_t>(e)]++;
+      if (t < tiles_q_) return (mine = e) * tiles_q_ + t;
+    }
+    return -1;
+  }
+
+ private:
+  const int64_t entries_, tiles_q_;
+  const bool by_entry_;
+  std::atomic<int64_t> item_{0}, entry_{0};
+  std::vector<std::atomic<int64_t>> tile_;  // [entries]: the next row tile of each entry
+};
 
 // Every item, on get_num_threads() workers taking items from a shared counter.
 //
@@ -287,27 +336,34 @@ void widen_head(const Flash<K>& f, Rows<K>& r, Scratch<K>& sc, int64_t budget) {
 // threads, paired rounds: 29.5-29.6 ms against 30.5-30.9 in slower rounds, within 1% in
 // faster ones.
 template <class K>
-void run_all(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t widen_head_bytes) {
+void run_all(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t widen_head_bytes, typename K::S* narrow_out) {
   using T = typename K::T;
   const Problem& p = *f.p;
   const int64_t widen_budget = widen_head_bytes < 0 ? kWidenHeadBytes : widen_head_bytes;
-  const int64_t items = p.batch_size * ((p.lq + f.tiles.br - 1) / f.tiles.br);
+  const int64_t tiles_q = (p.lq + f.tiles.br - 1) / f.tiles.br;
+  const int64_t items = p.batch_size * tiles_q;
   if (items == 0) return;
-  std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(get_num_threads(), items);
+  ItemQueue queue(p.batch_size, tiles_q, widens_heads<K>(p, widen_budget) && p.batch_size >= workers);
   const std::vector<int64_t> order = item_order(f, items);
   const int64_t out_bytes = p.batch_size * p.lq * p.dv * static_cast<int64_t>(sizeof(T));
-  const bool stream = out_bytes > workers * l2_cache_bytes();
+  const bool stream = narrow_out == nullptr && out_bytes > workers * l2_cache_bytes();
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, gather_keys(f), panels != nullptr, stream);
-    for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
+    Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, gather_keys(f), panels != nullptr, stream || narrow_out);
+    int64_t entry = -1;
+    for (int64_t item = queue.next(entry); item >= 0 && !interrupt_requested(); item = queue.next(entry)) {
       Rows<K> r = rows_of(f, order.empty() ? item : order[static_cast<size_t>(item)]);
       if constexpr (std::is_same_v<typename K::G, float>) r.kp = panels ? panels->of(r.k - f.k) : nullptr;
       if constexpr (K::kWiden) widen_head(f, r, sc, widen_budget);
-      T* const out = r.o;  // [rows, Dv], dense
-      if (stream) r.o = sc.o.data();
+      T* const out = r.o;  // [rows, Dv], dense (null where narrow_out)
+      if (stream || narrow_out) r.o = sc.o.data();
       run_rows(f, r, sc);
-      if (stream) kernels::detail::stream_copy(out, r.o, r.rows * p.dv * static_cast<int64_t>(sizeof(T)));
+      if constexpr (!std::is_same_v<typename K::S, T>) {
+        if (narrow_out) kernels::convert_rows(r.o, r.rows, p.dv, p.dv, narrow_out + (r.b * p.lq + r.i0) * p.dv, p.dv);
+      }
+      if (stream) {
+        kernels::detail::stream_copy(out, r.o, r.rows * p.dv * static_cast<int64_t>(sizeof(T)));
+      }
     }
     if (stream) kernels::detail::stream_fence();  // before the caller reads the output
   });
@@ -320,7 +376,12 @@ AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
   const DType dt = dtype_of<T>::value;  // of the output accumulator, lse and weights
   // Pooled, huge-page advised (tensor/buffer_pool.h): a fresh 32 MB output (L = 16384, H = 8,
   // D = 64) page-faulted 8192 times per call, 6% of a sliding window's time there.
-  Tensor out = kernels::empty_pooled(with_tail(p.batch, {p.lq, p.dv}), dt);  // [batch..., Lq, Dv]
+  // 16-bit inputs: each item's rows are rounded into the 16-bit output as they finish (run_all),
+  // where a float32 output was converted whole after the call (2% of a bf16 call's samples at
+  // (1, 8, 512, 64), and a float32 copy of the output in memory).
+  constexpr bool kNarrowOut = !std::is_same_v<typename K::S, T>;
+  Tensor out = kernels::empty_pooled(with_tail(p.batch, {p.lq, p.dv}),
+                                     kNarrowOut ? dtype_of<typename K::S>::value : dt);  // [batch..., Lq, Dv]
   std::optional<Tensor> lse, weights;
   if (options.return_logsumexp) lse = Tensor::empty(with_tail(p.batch, {p.lq}), dt);  // [batch..., Lq]
   if (options.return_weights)
@@ -332,7 +393,7 @@ AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
       automatic, options.mods, p.lq, p.lk);
   const FlashTiles tiles = interval_tiles(mod, automatic, options.mods, p.lq, p.lk, p.dk, p.dv);
   Flash<K> f = make_flash<K>(p, options, tiles);
-  f.out = out.data<T>();
+  f.out = kNarrowOut ? nullptr : out.data<T>();
   f.lse = lse ? lse->data<T>() : nullptr;
   f.weights = weights ? weights->data<T>() : nullptr;
   std::optional<int8::QuantizedKeys> k8;  // K smoothed and quantized once per call (attention_int8.h)
@@ -343,7 +404,8 @@ AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
     }
   }
   const std::optional<tiles::KeyPanels> panels = tiles::pack_keys(f, gather_keys(f) > 0);
-  run_all(f, panels ? &*panels : nullptr, options.tuning.widen_head_bytes);
+  run_all(f, panels ? &*panels : nullptr, options.tuning.widen_head_bytes,
+          kNarrowOut ? out.data<typename K::S>() : nullptr);
 
   AttentionResult result;
   result.output = out.to(p.out_dtype);

@@ -15,12 +15,14 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "attention/attention_test_configs.h"
 #include "common/sdpa_fixtures.h"
 #include "kernels/cpu/gemm_internal.h"
 #include "qkv/attention.h"
 #include "qkv/gemm.h"
+#include "qkv/parallel.h"
 
 namespace qkv {
 namespace {
@@ -102,19 +104,29 @@ INSTANTIATE_TEST_SUITE_P(Paths, MixedPrecision, ::testing::Values(false, true),
 TEST(MixedPrecisionFloat32Tiles, AreTheF32KernelOnTheUpcastInputs) {
   // On float32 tiles nothing is rounded but the output: the result is the f32 kernel's
   // on the upcast inputs, rounded to the dtype (same tiles, same summation order): with each
-  // head's K and V widened once per worker (the automatic budget) and tile by tile (budget 0).
+  // head's K and V widened once per worker (the automatic budget: workers then take whole
+  // entries, and at the end the row tiles others left) and tile by tile (budget 0), on 1, 2
+  // and 4 workers (6 entries of 3 row tiles or more: every worker helps at the end on 4).
   detail::force_gemm_widening(true);
+  const int threads = get_num_threads();
   for (DType dt : {DType::bf16, DType::f16}) {
-    const Tensor q = Tensor::randn({2, 3, 70, 40}, 1).to(dt), k = Tensor::randn({2, 3, 90, 40}, 2).to(dt),
-                 v = Tensor::randn({2, 3, 90, 24}, 3).to(dt);
-    for (int64_t budget : {int64_t{-1}, int64_t{0}}) {
+    const Tensor q = Tensor::randn({2, 3, 300, 40}, 1).to(dt), k = Tensor::randn({2, 3, 330, 40}, 2).to(dt),
+                 v = Tensor::randn({2, 3, 330, 24}, 3).to(dt);
+    for (bool causal : {true, false}) {
       AttentionOptions o;
-      o.is_causal = true;
-      o.tuning.widen_head_bytes = budget;
-      const Tensor got = scaled_dot_product_attention(q, k, v, o).output;
+      o.is_causal = causal;
       const Tensor f32 =
           scaled_dot_product_attention(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), o).output.to(dt);
-      EXPECT_EQ(max_abs_diff(got, f32), 0.0) << dtype_name(dt) << " budget " << budget;
+      for (int workers : {1, 2, 4}) {
+        set_num_threads(workers);
+        for (int64_t budget : {int64_t{-1}, int64_t{0}}) {
+          o.tuning.widen_head_bytes = budget;
+          const Tensor got = scaled_dot_product_attention(q, k, v, o).output;
+          EXPECT_EQ(max_abs_diff(got, f32), 0.0)
+              << dtype_name(dt) << " causal " << causal << " workers " << workers << " budget " << budget;
+        }
+      }
+      set_num_threads(threads);
     }
   }
   detail::force_gemm_widening(false);
@@ -122,6 +134,40 @@ TEST(MixedPrecisionFloat32Tiles, AreTheF32KernelOnTheUpcastInputs) {
   bad.tuning.widen_head_bytes = -2;
   const Tensor x = Tensor::randn({1, 4, 8}, 4);
   EXPECT_THROW((void)scaled_dot_product_attention(x, x, x, bad), ValueError);
+}
+
+TEST(MixedPrecisionFloat32Tiles, OverwrittenInputsAndNestedCallsEqualFreshCalls) {
+  // A worker widens an entry's K and V once and keeps them while its items read the same
+  // rows (widen_head), and 16-bit outputs are rounded item by item into the output: a call on
+  // new values at the same address (k and v overwritten in place), calls of other sizes in
+  // between, and calls nested in parallel_for all equal a call on fresh copies.
+  detail::force_gemm_widening(true);
+  const Tensor q = Tensor::randn({1, 4, 300, 32}, 1).to(DType::bf16);
+  const Tensor k = Tensor::randn({1, 4, 300, 32}, 2).to(DType::bf16),
+               v = Tensor::randn({1, 4, 300, 32}, 3).to(DType::bf16);
+  const Tensor k2 = Tensor::randn({1, 4, 300, 32}, 4).to(DType::bf16),
+               v2 = Tensor::randn({1, 4, 300, 32}, 5).to(DType::bf16);
+  const Tensor small = Tensor::randn({2, 3, 70, 16}, 6).to(DType::bf16);
+  AttentionOptions o;
+  o.is_causal = true;
+  const Tensor first = scaled_dot_product_attention(q, k, v, o).output;
+  const Tensor want2 = scaled_dot_product_attention(q, k2.clone(), v2.clone(), o).output;
+  const Tensor want_small = scaled_dot_product_attention(small, small.clone(), small.clone(), o).output;
+  k.copy_from(k2), v.copy_from(v2);  // the same buffers, new values
+  EXPECT_EQ(max_abs_diff(scaled_dot_product_attention(q, k, v, o).output, want2), 0.0);
+  EXPECT_EQ(max_abs_diff(scaled_dot_product_attention(small, small, small, o).output, want_small), 0.0);
+  std::vector<Tensor> nested(4);
+  parallel_for(0, 4, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      nested[static_cast<size_t>(i)] = i % 2 == 0 ? scaled_dot_product_attention(q, k, v, o).output
+                                                  : scaled_dot_product_attention(small, small, small, o).output;
+    }
+  });
+  for (size_t i = 0; i < nested.size(); ++i) {
+    EXPECT_EQ(max_abs_diff(nested[i], i % 2 == 0 ? want2 : want_small), 0.0) << "nested call " << i;
+  }
+  EXPECT_GT(max_abs_diff(first, want2), 0.0);  // the overwrite changed the problem
+  detail::force_gemm_widening(false);
 }
 
 TEST(MatmulPrecision, MediumIsTheBf16KernelOnF32InputsWhereNative) {
