@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 
-from timing import best_seconds
+from timing import best_seconds, machine_of_cli
 
 import numpy as np
 
@@ -120,6 +120,7 @@ def main():
                 rows.append((threads, shape, causal, q["ms"], q["gflops"], fl / t / 1e9,
                              None if o is None else fl / o / 1e9, gemm))
                 print(f"done {threads} {shape} {causal}", file=sys.stderr, flush=True)
+    print(f"Machine: {machine_of_cli(a.qkv)}; torch {torch.__version__}, onnxruntime {ort_version}\n")
     print("| threads | (B, H, L, D) | causal | qkv ms | qkv GFLOP/s | torch GFLOP/s | ORT GFLOP/s "
           "| qkv / torch | qkv / ORT | qkv % of gemm (gemm GFLOP/s) |")
     print("|---|---|---|---|---|---|---|---|---|---|")

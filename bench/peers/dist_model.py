@@ -30,6 +30,8 @@ import math
 import re
 import sys
 
+from timing import machine_of_benchmark
+
 CORES = 2  # this VM; the measured ranks share them
 B, H, D, BYTES = 1, 8, 64, 4  # dist_bench's shapes
 
@@ -46,7 +48,7 @@ def load(paths):
             scheme, length, causal = m.group(1), int(m.group(2)), m.group(3) == "1"
             seconds = b["real_time"] / {"ms": 1e3, "s": 1.0, "us": 1e6}[b["time_unit"]]
             rows.append(dict(scheme=scheme, L=length, causal=causal, P=ranks, threads=threads, seconds=seconds,
-                             isa=doc["context"].get("cpu_isa", "?")))
+                             machine=machine_of_benchmark(doc["context"])))
     return rows
 
 
@@ -128,7 +130,7 @@ def main():
     args = ap.parse_args()
     rows = load(args.runs)
     rate, alpha, beta, sigma = fit(rows)
-    print(f"ISA: {rows[0]['isa']}; {CORES} cores")
+    print(f"Machine: {rows[0]['machine']}; {CORES} cores")
     print(f"fitted: R = {rate / 1e9:.0f} GFLOP/s per core, alpha = {alpha * 1e6:.0f} us, "
           f"beta = {beta / 1e9:.1f} GB/s (loopback), sigma = {sigma * 1e3:.0f} ms per ring step beyond the cores\n")
     table, worst = validation_table(rows, rate, alpha, beta, sigma)

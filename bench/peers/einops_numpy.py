@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from timing import best_seconds
+from timing import best_seconds, machine_of_benchmark
 
 import numpy as np
 
@@ -52,8 +52,9 @@ def cpp_rates(binary, min_time, repetitions):
     """Best repetition per benchmark (numpy's side is also the best of several runs)."""
     result = subprocess.run([binary, f"--benchmark_min_time={min_time}", f"--benchmark_repetitions={repetitions}",
                              "--benchmark_format=json"], capture_output=True, text=True, check=True)
-    rates = {}
-    for b in json.loads(result.stdout)["benchmarks"]:
+    doc = json.loads(result.stdout)
+    rates = {"machine": machine_of_benchmark(doc["context"])}
+    for b in doc["benchmarks"]:
         if b.get("run_type") != "iteration":
             continue
         parts = b["name"].split("/")  # BM_Memcpy/<threads>/real_time, BM_Rearrange/<case>/<threads>/real_time
@@ -71,9 +72,10 @@ def main():
     load = os.getloadavg()[0]
     cpp = cpp_rates(args.binary, args.min_time, args.repetitions)
     npy = numpy_rates(args.min_time * args.repetitions)
+    machine = cpp.pop("machine")
     threads = sorted({t for _, t in cpp})
     many = threads[-1]
-    print(f"numpy {np.__version__}, {os.cpu_count()} cores, load average {load:.1f} at the start; "
+    print(f"Machine: {machine}; numpy {np.__version__}, {os.cpu_count()} cores, load average {load:.1f} at the start; "
           "GB/s = (bytes read + written) / s, best repetition\n")
     head = ("| case | pattern | shape | qkv 1 thr | qkv {m} thr | memcpy 1 thr | memcpy {m} thr | numpy | "
             "qkv / memcpy | qkv / numpy |")

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from timing import best_seconds
+from timing import best_seconds, machine_of_benchmark
 
 
 def parse_args():
@@ -53,7 +53,7 @@ CASES = {
 
 
 def cpp_times(name):
-    """Best einsum and gemm seconds of one case, and its flop count, from einsum_bench."""
+    """Best einsum and gemm seconds of one case, its flop count and the machine line, from einsum_bench."""
     cmd = [ARGS.binary, f"--benchmark_min_time={ARGS.min_time / 2}", "--benchmark_format=json",
            f"--benchmark_filter=^(einsum|gemm)/{name}/"]
     out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
@@ -64,7 +64,7 @@ def cpp_times(name):
         best[kind] = min(best.get(kind, 1e30), seconds)
         if kind == "einsum":
             flops = b["flops"] * seconds  # rate * time = flop count
-    return best, flops
+    return best, flops, machine_of_benchmark(out["context"])
 
 
 def keep_best(table, key, value):
@@ -79,7 +79,7 @@ def main():
     # change of load on a shared machine hits all of them alike; best of the rounds.
     for _ in range(ARGS.repetitions):
         for name, (eq, shapes) in CASES.items():
-            cpp, flops[name] = cpp_times(name)
+            cpp, flops[name], machine = cpp_times(name)
             for kind, seconds in cpp.items():
                 keep_best(best, (kind, name), seconds)
             dtype = np.float64 if name.startswith("f64_") else np.float32
@@ -91,7 +91,7 @@ def main():
                                                           ARGS.min_time, min_runs=3))
     rows = [(name, eq, best[("einsum", name)], best.get(("gemm", name)), best[("numpy", name)],
              best[("torch", name)], flops[name]) for name, (eq, _) in CASES.items()]
-    print(f"{ARGS.threads} threads; numpy {np.__version__} (einsum optimize=True), torch {torch.__version__}; "
+    print(f"Machine: {machine}; {ARGS.threads} threads; numpy {np.__version__} (einsum optimize=True), torch {torch.__version__}; "
           f"float32 (float64 for f64_ cases); best of runs; GFLOP/s = 2 x multiply-adds / s\n")
     print("| case | equation | qkv einsum GFLOP/s | qkv::gemm GFLOP/s | einsum / gemm | numpy GFLOP/s | "
           "torch GFLOP/s | qkv / numpy | qkv / torch |")

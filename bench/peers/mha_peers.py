@@ -21,7 +21,7 @@ import json
 import os
 import subprocess
 
-from timing import best_seconds
+from timing import best_seconds, machine_of_benchmark
 
 import numpy as np
 import torch
@@ -39,9 +39,10 @@ def qkv_seconds(bench, threads, shape, min_time):
     env = dict(os.environ, QKV_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     out = subprocess.run([bench, f"--benchmark_filter=^{name}$", f"--benchmark_min_time={min_time}",
                           "--benchmark_format=json"], check=True, capture_output=True, text=True, env=env).stdout
-    runs = [r for r in json.loads(out)["benchmarks"] if r["name"] == name]
+    doc = json.loads(out)
+    runs = [r for r in doc["benchmarks"] if r["name"] == name]
     assert runs[0]["time_unit"] == "ms"
-    return runs[0]["real_time"] / 1e3
+    return runs[0]["real_time"] / 1e3, machine_of_benchmark(doc["context"])
 
 
 def parity(shape, ref, x):
@@ -64,7 +65,7 @@ def main():
     ap.add_argument("--min-time", type=float, default=6.0)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    rows = []
+    rows, machine = [], "?"
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         for shape in SHAPES:
@@ -75,12 +76,13 @@ def main():
             err = parity(shape, ref, x)
             t_qkv = t_torch = float("inf")
             for _ in range(args.rounds):  # alternate, so that a load change hits both
-                t_qkv = min(t_qkv, qkv_seconds(args.bench, threads, shape, args.min_time / args.rounds))
+                seconds, machine = qkv_seconds(args.bench, threads, shape, args.min_time / args.rounds)
+                t_qkv = min(t_qkv, seconds)
                 with torch.inference_mode():
                     t_torch = min(t_torch, best_seconds(lambda: ref(x, x, x, need_weights=False),
                                                         args.min_time / args.rounds))
             rows.append((threads, b, l, e, h, t_qkv, t_torch, flops(b, l, e) / 1e9, err))
-    print(f"torch {torch.__version__}")
+    print(f"Machine: {machine}; torch {torch.__version__}\n")
     print("| threads | B | L | E | H | qkv ms | torch ms | qkv GFLOP/s | torch GFLOP/s | qkv speed-up | rel. diff |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for threads, b, l, e, h, tq, tt, f, err in rows:

@@ -20,13 +20,11 @@ unmasked half, the same count for both). Each time is the fastest call after one
 warm-up call, calls repeated for at least --min-time seconds.
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 
 from attention_peers import SHAPES, flops, run_qkv_cmd
-from timing import best_seconds
+from timing import best_seconds, machine_of_cli
 
 # (row label, dtype, matmul_precision, qk_quantization): qkv's f32 "medium" runs bf16 tiles,
 # "int8" the int8 Q K^T (qkv/attention.h); torch gets torch.set_float32_matmul_precision with
@@ -37,14 +35,8 @@ DTYPES = [("float32", "float32", "highest", "none"), ("bfloat16", "bfloat16", "h
 
 
 def machine(qkv):
-    """'AMD EPYC, 2 vCPUs; flags: avx2 avx512_bf16 ...; Highway: AVX3; oneDNN isa: avx512_core_bf16' for
-    the table's header: `qkv info --json` (qkv/machine.h; the isa ends in ' (ONEDNN_MAX_CPU_ISA=...)'
-    where that variable caps it). The callers add their thread count."""
-    out = subprocess.run([qkv, "info", "--json"], capture_output=True, text=True, check=True).stdout
-    info = json.loads(out)
-    flags = "unknown" if info["isa_flags"] is None else " ".join(info["isa_flags"]) or "none"
-    return (f"{info['cpu_model']}, {info['logical_cpus']} vCPUs; flags: {flags}; Highway: {info['simd_target']}; "
-            f"oneDNN isa: {info['onednn_isa']}")
+    """The table's header line: timing.machine_of_cli (`qkv info --json`)."""
+    return machine_of_cli(qkv)
 
 
 def run_torch(threads, shape, causal, dtype, min_time, precision="highest"):

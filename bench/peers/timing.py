@@ -1,6 +1,29 @@
-"""The peer scripts' one timing loop (they import it as `timing`: Python puts the
-script's own folder, bench/peers, first on sys.path)."""
+"""The peer scripts' one timing loop and the machine line of their tables (they import it as
+`timing`: Python puts the script's own folder, bench/peers, first on sys.path)."""
+import json
+import subprocess
 import time
+
+
+def machine_line(cpu, cpus, flags, simd_target, onednn_isa):
+    """'AMD EPYC, 2 vCPUs; flags: avx2 avx512_bf16 ...; Highway: AVX3; oneDNN isa: avx512_core_bf16':
+    the header line of every peer table (qkv/machine.h's fields; the isa ends in
+    ' (ONEDNN_MAX_CPU_ISA=...)' where that variable caps it). The callers add their thread count."""
+    return f"{cpu}, {cpus} vCPUs; flags: {flags}; Highway: {simd_target}; oneDNN isa: {onednn_isa}"
+
+
+def machine_of_cli(qkv):
+    """The machine line from `qkv info --json` (qkv: the CLI's path)."""
+    info = json.loads(subprocess.run([qkv, "info", "--json"], capture_output=True, text=True, check=True).stdout)
+    flags = "unknown" if info["isa_flags"] is None else " ".join(info["isa_flags"]) or "none"
+    return machine_line(info["cpu_model"], info["logical_cpus"], flags, info["simd_target"], info["onednn_isa"])
+
+
+def machine_of_benchmark(context):
+    """The machine line from the "context" of a qkv Google Benchmark program's JSON output
+    (bench/bench_main.h records cpu, cpu_isa, simd_target and onednn_isa there)."""
+    return machine_line(context.get("cpu", "?"), context.get("num_cpus", "?"), context.get("cpu_isa", "?"),
+                        context.get("simd_target", "?"), context.get("onednn_isa", "?"))
 
 
 def best_seconds(fn, min_time, min_runs=1, warm_up=True):
