@@ -88,8 +88,11 @@ struct FlashTiles {
 // do the reference and the backward.
 enum class MatmulPrecision { highest, high, medium };
 
-// "highest", "high", "medium" (ValueError naming the op for anything else).
-MatmulPrecision matmul_precision_from_name(std::string_view name);
+// "highest", "high", "medium"; anything else is a ValueError "<what> must be 'highest', 'high'
+// or 'medium', got '<name>'" (`what` names the caller's option: a layer's
+// attention_options['matmul_precision'], by default scaled_dot_product_attention's).
+MatmulPrecision matmul_precision_from_name(std::string_view name,
+                                           std::string_view what = "scaled_dot_product_attention: matmul_precision");
 std::string_view matmul_precision_name(MatmulPrecision precision);
 
 // Opt-in int8 Q K^T in the fused kernel (SageAttention, Zhang et al. 2024), float32

@@ -50,7 +50,7 @@ nb::object decode(nb::handle q, const qkv::KVCache& cache, std::optional<double>
   qkv::DecodeOptions o;
   o.scale = scale, o.causal = causal, o.window = window, o.softcap = softcap, o.chunk = chunk;
   o.return_logsumexp = return_logsumexp;
-  o.matmul_precision = qkv::matmul_precision_from_name(matmul_precision);
+  o.matmul_precision = qkv::matmul_precision_from_name(matmul_precision, "decode_attention: matmul_precision");
   qkv::AttentionResult r;
   {
     qkv::python::InterruptibleRelease release;

@@ -94,11 +94,7 @@ nn::LayerAttention layer_attention_arg(nb::handle kind, nb::handle options, cons
                                       "dropout and mods are the layer's own arguments)")
                                   .c_str());
       }
-      const std::string precision = str_arg(v, what);
-      if (precision != "highest" && precision != "high" && precision != "medium") {
-        throw nb::value_error((what + " must be 'highest', 'high' or 'medium', got '" + precision + "'").c_str());
-      }
-      a.matmul_precision = matmul_precision_from_name(precision);
+      a.matmul_precision = matmul_precision_from_name(str_arg(v, what), what);
     } else if (a.kind == nn::AttentionKind::lsh) {
       set_lsh(a.lsh, key, v, what);
     } else {

@@ -14,11 +14,11 @@ constexpr const char* kOp = "scaled_dot_product_attention";
 
 }  // namespace
 
-MatmulPrecision matmul_precision_from_name(std::string_view name) {
+MatmulPrecision matmul_precision_from_name(std::string_view name, std::string_view what) {
   if (name == "highest") return MatmulPrecision::highest;
   if (name == "high") return MatmulPrecision::high;
   if (name == "medium") return MatmulPrecision::medium;
-  fail<ValueError>(kOp, ": matmul_precision must be 'highest', 'high' or 'medium', got '", name, "'");
+  fail<ValueError>(what, " must be 'highest', 'high' or 'medium', got '", name, "'");
 }
 
 QKQuantization qk_quantization_from_name(std::string_view name) {

@@ -119,7 +119,7 @@ def test_medium_precision_on_a_bf16_cache_stays_close():
     q = rng.standard_normal((1, 4, 1, 32)).astype(np.float32)
     exact = qkv.decode_attention(q, cache)
     np.testing.assert_allclose(qkv.decode_attention(q, cache, matmul_precision="medium"), exact, atol=1e-2)
-    with pytest.raises(ValueError, match="matmul_precision must be 'highest', 'high' or 'medium'"):
+    with pytest.raises(ValueError, match="decode_attention: matmul_precision must be 'highest', 'high' or 'medium'"):
         qkv.decode_attention(q, cache, matmul_precision="low")
 
 
