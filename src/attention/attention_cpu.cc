@@ -327,7 +327,7 @@ class ItemQueue {
   std::vector<std::atomic<int64_t>> tile_;  // [entries]: the next row tile of each entry
 };
 
-// Every item, on get_num_threads() workers taking items from a shared counter.
+// Every item, on get_num_threads() workers taking items from an ItemQueue.
 //
 // An output larger than the workers' L2 is accumulated item by item in the scratch and
 // stored once with streamed stores: accumulated in place, each item's output rows were
