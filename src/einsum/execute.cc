@@ -142,7 +142,11 @@ Tensor execute(const Spec& spec, std::span<const Tensor> operands, const Path& p
   }
   Operand out = permuted(ops.at(0), spec.output);
   // A pure view keeps the input dtype (numpy returns a view); computed results convert.
-  return out.t.dtype() == result ? out.t : out.t.to(result);
+  if (out.t.dtype() == result) return out.t;
+  // int8/int32 wrap modulo 2^8/2^32 as numpy's integer sums do: the f64 sums are exact
+  // integers below 2^53, and int64 -> int8/int32 wraps (f64 -> int8 would saturate).
+  if (result == DType::i8 || result == DType::i32) return out.t.to(DType::i64).to(result);
+  return out.t.to(result);
 }
 
 }  // namespace qkv::einsum_detail

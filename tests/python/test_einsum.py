@@ -264,3 +264,19 @@ def test_numpy_sums(eq, dtype):
             got = qkv.einsum(eq, *ops, optimize=optimize)
             assert got.dtype == want.dtype and got.shape == want.shape, (eq, n)
             np.testing.assert_array_equal(got, want, err_msg=f"{eq} n={n}")
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("optimize", [False, True], ids=str)
+def test_integer_overflow_wraps_like_numpy(dtype, optimize):
+    # numpy's integer einsum wraps modulo 2^bits; qkv sums in float64 (exact below 2^53),
+    # so the result must wrap the same way, not saturate at the dtype's limits.
+    rng = np.random.default_rng(5)
+    hi = 128 if dtype == np.int8 else 2**20
+    for eq, shapes in [("i,i", [(30,), (30,)]), ("i->", [(300,)]), ("ij,jk->ik", [(3, 40), (40, 4)]),
+                       ("ij->i", [(5, 300)]), ("ii", [(200, 200)]), ("i,j->ij", [(9,), (9,)])]:
+        ops = [rng.integers(-hi, hi, size=s).astype(dtype) for s in shapes]
+        want = np.einsum(eq, *ops, optimize=optimize)
+        got = qkv.einsum(eq, *ops, optimize=optimize)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want, err_msg=eq)
