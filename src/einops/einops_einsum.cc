@@ -40,10 +40,16 @@ std::string compact_einsum_pattern(std::string_view pattern) {
     fail<FormatError>("Einsum pattern must contain '->' once: ", pattern);
   }
   static constexpr std::string_view kLetters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  // Every side is parsed before any axis is validated, as einops does: a malformed
+  // expression anywhere is reported before an unsupported axis (e.g. `()`) elsewhere.
+  std::vector<einops_detail::Expression> lefts;
+  for (std::string_view left : split_commas(pattern.substr(0, arrow))) {
+    lefts.push_back(einops_detail::parse_expression(left, true, true, nullptr));
+  }
+  const auto right = einops_detail::parse_expression(pattern.substr(arrow + 2), true, false, nullptr);
   std::map<std::string, char> letter;
   std::string compact;
-  for (std::string_view left : split_commas(pattern.substr(0, arrow))) {
-    const auto e = einops_detail::parse_expression(left, true, true, nullptr);
+  for (const auto& e : lefts) {
     std::string term;
     for (const Group& g : e.composition) {
       if (g.bare_ellipsis) {
@@ -61,7 +67,6 @@ std::string compact_einsum_pattern(std::string_view pattern) {
   }
   compact.back() = '-';
   compact += ">";
-  const auto right = einops_detail::parse_expression(pattern.substr(arrow + 2), true, false, nullptr);
   for (const Group& g : right.composition) {
     if (g.bare_ellipsis) {
       compact += "...";

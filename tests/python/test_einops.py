@@ -175,6 +175,19 @@ def test_einsum_argument_errors_match_einops():
             qe.einsum(x, pattern)
 
 
+@pytest.mark.parametrize("pattern", ["1 -> , b", "() b -> -1 c", "2 -> -1", "1 c -> a_ 2", "a 2 -> a ..",
+                                     "(a b) -> 3x", "i () , j -> *"])
+def test_einsum_reports_the_first_error_einops_reports(pattern):
+    # einops parses every side before it rejects (), compositions or anonymous axes:
+    # with two faults in one pattern, the parse error is the one reported.
+    x = np.zeros((2, 2))
+    with pytest.raises(Exception) as want:
+        einops.einsum(x, pattern)
+    with pytest.raises(ValueError) as got:
+        qe.einsum(x, pattern)
+    assert str(got.value) == str(want.value)
+
+
 def test_random_patterns_on_strided_inputs_match_einops():
     """400 random rearrange/reduce/repeat calls on sliced, transposed, reversed inputs of every dtype."""
     rng = np.random.default_rng(7)
