@@ -76,6 +76,26 @@ TEST(IoFiles, LoadAndSaveDispatchByExtension) {
   expect_formula(two.at("b"), DType::b8, {2, 2});
 }
 
+// np.save writes an F- but not C-contiguous array in Fortran order: save must too, so a
+// Fortran file loaded (a column-major view) and saved again is np.save's file byte for byte.
+TEST(IoFiles, SaveWritesFortranOrderWhereNpSaveDoes) {
+  for (const char* name : {"f32_fortran.npy", "i64_fortran.npy"}) {
+    SCOPED_TRACE(name);
+    const Tensor f = load_npy(fixture(name));  // column-major strides over the file
+    const auto path = testing::temp_path(std::string("again_") + name);
+    save(path, {{"x", f}});
+    EXPECT_EQ(testing::read_bytes(path), testing::read_bytes(fixture(name)));
+  }
+  // C order where numpy's flags say C-contiguous: every size-1 and empty layout.
+  const Tensor row = formula_tensor(DType::f32, {1, 3});
+  const auto path = testing::temp_path("row.npy");
+  save(path, {{"x", Tensor::view_of(row.storage(), row.dtype(), {1, 3}, {1, 1}, row.offset())}});
+  EXPECT_EQ(testing::read_bytes(path), serialize_npy(row, false));
+  const Tensor empty = Tensor::zeros({0, 3}).permute({1, 0});
+  save(path, {{"x", empty}});
+  EXPECT_EQ(testing::read_bytes(path), serialize_npy(Tensor::zeros({3, 0}), false));
+}
+
 TEST(IoFiles, UnknownExtensionIsFormatError) {
   EXPECT_THROW_WITH(load("model.pt"), FormatError,
                     "load: model.pt: unknown file extension '.pt' (qkv reads and writes .npy and .safetensors");

@@ -32,6 +32,19 @@ Format format_of(const std::filesystem::path& path, const char* op) {
                   kKnownFormats);
 }
 
+// np.save's choice: Fortran order for an array that is F- but not C-contiguous (size-1
+// dims ignored, as numpy's flags do), so that such an array gets np.save's bytes.
+bool numpy_fortran_order(const Tensor& t) {
+  if (t.is_contiguous()) return false;  // also every empty tensor
+  int64_t expected = 1;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 1) continue;
+    if (t.stride(d) != expected) return false;
+    expected *= t.size(d);
+  }
+  return true;
+}
+
 }  // namespace
 
 std::vector<TensorInfo> inspect(const std::filesystem::path& path) {
@@ -76,7 +89,8 @@ void save(const std::filesystem::path& path, const std::map<std::string, Tensor>
     detail::fail_at<ValueError>(detail::Context{"save", path.string()}, "an .npy file holds exactly one tensor, got ",
                                 tensors.size());
   }
-  save_npy(path, tensors.begin()->second);
+  const Tensor& t = tensors.begin()->second;
+  save_npy(path, t, numpy_fortran_order(t));
 }
 
 WeightFile load_weights(const std::filesystem::path& path) {
