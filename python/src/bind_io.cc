@@ -5,6 +5,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <cctype>
 #include <cerrno>
 #include <filesystem>
 #include <map>
@@ -63,7 +64,9 @@ void save(nb::handle path_arg, nb::handle arrays, nb::handle metadata_arg) {
   } else {  // one array: the natural call for .npy
     tensors.emplace(path.stem().string(), to_tensor(arrays, "save: array"));
   }
-  const bool safetensors = path.extension() == ".safetensors";
+  std::string ext = path.extension().string();  // any case, as qkv::io::save picks the format
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const bool safetensors = ext == ".safetensors";
   if (metadata && !safetensors) {
     qkv::fail<qkv::ValueError>("save: metadata needs a .safetensors file, got ", path.string());
   }

@@ -52,6 +52,26 @@ def test_safetensors_bytes_equal_the_reference_writer(tmp_path):
         assert loaded[name].dtype == x.dtype
 
 
+@pytest.mark.parametrize("layout", ["F", "F-3d", "size-1", "empty"])
+def test_npy_bytes_equal_numpy_save_for_fortran_arrays(tmp_path, layout):
+    # np.save writes F- but not C-contiguous arrays with fortran_order True.
+    x = {"F": lambda: np.asfortranarray(sample("float32", (3, 5))),
+         "F-3d": lambda: sample("int64", (4, 3, 2)).T,
+         "size-1": lambda: np.asfortranarray(sample("float64", (1, 5))),
+         "empty": lambda: np.asfortranarray(np.zeros((0, 3)))}[layout]()
+    np.save(tmp_path / "numpy.npy", x)
+    qkv.save(tmp_path / "qkv.npy", x)
+    assert (tmp_path / "qkv.npy").read_bytes() == (tmp_path / "numpy.npy").read_bytes()
+    np.testing.assert_array_equal(np.load(tmp_path / "qkv.npy"), x)
+
+
+def test_metadata_extension_matches_in_any_case(tmp_path):
+    arrays = {"w": sample("float32", (2, 3))}
+    save_file(arrays, str(tmp_path / "ref.safetensors"), metadata={"format": "np"})
+    qkv.save(tmp_path / "qkv.SafeTensors", arrays, metadata={"format": "np"})
+    assert (tmp_path / "qkv.SafeTensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+
+
 def test_save_reads_views_and_dlpack_producers(tmp_path):
     x = sample("float32", (4, 6))
     qkv.save(tmp_path / "v.safetensors", {"t": x.T, "s": x[::2, 1:]})
