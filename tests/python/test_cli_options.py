@@ -33,6 +33,8 @@ def test_version_is_the_one_in_cmakelists(run):
     ([], "A subcommand is required"),
     (["bench"], "A subcommand is required"),
     (["einsum", "ij->ji", "x.npy", "--no-such-option"], "--no-such-option"),
+    (["einsum", "ij->ji", "x.npy", "-o", "y.npy", "--optimize", "bogus"],
+     "--optimize: einsum: unknown optimize option 'bogus' (expected false, true, auto, greedy,"),
 ])
 def test_usage_errors_exit_2(run, args, message):
     result = run(*args)
@@ -80,6 +82,10 @@ BAD_NUMBERS = [
      "--shapes '2;99999999999999999999': expected an integer, got '99999999999999999999'"),
     (["unpack", "a * b", "x.npy", "--shapes", "2;3-4", "-o", "y.npy", "-o", "z.npy"],
      "--shapes '2;3-4': expected an integer, got '3-4'"),
+    (["unpack", "a * b", "x.npy", "--shapes", "2;a", "-o", "y.npy", "-o", "z.npy"],
+     "--shapes '2;a': expected an integer, got 'a'"),
+    (["unpack", "a * b", "x.npy", "--shapes", "2;1.5", "-o", "y.npy", "-o", "z.npy"],
+     "--shapes '2;1.5': expected an integer, got '1.5'"),
 ]
 
 

@@ -297,6 +297,22 @@ def test_parse_shape_matches_einops(run, tmp_path, shape, pattern):
     assert eval(result.stdout) == einops.parse_shape(np.zeros(shape), pattern)
 
 
+def test_parse_shape_of_a_safetensors_tensor_by_name(run, tmp_path):
+    # FILE.safetensors:NAME as the other subcommands take it; a file of several
+    # tensors without a NAME is an error, not its first tensor's shape.
+    from safetensors.numpy import save_file
+    arrays = {"x": np.zeros((2, 3), np.float32), "y": np.zeros((5, 7, 4), np.float32)}
+    save_file(arrays, str(tmp_path / "m.safetensors"))
+    for name, pattern in [("x", "a b"), ("y", "a _ c")]:
+        result = run("parse-shape", pattern, f"{tmp_path / 'm.safetensors'}:{name}")
+        assert result.returncode == 0, result.stderr
+        assert eval(result.stdout) == einops.parse_shape(arrays[name], pattern)
+    result = run("parse-shape", "a b", tmp_path / "m.safetensors")
+    assert result.returncode == 1 and "holds 2 tensors (x, y); pick one" in result.stderr
+    result = run("parse-shape", "a b", f"{tmp_path / 'm.safetensors'}:z")
+    assert result.returncode == 1 and "no tensor named 'z'" in result.stderr
+
+
 @pytest.mark.parametrize("shape,pattern", [((1, 2, 3, 4), "a b c"), ((1, 2, 3, 4), "2 a b c"),
                                            ((1, 2, 3, 4), "a b c ()"), ((1, 2, 3, 4), "a b c d e ..."),
                                            ((10, 20, 30, 40), "a a b b")])

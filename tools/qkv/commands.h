@@ -55,5 +55,7 @@ int64_t parse_integer(const std::string& text, const std::string& what, int64_t 
 // The single tensor of a .npy file, or of a .safetensors file holding exactly one
 // (name it as FILE:NAME to pick one of several). FormatError otherwise.
 Tensor load_tensor(const std::string& spec);
+// The shape of the tensor that load_tensor(spec) would load, from the file's header only.
+Shape tensor_shape(const std::string& spec);
 
 }  // namespace qkv::cli

@@ -50,7 +50,17 @@ void register_einsum(CLI::App& app) {
   cmd->add_option("inputs", args->inputs, "operands (.npy, or FILE.safetensors[:NAME])")->required();
   cmd->add_option("-o,--output", args->out, "output file (.npy or .safetensors)");
   cmd->add_option("--optimize", args->optimize,
-                  "path: false, true/auto, greedy, optimal, dp, branch-all, branch-2, branch-1 (default auto)");
+                  "path: false, true/auto, greedy, optimal, dp, branch-all, branch-2, branch-1 (default auto)")
+      ->check(CLI::Validator(
+          [](std::string& name) {  // an unknown name is a usage error, before any file is read
+            try {
+              einsum_optimize_from_name(name);
+              return std::string();
+            } catch (const ValueError& e) {
+              return std::string(e.what());
+            }
+          },
+          "OPTIMIZER"));
   cmd->add_option("--memory-limit", args->memory_limit, "largest intermediate, in elements")->check(integer_in(1));
   cmd->add_flag("--path", args->path, "print the contraction path and its cost report (numpy.einsum_path)");
   cmd->callback([args] { run_einsum(*args); });

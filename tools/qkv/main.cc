@@ -1,6 +1,7 @@
 // qkv: command-line front end of the library. Errors go to stderr; exit codes:
 // 0 success, 1 runtime error (bad file, shape, ...), 2 usage error (unknown
 // subcommand, bad option or value), 130 interrupted (SIGINT). README "Exit codes".
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -15,25 +16,49 @@
 
 namespace qkv::cli {
 
-Tensor load_tensor(const std::string& spec) {
-  std::string path = spec, name;
+namespace {
+
+// FILE or FILE.safetensors:NAME -> {path, name}.
+std::pair<std::string, std::string> split_spec(const std::string& spec) {
   if (const auto colon = spec.rfind(':');
       colon != std::string::npos && spec.find(".safetensors:") != std::string::npos) {
-    path = spec.substr(0, colon);
-    name = spec.substr(colon + 1);
+    return {spec.substr(0, colon), spec.substr(colon + 1)};
   }
-  auto tensors = io::load(path);
+  return {spec, ""};
+}
+
+// The entry of `names` that spec picks (its NAME, or the only one); ValueError otherwise.
+size_t pick(const std::string& path, const std::string& name, const std::vector<std::string>& names) {
   if (!name.empty()) {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) fail<ValueError>(path, ": no tensor named '", name, "'");
-    return it->second;
+    const auto it = std::find(names.begin(), names.end(), name);
+    if (it == names.end()) fail<ValueError>(path, ": no tensor named '", name, "'");
+    return static_cast<size_t>(it - names.begin());
   }
-  if (tensors.size() != 1) {
-    std::string names;
-    for (const auto& [n, t] : tensors) names += (names.empty() ? "" : ", ") + n;
-    fail<ValueError>(path, ": holds ", tensors.size(), " tensors (", names, "); pick one as ", path, ":NAME");
+  if (names.size() != 1) {
+    std::string list;
+    for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+    fail<ValueError>(path, ": holds ", names.size(), " tensors (", list, "); pick one as ", path, ":NAME");
   }
-  return tensors.begin()->second;
+  return 0;
+}
+
+}  // namespace
+
+Tensor load_tensor(const std::string& spec) {
+  const auto [path, name] = split_spec(spec);
+  auto tensors = io::load(path);
+  std::vector<std::string> names;
+  for (const auto& entry : tensors) names.push_back(entry.first);
+  return std::next(tensors.begin(), static_cast<std::ptrdiff_t>(pick(path, name, names)))->second;
+}
+
+Shape tensor_shape(const std::string& spec) {
+  const auto [path, name] = split_spec(spec);
+  std::vector<io::TensorInfo> infos = io::inspect(path);
+  std::sort(infos.begin(), infos.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::vector<std::string> names;
+  for (const io::TensorInfo& info : infos) names.push_back(info.name);
+  return infos[pick(path, name, names)].shape;
 }
 
 }  // namespace qkv::cli
