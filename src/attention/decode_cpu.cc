@@ -218,6 +218,13 @@ void values_half(const DecodeCall& d, const KVCache& cache, const Item& it, Scra
 void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const DecodeOptions& o, const Item& it,
               Partials& out, Scratch& sc) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
+  float* m = out.m.data() + it.slot * rows;
+  float* l = out.l.data() + it.slot * rows;
+  float* o_part = out.o.data() + it.slot * rows * d.dv;  // [G Lq, Dv]
+  if (cols == 0) {  // a sequence without keys (length 0): no row to read, and a paged one has no page yet
+    std::fill(m, m + rows, kNegInf), std::fill(l, l + rows, 0.0f), std::fill(o_part, o_part + rows * d.dv, 0.0f);
+    return;
+  }
   const float* qrows = q + (it.b * d.hq + it.hk * d.group) * d.lq * d.dk;  // [G Lq, D]
   const DType dtype = cache.config().dtype;
   sc.s.resize(static_cast<size_t>(rows * cols));
@@ -234,8 +241,6 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
     gemm(g, static_cast<float>(d.scale), qrows, k, 0.0f, sc.s.data());
   }
   const int64_t length = cache.length(it.b);
-  float* m = out.m.data() + it.slot * rows;
-  float* l = out.l.data() + it.slot * rows;
   for (int64_t r = 0; r < rows; ++r) {
     float* s = sc.s.data() + r * cols;  // [C]
     const KeyRange keys = decode_keys(d, o.causal, length, r % d.lq);
@@ -254,7 +259,6 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
       l[r] = kernels::exp_shift_sum_fast(s, cols, m[r]);  // exp(-inf) = 0 outside the range
     }
   }
-  float* o_part = out.o.data() + it.slot * rows * d.dv;  // [G Lq, Dv]
   if (dtype == DType::i8) {
     values_int8(d, cache, it, sc, o_part);
   } else if (dtype == DType::bf16) {

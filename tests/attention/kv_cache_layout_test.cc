@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -227,6 +228,53 @@ TEST(KVCachePaged, PoolExhaustionAndReturningPages) {
   EXPECT_THROW_WITH(cache.append(k, v, {0, 5}), ValueError, "past the capacity 16");
   cache.reset();
   EXPECT_EQ(cache.free_pages(), 5);
+}
+
+// A sequence with no keys yet beside others: its rows are 0 (qkv/kv_cache.h: rows with no key give
+// 0), the others' softmax over their keys, written out in double from the appended k and v. A
+// paged sequence of length 0 has no page: its empty work item read block_table(b)[0] (a crash).
+TEST(KVCachePaged, EmptySequencesDecodeToZeroRows) {
+  for (DType dt : {DType::f32, DType::bf16, DType::i8}) {
+    for (int64_t page : {0, 4}) {
+      for (int64_t window : {0, 8}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " page " + std::to_string(page) + " window " +
+                     std::to_string(window));
+        KVCacheConfig c = config(3, 12, dt, window);
+        c.page_size = page;
+        KVCache cache(c);
+        const Tensor k = Tensor::randn({3, 2, 5, 16}, 1), v = Tensor::randn({3, 2, 5, 8}, 2);  // [B, Hk, T, D]
+        cache.append(k, v, {0, 5, 0});
+        for (int64_t lq : {1, 2}) {
+          const Tensor q = Tensor::randn({3, 4, lq, 16}, 3);  // [B, Hq, Lq, D]
+          const std::vector<float> out = decode_attention(q, cache).output.to_vector<float>();
+          const std::vector<float> qv = q.to_vector<float>(), kv = k.to_vector<float>(), vv = v.to_vector<float>();
+          double worst = 0.0;
+          for (int64_t h = 0; h < 4; ++h) {
+            for (int64_t t = 0; t < lq; ++t) {
+              EXPECT_EQ(out[((0 * 4 + h) * lq + t) * 8], 0.0f);
+              EXPECT_EQ(out[((2 * 4 + h) * lq + t) * 8 + 7], 0.0f);
+              const int64_t keys = 5 - lq + t + 1;  // sequence 1, causal: keys 0 .. position
+              std::vector<double> p(static_cast<size_t>(keys));
+              double sum = 0.0;
+              for (int64_t j = 0; j < keys; ++j) {
+                double dot = 0.0;
+                for (int64_t x = 0; x < 16; ++x) {
+                  dot += qv[((4 + h) * lq + t) * 16 + x] * static_cast<double>(kv[((2 + h / 2) * 5 + j) * 16 + x]);
+                }
+                sum += (p[j] = std::exp(dot / 4.0));
+              }
+              for (int64_t x = 0; x < 8; ++x) {
+                double want = 0.0;
+                for (int64_t j = 0; j < keys; ++j) want += p[j] / sum * vv[((2 + h / 2) * 5 + j) * 8 + x];
+                worst = std::max(worst, std::abs(want - out[((4 + h) * lq + t) * 8 + x]));
+              }
+            }
+          }
+          EXPECT_LT(worst, dt == DType::f32 ? 1e-5 : dt == DType::bf16 ? 2e-2 : 5e-2);
+        }
+      }
+    }
+  }
 }
 
 // A window over pages: the pages a sequence's window leaves go back to the pool (block table -1),
