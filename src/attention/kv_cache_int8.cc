@@ -27,16 +27,30 @@ void quantize_row(const float* x, int64_t n, int8_t* out, bfloat16* scales) {
   }
 }
 
-// offset[d], spread[d] = mean and RMS deviation of channel d over keys [n, dim] (spread 1
-// where a channel does not vary).
+// offset[d], spread[d] = mean and RMS deviation of channel d over keys [n, dim], the squared
+// deviation shrunk towards M^2, M the median channel's RMS deviation, as if kPriorKeys more keys
+// had it: r_d^2 = (n rms_d^2 + kPriorKeys M^2) / (n + kPriorKeys) (spread 1 where that is 0, as
+// with one key). A first append of 2 or 3 keys gives channels whose deviation is near 0 by chance;
+// a later key's (k - c) / r there set its group's scale and rounded the group's other channels to
+// nothing: 10-46% relative error after a 2-key first append against 0.7% after 300 keys (N(0, 1)
+// keys, D = 128, 300 keys); shrunk, 0.7-1.2%. The median, not the mean: a few outlier channels
+// (the spreads' reason to be) would pull the others' spreads up to theirs.
+constexpr double kPriorKeys = 8.0;
 void channel_stats(const float* k, int64_t n, int64_t dim, float* offset, float* spread) {
+  std::vector<double> square(static_cast<size_t>(dim));  // [D] mean squared deviation
   for (int64_t d = 0; d < dim; ++d) {
     double sum = 0, squares = 0;
     for (int64_t j = 0; j < n; ++j) sum += k[j * dim + d];
     const double mean = sum / static_cast<double>(n);
     for (int64_t j = 0; j < n; ++j) squares += (k[j * dim + d] - mean) * (k[j * dim + d] - mean);
-    const double rms = std::sqrt(squares / static_cast<double>(n));
     offset[d] = static_cast<float>(mean);
+    square[d] = squares / static_cast<double>(n);
+  }
+  std::vector<double> sorted = square;
+  std::nth_element(sorted.begin(), sorted.begin() + dim / 2, sorted.end());
+  const double median = sorted[static_cast<size_t>(dim / 2)], keys = static_cast<double>(n);
+  for (int64_t d = 0; d < dim; ++d) {
+    const double rms = std::sqrt((keys * square[d] + kPriorKeys * median) / (keys + kPriorKeys));
     spread[d] = rms > 1e-12 ? static_cast<float>(rms) : 1.0f;
   }
 }
