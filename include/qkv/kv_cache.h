@@ -106,7 +106,7 @@ class KVCache {
   Tensor sequence_keys(int64_t b) const;
   Tensor sequence_values(int64_t b) const;
   // Paged caches: sequence b's pages in order, and the pages left in the pool.
-  const std::vector<int64_t>& block_table(int64_t b) const { return blocks_.at(static_cast<size_t>(b)); }
+  const std::vector<int64_t>& block_table(int64_t b) const;
   int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
 
   // int8 caches (dtype i8): each key is stored as round((k - c) / (r s_k)) with c and r per
@@ -148,9 +148,10 @@ class KVCache {
   int64_t pages_for(int64_t first, int64_t length) const;  // paged: pages positions [first, length) span
   int64_t held_pages(int64_t b) const;
   void reserve_pages(int64_t b, int64_t length, int64_t first = 0);  // paged: pages for [first, length)
-  void evict_pages(int64_t b, int64_t first);             // paged: pages wholly before `first` back to the pool
-  void release_pages(int64_t b, int64_t length);          // paged: pages past those of [0, length) back
-  Tensor gather(const Tensor& storage, int64_t b) const;  // [Hk, kept, ...] of sequence b
+  void evict_pages(int64_t b, int64_t first);     // paged: pages wholly before `first` back to the pool
+  void release_pages(int64_t b, int64_t length);  // paged: pages past those of [0, length) back
+  Tensor gather(const Tensor& storage, int64_t b, const char* op) const;  // [Hk, kept, ...] of sequence b
+  void check_sequence(int64_t b, const char* op) const;                   // IndexError unless 0 <= b < batch
   Tensor k_, v_;
   Tensor k_scale_, v_scale_, k_offset_, k_spread_;  // i8 caches only
   std::vector<int64_t> lengths_;

@@ -34,9 +34,12 @@ void check_config(const KVCacheConfig& c) {
   }
   if (c.rotary) {
     const int64_t rd = c.rotary->rotary_dim;
-    if (rd < 0 || rd > c.head_dim || rd % 2 != 0 || !(c.rotary->base > 0.0) || !std::isfinite(c.rotary->base)) {
+    // rotary_dim 0 rotates all head_dim features: an odd head_dim failed only at the first append
+    if (rd < 0 || rd > c.head_dim || (rd == 0 ? c.head_dim : rd) % 2 != 0 || !(c.rotary->base > 0.0) ||
+        !std::isfinite(c.rotary->base)) {
       fail<ValueError>("KVCache: rotary_dim must be even and <= head_dim = ", c.head_dim, " (got ", rd,
-                       "), the rotary base positive and finite (got ", c.rotary->base, ")");
+                       rd == 0 ? ": all of head_dim" : "", "), the rotary base positive and finite (got ",
+                       c.rotary->base, ")");
     }
   }
 }
@@ -98,7 +101,19 @@ int64_t KVCache::run_end(int64_t, int64_t position) const {
   return std::numeric_limits<int64_t>::max();
 }
 
-int64_t KVCache::first_kept(int64_t b) const { return kept_.at(static_cast<size_t>(b)); }
+void KVCache::check_sequence(int64_t b, const char* op) const {
+  if (b < 0 || b >= config_.batch) fail<IndexError>(op, ": sequence ", b, " is outside [0, ", config_.batch, ")");
+}
+
+int64_t KVCache::first_kept(int64_t b) const {
+  check_sequence(b, "KVCache.first_kept");
+  return kept_[static_cast<size_t>(b)];
+}
+
+const std::vector<int64_t>& KVCache::block_table(int64_t b) const {
+  check_sequence(b, "KVCache.block_table");
+  return blocks_[static_cast<size_t>(b)];
+}
 
 int64_t KVCache::pages_for(int64_t first, int64_t length) const {
   return first < length ? ceil_div(length, config_.page_size) - first / config_.page_size : 0;

@@ -44,7 +44,8 @@ Tensor int8_scales(const std::map<std::string, Tensor>& s, const std::string& na
 
 }  // namespace
 
-Tensor KVCache::gather(const Tensor& storage, int64_t b) const {
+Tensor KVCache::gather(const Tensor& storage, int64_t b, const char* op) const {
+  check_sequence(b, op);
   const int64_t first = first_kept(b), n = length(b) - first, span = storage.size(2);
   Shape shape(storage.shape().begin() + 1, storage.shape().end());  // [Hk, n, ...]
   shape[1] = n;
@@ -58,8 +59,8 @@ Tensor KVCache::gather(const Tensor& storage, int64_t b) const {
   return out;
 }
 
-Tensor KVCache::sequence_keys(int64_t b) const { return gather(k_, b); }
-Tensor KVCache::sequence_values(int64_t b) const { return gather(v_, b); }
+Tensor KVCache::sequence_keys(int64_t b) const { return gather(k_, b, "KVCache.sequence_keys"); }
+Tensor KVCache::sequence_values(int64_t b) const { return gather(v_, b, "KVCache.sequence_values"); }
 
 std::map<std::string, Tensor> KVCache::state() const {
   const KVCacheConfig& c = config_;
@@ -71,7 +72,7 @@ std::map<std::string, Tensor> KVCache::state() const {
     shape[0] = c.batch, shape[2] = used;
     Tensor out = Tensor::zeros(shape, storage.dtype());
     for (int64_t b = 0; b < c.batch; ++b)
-      out.select(0, b).slice(1, 0, length(b) - first_kept(b)).copy_from(gather(storage, b));
+      out.select(0, b).slice(1, 0, length(b) - first_kept(b)).copy_from(gather(storage, b, "KVCache.state"));
     return out;
   };
   s["keys"] = stack(k_);
@@ -119,6 +120,12 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
   const bool int8 = k.dtype() == DType::i8;
   Tensor key_scales, value_scales;  // [B, Hk, n, groups]
   if (int8) {
+    for (const char* name : {"key_offsets", "key_spreads"}) {  // copy_from would broadcast a [B, Hk, 1]
+      if (need(s, name).shape() != cache.k_offset_.shape()) {
+        fail<ShapeError>(kOp, ": '", name, "' must be ", shape_str(cache.k_offset_.shape()), " for keys ",
+                         shape_str(k.shape()), ", got ", shape_str(need(s, name).shape()));
+      }
+    }
     cache.k_offset_.copy_from(need(s, "key_offsets"));
     cache.k_spread_.copy_from(need(s, "key_spreads"));
     key_scales = int8_scales(s, "key_scales", cache.k_scale_.size(3));

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -275,6 +276,31 @@ TEST(KVCachePaged, EmptySequencesDecodeToZeroRows) {
       }
     }
   }
+}
+
+// Bad sequence indices, an odd head_dim under full rotary and int8 offsets of the wrong shape are
+// clear errors: they were std::vector range errors, an error only at the first append (from
+// apply_rotary), and a [B, Hk, 1] spread broadcast over every channel.
+TEST(KVCacheErrors, SequenceIndicesRotaryAndInt8StateShapes) {
+  KVCacheConfig pc = config(2, 8, DType::f32);
+  pc.page_size = 4;
+  const KVCache paged(pc);
+  EXPECT_THROW_WITH(paged.block_table(2), IndexError, "KVCache.block_table: sequence 2 is outside [0, 2)");
+  EXPECT_THROW_WITH(paged.first_kept(-1), IndexError, "KVCache.first_kept: sequence -1 is outside [0, 2)");
+  EXPECT_THROW_WITH(paged.sequence_keys(9), IndexError, "KVCache.sequence_keys: sequence 9 is outside [0, 2)");
+  EXPECT_THROW_WITH(paged.sequence_values(-3), IndexError, "KVCache.sequence_values: sequence -3 is outside [0, 2)");
+  KVCacheConfig odd{1, 1, 7, 8};
+  odd.rotary = CacheRotary{};
+  EXPECT_THROW_WITH(KVCache{odd}, ValueError,
+                    "KVCache: rotary_dim must be even and <= head_dim = 7 (got 0: all of head_dim)");
+  odd.rotary->rotary_dim = 4;  // a partial rotary_dim may leave an odd head_dim
+  EXPECT_EQ(KVCache{odd}.config().head_dim, 7);
+  KVCache int8(config(2, 8, DType::i8));
+  int8.append(Tensor::randn({2, 2, 3, 16}, 1), Tensor::randn({2, 2, 3, 8}, 2));
+  std::map<std::string, Tensor> state = int8.state();
+  state["key_spreads"] = Tensor::ones({2, 2, 1});
+  EXPECT_THROW_WITH(KVCache::from_state(state), ShapeError,
+                    "KVCache.from_state: 'key_spreads' must be [2, 2, 16] for keys [2, 2, 3, 16], got [2, 2, 1]");
 }
 
 // A window over pages: the pages a sequence's window leaves go back to the pool (block table -1),
