@@ -32,6 +32,9 @@ template <class E = FormatError, class... Args>
 // `text` in `quote` quotes for messages: at most `max_chars` bytes, non-printable
 // bytes as \xNN, the quote and backslash escaped.
 std::string quote_excerpt(std::string_view text, size_t max_chars = 96, char quote = '"');
+// `text` with bytes outside printable ASCII as \xNN, so that a message quoting a
+// file's bytes stays valid UTF-8 (Python decodes every message).
+std::string printable(std::string_view text);
 // A tensor name in messages: 'w'.
 inline std::string quote_name(std::string_view name) { return quote_excerpt(name, 200, '\''); }
 

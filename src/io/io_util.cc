@@ -28,6 +28,21 @@ std::string quote_excerpt(std::string_view text, size_t max_chars, char quote) {
   return out;
 }
 
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if ((c >= 0x20 && c < 0x7f) || c == '\n') {
+      out += ch;
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
 void byteswap_inplace(std::byte* data, size_t nbytes, size_t itemsize) {
   if (itemsize <= 1) return;
   for (size_t i = 0; i + itemsize <= nbytes; i += itemsize) std::reverse(data + i, data + i + itemsize);

@@ -99,7 +99,7 @@ Descr parse_descr(const std::string& descr, const Context& ctx) {
                                                 {"b1", DType::b8}}};
   const char order = descr.empty() ? '\0' : descr[0];
   if (descr.size() < 2 || (order != '<' && order != '>' && order != '|' && order != '=')) {
-    fail_at(ctx, "bad .npy header: descr '", descr, "' is not a numpy dtype string such as '<f4'");
+    fail_at(ctx, "bad .npy header: descr ", quote_name(descr), " is not a numpy dtype string such as '<f4'");
   }
   const std::string_view code = std::string_view(descr).substr(1);
   for (const Known& k : kKnown) {
@@ -107,8 +107,10 @@ Descr parse_descr(const std::string& descr, const Context& ctx) {
   }
   // Other numpy kinds (uint, int16, complex, strings, datetimes, ...) are well-formed
   // files qkv cannot hold; anything else is not a dtype at all.
-  if (std::string_view("biufcmMOSUV").find(code[0]) == std::string_view::npos) {
-    fail_at(ctx, "bad .npy header: descr '", descr, "' is not a numpy dtype string such as '<f4'");
+  // (numpy's dtype strings are printable ASCII: '<U5', '<M8[ns]'.)
+  const bool printable = std::all_of(code.begin(), code.end(), [](char c) { return c > ' ' && c < 0x7f; });
+  if (!printable || std::string_view("biufcmMOSUV").find(code[0]) == std::string_view::npos) {
+    fail_at(ctx, "bad .npy header: descr ", quote_name(descr), " is not a numpy dtype string such as '<f4'");
   }
   return Descr{};
 }
@@ -118,8 +120,8 @@ std::string_view listed_dtype(const Layout& layout) {
 }
 
 [[noreturn]] void fail_unsupported(const Layout& layout, const Context& ctx) {
-  fail_at<DTypeError>(ctx, "dtype '", layout.header.descr,
-                      "' is not one qkv holds (qkv reads b1, i1, i4, i8, f2, f4, f8 and V2 as bfloat16)");
+  fail_at<DTypeError>(ctx, "dtype ", quote_name(layout.header.descr),
+                      " is not one qkv holds (qkv reads b1, i1, i4, i8, f2, f4, f8 and V2 as bfloat16)");
 }
 
 // Parses everything up to the data; `head` holds at least the preamble and the

@@ -48,7 +48,7 @@ class LiteralParser {
     while (peek() != '}') {
       const std::string key = parse_string("a str key");
       skip_space();
-      expect(':', "':' after key '" + key + "'");
+      expect(':', "':' after key " + quote_name(key));
       Value value = parse_value(1);
       store(key, std::move(value), header, seen_descr, seen_order, seen_shape);
       skip_space();
@@ -56,7 +56,7 @@ class LiteralParser {
         ++pos_;
         skip_space();
       } else if (peek() != '}') {
-        error("expected ',' or '}' after the value of '" + key + "'");
+        error("expected ',' or '}' after the value of " + quote_name(key));
       }
     }
     ++pos_;
@@ -99,8 +99,8 @@ class LiteralParser {
                  : key == "shape"         ? &seen_shape
                                           : nullptr;
     // numpy rejects extra keys too ("Header does not contain the correct keys").
-    if (seen == nullptr) error("unexpected key '" + key + "' (allowed: 'descr', 'fortran_order', 'shape')");
-    if (*seen) error("duplicate key '" + key + "'");
+    if (seen == nullptr) error("unexpected key " + quote_name(key) + " (allowed: 'descr', 'fortran_order', 'shape')");
+    if (*seen) error("duplicate key " + quote_name(key));
     *seen = true;
     if (key == "descr") {
       // A list descr is a structured dtype: well-formed, but not a dtype qkv holds.

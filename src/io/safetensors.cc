@@ -96,7 +96,7 @@ json parse_json(std::string_view text, const Context& ctx) {
   try {
     return json::parse(text.begin(), text.end(), reject_duplicates);
   } catch (const json::exception& e) {
-    fail_at(ctx, "header is not valid JSON: ", e.what());
+    fail_at(ctx, "header is not valid JSON: ", printable(e.what()));  // it quotes the bytes read
   }
 }
 

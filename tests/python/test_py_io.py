@@ -159,6 +159,27 @@ class TestErrors:
         with pytest.raises(ValueError, match="bad.safetensors"):
             qkv.load(tmp_path / "bad.safetensors")
 
+    @pytest.mark.parametrize("fmt,at", [("npy", "descr"), ("npy", "'<f"), ("npy", "fortran"),
+                                        ("safetensors", '{"'), ("safetensors", '"x"'), ("safetensors", "F32")])
+    def test_non_utf8_bytes_in_a_header_give_the_value_error(self, tmp_path, fmt, at):
+        # A flipped high bit puts a byte >= 0x80 into the header: numpy / the safetensors
+        # package reject the file, and qkv's message, which quotes the header, must stay
+        # valid UTF-8 (it came back as a UnicodeDecodeError that hid the message).
+        from safetensors.numpy import load as st_load
+        path = tmp_path / f"x.{fmt}"
+        x = np.arange(6, dtype=np.float32)
+        np.save(path, x) if fmt == "npy" else save_file({"x": x}, str(path))
+        data = bytearray(path.read_bytes())
+        data[data.index(at.encode()) + 1] |= 0x80
+        path.write_bytes(bytes(data))
+        with pytest.raises(Exception):
+            np.load(path) if fmt == "npy" else st_load(bytes(data))
+        for fn in (qkv.load, qkv.inspect):
+            with pytest.raises(ValueError) as info:
+                fn(path)
+            assert not isinstance(info.value, UnicodeError), info.value
+            assert str(path) in str(info.value) and "\\x" in str(info.value)
+
     def test_dtype_qkv_lacks_is_type_error(self, tmp_path):
         np.save(tmp_path / "u.npy", np.zeros(3, np.uint16))
         with pytest.raises(TypeError, match="u.npy"):
