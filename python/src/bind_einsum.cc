@@ -3,6 +3,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -39,13 +41,19 @@ std::string sublist_term(nb::handle sublist) {
 
 // optimize: False/True, a name, ('name', memory_limit), or ['einsum_path', (0, 1), ...].
 void parse_optimize(nb::handle optimize, qkv::EinsumOptions& o) {
-  if (nb::isinstance<nb::bool_>(optimize)) {
+  if (optimize.is_none()) {  // numpy reads None as False
+    o.optimize = qkv::EinsumOptimize::none;
+  } else if (nb::isinstance<nb::bool_>(optimize)) {
     o.optimize = nb::cast<bool>(optimize) ? qkv::EinsumOptimize::auto_ : qkv::EinsumOptimize::none;
   } else if (nb::isinstance<nb::str>(optimize)) {
     o.optimize = qkv::einsum_optimize_from_name(nb::cast<std::string>(optimize));
   } else if (nb::isinstance<nb::tuple>(optimize) && nb::len(optimize) == 2 && nb::isinstance<nb::str>(optimize[0])) {
     o.optimize = qkv::einsum_optimize_from_name(nb::cast<std::string>(optimize[0]));
-    o.memory_limit = static_cast<int64_t>(qkv::python::float_arg(optimize[1], "einsum: optimize's memory_limit"));
+    const double limit = qkv::python::float_arg(optimize[1], "einsum: optimize's memory_limit");
+    if (std::isnan(limit)) throw nb::value_error("einsum: optimize's memory_limit is nan");
+    // Beyond int64 (1e30, inf) the limit limits nothing; casting it would be undefined
+    // (it came out negative: no pairwise step fitted).
+    o.memory_limit = static_cast<int64_t>(std::clamp(limit, -9.2e18, 9.2e18));
   } else if (nb::isinstance<nb::list>(optimize) || nb::isinstance<nb::tuple>(optimize)) {
     std::vector<std::vector<int>> path;
     for (nb::handle step : optimize) {
@@ -112,9 +120,9 @@ nb::object einsum_path_py(nb::args args, nb::handle optimize) {
 }  // namespace
 
 void bind_einsum(nb::module_& m) {
-  m.def("einsum", &einsum_py, nb::arg("operands"), nb::arg("optimize") = false,
+  m.def("einsum", &einsum_py, nb::arg("operands"), nb::arg("optimize").none() = false,
         nb::sig("def einsum(subscripts: str | typing.Any, /, *operands: typing.Any, "
-                "optimize: bool | str | tuple | list = False) -> numpy.ndarray"),
+                "optimize: bool | str | tuple | list | None = False) -> numpy.ndarray"),
         "numpy.einsum(subscripts, *operands, optimize=False): Einstein summation with numpy's\n"
         "semantics (implicit/explicit output, '...' broadcasting, diagonals, traces, size-1\n"
         "broadcasting, scalars), also in the interleaved form einsum(a, [0, 1], b, [1, 2], [0, 2]).\n"
@@ -125,9 +133,9 @@ void bind_einsum(nb::module_& m) {
         "Result dtype: numpy's result type; float16/bfloat16 are computed in float32. A\n"
         "single operand without summation gives a view (as numpy). The GIL is released.\n"
         "Errors: ValueError naming the equation, the fault and the operand shapes.");
-  m.def("einsum_path", &einsum_path_py, nb::arg("operands"), nb::arg("optimize") = "greedy",
+  m.def("einsum_path", &einsum_path_py, nb::arg("operands"), nb::arg("optimize").none() = "greedy",
         nb::sig("def einsum_path(subscripts: str | typing.Any, /, *operands: typing.Any, "
-                "optimize: bool | str | tuple | list = 'greedy') -> tuple[list, str]"),
+                "optimize: bool | str | tuple | list | None = 'greedy') -> tuple[list, str]"),
         "numpy.einsum_path(subscripts, *operands, optimize='greedy'): the contraction path\n"
         "qkv.einsum takes, as ['einsum_path', (i, j), ...], and numpy's printed report (naive\n"
         "and optimized FLOP counts, scaling, largest intermediate, one line per step).");

@@ -280,3 +280,22 @@ def test_integer_overflow_wraps_like_numpy(dtype, optimize):
         got = qkv.einsum(eq, *ops, optimize=optimize)
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want, err_msg=eq)
+
+
+@pytest.mark.parametrize("limit", [1e30, 2**63, 10**30, -1e30, 599, 600, 0])
+def test_memory_limit_beyond_int64_limits_nothing(limit):
+    # A limit past int64 came out negative after the cast, so no pairwise step fitted.
+    rng = np.random.default_rng(0)
+    a, b, c = rng.random((20, 30)), rng.random((30, 40)), rng.random((40, 5))
+    want = np.einsum_path("ij,jk,kl->il", a, b, c, optimize=("greedy", limit))[0]
+    assert qkv.einsum_path("ij,jk,kl->il", a, b, c, optimize=("greedy", limit))[0] == want
+    np.testing.assert_allclose(qkv.einsum("ij,jk,kl->il", a, b, c, optimize=("greedy", limit)), a @ b @ c)
+    with pytest.raises(ValueError, match="nan"):
+        qkv.einsum("ij,jk,kl->il", a, b, c, optimize=("greedy", float("nan")))
+
+
+def test_optimize_none_is_false_as_in_numpy():
+    a = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(qkv.einsum("ij,jk", a, a.T, optimize=None), np.einsum("ij,jk", a, a.T, optimize=None))
+    assert qkv.einsum_path("ij,jk,kl", a, a.T, a, optimize=None)[0] == \
+        np.einsum_path("ij,jk,kl", a, a.T, a, optimize=None)[0]
