@@ -111,13 +111,12 @@ EinsumPath describe(const ed::Spec& spec, const ed::Path& path) {
     std::vector<int> ids = path[s];
     std::sort(ids.rbegin(), ids.rend());
     std::vector<ed::LabelSet> step;
-    std::string current, all_terms;
+    std::string current;
     ed::LabelSet contract;
     for (int id : ids) {
       step.push_back(sets[static_cast<size_t>(id)]);
       contract = contract | step.back();
-      current += (current.empty() ? "" : ",") + terms[static_cast<size_t>(id)];
-      all_terms += terms[static_cast<size_t>(id)];
+      current += (id == ids.front() ? "" : ",") + terms[static_cast<size_t>(id)];  // a scalar's term is ""
       sets.erase(sets.begin() + id);
       terms.erase(terms.begin() + id);
     }
@@ -127,11 +126,12 @@ EinsumPath describe(const ed::Spec& spec, const ed::Path& path) {
     std::string result_term;
     if (s + 1 == path.size()) {
       result_term = spec.term(spec.output);
-    } else {  // tensordot order: by first appearance in the step's terms
-      for (char c : all_terms)
-        if (result_term.find(c) == std::string::npos &&
-            result.has(static_cast<int>(std::find(spec.symbols.begin(), spec.symbols.end(), c) - spec.symbols.begin())))
-          result_term += c;
+    } else {  // numpy's order: by (size, letter)
+      std::vector<std::pair<int64_t, char>> labels;
+      for (int l : result.ids())
+        labels.emplace_back(spec.sizes[static_cast<size_t>(l)], spec.symbols[static_cast<size_t>(l)]);
+      std::sort(labels.begin(), labels.end());
+      for (const auto& label : labels) result_term += label.second;
     }
     EinsumStep st;
     st.operands = path[s];
@@ -147,7 +147,7 @@ EinsumPath describe(const ed::Spec& spec, const ed::Path& path) {
     p.optimized_scaling = std::max(p.optimized_scaling, st.scaling);
     p.largest_intermediate = std::max(p.largest_intermediate, st.size);
     std::string remaining;
-    for (const auto& t : terms) remaining += (remaining.empty() ? "" : ",") + t;
+    for (size_t t = 0; t < terms.size(); ++t) remaining += (t == 0 ? "" : ",") + terms[t];
     char line[512];
     std::snprintf(line, sizeof line, "\n%4d    %24s %40s", st.scaling, st.einsum.c_str(),
                   (remaining + "->" + spec.term(spec.output)).c_str());

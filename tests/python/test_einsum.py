@@ -299,3 +299,21 @@ def test_optimize_none_is_false_as_in_numpy():
     np.testing.assert_array_equal(qkv.einsum("ij,jk", a, a.T, optimize=None), np.einsum("ij,jk", a, a.T, optimize=None))
     assert qkv.einsum_path("ij,jk,kl", a, a.T, a, optimize=None)[0] == \
         np.einsum_path("ij,jk,kl", a, a.T, a, optimize=None)[0]
+
+
+@pytest.mark.parametrize("eq,shapes", [
+    ("fd,def,cb,abfe->de", [(5, 3), (3, 4, 5), (2, 6), (7, 6, 5, 4)]),   # intermediates' labels by (size, letter)
+    ("ebf,bac,ca,f,dea->d", [(2, 3, 4), (3, 5, 6), (6, 5), (4,), (7, 2, 5)]),
+    ("eda,f,f->e", [(4, 2, 3), (5,), (5,)]),                               # a scalar intermediate's term is ''
+    ("e,c,b->", [(2,), (3,), (4,)]),
+])
+def test_einsum_path_report_lines_equal_numpys(eq, shapes):
+    # Same path (optimal, numpy's default memory cap given explicitly): every line of the
+    # report but the FLOP counts (numpy adds 1) and the speedup is numpy's text.
+    ops = [np.ones(s) for s in shapes]
+    cap = max([o.size for o in ops] + [int(np.prod(np.einsum(eq, *ops).shape))])
+    want_path, want = np.einsum_path(eq, *ops, optimize="optimal")
+    got_path, got = qkv.einsum_path(eq, *ops, optimize=("optimal", cap))
+    assert got_path == want_path
+    keep = lambda report: [ln for ln in report.splitlines() if "FLOP" not in ln and "speedup" not in ln]
+    assert keep(got) == keep(want)
