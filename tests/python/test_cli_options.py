@@ -218,3 +218,20 @@ def test_attention_matmul_precision_medium_stays_within_bf16_rounding(qkv_cli, t
     bad = subprocess.run([qkv_cli, "attention", "--q", "x", "--k", "x", "--v", "x", "-o", "y", "--matmul-precision",
                           "low"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--matmul-precision: low not in {highest,high,medium}" in bad.stderr, bad.stderr
+
+
+def test_convert_layer_order_must_name_the_inputs_layers(run, tmp_path):
+    # tf.keras .h5 files are loaded by position: a mistyped --layer-order name was
+    # ignored, leaving the layers in whatever order; now it names the layers there are.
+    # The fixture (Keras-written) holds one layer, multi_head_attention.
+    fixture = ROOT / "tests" / "fixtures" / "keras_tf" / "mha4.weights.h5"
+    out = tmp_path / "o.h5"
+    result = run("convert", fixture, out, "--to", "keras", "--format", "tf-keras-h5",
+                 "--layer-order", "multi_head_attenton")
+    assert result.returncode == 1, result.stdout
+    assert "--layer-order names 'multi_head_attenton', which is not a layer of" in result.stderr
+    assert "(its layers: multi_head_attention)" in result.stderr
+    assert not out.exists()
+    result = run("convert", fixture, out, "--to", "keras", "--format", "tf-keras-h5",
+                 "--layer-order", "multi_head_attention")
+    assert result.returncode == 0, result.stderr

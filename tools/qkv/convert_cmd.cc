@@ -73,6 +73,19 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
+// Every --layer-order name must be a layer of the input: tf.keras .h5 files and TF
+// checkpoints are loaded by position, so a mistyped name (ignored before) put the
+// layers in the wrong places without a word.
+void check_layer_order(const ConvertArgs& a, const std::vector<std::string>& order, const nn::LayerWeights& layers) {
+  for (const std::string& name : order) {
+    if (layers.count(name)) continue;
+    std::string known;
+    for (const auto& [layer, w] : layers) known += (known.empty() ? "" : ", ") + layer;
+    fail<ValueError>("convert: --layer-order names '", name, "', which is not a layer of ", a.in,
+                     " (its layers: ", known, ")");
+  }
+}
+
 std::string prefix_of(const std::string& out) { return out.ends_with(".index") ? out.substr(0, out.size() - 6) : out; }
 
 // The library's error for layers that do not chain, with the flags that fix it.
@@ -215,6 +228,7 @@ void run_convert(const ConvertArgs& a) {
     if (layers.empty()) fail<ValueError>("convert: ", a.in, ": no layer weights found to convert");
     const std::string in_config = lower(a.in).ends_with(".keras") ? io::load_keras_archive(a.in).config_json : "";
     std::vector<std::string> order = split_commas(a.layer_order);
+    check_layer_order(a, order, layers);
     if (order.empty()) order = !in_config.empty() ? nn::keras_config_layer_order(in_config) : nn::keras_layer_order(in);
     out = write_keras(a, format, layers, nn::ordered_layers(layers, order), in_config);
   }
