@@ -77,7 +77,9 @@ nb::object normalize_numpy(nb::object array, bool& bf16) {
   const auto itemsize = nb::cast<int64_t>(array.attr("itemsize"));
   for (nb::handle s : nb::tuple(array.attr("strides"))) {
     const auto stride = nb::cast<int64_t>(s);
-    if (stride < 0 || stride % itemsize != 0) return np.attr("ascontiguousarray")(array);
+    // A copy, always: ascontiguousarray returns the array itself when numpy's flags call
+    // it contiguous, e.g. a negative stride on a size-1 dim, which qkv does not take.
+    if (stride < 0 || stride % itemsize != 0) return np.attr("array")(array, nb::arg("order") = "C");
   }
   return array;
 }

@@ -317,3 +317,17 @@ def test_einsum_path_report_lines_equal_numpys(eq, shapes):
     assert got_path == want_path
     keep = lambda report: [ln for ln in report.splitlines() if "FLOP" not in ln and "speedup" not in ln]
     assert keep(got) == keep(want)
+
+
+def test_bfloat16_view_with_a_negative_stride_on_a_size_1_dim():
+    # numpy calls such a view C-contiguous, so it came through as is; its copy was then
+    # made from the uint16 bits and rejected as "dtype uint16 is not supported".
+    from qkv import einops as qe
+    base = np.arange(297.0).reshape(3, 33, 3).astype(ml_dtypes.bfloat16)
+    x = base[2:1:-1, :31]                      # [1, 31, 3], strides (-198, 6, 2)
+    assert x.strides[0] < 0 and x.flags.c_contiguous
+    want = x.astype(np.float64)
+    np.testing.assert_array_equal(qkv.einsum("abc->cba", x).astype(np.float64), np.einsum("abc->cba", want))
+    np.testing.assert_allclose(qkv.einsum("abc,abc->c", x, x).astype(np.float64), np.einsum("abc,abc->c", want, want),
+                               rtol=1e-2)  # the sum rounded to bfloat16
+    np.testing.assert_array_equal(qe.rearrange(x, "a b c -> c (a b)").astype(np.float64), want.transpose(2, 0, 1).reshape(3, 31))
