@@ -129,6 +129,8 @@ struct Partials {
 
 struct Scratch {
   std::vector<float> k, v, s;
+  std::vector<int8_t> v8;           // an int8 block of values [kInt8ValueKeys, Dv] spanning runs, gathered
+  std::vector<bfloat16> v8_scales;  // its scales [kInt8ValueKeys, Dv / 16]
   // int8 caches' query (decode_rows.h's Int8Query): q r as floats, then rounded: q_hat as floats
   // [G Lq, D], its scales and q . c [G Lq]; q_hat [G Lq, D] and in the kernel's layout
   std::vector<float> qs, sigma, qc;
@@ -183,14 +185,40 @@ void scores_int8(const DecodeCall& d, const float* qrows, const KVCache& cache, 
                 static_cast<float>(d.scale), sc.s.data() + i, cols);
   });
 }
+// The value kernel rounds p s per block of kInt8ValueKeys keys from the first key of its call
+// (decode_rows.h), so an item of several runs (pages, a ring's wrap) goes block by block from
+// the item's first key, as the contiguous cache's one call does, and decodes to its bits: a
+// block within one run is read in place, one that spans runs is gathered (rows and scales) into
+// scratch. Run by run, blocks started at each page: 1e-5 apart at 256-position pages (items do
+// not start on multiples of 128 keys), 6e-4 at 7-position pages (D = 128).
 void values_int8(const DecodeCall& d, const KVCache& cache, const Item& it, Scratch& sc, float* o) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0, groups = cache.value_scales().size(3);
+  const int8_t* values = cache.values().data<int8_t>();            // [rows, Dv]
+  const bfloat16* scales = cache.value_scales().data<bfloat16>();  // [rows, Dv / 16]
   std::fill(o, o + rows * d.dv, 0.0f);
-  for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first, int64_t next) {
-    int8_values(sc.s.data() + i, cols, rows, cache.values().data<int8_t>() + first * d.dv,
-                cache.value_scales().data<bfloat16>() + first * groups, len, d.dv,
-                next_row<int8_t>(cache.values(), next), o);
-  });
+  const auto in_one_run = [&](int64_t c0, int64_t c1) { return cache.run_end(it.b, c0) >= c1; };
+  if (in_one_run(it.c0, it.c1)) {
+    const int64_t first = cache.row(it.b, it.hk, it.c0);
+    int8_values(sc.s.data(), cols, rows, values + first * d.dv, scales + first * groups, cols, d.dv, nullptr, o);
+    return;
+  }
+  for (int64_t j0 = 0; j0 < cols; j0 += kInt8ValueKeys) {
+    const int64_t j1 = std::min(cols, j0 + kInt8ValueKeys), first = cache.row(it.b, it.hk, it.c0 + j0);
+    const int8_t* v = values + first * d.dv;
+    const bfloat16* s = scales + first * groups;
+    if (!in_one_run(it.c0 + j0, it.c0 + j1)) {
+      sc.v8.resize(static_cast<size_t>(kInt8ValueKeys * d.dv));
+      sc.v8_scales.resize(static_cast<size_t>(kInt8ValueKeys * groups));
+      for_each_run(cache, Item{it.b, it.hk, it.c0 + j0, it.c0 + j1, it.slot},
+                   [&](int64_t i, int64_t len, int64_t row, int64_t) {
+                     std::copy_n(values + row * d.dv, len * d.dv, sc.v8.data() + i * d.dv);
+                     std::copy_n(scales + row * groups, len * groups, sc.v8_scales.data() + i * groups);
+                   });
+      v = sc.v8.data(), s = sc.v8_scales.data();
+    }
+    const int64_t next = j1 < cols ? cache.row(it.b, it.hk, it.c0 + j1) : -1;
+    int8_values(sc.s.data() + j0, cols, rows, v, s, j1 - j0, d.dv, next_row<int8_t>(cache.values(), next), o);
+  }
 }
 
 // bf16 / f16 caches (decode_rows.h), at every matmul_precision: S = scale Q K^T and O = P V on

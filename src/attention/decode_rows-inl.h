@@ -237,14 +237,17 @@ HWY_INLINE void Scores(const float* qs, const float* qm, const float* qc, int64_
 }
 
 // o[r, c] += sum_j p[r, j] v[j, c] for NR rows and the channels [c0, c0 + V lanes):
-// NR x V accumulators stay in registers across the keys (the chunk's rows stay in L2).
+// NR x V accumulators stay in registers across the keys (the chunk's rows stay in L2). They
+// start from o, so that an item read run by run (pages, a ring's wrap) makes the FMAs of one
+// run over all its keys: a paged cache decodes to the contiguous cache's bits (accumulators
+// from 0, added to o per run, differed by an ulp: D = 128 on every target, D = 8 on AVX2).
 template <int64_t NR, int64_t V, class R>
 HWY_INLINE void ValuePass(const float* p, int64_t ldp, const R& v, int64_t n, int64_t dv, int64_t c0, float* o) {
   const hn::ScalableTag<float> df;
   const auto lanes = static_cast<int64_t>(hn::Lanes(df));
   hn::Vec<decltype(df)> acc[NR][V];
   for (int64_t r = 0; r < NR; ++r) {
-    for (int64_t x = 0; x < V; ++x) acc[r][x] = hn::Zero(df);
+    for (int64_t x = 0; x < V; ++x) acc[r][x] = hn::LoadU(df, o + r * dv + c0 + x * lanes);
   }
   for (int64_t j = 0; j < n; ++j) {
     // the first pass brings whole rows: later passes find them in cache
@@ -257,10 +260,7 @@ HWY_INLINE void ValuePass(const float* p, int64_t ldp, const R& v, int64_t n, in
     }
   }
   for (int64_t r = 0; r < NR; ++r) {
-    for (int64_t x = 0; x < V; ++x) {
-      float* out = o + r * dv + c0 + x * lanes;
-      hn::StoreU(hn::Add(hn::LoadU(df, out), acc[r][x]), df, out);
-    }
+    for (int64_t x = 0; x < V; ++x) hn::StoreU(acc[r][x], df, o + r * dv + c0 + x * lanes);
   }
 }
 
@@ -355,7 +355,9 @@ HWY_INLINE void KeyDots(DF df, const int16_t* q16, const Int8Rows& k, int64_t j,
 
 // The scores of NR rows of q16 against keys [n, d]: 4 keys at a time for 4 rows (16 accumulators,
 // one Sum4 a row for 4 keys: one key at a time, each key's reduction waited on its last
-// product and took 60% of the scores' samples), else one key at a time.
+// product and took 60% of the scores' samples), else one key at a time. With 4 rows the last 1
+// to 3 keys are summed by Sum4 too (beside zeros): a key's score is then the same whether it is
+// in a group of 4 or not, so an item read run by run (pages) gives the contiguous cache's bits.
 template <int64_t NR>
 HWY_INLINE void ScoreRowsInt(const int16_t* q16, const float* qm, const float* qc, const Int8Rows& k, int64_t n,
                              int64_t d, float scale, float* s, int64_t lds) {
@@ -380,6 +382,19 @@ HWY_INLINE void ScoreRowsInt(const int16_t* q16, const float* qm, const float* q
         KeyDots<4>(df, q16, k, j + x, d, idx, f[x]);
       }
       for (int64_t r = 0; r < 4; ++r) Sum4(df, f[0][r], f[1][r], f[2][r], f[3][r], s + r * lds + j);
+    }
+    if (j < n) {                      // the last 1 to 3 keys
+      hn::Vec<decltype(df)> f[4][4];  // [key][row]
+      for (int64_t x = 0; x < 4; ++x) {
+        for (auto& v : f[x]) v = hn::Zero(df);
+        if (j + x < n) KeyDots<4>(df, q16, k, j + x, d, idx, f[x]);
+      }
+      for (int64_t r = 0; r < 4; ++r) {
+        float sums[4];
+        Sum4(df, f[0][r], f[1][r], f[2][r], f[3][r], sums);
+        std::copy(sums, sums + (n - j), s + r * lds + j);
+      }
+      j = n;
     }
   }
   for (int64_t r = 0; r < NR; ++r) {  // s = scale (sigma sum + qc)
