@@ -87,6 +87,7 @@ fixtures: build fixtures-venv
 	.venv-fixtures/bin/python tests/attention/make_gqa_fixtures.py tests/fixtures/gqa
 	.venv-fixtures/bin/python tests/io/make_io_fixtures.py
 	.venv-fixtures/bin/python tests/io/make_keras_tf_fixtures.py
+	.venv-fixtures/bin/python tests/io/make_h5_outside_fixtures.py
 	.venv-fixtures/bin/python tests/seed001/train_seed001.py
 	KERAS_BACKEND=tensorflow .venv-fixtures/bin/python tests/seed001/train_seed001_history.py tests/fixtures/seed001_train
 	KERAS_BACKEND=tensorflow .venv-fixtures/bin/python tests/seed001/continue_seed001.py tests/fixtures/seed001_train

@@ -180,6 +180,24 @@ class TestErrors:
             assert not isinstance(info.value, UnicodeError), info.value
             assert str(path) in str(info.value) and "\\x" in str(info.value)
 
+    def test_hdf5_data_outside_the_file_is_not_read(self, tmp_path, monkeypatch):
+        # h5py-written files (tests/io/make_h5_outside_fixtures.py) whose data lives in
+        # other files of the working directory: qkv read them (any file on the machine,
+        # through a hostile weight file); now it refuses and reads nothing.
+        import shutil
+        fixtures = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "keras_tf"
+        for name in ("outside_raw.weights.h5", "outside_link.h5"):
+            shutil.copy(fixtures / name, tmp_path / name)
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "outside_raw.bin").write_bytes(bytes(range(16)))
+        qkv.save(tmp_path / "outside_target.h5", {"secret": np.arange(5, dtype=np.float32)})
+        with pytest.raises(ValueError, match="layers/dense/vars/0.*stored outside the file"):
+            qkv.load("outside_raw.weights.h5")
+        assert qkv.inspect("outside_raw.weights.h5") == [("layers/dense/vars/0", "int8", (16,))]
+        for fn in (qkv.load, qkv.inspect):
+            with pytest.raises(ValueError, match="dense/dense/kernel:0' is an external link to another file"):
+                fn("outside_link.h5")
+
     def test_dtype_qkv_lacks_is_type_error(self, tmp_path):
         np.save(tmp_path / "u.npy", np.zeros(3, np.uint16))
         with pytest.raises(TypeError, match="u.npy"):

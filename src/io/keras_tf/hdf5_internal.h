@@ -50,6 +50,11 @@ std::string hdf5_error_text();
 // `id` when it is valid, else FormatError "<what>: <hdf5 error>".
 hid_t h5_check(hid_t id, const Context& ctx, const std::string& what);
 
+// Access properties of class `cls` (H5P_GROUP_ACCESS, H5P_DATASET_ACCESS) that refuse
+// to follow external links: a weight file is read from its own bytes only (a hostile
+// file's link would open another HDF5 file on this machine).
+H5Id local_access(hid_t cls, const Context& ctx);
+
 // FormatError unless the HDF5 signature is at offset 0, 512, 1024, ....
 void check_hdf5_signature(std::span<const std::byte> bytes, const Context& ctx);
 // Opens an in-memory HDF5 image read-only (core driver, no copy of the bytes kept

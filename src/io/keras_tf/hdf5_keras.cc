@@ -11,10 +11,20 @@ namespace qkv::io {
 namespace detail {
 namespace {
 
+// How groups and datasets are opened: never through an external link (local_access).
+struct Access {
+  H5Id group, dataset;
+};
+
 // Reads (when `data`) and lists the dataset at `path`.
-void add_dataset(hid_t file, const std::string& path, std::string name, bool optimizer, bool data, size_t max_bytes,
-                 WeightFile& out, const Context& ctx) {
-  H5Id dset(h5_check(H5Dopen2(file, path.c_str(), H5P_DEFAULT), ctx, "dataset " + quote_name(path)));
+void add_dataset(hid_t file, const Access& access, const std::string& path, std::string name, bool optimizer, bool data,
+                 size_t max_bytes, WeightFile& out, const Context& ctx) {
+  const hid_t id = H5Dopen2(file, path.c_str(), access.dataset.get());
+  H5L_info_t link;
+  if (id < 0 && H5Lget_info(file, path.c_str(), &link, access.dataset.get()) >= 0 && link.type == H5L_TYPE_EXTERNAL) {
+    fail_at(ctx, "dataset ", quote_name(path), " is an external link to another file; qkv reads only data inside it");
+  }
+  H5Id dset(h5_check(id, ctx, "dataset " + quote_name(path)));
   const H5DatasetInfo info = dataset_info(dset.get(), ctx, path);
   for (const auto& e : out.entries) {
     if (e.key == path) fail_at(ctx, "dataset ", quote_name(path), " is listed twice");
@@ -43,10 +53,10 @@ std::vector<std::string> datasets_below(const std::vector<std::string>& all, con
 // datasets' paths relative to it. Where those attributes hold variable-length
 // strings (Keras 3's legacy writer), the layers and weights are the groups and
 // datasets below `base` instead (same names, HDF5's order).
-void read_legacy(hid_t file, const std::string& base, bool data, size_t max_bytes, WeightFile& out,
-                 const Context& ctx) {
+void read_legacy(hid_t file, const Access& access, const std::string& base, bool data, size_t max_bytes,
+                 WeightFile& out, const Context& ctx) {
   const std::vector<std::string> all = list_datasets(file, ctx);
-  H5Id group(h5_check(H5Gopen2(file, base.empty() ? "/" : base.c_str(), H5P_DEFAULT), ctx, "group /" + base));
+  H5Id group(h5_check(H5Gopen2(file, base.empty() ? "/" : base.c_str(), access.group.get()), ctx, "group /" + base));
   const std::string prefix = base.empty() ? "" : base + "/";
   auto layers = read_string_attr(group.get(), "layer_names", ctx);
   if (!layers) {
@@ -59,19 +69,19 @@ void read_legacy(hid_t file, const std::string& base, bool data, size_t max_byte
   }
   for (const std::string& layer : *layers) {
     const std::string lpath = prefix + layer;
-    H5Id lg(h5_check(H5Gopen2(file, lpath.c_str(), H5P_DEFAULT), ctx, "layer group " + quote_name(lpath)));
+    H5Id lg(h5_check(H5Gopen2(file, lpath.c_str(), access.group.get()), ctx, "layer group " + quote_name(lpath)));
     if (!has_attr(lg.get(), "weight_names", ctx))
       fail_at(ctx, "layer group ", quote_name(lpath), " has no weight_names attribute");
     const auto names = read_string_attr(lg.get(), "weight_names", ctx).value_or(datasets_below(all, lpath));
     for (const std::string& w : names)
-      add_dataset(file, lpath + "/" + w, weight_name(w), false, data, max_bytes, out, ctx);
+      add_dataset(file, access, lpath + "/" + w, weight_name(w), false, data, max_bytes, out, ctx);
   }
   if (H5Lexists(file, "optimizer_weights", H5P_DEFAULT) > 0) {
-    H5Id og(h5_check(H5Gopen2(file, "optimizer_weights", H5P_DEFAULT), ctx, "group optimizer_weights"));
+    H5Id og(h5_check(H5Gopen2(file, "optimizer_weights", access.group.get()), ctx, "group optimizer_weights"));
     const auto names =
         read_string_attr(og.get(), "weight_names", ctx).value_or(datasets_below(all, "optimizer_weights"));
     for (const std::string& w : names) {
-      add_dataset(file, "optimizer_weights/" + w, weight_name(w), true, data, max_bytes, out, ctx);
+      add_dataset(file, access, "optimizer_weights/" + w, weight_name(w), true, data, max_bytes, out, ctx);
     }
   }
 }
@@ -85,14 +95,15 @@ WeightFile read_keras_h5(std::span<const std::byte> bytes, bool data, const Cont
   // (Keras does not compress them), so allow 64x the file plus 1 MiB.
   const size_t max_bytes = bytes.size() * 64 + (size_t{1} << 20);
   WeightFile out;
-  H5Id root(h5_check(H5Gopen2(file.get(), "/", H5P_DEFAULT), ctx, "root group"));
+  const Access access{local_access(H5P_GROUP_ACCESS, ctx), local_access(H5P_DATASET_ACCESS, ctx)};
+  H5Id root(h5_check(H5Gopen2(file.get(), "/", access.group.get()), ctx, "root group"));
   if (has_attr(root.get(), "layer_names", ctx)) {
-    read_legacy(file.get(), "", data, max_bytes, out, ctx);  // tf.keras save_weights("x.h5")
+    read_legacy(file.get(), access, "", data, max_bytes, out, ctx);  // tf.keras save_weights("x.h5")
   } else if (H5Lexists(file.get(), "model_weights", H5P_DEFAULT) > 0) {
-    read_legacy(file.get(), "model_weights", data, max_bytes, out, ctx);  // tf.keras model.save("x.h5")
+    read_legacy(file.get(), access, "model_weights", data, max_bytes, out, ctx);  // tf.keras model.save("x.h5")
   } else {
     for (const std::string& path : list_datasets(file.get(), ctx)) {  // Keras 3 .weights.h5
-      add_dataset(file.get(), path, path, path.starts_with("optimizer/"), data, max_bytes, out, ctx);
+      add_dataset(file.get(), access, path, path, path.starts_with("optimizer/"), data, max_bytes, out, ctx);
     }
   }
   return out;

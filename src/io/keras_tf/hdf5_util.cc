@@ -42,6 +42,18 @@ hid_t h5_check(hid_t id, const Context& ctx, const std::string& what) {
   return id;
 }
 
+namespace {
+herr_t refuse_external_link(const char*, const char*, const char*, const char*, unsigned*, hid_t, void*) { return -1; }
+}  // namespace
+
+H5Id local_access(hid_t cls, const Context& ctx) {
+  H5Id plist(h5_check(H5Pcreate(cls), ctx, "H5Pcreate"));
+  if (H5Pset_elink_cb(plist.get(), refuse_external_link, nullptr) < 0) {
+    fail_at(ctx, "H5Pset_elink_cb: ", hdf5_error_text());
+  }
+  return plist;
+}
+
 void check_hdf5_signature(std::span<const std::byte> bytes, const Context& ctx) {
   // The superblock may follow a user block of 512 * 2^k bytes.
   bool found = false;
@@ -112,6 +124,15 @@ Tensor read_dataset(hid_t dset, const H5DatasetInfo& info, size_t max_bytes, con
   const auto numel = static_cast<uint64_t>(checked_numel(info.shape).value_or(0));  // checked when read
   if (numel > max_bytes / itemsize(dt)) {
     fail_at(ctx, what, ": shape ", shape_str(info.shape), " needs ", numel, " elements, more than the file can hold");
+  }
+  // Data stored outside the file (external raw files, virtual datasets mapping other
+  // files) would be read from this machine's disk, e.g. /etc/passwd: Keras never
+  // writes either.
+  H5Id dcpl(h5_check(H5Dget_create_plist(dset), ctx, what));
+  const int external = H5Pget_external_count(dcpl.get());
+  if (external != 0 || H5Pget_layout(dcpl.get()) == H5D_VIRTUAL) {
+    fail_at(ctx, what, ": its data is stored outside the file (",
+            external != 0 ? "external raw data files" : "a virtual dataset", "); qkv reads only data inside it");
   }
   Tensor t = Tensor::empty(info.shape, dt);
   if (numel == 0) return t;
