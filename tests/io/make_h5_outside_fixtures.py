@@ -5,6 +5,8 @@ reader's refusal to follow them (tests/python/test_py_io.py):
   outside_raw.weights.h5   a Keras 3 layout whose dataset layers/dense/vars/0 (int8 [16])
                            is stored in the external raw file 'outside_raw.bin' (relative:
                            libhdf5 resolves it from the working directory)
+  outside_virtual.weights.h5  a Keras 3 layout whose dataset layers/dense/vars/0 (float32 [5])
+                           is a virtual dataset mapping 'outside_target.h5':/secret
   outside_link.h5          a tf.keras 2.x layout (layer_names / weight_names) whose weight
                            dense/dense/kernel:0 is an external link to
                            'outside_target.h5':/secret
@@ -26,6 +28,10 @@ def main():
     with h5py.File(os.path.join(out, "outside_raw.weights.h5"), "w", track_order=False) as f:
         f.create_dataset("layers/dense/vars/0", shape=(16,), dtype="i1", external=[("outside_raw.bin", 0, 16)],
                          track_times=False)
+    layout = h5py.VirtualLayout(shape=(5,), dtype="f4")
+    layout[:] = h5py.VirtualSource("outside_target.h5", "secret", shape=(5,))
+    with h5py.File(os.path.join(out, "outside_virtual.weights.h5"), "w", track_order=False) as f:
+        f.create_virtual_dataset("layers/dense/vars/0", layout)
     with h5py.File(os.path.join(out, "outside_link.h5"), "w", track_order=False) as f:
         f.attrs["layer_names"] = np.array([b"dense"])
         g = f.create_group("dense")

@@ -186,7 +186,7 @@ class TestErrors:
         # through a hostile weight file); now it refuses and reads nothing.
         import shutil
         fixtures = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "keras_tf"
-        for name in ("outside_raw.weights.h5", "outside_link.h5"):
+        for name in ("outside_raw.weights.h5", "outside_virtual.weights.h5", "outside_link.h5"):
             shutil.copy(fixtures / name, tmp_path / name)
         monkeypatch.chdir(tmp_path)
         (tmp_path / "outside_raw.bin").write_bytes(bytes(range(16)))
@@ -194,6 +194,8 @@ class TestErrors:
         with pytest.raises(ValueError, match="layers/dense/vars/0.*stored outside the file"):
             qkv.load("outside_raw.weights.h5")
         assert qkv.inspect("outside_raw.weights.h5") == [("layers/dense/vars/0", "int8", (16,))]
+        with pytest.raises(ValueError, match="layers/dense/vars/0.*stored outside the file .a virtual dataset"):
+            qkv.load("outside_virtual.weights.h5")
         for fn in (qkv.load, qkv.inspect):
             with pytest.raises(ValueError, match="dense/dense/kernel:0' is an external link to another file"):
                 fn("outside_link.h5")
