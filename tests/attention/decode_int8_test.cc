@@ -144,7 +144,7 @@ TEST(DecodeInt8, ValuesFollowTheirRoundedArithmetic) {
       for (size_t i = 0; i < o.size(); ++i) worst = std::max(worst, std::fabs(o[i] - want[i]) - tol * size[i]);
       EXPECT_LE(worst, 1e-12);
     }
-    kernels::detail::force_simd_target(0);
+    test::force_run_simd_targets();
   }
 }
 

@@ -2,15 +2,53 @@
 // ... as available), so every dispatch path of the kernels is checked on the machine
 // at hand. The hooks are softmax_cpu.cc's; forcing a target is process-wide (Highway's
 // SetSupportedTargetsForTest), so it covers every Highway file.
+//
+// QKV_TEST_SIMD_TARGET=<name> (e.g. AVX2) makes the whole test run behave as a CPU whose
+// best target is <name>: tests/runtime/simd_target_env_test.cc forces it before the first
+// test, and for_each_target loops over it and the targets below it, then restores it. The
+// ctest avx2.machine sets it with ONEDNN_MAX_CPU_ISA=AVX2: an AVX2-only machine on this one.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "softmax/softmax_cpu.h"  // simd_targets, force_simd_target
 
 namespace qkv::test {
+
+// The value of QKV_TEST_SIMD_TARGET, or "" when unset.
+inline std::string simd_target_from_env() {
+  const char* name = std::getenv("QKV_TEST_SIMD_TARGET");
+  return name == nullptr ? std::string() : std::string(name);
+}
+
+// The mask of the named target and every worse one this CPU supports (Highway's bits grow as
+// targets get worse), or 0 when `name` is empty or names none of them. Call with no target
+// forced (simd_targets() lists only the forced ones).
+inline int64_t simd_targets_up_to(const std::string& name) {
+  int64_t best = 0, mask = 0;
+  for (int64_t target : kernels::detail::simd_targets()) {
+    if (kernels::detail::simd_target_name(target) == name) best = target;
+  }
+  if (best == 0) return 0;
+  for (int64_t target : kernels::detail::simd_targets()) {
+    if (target >= best) mask |= target;
+  }
+  return mask;
+}
+
+// Back to the run's targets: QKV_TEST_SIMD_TARGET's and those below it, else every one.
+// Returns false when the variable names no target of this CPU (every one is then enabled).
+inline bool force_run_simd_targets() {
+  kernels::detail::force_simd_target(0);
+  const std::string name = simd_target_from_env();
+  const int64_t mask = simd_targets_up_to(name);
+  kernels::detail::force_simd_target(mask);
+  return name.empty() || mask != 0;
+}
 
 template <class Fn>
 void for_each_target(Fn&& body) {
@@ -19,7 +57,7 @@ void for_each_target(Fn&& body) {
     SCOPED_TRACE("target " + kernels::detail::simd_target_name(target));
     body();
   }
-  kernels::detail::force_simd_target(0);
+  force_run_simd_targets();
 }
 
 }  // namespace qkv::test

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/expect.h"
+#include "common/simd_targets.h"
 #include "qkv/einops.h"
 #include "qkv/parallel.h"
 #include "softmax/softmax_cpu.h"
@@ -156,7 +157,7 @@ TEST(CopyEngine, MatchesReferenceOnEverySimdTarget) {
     std::mt19937 rng(99);
     for (int trial = 0; trial < 200; ++trial) check_random_case(rng, false);
   }
-  detail::force_simd_target(0);
+  test::force_run_simd_targets();
   set_num_threads(before);
 }
 

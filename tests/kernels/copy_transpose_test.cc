@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/simd_targets.h"
 #include "kernels/cpu/copy_transpose.h"
 #include "softmax/softmax_cpu.h"
 
@@ -83,7 +84,7 @@ void check_stream_copy() {
 class TransposeTile : public ::testing::TestWithParam<int64_t> {
  protected:
   void SetUp() override { detail::force_simd_target(GetParam()); }
-  void TearDown() override { detail::force_simd_target(0); }
+  void TearDown() override { test::force_run_simd_targets(); }
 };
 
 TEST_P(TransposeTile, Width1) { check_width<uint8_t>(); }

@@ -65,7 +65,7 @@ TEST(GemmInt8, ExtremeValuesDoNotOverflowAtTheDepthLimit) {
 }
 
 // The exact path of CPUs whose oneDNN int8 matmul saturates (no VNNI: AVX2; the ctest
-// onednn.avx2 runs this file there too): float32 gemms over depth chunks of 1024, added in
+// avx2.machine runs this file there too): float32 gemms over depth chunks of 1024, added in
 // int32. Forced here on any CPU: random layouts, depths across chunk edges, batches, and
 // the extremes at the depth limit (each chunk's sum is then exactly 2^24).
 TEST(GemmInt8, WidenedPathMatchesTheReferenceExactly) {
@@ -98,7 +98,7 @@ TEST(GemmInt8, WidenedPathMatchesTheReferenceExactly) {
 }
 
 // B in [-64, 63] (7-bit weights): oneDNN's int8 kernel on every CPU, also where 8-bit B
-// saturates (the hook, and the ctest onednn.avx2 under ONEDNN_MAX_CPU_ISA=AVX2), never the
+// saturates (the hook, and the ctest avx2.machine under ONEDNN_MAX_CPU_ISA=AVX2), never the
 // float32-chunk path; random and extreme values, bit for bit.
 TEST(GemmInt8, NarrowBIsExactWithoutTheFloat32Path) {
   const int64_t widened = detail::gemm_int8_widened_runs();

@@ -1,5 +1,5 @@
 // machine_info / machine_line (qkv/machine.h) against /proc/cpuinfo read here on its own,
-// the SIMD dispatch's target list and ONEDNN_MAX_CPU_ISA. The ctest onednn.avx2 runs these
+// the SIMD dispatch's target list and ONEDNN_MAX_CPU_ISA. The ctest avx2.machine runs these
 // again under ONEDNN_MAX_CPU_ISA=AVX2, where oneDNN's ISA must read avx2.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/simd_targets.h"
 #include "common/thread_guard.h"
 #include "qkv/machine.h"
 #include "qkv/parallel.h"
@@ -45,7 +46,7 @@ std::set<std::string> cpu_flags() {
 }
 
 std::filesystem::path write_cpuinfo(const std::string& name, const std::string& text) {
-  // the pid: the ctests MachineInfo.* and onednn.avx2 may run at once
+  // the pid: the ctests MachineInfo.* and avx2.machine may run at once
   const auto path =
       std::filesystem::temp_directory_path() / ("qkv_machine_test_" + std::to_string(getpid()) + "_" + name);
   std::ofstream(path) << text;
@@ -73,9 +74,12 @@ TEST(MachineInfo, SimdTargetIsTheBestTargetTheKernelsDispatchTo) {
   const MachineInfo info = machine_info();
   ASSERT_FALSE(kernels::detail::simd_targets().empty());
   EXPECT_EQ(info.simd_target, kernels::detail::simd_target_name(kernels::detail::simd_targets().front()));
-  // Highway's AVX3 needs AVX-512 F, VL, DQ and BW; AVX2 needs AVX2, FMA, F16C (and BMI).
+  // Highway's AVX3 needs AVX-512 F, VL, DQ and BW; AVX2 needs AVX2, FMA, F16C (and BMI). A run
+  // with QKV_TEST_SIMD_TARGET (avx2.machine) dispatches to that target instead.
   const std::set<std::string> f = cpu_flags();
-  if (f.count("avx512f") && f.count("avx512vl") && f.count("avx512dq") && f.count("avx512bw")) {
+  if (!test::simd_target_from_env().empty()) {
+    EXPECT_EQ(info.simd_target, test::simd_target_from_env());
+  } else if (f.count("avx512f") && f.count("avx512vl") && f.count("avx512dq") && f.count("avx512bw")) {
     EXPECT_EQ(info.simd_target, "AVX3");
   } else if (f.count("avx2") && f.count("fma") && f.count("f16c") && f.count("bmi2")) {
     EXPECT_EQ(info.simd_target, "AVX2");
@@ -89,7 +93,7 @@ TEST(MachineInfo, OnednnIsaFollowsTheCpuAndOnednnMaxCpuIsa) {
   ASSERT_FALSE(info.onednn_isa.empty());
   const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
   const std::set<std::string> f = cpu_flags();
-  if (cap != nullptr && std::string(cap) == "AVX2") {  // the ctest onednn.avx2
+  if (cap != nullptr && std::string(cap) == "AVX2") {  // the ctest avx2.machine
     EXPECT_EQ(info.onednn_isa, "avx2 (ONEDNN_MAX_CPU_ISA=AVX2)");
   } else if (cap != nullptr && *cap != '\0') {
     EXPECT_NE(info.onednn_isa.find(std::string(" (ONEDNN_MAX_CPU_ISA=") + cap + ")"), std::string::npos)
