@@ -98,6 +98,14 @@ std::optional<Tensor> keras_attention_mask(const Tensor& query, const Tensor& va
     t *= query.size(axes.attention[static_cast<size_t>(i)]);
     s *= value.size(axes.attention[static_cast<size_t>(i)]);
   }
+  for (size_t i = 0; i < shape.size(); ++i) {  // else Tensor::expand's error, which names neither the layer nor a mask
+    if (shape[i] != 1 && shape[i] != full[i]) {
+      fail<ShapeError>("KerasMultiHeadAttention: the masks (query_mask [B, T], value_mask / key_mask [B, S], ",
+                       "attention_mask [B, T, S], causal, sliding window) combine to ", shape_str(m->shape()),
+                       ", which does not fit the scores' attention axes ", shape_str(full), " of query ",
+                       shape_str(query.shape()), " and value ", shape_str(value.shape()));
+    }
+  }
   Shape flat(shape.begin(), shape.begin() + nb + 1);  // [mask batch..., heads]
   flat.push_back(t);
   flat.push_back(s);

@@ -154,6 +154,16 @@ TEST(KerasMha, BuildsAtFirstCallAndReportsBadInputs) {
   EXPECT_EQ(layer.get_weights().at(6).shape(), (qkv::Shape{2, 5, 4, 2}));
   EXPECT_THROW_WITH(layer.forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4}, 2)), qkv::ShapeError, "same rank");
   EXPECT_THROW_WITH(layer.load_weights({}), qkv::ValueError, "no MultiHeadAttention layer (with a query/kernel)");
+  KerasMultiHeadAttentionOptions masked;  // masks that do not fit [B, T = 3, S = 4]: the layer's error, not expand's
+  masked.attention_mask = Tensor::ones({1, 3, 5}, qkv::DType::b8);
+  EXPECT_THROW_WITH(layer.forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 7}, 2), masked), qkv::ShapeError,
+                    "KerasMultiHeadAttention: the masks (query_mask [B, T], value_mask / key_mask [B, S], "
+                    "attention_mask [B, T, S], causal, sliding window) combine to [1, 3, 5], which does not fit the "
+                    "scores' attention axes [1, 1, 3, 4] of query [1, 3, 6] and value [1, 4, 7]");
+  masked.attention_mask.reset();
+  masked.query_mask = Tensor::ones({1, 4}, qkv::DType::b8);
+  EXPECT_THROW_WITH(layer.forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 7}, 2), masked), qkv::ShapeError,
+                    "combine to [1, 4, 1], which does not fit the scores' attention axes [1, 1, 3, 4]");
   c.attention_axes = {3};
   KerasMultiHeadAttention bad(c);
   EXPECT_THROW_WITH(bad.forward(Tensor::randn({1, 3, 6}, 1), Tensor::randn({1, 4, 6}, 2)), qkv::ValueError,
