@@ -4,6 +4,7 @@
 // compensation terms, and the scales of both sides factor out of the dot product.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/gemm_internal.h"
@@ -17,13 +18,18 @@ namespace qkv::nn {
 
 namespace {
 
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
 // q[i] = round(x[i] / scale) in [-qmax, qmax], scale = max|x| / qmax (1 when x is all 0, so
-// that q is 0). Round half to even, as torch's quantize_per_channel. A NaN or inf in x
-// gives scale 1 and saturated or undefined q: garbage in, as for torch. Returns the scale.
+// that q is 0). Round half to even, as torch's quantize_per_channel. Returns the scale, NaN
+// when x holds a NaN or an inf (q is then saturated): the row's outputs become NaN as the
+// float32 layer's do, where a scale of 1 gave finite numbers for an inf input (torch's
+// quantize_dynamic raises there). Weights likewise: a NaN weight makes its channel NaN.
 float quantize_row(const float* x, int64_t n, int8_t* q, float qmax = 127.0f) {
-  const float scale = kernels::symmetric_scale(kernels::max_abs(x, n), qmax);
+  const float amax = kernels::max_abs(x, n);
+  const float scale = kernels::symmetric_scale(amax, qmax);
   kernels::quantize_with(x, n, scale, q, qmax);
-  return scale;
+  return std::isfinite(amax) ? scale : kNaN;
 }
 
 }  // namespace
@@ -103,9 +109,9 @@ struct Int8Rows {
 void quantize_rows(const Int8Rows& l, int64_t m0, int64_t rows, int8_t* xq, float* xs) {
   for (int64_t m = 0; m < rows; ++m) {
     const float* xm = l.x + (m0 + m) * l.in;
-    if (l.fixed > 0.0f) {
+    if (l.fixed > 0.0f) {  // a NaN or inf in the row: NaN outputs, not the clipped value's
       kernels::quantize_with(xm, l.in, l.fixed, xq + m * l.in);
-      xs[m] = l.fixed;
+      xs[m] = std::isfinite(kernels::max_abs(xm, l.in)) ? l.fixed : kNaN;
     } else {
       xs[m] = quantize_row(xm, l.in, xq + m * l.in);
     }

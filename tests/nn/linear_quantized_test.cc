@@ -8,6 +8,8 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "common/relative_error.h"
@@ -204,6 +206,46 @@ TEST(LinearQuantized, StaticScaleClipsAndEqualsDynamicAtTheRowsOwnScale) {
   // Half the range: the larger half of x clips to +-127, so the result is no longer close.
   EXPECT_GT(norm_rel(f.quantize_static(amax / 254.0f).forward(x), f.forward(x)), 5e-2);
   EXPECT_THROW((void)f.quantize_static(0.0f), ValueError);
+}
+
+// A NaN or an inf in a token row makes that row's outputs NaN, as float arithmetic does (the
+// float32 layer's row is inf / NaN there); the scale of 1 used for such rows gave finite numbers.
+// Other rows are unchanged, and a NaN weight makes its output channel NaN. Rows of 200 and 40
+// tokens: the blocked path (>= 2 blocks of 64 per thread where the CPU has VNNI) and one GEMM.
+TEST(LinearQuantized, NonFiniteInputsGiveNaNRowsNotFiniteNumbers) {
+  for (int64_t rows : {200, 40}) {
+    const Tensor w = Tensor::randn({24, 32}, 3), b = Tensor::randn({24}, 4);
+    std::vector<float> xv = Tensor::randn({rows, 32}, 5).to_vector<float>();
+    const Linear f = Linear::torch(w, b);
+    const std::vector<Linear> layers = {f.quantize_dynamic(8), f.quantize_dynamic(7), f.quantize_static(0.03f)};
+    std::vector<std::vector<float>> clean;
+    for (const Linear& l : layers) clean.push_back(l.forward(Tensor::from_vector(xv, {rows, 32})).to_vector<float>());
+    xv[1 * 32 + 5] = std::numeric_limits<float>::infinity();
+    xv[(rows - 1) * 32] = std::numeric_limits<float>::quiet_NaN();
+    const Tensor x = Tensor::from_vector(xv, {rows, 32});
+    for (size_t i = 0; i < layers.size(); ++i) {
+      SCOPED_TRACE("rows " + std::to_string(rows) + " layer " + std::to_string(i));
+      const std::vector<float> y = layers[i].forward(x).to_vector<float>();  // [rows, 24]
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t n = 0; n < 24; ++n) {
+          if (r == 1 || r == rows - 1) {
+            EXPECT_TRUE(std::isnan(y[r * 24 + n])) << r << " " << n << " " << y[r * 24 + n];
+          } else {
+            EXPECT_EQ(y[r * 24 + n], clean[i][r * 24 + n]) << r << " " << n;
+          }
+        }
+      }
+    }
+  }
+  std::vector<float> wv = Tensor::randn({24, 32}, 3).to_vector<float>();
+  wv[7 * 32 + 2] = std::numeric_limits<float>::quiet_NaN();  // output channel 7
+  const std::vector<float> y = Linear::torch(Tensor::from_vector(wv, {24, 32}), std::nullopt)
+                                   .quantize_dynamic()
+                                   .forward(Tensor::randn({3, 32}, 6))
+                                   .to_vector<float>();
+  for (int64_t r = 0; r < 3; ++r) {
+    for (int64_t n = 0; n < 24; ++n) EXPECT_EQ(std::isnan(y[r * 24 + n]), n == 7) << r << " " << n;
+  }
 }
 
 TEST(MultiheadAttentionQuantized, StaticCalibrationStaysWithinThreePercent) {
