@@ -139,7 +139,11 @@ std::string path_arg(nb::handle value, const std::string& what) {
   }
   const nb::object owned = nb::steal(path);
   if (!PyUnicode_Check(path)) type_fault(what, "a str or os.PathLike (not bytes)", value);
-  return nb::cast<std::string>(owned);
+  // The file system's bytes, as os.fsencode gives them: a name that is not UTF-8 comes
+  // with surrogate escapes ('x\udcff.npy'), which a UTF-8 cast refuses (std::bad_cast).
+  const nb::object bytes = nb::steal(PyUnicode_EncodeFSDefault(path));
+  if (!bytes.is_valid()) throw nb::python_error();
+  return std::string(PyBytes_AS_STRING(bytes.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(bytes.ptr())));
 }
 
 std::optional<std::map<std::string, std::string>> str_dict_arg(nb::handle value, const std::string& what) {

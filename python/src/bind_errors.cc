@@ -8,6 +8,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -19,6 +20,16 @@ namespace nb = nanobind;
 
 namespace {
 
+// PyErr_SetString with the message decoded as os.fsdecode does: a file name that is
+// not UTF-8 keeps its bytes as surrogate escapes (PyErr_SetString raised a
+// UnicodeDecodeError that hid the message).
+void set_error(PyObject* type, const char* message) {
+  PyObject* text = PyUnicode_DecodeUTF8(message, static_cast<Py_ssize_t>(std::strlen(message)), "surrogateescape");
+  if (text == nullptr) return;  // the decode's own error is set
+  PyErr_SetObject(type, text);
+  Py_DECREF(text);
+}
+
 void translate(const std::exception_ptr& error, void*) {
   // Whatever it was, the scope text an exception left is not for a later call's bad_alloc.
   struct Forget {
@@ -27,27 +38,27 @@ void translate(const std::exception_ptr& error, void*) {
   try {
     std::rethrow_exception(error);
   } catch (const qkv::ShapeError& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
+    set_error(PyExc_ValueError, e.what());
   } catch (const qkv::ValueError& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
+    set_error(PyExc_ValueError, e.what());
   } catch (const qkv::FormatError& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
+    set_error(PyExc_ValueError, e.what());
   } catch (const qkv::DTypeError& e) {
-    PyErr_SetString(PyExc_TypeError, e.what());
+    set_error(PyExc_TypeError, e.what());
   } catch (const qkv::IndexError& e) {
-    PyErr_SetString(PyExc_IndexError, e.what());
+    set_error(PyExc_IndexError, e.what());
   } catch (const qkv::IOError& e) {
-    PyErr_SetString(PyExc_OSError, e.what());
+    set_error(PyExc_OSError, e.what());
   } catch (const qkv::OutOfMemoryError& e) {
-    PyErr_SetString(PyExc_MemoryError, e.what());
+    set_error(PyExc_MemoryError, e.what());
   } catch (const qkv::Interrupted& e) {
     // Ctrl-C stopped the work (python/src/interrupt.h): Python's own handler decides
     // (KeyboardInterrupt by default); if it returns, the call still did not finish.
-    if (PyErr_CheckSignals() == 0) PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
+    if (PyErr_CheckSignals() == 0) set_error(PyExc_KeyboardInterrupt, e.what());
   } catch (const qkv::Error& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+    set_error(PyExc_RuntimeError, e.what());
   } catch (const std::bad_alloc&) {  // a container's growth in an attention, nn or io call
-    PyErr_SetString(PyExc_MemoryError, qkv::bad_alloc_message("qkv").c_str());
+    set_error(PyExc_MemoryError, qkv::bad_alloc_message("qkv").c_str());
   }
   // Anything else propagates to nanobind's own translators (std::exception, ...).
 }

@@ -25,6 +25,14 @@ using qkv::python::to_tensor;
 
 namespace {
 
+// A name as Python str: UTF-8, with surrogate escapes for other bytes (os.fsdecode),
+// e.g. a .npy file's stem that is not UTF-8 (nb::str raised 'conversion error').
+nb::object name_str(const std::string& name) {
+  PyObject* s = PyUnicode_DecodeFSDefaultAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
+  if (s == nullptr) throw nb::python_error();
+  return nb::steal(s);
+}
+
 // Runs `read` without the GIL; an IOError on a path that does not exist becomes
 // FileNotFoundError (errno ENOENT, qkv's message, the path), as open() raises.
 template <class Fn>
@@ -35,7 +43,7 @@ auto read_file(const fs::path& path, Fn&& read) {
   } catch (const qkv::IOError& e) {
     std::error_code ec;
     if (fs::exists(path, ec) || ec) throw;
-    nb::object error = nb::handle(PyExc_FileNotFoundError)(ENOENT, e.what(), nb::str(path.string().c_str()));
+    nb::object error = nb::handle(PyExc_FileNotFoundError)(ENOENT, name_str(e.what()), name_str(path.string()));
     PyErr_SetObject(PyExc_FileNotFoundError, error.ptr());
     throw nb::python_error();
   }
@@ -45,7 +53,7 @@ nb::dict load(nb::handle path_arg) {
   const fs::path path = qkv::python::path_arg(path_arg, "load: path");
   const std::map<std::string, qkv::Tensor> tensors = read_file(path, [&] { return qkv::io::load(path); });
   nb::dict out;
-  for (const auto& [name, tensor] : tensors) out[nb::str(name.c_str(), name.size())] = to_numpy(tensor);
+  for (const auto& [name, tensor] : tensors) out[name_str(name)] = to_numpy(tensor);
   return out;
 }
 
@@ -86,7 +94,7 @@ nb::list inspect(nb::handle path_arg) {
   for (const qkv::io::TensorInfo& info : infos) {
     nb::list shape;
     for (int64_t d : info.shape) shape.append(d);
-    out.append(nb::make_tuple(info.key, info.dtype, nb::tuple(shape)));
+    out.append(nb::make_tuple(name_str(info.key), info.dtype, nb::tuple(shape)));
   }
   return out;
 }

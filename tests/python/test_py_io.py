@@ -72,6 +72,33 @@ def test_metadata_extension_matches_in_any_case(tmp_path):
     assert (tmp_path / "qkv.SafeTensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
 
 
+def test_file_names_that_are_not_utf8(tmp_path):
+    # Linux names are bytes; Python hands undecodable ones over with surrogate escapes
+    # (os.fsdecode). qkv raised RuntimeError 'std::bad_cast' for any such path, and its
+    # errors naming the file came back as UnicodeDecodeError.
+    import os
+    path = os.fsdecode(bytes(tmp_path) + b"/w\xff.npy")
+    x = sample("float32")
+    np.save(path, x)
+    loaded = qkv.load(path)
+    assert list(loaded) == [os.fsdecode(b"w\xff")]
+    np.testing.assert_array_equal(loaded[os.fsdecode(b"w\xff")], np.load(path))
+    assert qkv.inspect(path) == [(os.fsdecode(b"w\xff"), "float32", (3, 4))]
+    qkv.save(path, x)
+    np.save(tmp_path / "numpy.npy", x)
+    assert pathlib.Path(path).read_bytes() == (tmp_path / "numpy.npy").read_bytes()
+    missing = os.fsdecode(bytes(tmp_path) + b"/missing\xfe.npy")
+    with pytest.raises(FileNotFoundError) as info:
+        qkv.load(missing)
+    assert info.value.filename == missing and missing in str(info.value)
+    bad = os.fsdecode(bytes(tmp_path) + b"/bad\xfd.safetensors")
+    pathlib.Path(bad).write_bytes(b"xx")
+    for fn in (qkv.load, qkv.inspect):
+        with pytest.raises(ValueError) as info:
+            fn(bad)
+        assert not isinstance(info.value, UnicodeError) and bad in str(info.value)
+
+
 def test_save_reads_views_and_dlpack_producers(tmp_path):
     x = sample("float32", (4, 6))
     qkv.save(tmp_path / "v.safetensors", {"t": x.T, "s": x[::2, 1:]})
