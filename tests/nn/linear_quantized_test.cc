@@ -88,7 +88,7 @@ TEST(LinearQuantized, MatchesTheDefinitionInFloat64) { expect_definition(8); }
 
 TEST(LinearQuantized, SevenBitWeightsMatchTheDefinitionWithoutTheFloat32Path) {
   // 7-bit weights run on oneDNN's int8 kernel on every CPU, with or without VNNI (the ctest
-  // onednn.avx2 runs this under ONEDNN_MAX_CPU_ISA=AVX2): never on the float32-chunk path.
+  // avx2.machine runs this under ONEDNN_MAX_CPU_ISA=AVX2): never on the float32-chunk path.
   const int64_t widened = detail::gemm_int8_widened_runs();
   expect_definition(7);
   detail::force_gemm_int8_widening(true);  // as a CPU without VNNI

@@ -3,7 +3,7 @@
 // layer's head views before gemm_panels staged non-dense rows, 9.9 s for (1, 8, 1024, 64)
 // with oneDNN capped at AVX2 before attention stopped packing K there; docs/kernels.md).
 // detail::gemm_reference_runs counts such calls; each case below must leave it as it was.
-// The ctest onednn.avx2 runs this file with oneDNN capped at AVX2 as well.
+// The ctest avx2.machine runs this file with oneDNN capped at AVX2 as well.
 #include <gtest/gtest.h>
 
 #include <cstdint>
