@@ -134,9 +134,9 @@ void check_mods(const AttentionMods& m, const AttentionOptions& o, int64_t lq, i
   check_vector(m.alibi_slopes, "alibi_slopes", heads_q, false, op);
   if (m.relative_bias) {
     const Tensor& r = *m.relative_bias;
-    if (!is_floating(r.dtype()) || r.dim() != 2 || (r.size(0) != 1 && r.size(0) != heads_q) ||
-        r.size(1) != lq + lk - 1) {
-      fail<ShapeError>(op, ": mods.relative_bias must be floating [", heads_q, " or 1, ", lq + lk - 1,
+    const int64_t offsets = std::max<int64_t>(0, lq + lk - 1);  // j - i + Lq - 1; none when Lq = Lk = 0
+    if (!is_floating(r.dtype()) || r.dim() != 2 || (r.size(0) != 1 && r.size(0) != heads_q) || r.size(1) != offsets) {
+      fail<ShapeError>(op, ": mods.relative_bias must be floating [", heads_q, " or 1, ", offsets,
                        "] (Lq + Lk - 1), got ", dtype_name(r.dtype()), " ", shape_str(r.shape()));
     }
   }
@@ -238,7 +238,8 @@ FlashTiles interval_tiles(const FlashTiles& tiles, bool automatic, const Attenti
   const int64_t run = std::min(lk, br + (left + right + 1) * u - 1);  // keys of a row tile, at most
   const int64_t budget = l2_cache_bytes() / static_cast<int64_t>(sizeof(float));
   const int64_t most = std::max<int64_t>(64, (budget - br * (dk + dv)) / (dk + dv + br));  // flash_working_set
-  const int64_t pieces = (run + most - 1) / most, bc = (run + pieces - 1) / pieces;
+  // At least one piece: with Lk = 0 the run is empty, and 0 pieces divided by zero (SIGFPE).
+  const int64_t pieces = std::max<int64_t>(1, (run + most - 1) / most), bc = (run + pieces - 1) / pieces;
   return {br, std::max<int64_t>(1, std::min(lk, (bc + 15) / 16 * 16))};
 }
 

@@ -375,6 +375,28 @@ TEST(AttentionMods, MaskedFillGivesUniformRowsAsSeed002) {
   EXPECT_EQ(scaled_dot_product_attention(q, k, v, o).output.item({0, 1, 0, 0}), 0.0);
 }
 
+// Lk = 0 under a window: interval_tiles split the empty run of keys into 0 pieces and divided
+// by them (SIGFPE: the process died). No keys is the empty softmax, as PyTorch's: output 0, lse
+// -inf, dq 0, and empty dk and dv.
+TEST(AttentionMods, AWindowOverNoKeysIsTheEmptySoftmaxNotADivisionByZero) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    const Tensor q = Tensor::randn({2, 1, 3, 8}, 1, dt), k = Tensor::zeros({2, 1, 0, 8}, dt),
+                 v = Tensor::zeros({2, 1, 0, 4}, dt);
+    AttentionOptions o;
+    o.mods = AttentionMods::sliding_window(3, 0);
+    o.return_logsumexp = true;
+    const AttentionResult r = scaled_dot_product_attention(q, k, v, o);
+    ASSERT_EQ(r.output.shape(), (Shape{2, 1, 3, 4}));
+    for (double x : r.output.to_vector<double>()) EXPECT_EQ(x, 0.0);
+    for (double x : r.logsumexp->to_vector<double>()) EXPECT_EQ(x, -INFINITY);
+    const AttentionGradients g =
+        scaled_dot_product_attention_backward(q, k, v, r.output, Tensor::ones({2, 1, 3, 4}, dt), *r.logsumexp, o);
+    for (double x : g.dq.to_vector<double>()) EXPECT_EQ(x, 0.0);
+    EXPECT_EQ(g.dk.numel(), 0);
+    EXPECT_EQ(g.dv.numel(), 0);
+  }
+}
+
 TEST(AttentionMods, FunctorsComposeWithTheBuiltIns) {
   const Tensor q = Tensor::randn({2, 3, 33, 8}, 15, DType::f64), k = Tensor::randn({2, 3, 41, 8}, 16, DType::f64),
                v = Tensor::randn({2, 3, 41, 8}, 17, DType::f64);

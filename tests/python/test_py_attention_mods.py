@@ -105,6 +105,24 @@ def test_masked_fill_is_seed_002s_at_large_inputs():
     np.testing.assert_allclose(got[0, 0, 5], v[0, 0].mean(0), atol=1e-12)
 
 
+def test_empty_keys_and_empty_relative_bias():
+    """No keys under a window (Lk = 0) is the empty softmax (output 0, lse -inf), not a
+    division by zero that killed the interpreter (SIGFPE); Lq = Lk = 0 takes a [H, 0]
+    relative bias (Lq + Lk - 1 offsets, none here; it asked for [H, -1])."""
+    q = rng.standard_normal((2, 1, 3, 8))
+    k, v = np.zeros((2, 1, 0, 8)), np.zeros((2, 1, 0, 4))
+    out, lse = qkv.scaled_dot_product_attention(q, k, v, mods=M.sliding_window(3, 0), return_logsumexp=True)
+    np.testing.assert_array_equal(out, np.zeros((2, 1, 3, 4)))
+    np.testing.assert_array_equal(lse, np.full((2, 1, 3), -np.inf))
+    dq, dk, dv = qkv.scaled_dot_product_attention_backward(q, k, v, out, np.ones_like(out), lse,
+                                                           mods=M.sliding_window(3, 0))
+    np.testing.assert_array_equal(dq, np.zeros_like(q))
+    assert dk.shape == k.shape and dv.shape == v.shape
+    e = np.zeros((1, 2, 0, 8))
+    out = qkv.scaled_dot_product_attention(e, e, e, mods=M(relative_bias=np.zeros((2, 0))))
+    assert out.shape == (1, 2, 0, 8)
+
+
 def test_gradients_through_mods_equal_those_through_the_dense_mask():
     q, k, v = (rng.standard_normal((1, 2, 48, 8)) for _ in range(3))
     mods = M.longformer(4, 4, [0, 20])
