@@ -110,13 +110,16 @@ Rows<K> rows_of(const Flash<K>& f, int64_t item) {
   return r;
 }
 
-// o [Dv] = the mean of the entry's V rows: uniform weights over every key (a row that
-// masked_fill left without an allowed key; qkv/attention_mods.h).
+// o [Dv] = the mean of the entry's V rows: uniform weights over every key (row x of the item,
+// which masked_fill left without an allowed key; qkv/attention_mods.h), each dropped or scaled
+// by the dropout as any weight (dropout_tile's draw); the undropped mean was O(1) off the
+// reference and the returned weights with dropout_p > 0.
 template <class K, class T = typename K::T>
-void uniform_row(const Flash<K>& f, const Rows<K>& r, T* o) {
+void uniform_row(const Flash<K>& f, const Rows<K>& r, int64_t x, T* o) {
   const Problem& p = *f.p;
   std::fill(o, o + p.dv, T(0));
   std::vector<T> row(static_cast<size_t>(p.dv));
+  const auto index = static_cast<uint64_t>((r.b * p.lq + r.i0 + x) * p.lk);  // of key 0 in [..., Hq, Lq, Lk]
   for (int64_t j = 0; j < p.lk; ++j) {
     const auto* vj = r.v + j * p.v.stride(-2);  // [Dv]
     if constexpr (std::is_same_v<typename K::S, T>) {
@@ -124,7 +127,11 @@ void uniform_row(const Flash<K>& f, const Rows<K>& r, T* o) {
     } else {
       kernels::widen(vj, p.dv, row.data());
     }
-    for (int64_t c = 0; c < p.dv; ++c) o[c] += row[static_cast<size_t>(c)];
+    // A dropped key still adds 0 * v_j (NaN where v_j is), as the reference does.
+    const T w = f.dropout_p == 0.0                                                            ? T(1)
+                : random::dropout_keep(f.seed, index + static_cast<uint64_t>(j), f.dropout_p) ? f.keep_scale
+                                                                                              : T(0);
+    for (int64_t c = 0; c < p.dv; ++c) o[c] += w * row[static_cast<size_t>(c)];
   }
   kernels::scale(o, p.dv, T(1) / static_cast<T>(p.lk));
 }
@@ -139,7 +146,7 @@ void finish_rows(const Flash<K>& f, const Rows<K>& r, const T* m, const T* l) {
     T* o = r.o + x * p.dv;  // [Dv]
     if (l[x] != T(0)) kernels::scale(o, p.dv, T(1) / l[x]);
     if (l[x] == T(0) && fill && p.lk > 0) {  // masked_fill: no allowed key, every score `fill`
-      uniform_row(f, r, o);
+      uniform_row(f, r, x, o);
       if (f.lse) f.lse[r.b * p.lq + r.i0 + x] = static_cast<T>(*fill + std::log(static_cast<double>(p.lk)));
       continue;
     }

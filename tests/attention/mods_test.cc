@@ -397,6 +397,41 @@ TEST(AttentionMods, AWindowOverNoKeysIsTheEmptySoftmaxNotADivisionByZero) {
   }
 }
 
+// masked_fill's rows without an allowed key average v over every key, and dropout applies to
+// those uniform weights as to any: with v_j the unit vector e_j, output[i, j] is m_ij / Lk with
+// m_ij in {0, 1 / (1 - p)}. The kernel gave the undropped 1 / Lk everywhere (O(1) off the
+// reference and its own returned weights).
+TEST(AttentionMods, DropoutReachesTheUniformRowsOfMaskedFill) {
+  constexpr int64_t kLq = 40, kLk = 6;
+  constexpr double kP = 0.5;
+  std::vector<double> eye(kLk * kLk, 0.0);
+  for (int64_t j = 0; j < kLk; ++j) eye[static_cast<size_t>(j * kLk + j)] = 1.0;
+  const Tensor q = Tensor::randn({1, 2, kLq, 4}, 3, DType::f64), k = Tensor::randn({1, 2, kLk, 4}, 4, DType::f64);
+  const Tensor v = Tensor::from_vector(eye, {kLk, kLk}).expand({1, 2, kLk, kLk});  // v_j = e_j
+  AttentionOptions o;
+  o.mods = AttentionMods::sliding_window(1, 0);  // rows i >= Lk + 1 have no key
+  o.mods.masked_fill = -1e9;
+  o.dropout_p = kP;
+  o.seed = 5;
+  const Tensor out = scaled_dot_product_attention(q, k, v, o).output;  // [1, 2, Lq, Lk]
+  int dropped = 0, kept = 0;
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t i = kLk + 1; i < kLq; ++i) {
+      for (int64_t j = 0; j < kLk; ++j) {
+        const double x = out.item({0, h, i, j});
+        if (x == 0.0) {
+          ++dropped;
+        } else {
+          ++kept;
+          EXPECT_NEAR(x, 1.0 / (1.0 - kP) / kLk, 1e-15) << h << " " << i << " " << j;
+        }
+      }
+    }
+  }
+  EXPECT_GT(dropped, 100);  // of 396: p = 0.5
+  EXPECT_GT(kept, 100);
+}
+
 TEST(AttentionMods, FunctorsComposeWithTheBuiltIns) {
   const Tensor q = Tensor::randn({2, 3, 33, 8}, 15, DType::f64), k = Tensor::randn({2, 3, 41, 8}, 16, DType::f64),
                v = Tensor::randn({2, 3, 41, 8}, 17, DType::f64);
