@@ -153,7 +153,7 @@ AttentionResult attention_reference(const Tensor& q, const Tensor& k, const Tens
 // The attention users call: the fused CPU kernel (FlashAttention-2 schedule,
 // never materialising the [Lq, Lk] scores; weights, when asked for, come from a
 // second fused pass), in float32 for f32/f16/bf16 inputs and in float64 for f64
-// inputs; Dk == 0 uses the reference.
+// inputs; Dk == 0 runs it on one zero column of q and k (every score exactly 0).
 // Errors name "scaled_dot_product_attention".
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& options = {});

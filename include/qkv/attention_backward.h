@@ -40,7 +40,7 @@ AttentionGradients attention_backward_reference(const Tensor& q, const Tensor& k
 // (shape of out). Errors name "scaled_dot_product_attention_backward" and the shapes.
 // The fused CPU kernel (FlashAttention-2's backward, multi-threaded, never storing
 // [Lq, Lk]): f64 in float64, f32 in float32, bf16/f16 on their float32 upcast with
-// the gradients rounded back to their dtype. Dk == 0 takes the reference.
+// the gradients rounded back to their dtype. Dk == 0: dv from it on one zero column.
 AttentionGradients scaled_dot_product_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                                          const Tensor& out, const Tensor& grad_out,
                                                          const Tensor& logsumexp, const AttentionOptions& options = {});

@@ -3,7 +3,6 @@
 #include "qkv/attention.h"
 #include "attention/attention_cpu.h"
 #include "attention/attention_cuda.h"
-#include "attention/attention_reference.h"
 #include "attention/problem.h"
 
 namespace qkv {
@@ -55,9 +54,14 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   switch (p.device.kind) {
     case DeviceKind::cpu:
       // f32/f16/bf16 run the fused kernel in float32, f64 in float64 (its logsumexp in
-      // float64 too). Dk == 0: every score is the empty sum 0 (whatever the scale,
-      // 1/sqrt(0) by default), which the reference spells out.
-      if (p.dk == 0) return attention::reference_attention(p, options);
+      // float64 too). Dk == 0: every score is the empty sum 0 (whatever the scale, 1/sqrt(0)
+      // by default): the fused kernel on one zero column. The float64 reference it took
+      // before held every [Lq, Lk] weight in float64 whether asked for or not (a MemoryError
+      // at (16, 16, 8192, 0) for a 512 MiB output; 28 s, 8 GiB and no Ctrl-C at (8, 8, 4096, 0)).
+      if (p.dk == 0) {
+        AttentionOptions zero = options;
+        return attention::flash_attention_cpu(attention::zero_dk_problem(q, k, v, zero, kOp), zero);
+      }
       return attention::flash_attention_cpu(p, options);
     case DeviceKind::cuda:
       return attention::flash_attention_cuda(p, options);  // bf16/f16, FlashAttention-2 (docs/cuda.md)

@@ -37,8 +37,14 @@ AttentionGradients scaled_dot_product_attention_backward(const Tensor& q, const 
     case DeviceKind::cpu:
       require_cpu(kOp, {&out, &grad_out, &logsumexp});
       // The fused FlashAttention-2 backward (f64 in float64, the rest in float32). Dk == 0:
-      // every score is the empty sum 0 and dq, dk are empty; the reference spells it out.
-      if (p.dk == 0) return attention::reference_attention_backward(p, grad_out, options);
+      // every score is the empty sum 0 and dq, dk are empty; dv from the fused kernel on one
+      // zero column (as the forward), not the single-threaded float64 reference.
+      if (p.dk == 0) {
+        AttentionOptions zero = options;
+        const attention::Problem z = attention::zero_dk_problem(q, k, v, zero, kOp);
+        const AttentionGradients g = attention::flash_attention_backward_cpu(z, out, grad_out, logsumexp, zero);
+        return {Tensor::zeros(q.shape(), q.dtype()), Tensor::zeros(k.shape(), k.dtype()), g.dv};
+      }
       return attention::flash_attention_backward_cpu(p, out, grad_out, logsumexp, options);
     case DeviceKind::cuda: return attention::flash_attention_backward_cuda(p, out, grad_out, logsumexp, options);
   }

@@ -1,5 +1,5 @@
 // The float64 attention oracle (attention_reference.cc) as a kernel the dispatcher can
-// pick: scaled_dot_product_attention runs it for f64 inputs and Dk == 0.
+// call: attention_reference (scaled_dot_product_attention runs the fused kernels, Dk == 0 too).
 #pragma once
 
 #include "attention/problem.h"

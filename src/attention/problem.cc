@@ -165,6 +165,17 @@ Problem with_operands(const Problem& p, Tensor q, Tensor k, Tensor v, std::optio
   return out;
 }
 
+Problem zero_dk_problem(const Tensor& q, const Tensor& k, const Tensor& v, AttentionOptions& options, const char* op) {
+  auto zero_column = [](const Tensor& t) {  // [..., L, 0] -> [..., L, 1] of zeros
+    Shape s = t.shape();
+    s.back() = 1;
+    return Tensor::zeros(s, t.dtype());
+  };
+  options.scale = 1.0;
+  options.qk_quantization = QKQuantization::none;  // the scores are exact zeros already
+  return make_problem(zero_column(q), zero_column(k), v, options, op);
+}
+
 Shape with_tail(Shape leading, std::initializer_list<int64_t> tail) {
   leading.insert(leading.end(), tail);
   return leading;

@@ -73,6 +73,12 @@ class CallScope {
 // nothing is checked again. std::logic_error when a shape differs (a bug).
 Problem with_operands(const Problem& p, Tensor q, Tensor k, Tensor v, std::optional<Tensor> mask);
 
+// Dk == 0 (every score is the empty dot product 0, whatever the scale: 1/sqrt(0) = inf by
+// default) as a call the fused kernels run: q and k with one zero column, and `options` (the
+// caller's copy, changed in place) with scale 1 and no int8 Q K^T, so that every score is
+// exactly 0 before masks and modifiers. Checked as make_problem checks any call.
+Problem zero_dk_problem(const Tensor& q, const Tensor& k, const Tensor& v, AttentionOptions& options, const char* op);
+
 // `leading` followed by `tail`: the shape [batch..., tail...] of an operand or a result.
 Shape with_tail(Shape leading, std::initializer_list<int64_t> tail);
 

@@ -280,6 +280,36 @@ def test_backward_matches_torch_autograd(path):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-10 * scale, err_msg=name)
 
 
+def test_zero_head_dim_needs_memory_for_the_output_only():
+    """Dk = 0 (every score 0) runs the fused kernel: the float64 reference it took stored every
+    [Lq, Lk] weight, 64 GiB here (MemoryError) for a 1 MiB output. A causal window of 3 keys:
+    output i is the mean of v over keys max(0, i - 2) .. i, lse the log of their count."""
+    n = 1 << 16
+    rng = np.random.default_rng(21)
+    q = np.zeros((1, 2, n, 0), np.float32)
+    v = rng.standard_normal((1, 2, n, 2)).astype(np.float32)
+    mods = qkv.AttentionMods(window_left=2, window_right=0)
+    out, lse = qkv.scaled_dot_product_attention(q, q, v, mods=mods, return_logsumexp=True)
+    g = rng.standard_normal(out.shape).astype(np.float32)
+    dq, dk, dv = qkv.scaled_dot_product_attention_backward(q, q, v, out, g, lse, mods=mods)
+    count = (np.minimum(np.arange(n), 2) + 1.0)[:, None]  # keys of row i
+    v64, gw = v.astype(np.float64), g.astype(np.float64) / count
+
+    def shifted(x, s):  # x[..., i - s, :] (s > 0) or x[..., i + |s|, :], zeros outside
+        out = np.zeros_like(x)
+        if s >= 0:
+            out[..., s:, :] = x[..., : n - s, :]
+        else:
+            out[..., : n + s, :] = x[..., -s:, :]
+        return out
+
+    np.testing.assert_allclose(out, sum(shifted(v64, s) for s in range(3)) / count, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(lse, np.broadcast_to(np.log(count[:, 0]), lse.shape), rtol=0, atol=1e-6)
+    # dv_j = sum over the rows i = j .. j + 2 that see key j of g_i / count_i; dq, dk empty
+    np.testing.assert_allclose(dv, sum(shifted(gw, -s) for s in range(3)), rtol=0, atol=1e-5)
+    assert dq.shape == q.shape and dk.shape == q.shape and dq.dtype == np.float32
+
+
 def test_backward_with_dropout_needs_the_forward_seed():
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal((1, 2, 6, 4)) for _ in range(3))
