@@ -311,18 +311,23 @@ void merge(const DecodeCall& d, const std::vector<Item>& items, const Partials& 
     while (last < items.size() && items[last].b == items[first].b && items[last].hk == items[first].hk) ++last;
     for (int64_t r = 0; r < rows; ++r) {
       float big = kNegInf;
-      for (size_t x = first; x < last; ++x) big = std::max(big, p.m[items[x].slot * rows + r]);
-      std::fill(acc.begin(), acc.end(), 0.0);
-      double total = 0.0;
-      for (size_t x = first; x < last && big != kNegInf; ++x) {
+      bool nan = false;  // a NaN score (a NaN key, or +inf - +inf): the row is NaN, as softmax makes it
+      for (size_t x = first; x < last; ++x) {
+        big = std::max(big, p.m[items[x].slot * rows + r]);
+        nan = nan || std::isnan(p.m[items[x].slot * rows + r]) || std::isnan(p.l[items[x].slot * rows + r]);
+      }
+      std::fill(acc.begin(), acc.end(), nan ? std::numeric_limits<double>::quiet_NaN() : 0.0);
+      double total = nan ? std::numeric_limits<double>::quiet_NaN() : 0.0;  // not 0, which gave a row of zeros
+      for (size_t x = first; x < last && big != kNegInf && !nan; ++x) {
         const double w = std::exp(static_cast<double>(p.m[items[x].slot * rows + r]) - big);
         total += w * p.l[items[x].slot * rows + r];
         const float* o = p.o.data() + (items[x].slot * rows + r) * d.dv;
         for (int64_t c = 0; c < d.dv; ++c) acc[c] += w * o[c];
       }
       const int64_t row = (items[first].b * d.hq + items[first].hk * d.group) * d.lq + r;  // in [B, Hq, Lq]
-      for (int64_t c = 0; c < d.dv; ++c) out[row * d.dv + c] = total > 0 ? static_cast<float>(acc[c] / total) : 0.0f;
-      if (lse) lse[row] = total > 0 ? static_cast<float>(big + std::log(total)) : kNegInf;
+      const bool keys = total > 0 || nan;
+      for (int64_t c = 0; c < d.dv; ++c) out[row * d.dv + c] = keys ? static_cast<float>(acc[c] / total) : 0.0f;
+      if (lse) lse[row] = keys ? static_cast<float>(big + std::log(total)) : kNegInf;
     }
     first = last;
   }

@@ -1,6 +1,7 @@
 // int8 KV caches (qkv/kv_cache.h): quantization on append, dequantized copies for the reference.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/quantize.h"
@@ -21,7 +22,10 @@ namespace {
 void quantize_row(const float* x, int64_t n, int8_t* out, bfloat16* scales) {
   for (int64_t g0 = 0; g0 < n; g0 += KVCache::kInt8Group) {
     const int64_t len = std::min(KVCache::kInt8Group, n - g0);
-    const bfloat16 s(kernels::symmetric_scale(kernels::max_abs(x + g0, len)));
+    const float amax = kernels::max_abs(x + g0, len);
+    // a NaN or inf in the group: scale NaN, so that it dequantizes to NaN as a float cache's row
+    // reads (a scale of 1 stored finite numbers); the kernels keep such scales on their float passes
+    const bfloat16 s(std::isfinite(amax) ? kernels::symmetric_scale(amax) : std::numeric_limits<float>::quiet_NaN());
     kernels::quantize_with(x + g0, len, static_cast<float>(s), out + g0);
     scales[g0 / KVCache::kInt8Group] = s;
   }
@@ -34,23 +38,29 @@ void quantize_row(const float* x, int64_t n, int8_t* out, bfloat16* scales) {
 // a later key's (k - c) / r there set its group's scale and rounded the group's other channels to
 // nothing: 10-46% relative error after a 2-key first append against 0.7% after 300 keys (N(0, 1)
 // keys, D = 128, 300 keys); shrunk, 0.7-1.2%. The median, not the mean: a few outlier channels
-// (the spreads' reason to be) would pull the others' spreads up to theirs.
+// (the spreads' reason to be) would pull the others' spreads up to theirs. Over the finite values
+// only: a NaN or inf key in the first append made its channel's offset NaN, and every later key.
 constexpr double kPriorKeys = 8.0;
 void channel_stats(const float* k, int64_t n, int64_t dim, float* offset, float* spread) {
-  std::vector<double> square(static_cast<size_t>(dim));  // [D] mean squared deviation
+  std::vector<double> square(static_cast<size_t>(dim)), count(static_cast<size_t>(dim));  // [D] each
   for (int64_t d = 0; d < dim; ++d) {
     double sum = 0, squares = 0;
-    for (int64_t j = 0; j < n; ++j) sum += k[j * dim + d];
-    const double mean = sum / static_cast<double>(n);
-    for (int64_t j = 0; j < n; ++j) squares += (k[j * dim + d] - mean) * (k[j * dim + d] - mean);
+    double& finite = count[d];
+    for (int64_t j = 0; j < n; ++j) {
+      if (std::isfinite(k[j * dim + d])) sum += k[j * dim + d], finite += 1;
+    }
+    const double mean = finite > 0 ? sum / finite : 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      if (std::isfinite(k[j * dim + d])) squares += (k[j * dim + d] - mean) * (k[j * dim + d] - mean);
+    }
     offset[d] = static_cast<float>(mean);
-    square[d] = squares / static_cast<double>(n);
+    square[d] = finite > 0 ? squares / finite : 0.0;
   }
   std::vector<double> sorted = square;
   std::nth_element(sorted.begin(), sorted.begin() + dim / 2, sorted.end());
-  const double median = sorted[static_cast<size_t>(dim / 2)], keys = static_cast<double>(n);
+  const double median = sorted[static_cast<size_t>(dim / 2)];
   for (int64_t d = 0; d < dim; ++d) {
-    const double rms = std::sqrt((keys * square[d] + kPriorKeys * median) / (keys + kPriorKeys));
+    const double keys = count[d], rms = std::sqrt((keys * square[d] + kPriorKeys * median) / (keys + kPriorKeys));
     spread[d] = rms > 1e-12 ? static_cast<float>(rms) : 1.0f;
   }
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -195,6 +196,40 @@ TEST(Decode, Int8CacheKernelAndQuantizationError) {
   for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
   std::printf("int8 cache vs float32 cache: relative error %.2e\n", std::sqrt(num / den));
   EXPECT_LE(std::sqrt(num / den), 1e-2);
+}
+
+// A NaN key makes the rows that attend it NaN, as softmax does (torch's SDPA and qkv's own give
+// NaN there); the merge read its NaN partial sums as "no keys" and returned zeros with lse -inf.
+// Rows whose window leaves the NaN key out stay finite, also in an int8 cache whose first append
+// held it (its offsets and spreads come from the finite values; a NaN offset poisoned every key).
+TEST(Decode, NaNKeysGiveNaNRowsOnlyWhereTheyAreAttended) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::i8}) {
+    for (int64_t page : {0, 4}) {
+      for (int64_t chunk : {0, 1, 4}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " page " + std::to_string(page) + " chunk " + std::to_string(chunk));
+        KVCacheConfig c{2, 2, 64, 16, 64, dt};
+        c.page_size = page;
+        KVCache cache(c);
+        std::vector<float> k = Tensor::randn({2, 2, 10, 64}, 61).to_vector<float>();  // [B, Hk, T, D]
+        k[(0 * 10 + 3) * 64 + 5] = std::numeric_limits<float>::quiet_NaN();           // sequence 0, head 0, key 3
+        cache.append(Tensor::from_vector(k, {2, 2, 10, 64}), Tensor::randn({2, 2, 10, 64}, 62));
+        const Tensor q = Tensor::randn({2, 4, 1, 64}, 63);  // [B, Hq, 1, D]: heads 0, 1 read cache head 0
+        for (int64_t window : {0, 4}) {                     // the query at 9 sees keys 0..9, or 6..9
+          DecodeOptions o;
+          o.chunk = chunk, o.window = window, o.return_logsumexp = true;
+          const AttentionResult r = decode_attention(q, cache, o);
+          const std::vector<float> out = r.output.to_vector<float>(), lse = r.logsumexp->to_vector<float>();
+          for (int64_t row = 0; row < 8; ++row) {  // (b, h)
+            const bool nan = window == 0 && row < 2;
+            EXPECT_EQ(std::isnan(lse[row]), nan) << "window " << window << " row " << row << " lse " << lse[row];
+            for (int64_t x = 0; x < 64; ++x) {
+              EXPECT_EQ(std::isnan(out[row * 64 + x]), nan) << "window " << window << " row " << row << " " << x;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 // An int8 cache whose sequence began with a short append (a 2- or 3-token prompt): the key
