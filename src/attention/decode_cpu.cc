@@ -63,7 +63,8 @@ int64_t chunk_size(const DecodeCall& d, const KVCache& cache, const DecodeOption
   if (o.chunk > 0) return o.chunk;
   int64_t longest = 1;
   for (int64_t b = 0; b < d.b; ++b) longest = std::max(longest, cache.length(b) - first_needed(d, o, cache.length(b)));
-  const int64_t per_seq = std::max<int64_t>(1, (4 * get_num_threads() + d.b * d.hk - 1) / (d.b * d.hk));
+  const int64_t heads = std::max<int64_t>(1, d.b * d.hk);  // a batch of 0 sequences divided by 0 (SIGFPE)
+  const int64_t per_seq = std::max<int64_t>(1, (4 * get_num_threads() + heads - 1) / heads);
   return std::clamp<int64_t>((longest + per_seq - 1) / per_seq, 256, int8_chunk_max(d, cache));
 }
 

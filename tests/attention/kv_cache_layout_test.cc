@@ -306,6 +306,13 @@ TEST(KVCachePaged, EmptySequencesDecodeToZeroRows) {
       }
     }
   }
+  // No sequences at all: an empty result (the automatic chunk divided by B Hk = 0: SIGFPE).
+  for (int64_t page : {0, 4}) {
+    KVCacheConfig none = config(0, 12, DType::f32);
+    none.page_size = page;
+    const KVCache empty(none);
+    EXPECT_EQ(decode_attention(Tensor::randn({0, 4, 1, 16}, 4), empty).output.shape(), (Shape{0, 4, 1, 8}));
+  }
 }
 
 // Bad sequence indices, an odd head_dim under full rotary and int8 offsets of the wrong shape are
