@@ -128,7 +128,13 @@ std::vector<int64_t> int_list_arg(nb::handle value, const std::string& what, int
 
 std::string str_arg(nb::handle value, const std::string& what) {
   if (!PyUnicode_Check(value.ptr())) type_fault(what, "a str", value);
-  return nb::cast<std::string>(value);
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(value.ptr(), &size);
+  if (utf8 == nullptr) {  // a lone surrogate ('\udcff') has no UTF-8 form: nb::cast threw std::bad_cast
+    PyErr_Clear();
+    fail<ValueError>(what, " must be text that UTF-8 can encode (a lone surrogate cannot be), got ", given(value));
+  }
+  return std::string(utf8, static_cast<size_t>(size));
 }
 
 std::string path_arg(nb::handle value, const std::string& what) {

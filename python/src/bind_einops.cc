@@ -60,7 +60,7 @@ std::vector<qkv::Tensor> inputs(nb::handle tensor, const char* op) {
 qkv::einops::AxisLengths lengths_of(const nb::kwargs& kwargs, const std::string& op) {
   qkv::einops::AxisLengths lengths;
   for (auto [key, value] : kwargs) {  // ints and numpy integers; the recipe checks the values
-    const std::string name = nb::cast<std::string>(key);
+    const std::string name = qkv::python::str_arg(key, op + ": axis name");
     const int64_t length = qkv::python::int_arg(value, op + ": axis length " + name, INT64_MIN, INT64_MAX);
     lengths.emplace_back(name, length);
   }

@@ -46,9 +46,9 @@ void parse_optimize(nb::handle optimize, qkv::EinsumOptions& o) {
   } else if (nb::isinstance<nb::bool_>(optimize)) {
     o.optimize = nb::cast<bool>(optimize) ? qkv::EinsumOptimize::auto_ : qkv::EinsumOptimize::none;
   } else if (nb::isinstance<nb::str>(optimize)) {
-    o.optimize = qkv::einsum_optimize_from_name(nb::cast<std::string>(optimize));
+    o.optimize = qkv::einsum_optimize_from_name(qkv::python::str_arg(optimize, "einsum: optimize"));
   } else if (nb::isinstance<nb::tuple>(optimize) && nb::len(optimize) == 2 && nb::isinstance<nb::str>(optimize[0])) {
-    o.optimize = qkv::einsum_optimize_from_name(nb::cast<std::string>(optimize[0]));
+    o.optimize = qkv::einsum_optimize_from_name(qkv::python::str_arg(optimize[0], "einsum: optimize"));
     const double limit = qkv::python::float_arg(optimize[1], "einsum: optimize's memory_limit");
     if (std::isnan(limit)) throw nb::value_error("einsum: optimize's memory_limit is nan");
     // Beyond int64 (1e30, inf) the limit limits nothing; casting it would be undefined
@@ -74,7 +74,7 @@ Call parse_call(const nb::args& args, nb::handle optimize) {
   Call c;
   if (args.size() == 0) throw nb::value_error("einsum: no subscripts and no operands given");
   if (nb::isinstance<nb::str>(args[0])) {
-    c.subscripts = nb::cast<std::string>(args[0]);
+    c.subscripts = qkv::python::str_arg(args[0], "einsum: subscripts");
     for (size_t i = 1; i < args.size(); ++i) {
       c.operands.push_back(to_tensor(args[i], ("einsum: operand " + std::to_string(i - 1)).c_str()));
     }

@@ -66,7 +66,7 @@ void save(nb::handle path_arg, nb::handle arrays, nb::handle metadata_arg) {
       if (!nb::isinstance<nb::str>(key)) {
         qkv::fail<qkv::DTypeError>("save: tensor names must be str, got ", nb::cast<std::string>(nb::repr(key)));
       }
-      const std::string name = nb::cast<std::string>(key);
+      const std::string name = qkv::python::str_arg(key, "save: tensor name");
       tensors.emplace(name, to_tensor(value, ("save: " + name).c_str()));
     }
   } else {  // one array: the natural call for .npy

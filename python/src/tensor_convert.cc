@@ -1,5 +1,6 @@
 // Arrays <-> qkv::Tensor; see tensor_convert.h for the rules.
 #include "tensor_convert.h"
+#include "args.h"
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -358,7 +359,7 @@ nb::object to_numpy(const Tensor& t) {
 std::map<std::string, Tensor> to_tensor_map(nb::handle d, const std::string& op) {
   std::map<std::string, Tensor> out;
   for (auto [key, value] : nb::borrow<nb::dict>(d)) {
-    const std::string name = nb::cast<std::string>(key);
+    const std::string name = str_arg(key, op + ": tensor name");
     out.emplace(name, to_tensor(value, (op + ": " + name).c_str()));
   }
   return out;

@@ -39,3 +39,20 @@ def test_results_numpy_cannot_hold_get_a_qkv_error():
         qkv.repeat(np.ones((2, 0), np.float32), "h w -> h w c", c=2**61)  # 2^62 elements: within qkv's limit
     # Within NumPy's limit an empty result still comes back (4 * 2 * 2^59 = 2^62 bytes' worth of dims).
     assert qkv.repeat(np.ones((2, 0), np.float32), "h w -> h w c", c=2**59).shape == (2, 0, 2**59)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: qkv.rearrange(x, "a b\udcff -> a"),
+    lambda x: qkv.rearrange(x, "a b -> a b", **{"c\udcff": 2}),
+    lambda x: qkv.einsum("ij\udcff", x),
+    lambda x: qkv.einsum("ij", x, optimize="gr\udcffeedy"),
+    lambda x: qkv.save("/tmp/unused.safetensors", {"a\udcff": x}),
+])
+def test_lone_surrogates_are_a_value_error(call):
+    # A str with a lone surrogate (what os.fsdecode makes of a non-UTF-8 byte) has no UTF-8
+    # form: its conversion threw std::bad_cast, a RuntimeError without the argument's name.
+    # Python's own encoder refuses it the same way.
+    with pytest.raises(UnicodeEncodeError):
+        "\udcff".encode("utf-8")
+    with pytest.raises(ValueError, match="lone surrogate"):
+        call(np.zeros((2, 3), np.float32))
