@@ -9,6 +9,7 @@ place through DLPack); results are NumPy arrays, or torch tensors when the query
 
 from __future__ import annotations
 
+import contextlib
 import types
 from typing import Any, Mapping, Optional, Sequence
 
@@ -216,6 +217,20 @@ class MultiheadAttention:
         return _like(dq, query), _like(dk, query), _like(dv, query), {n: _like(g, query) for n, g in grads.items()}
 
 
+@contextlib.contextmanager
+def _training_for_the_call(layer: Any, training: bool | None):
+    """Keras' `training=` holds for one call: a later call without it runs in inference mode, as
+    Keras' does outside fit (it stayed set, so `layer(x, training=True)` left dropout on for every
+    later `layer(x)`). None leaves the layer's own flag."""
+    before = layer.training
+    if training is not None:
+        layer.training = bool(training)
+    try:
+        yield
+    finally:
+        layer.training = before
+
+
 class KerasMultiHeadAttention:
     """keras.layers.MultiHeadAttention's semantics (Keras 3) and weights; see docs/nn.md."""
 
@@ -279,6 +294,15 @@ class KerasMultiHeadAttention:
     def built(self) -> bool:
         return self._layer.built
 
+    @property
+    def training(self) -> bool:
+        """Dropout for calls without `training=` (default False); a call's `training=` holds for that call only."""
+        return self._layer.training
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        self._layer.training = bool(mode)
+
     def quantize_dynamic(self, weight_bits: Optional[int] = None) -> "KerasMultiHeadAttention":
         """A copy whose projections are dynamically int8-quantized (as MultiheadAttention's, same
         weight_bits); attention stays float32, get_weights() keeps the float32 weights, backward refuses."""
@@ -299,14 +323,13 @@ class KerasMultiHeadAttention:
         mods=qkv.AttentionMods(...) modifies the attention over the (flattened) attended axes;
         attention="linear" | "performer" | "lsh" with attention_options as MultiheadAttention.forward
         (forward only; no masks, scores or sliding_window; use_causal_mask makes it causal)."""
-        if training is not None:
-            self._layer.training = bool(training)
         q = _array(query)
         v = q if value is query else _array(value)
         k = q if key is query else _array(key)
-        r = self._layer.forward(q, v, k, _array(query_mask), _array(value_mask), _array(key_mask),
-                                _array(attention_mask), return_attention_scores, use_causal_mask, mods, attention,
-                                attention_options)
+        with _training_for_the_call(self._layer, training):
+            r = self._layer.forward(q, v, k, _array(query_mask), _array(value_mask), _array(key_mask),
+                                    _array(attention_mask), return_attention_scores, use_causal_mask, mods, attention,
+                                    attention_options)
         if return_attention_scores:
             return _like(r[0], query), _like(r[1], query)
         return _like(r, query)
@@ -324,14 +347,13 @@ class KerasMultiHeadAttention:
         the key and d_value holds both uses; when query and value are one array its gradient is
         d_query + d_value (docs/nn.md). mods as in the call; attention other than "softmax" has no
         backward (ValueError)."""
-        if training is not None:
-            self._layer.training = bool(training)
         q = _array(query)
         v = q if value is query else _array(value)
-        dq, dv, dk, grads = self._layer.backward(q, v, _array(grad_output), _array(key), _array(query_mask),
-                                                 _array(value_mask), _array(key_mask), _array(attention_mask),
-                                                 return_attention_scores, use_causal_mask, mods, attention,
-                                                 attention_options)
+        with _training_for_the_call(self._layer, training):
+            dq, dv, dk, grads = self._layer.backward(q, v, _array(grad_output), _array(key), _array(query_mask),
+                                                     _array(value_mask), _array(key_mask), _array(attention_mask),
+                                                     return_attention_scores, use_causal_mask, mods, attention,
+                                                     attention_options)
         return (_like(dq, query), _like(dv, query), None if dk is None else _like(dk, query),
                 {n: _like(g, query) for n, g in grads.items()})
 

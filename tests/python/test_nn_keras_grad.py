@@ -88,6 +88,28 @@ def test_dropout_redrawn_from_the_seed():
     assert layer.dropout_seed == 8
 
 
+def test_training_holds_for_one_call_as_in_keras():
+    """Keras: layer(x, training=True) drops out in that call only; a later layer(x) is inference.
+    qkv kept the flag set, so every later call dropped out. The oracle: the same weights in a layer
+    with dropout=0 (inference is dropout-free), and 0 = the drop rate's effect on a training call."""
+    rng = np.random.default_rng(3)
+    q, v = rng.standard_normal((2, 4, 6)).astype(np.float32), rng.standard_normal((2, 5, 6)).astype(np.float32)
+    g = rng.standard_normal((2, 4, 6)).astype(np.float32)
+    layer = qkv.nn.KerasMultiHeadAttention(2, 3, dropout=0.5)
+    layer(q, v)  # builds
+    plain = qkv.nn.KerasMultiHeadAttention.from_weights(layer.get_weights(), num_heads=2, key_dim=3)
+    want, want_grads = plain(q, v), plain.backward(q, v, g)
+    assert rel_err(layer(q, v, training=True), want) > 1e-2
+    np.testing.assert_array_equal(layer(q, v), want)
+    assert rel_err(layer.backward(q, v, g, training=True)[0], want_grads[0]) > 1e-2
+    np.testing.assert_array_equal(layer.backward(q, v, g)[0], want_grads[0])
+    assert layer.training is False
+    layer.training = True  # the layer's own flag: calls without training= drop out
+    assert rel_err(layer(q, v), want) > 1e-2
+    np.testing.assert_array_equal(layer(q, v, training=False), want)
+    assert layer.training is True
+
+
 def test_backward_errors():
     layer = qkv.nn.KerasMultiHeadAttention(2, 4, output_shape=3)
     q, v = np.ones((2, 5, 8), np.float32), np.ones((2, 7, 6), np.float32)
