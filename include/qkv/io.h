@@ -27,7 +27,10 @@ namespace qkv::io {
 // (PREFIX, PREFIX.index; qkv/io_tf.h, qkv/io_keras.h): keys and names as inspect_weights.
 std::vector<TensorInfo> inspect(const std::filesystem::path& path);
 // All tensors of a file: a .npy holds one, named after the file stem; the other
-// formats name theirs by their keys.
+// formats name theirs by their keys. A .npy or .safetensors tensor of a dtype qkv
+// cannot hold is a DTypeError; a Keras or TensorFlow file's such entries (uint8,
+// strings: counters and metadata, never weights) are left out (load_weights; inspect
+// lists them).
 std::map<std::string, Tensor> load(const std::filesystem::path& path);
 // .npy takes exactly one tensor (ValueError otherwise); .safetensors, .h5 (a
 // Keras 3 style weights file, datasets at the names' paths) and PREFIX.index (a TF

@@ -104,12 +104,15 @@ nb::list inspect(nb::handle path_arg) {
 void bind_io(nb::module_& m) {
   m.def("load", &load, nb::arg("path").none(),
         nb::sig("def load(path: str | os.PathLike[str]) -> dict[str, numpy.ndarray]"),
-        "Reads every tensor of a .npy file (one, named after the file stem) or a\n"
-        ".safetensors file into a dict of NumPy arrays, in name order.\n\n"
+        "Reads every tensor of a .npy file (one, named after the file stem), a\n"
+        ".safetensors file, a Keras .h5 / .weights.h5 / .keras file or a TensorFlow\n"
+        "checkpoint into a dict of NumPy arrays, in name order.\n\n"
         "The arrays are views into one qkv buffer holding the file (no further copy).\n"
         "bfloat16 tensors come back as ml_dtypes.bfloat16 arrays. Errors: FileNotFoundError,\n"
         "OSError, ValueError for a malformed file (the message names the file and the\n"
-        "fault), TypeError for a dtype qkv has no type for.");
+        "fault), TypeError for a .npy or .safetensors tensor of a dtype qkv has no type for;\n"
+        "a Keras or TensorFlow file's entries of such dtypes (uint8, strings) are left out\n"
+        "(qkv.inspect lists them).");
   m.def("save", &save, nb::arg("path").none(), nb::arg("arrays").none(), nb::arg("metadata").none() = nb::none(),
         nb::sig("def save(path: str | os.PathLike[str], arrays: dict[str, numpy.typing.ArrayLike] | "
                 "numpy.typing.ArrayLike, metadata: dict[str, str] | None = None) -> None"),
