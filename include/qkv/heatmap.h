@@ -41,6 +41,7 @@ Image render_heatmap(const Tensor& weights, const HeatmapOptions& options = {});
 // render_heatmap, written as an 8-bit RGB PNG.
 void write_heatmap_png(const std::filesystem::path& path, const Tensor& weights, const HeatmapOptions& options = {});
 
+// ValueError for an extension other than .png (any case) or none.
 void write_png(const std::filesystem::path& path, const Image& image);
 Image read_png(const std::filesystem::path& path);  // any PNG libpng reads, as 8-bit RGB
 

@@ -1,6 +1,7 @@
 // write_png / read_png (qkv/heatmap.h) through libpng's simplified API (png_image).
 #include <png.h>
 
+#include <cctype>
 #include <cstring>
 #include <string>
 
@@ -18,6 +19,14 @@ std::array<uint8_t, 3> Image::pixel(int64_t x, int64_t y) const {
 }
 
 void write_png(const std::filesystem::path& path, const Image& image) {
+  // Another extension is a slip (heatmap -o w.npy wrote PNG bytes into a .npy name, which
+  // qkv.load and np.load then refused); none at all is taken as PNG, as matplotlib does.
+  std::string ext = path.extension().string();
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!ext.empty() && ext != ".png") {
+    fail<ValueError>("write_png: ", path.string(),
+                     ": a PNG image goes to a .png file (or a name without extension), not ", ext);
+  }
   if (image.width <= 0 || image.height <= 0 ||
       image.rgb.size() != static_cast<size_t>(image.width * image.height * 3)) {
     fail<ValueError>("write_png: ", path.string(), ": an image of ", image.width, " x ", image.height, " needs ",

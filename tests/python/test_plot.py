@@ -83,3 +83,17 @@ def test_cli_heatmap_writes_the_same_image(run, tmp_path):
     np.testing.assert_array_equal(decode_png(tmp_path / "w.png"), want)
     bad = run("heatmap", tmp_path / "w.npy", "-o", tmp_path / "x.png", "--index", "5")
     assert bad.returncode == 1 and "heatmap: index 5 is outside the 2 [Lq, Lk] slices of [2, 6, 6]" in bad.stderr
+
+
+def test_png_goes_to_a_png_name(run, tmp_path):
+    # heatmap -o w.npy wrote PNG bytes under a .npy name (np.load then refuses the file)
+    w = np.eye(3, dtype=np.float32)
+    np.save(tmp_path / "w.npy", w)
+    bad = run("heatmap", tmp_path / "w.npy", "-o", tmp_path / "out.npy")
+    assert bad.returncode == 1 and "a PNG image goes to a .png file" in bad.stderr and "not .npy" in bad.stderr
+    assert not (tmp_path / "out.npy").exists()
+    with pytest.raises(ValueError, match="a PNG image goes to a .png file"):
+        qkv.plot.heatmap(w, tmp_path / "w.jpg")
+    for name in ("w.PNG", "w"):  # any case; no extension is PNG, as matplotlib takes it
+        img = qkv.plot.heatmap(w, tmp_path / name, cell=2, labels=False)
+        np.testing.assert_array_equal(decode_png(tmp_path / name), img)
