@@ -5,6 +5,9 @@
 #include <array>
 #include <climits>
 #include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -286,6 +289,43 @@ void Communicator::barrier() const {
   MPI_Request req = MPI_REQUEST_NULL;
   check_mpi(MPI_Ibarrier(handle_->comm, &req), what);
   Request(req, what, {}).wait();
+}
+
+int64_t call_fingerprint(const std::vector<int64_t>& values) {
+  uint64_t h = 14695981039346656037ULL;  // FNV-1a, 8 bytes per value
+  for (const int64_t v : values) {
+    for (int b = 0; b < 64; b += 8) {
+      h ^= (static_cast<uint64_t>(v) >> b) & 0xffU;
+      h *= 1099511628211ULL;
+    }
+  }
+  return static_cast<int64_t>(h >> 1);  // >= 0: negative values are agree_on_call's "refused"
+}
+
+void agree_on_call(const char* op, const Communicator& comm, const std::function<int64_t()>& checks) {
+  constexpr int64_t kRefused = -1;
+  std::exception_ptr refused;
+  int64_t mine = kRefused;
+  try {
+    mine = checks();
+  } catch (const Error&) {
+    refused = std::current_exception();
+  }
+  const std::vector<int64_t> all = comm.all_gather_values(mine);
+  if (refused) std::rethrow_exception(refused);
+  for (int r = 0; r < comm.size(); ++r) {
+    if (all[static_cast<size_t>(r)] == kRefused) {
+      fail<ValueError>(op, ": rank ", r, " of ", comm.size(), " refused its arguments (its error says why), so rank ",
+                       comm.rank(), " stops too");
+    }
+  }
+  for (int r = 0; r < comm.size(); ++r) {
+    if (all[static_cast<size_t>(r)] != mine) {
+      fail<ValueError>(op, ": rank ", r, " and rank ", comm.rank(), " of ", comm.size(),
+                       " were called differently (is_causal, layout, scale, enable_gqa, attn_mask, or q, k, v's "
+                       "dtype or sizes outside the sequence axis); every rank must make the same call");
+    }
+  }
 }
 
 }  // namespace qkv::dist

@@ -1,7 +1,10 @@
 // Helpers shared by qkv::dist's sources.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "qkv/dist/communicator.h"
 #include "qkv/error.h"
@@ -17,6 +20,17 @@ void check_mpi(int rc, const std::string& what);
 // out/part [..., L, Dv] f32, lse/lse_part [..., L] f32 (contiguous; out and lse updated in
 // place). Rows whose partial has lse_part = -inf (no key allowed) leave out unchanged.
 void merge_partial(const Tensor& out, const Tensor& lse, const Tensor& part, const Tensor& lse_part);
+
+// A fingerprint of what every rank of a call must agree on (options, shapes outside the
+// sequence axis), mixed into one int64 (FNV-1a over the values).
+int64_t call_fingerprint(const std::vector<int64_t>& values);
+
+// Collective (every rank calls it): runs this rank's argument checks, `checks`, which return
+// the call's fingerprint, and all-gathers the fingerprints. A check that throws on one rank
+// makes every other rank fail at once naming that rank (instead of waiting QKV_DIST_TIMEOUT
+// for a peer that never posts), and ranks called with different options or shapes fail with
+// a ValueError instead of computing with mismatched options or overrunning a receive.
+void agree_on_call(const char* op, const Communicator& comm, const std::function<int64_t()>& checks);
 
 // fn(), with a CommunicationError from inside it renamed after the operation the user called:
 // "ring_attention (rank 0 of 2, q [1, 8, 512, 64]): all_gather_values on rank 0: no completion ...".

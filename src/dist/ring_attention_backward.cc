@@ -63,7 +63,8 @@ void check_saved(const Tensor& q, const Tensor& v, const Tensor& out, const Tens
 
 AttentionGradients run_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Saved& saved,
                                 const Communicator& comm, const RingAttentionOptions& options) {
-  const RingPlan plan = make_ring_plan("ring_attention_backward", q, k, v, comm, options);
+  const RingPlan plan = make_ring_plan("ring_attention_backward", q, k, v, comm, options,
+                                       [&] { check_saved(q, v, saved.out, saved.grad_out, saved.lse); });
   const int p = comm.size(), rank = comm.rank(), next = (rank + 1) % p, prev = (rank - 1 + p) % p;
   AttentionGradients g{Tensor::zeros(q.shape()), Tensor(), Tensor()};
   Tensor cur_k = k.contiguous(), cur_v = v.contiguous();
@@ -106,7 +107,6 @@ AttentionGradients run_backward(const Tensor& q, const Tensor& k, const Tensor& 
 AttentionGradients ring_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                            const Tensor& grad_out, const Tensor& logsumexp, const Communicator& comm,
                                            const RingAttentionOptions& options) {
-  check_saved(q, v, out, grad_out, logsumexp);
   const Saved saved{q, out, grad_out, logsumexp};
   return naming_failures("ring_attention_backward", comm, q,
                          [&] { return run_backward(q, k, v, saved, comm, options); });

@@ -1,8 +1,10 @@
 // RingPlan: the chunks and pairs of ring attention (dist/ring_plan.h).
 #include "dist/ring_plan.h"
 
+#include <bit>
 #include <string>
 
+#include "dist/internal.h"
 #include "qkv/error.h"
 
 namespace qkv::dist {
@@ -64,6 +66,31 @@ void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor
   if (options.attn_mask && options.attn_mask->dim() < 2) {
     fail<ShapeError>(op, ": attn_mask must be [..., Lq_local, Lk], got ", shape_str(options.attn_mask->shape()));
   }
+  // The mask is sliced per (query chunk, key chunk) pair, which would silently take the first
+  // rows of a whole-sequence mask: its rows must be this rank's queries (or 1, broadcast).
+  if (options.attn_mask && options.attn_mask->size(-2) != 1 && options.attn_mask->size(-2) != q.size(-2)) {
+    fail<ShapeError>(op, ": attn_mask must be [..., Lq_local, Lk] (this rank's query rows against every key), got ",
+                     shape_str(options.attn_mask->shape()), " for q ", shape_str(q.shape()));
+  }
+}
+
+// What every rank must agree on: the options and every size but the sequence axis.
+int64_t fingerprint(const Tensor& q, const Tensor& k, const Tensor& v, const RingAttentionOptions& options) {
+  std::vector<int64_t> f{options.is_causal,
+                         static_cast<int64_t>(options.layout),
+                         options.enable_gqa,
+                         options.scale.has_value(),
+                         std::bit_cast<int64_t>(options.scale.value_or(0.0)),
+                         static_cast<int64_t>(options.matmul_precision),
+                         options.attn_mask.has_value()};
+  std::vector<const Tensor*> sized{&q, &k, &v};
+  if (options.attn_mask) sized.push_back(&*options.attn_mask);
+  for (const Tensor* t : sized) {
+    f.push_back(static_cast<int64_t>(t->dtype()));
+    f.push_back(t->dim());
+    for (int64_t d = 0; d < t->dim(); ++d) f.push_back(d == t->dim() - 2 ? 0 : t->size(d));
+  }
+  return call_fingerprint(f);
 }
 
 int64_t total(const std::vector<Chunk>& chunks) {
@@ -75,8 +102,12 @@ int64_t total(const std::vector<Chunk>& chunks) {
 }  // namespace
 
 RingPlan make_ring_plan(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
-                        const RingAttentionOptions& options) {
-  check_inputs(op, q, k, v, options);
+                        const RingAttentionOptions& options, const std::function<void()>& more_checks) {
+  agree_on_call(op, comm, [&] {
+    check_inputs(op, q, k, v, options);
+    if (more_checks) more_checks();
+    return fingerprint(q, k, v, options);
+  });
   RingPlan plan;
   plan.size = comm.size();
   plan.options = &options;
@@ -102,6 +133,11 @@ RingPlan make_ring_plan(const char* op, const Tensor& q, const Tensor& k, const 
   if (local != q.size(-2)) {
     fail<ShapeError>(op, ": this rank (", comm.rank(), ") holds ", q.size(-2), " queries; the ",
                      sequence_layout_name(options.layout), " layout of ", plan.lq, " gives it ", local);
+  }
+  // Every rank has the same mask columns (agree_on_call): all fail here together.
+  if (options.attn_mask && options.attn_mask->size(-1) != 1 && options.attn_mask->size(-1) != plan.lk) {
+    fail<ShapeError>(op, ": attn_mask must be [..., Lq_local, Lk = ", plan.lk,
+                     "] (this rank's query rows against every key), got ", shape_str(options.attn_mask->shape()));
   }
   return plan;
 }

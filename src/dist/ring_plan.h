@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "qkv/attention.h"
@@ -41,9 +42,11 @@ struct RingPlan {
 };
 
 // Checks the shards (f32, the layout's sizes on every rank; `op` names the errors) and
-// gathers every rank's lengths (collective: every rank calls it).
+// gathers every rank's lengths (collective: every rank calls it). `more_checks` (the
+// backward's saved tensors) run with the others, so that a refusal on one rank stops every rank
+// at once and ranks called differently fail (agree_on_call).
 RingPlan make_ring_plan(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
-                        const RingAttentionOptions& options);
+                        const RingAttentionOptions& options, const std::function<void()>& more_checks = {});
 
 // `like`'s shape with its last two dimensions replaced.
 Shape with_last2(const Tensor& like, int64_t rows, int64_t cols);

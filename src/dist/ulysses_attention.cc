@@ -1,6 +1,8 @@
 // Ulysses attention over MPI (qkv/dist/ulysses_attention.h).
 #include "qkv/dist/ulysses_attention.h"
 
+#include <bit>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -74,6 +76,31 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Ulyss
   }
 }
 
+// check_inputs (and the backward's `more_checks`) on every rank at once, which must also agree
+// on the options and every size but the sequence axis (agree_on_call).
+void agree_on_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
+                     const UlyssesAttentionOptions& options, const std::function<void()>& more_checks = {}) {
+  agree_on_call(op, comm, [&] {
+    check_inputs(q, k, v, options);
+    if (more_checks) more_checks();
+    std::vector<int64_t> f{options.is_causal,
+                           static_cast<int64_t>(options.layout),
+                           options.enable_gqa,
+                           options.scale.has_value(),
+                           std::bit_cast<int64_t>(options.scale.value_or(0.0)),
+                           static_cast<int64_t>(options.matmul_precision),
+                           options.attn_mask.has_value()};
+    for (const Tensor* t : {&q, &k, &v}) {
+      for (int64_t d : {0, 1, 3}) f.push_back(t->size(d));
+    }
+    if (options.attn_mask) {  // the whole sequence's mask: the same on every rank
+      f.push_back(static_cast<int64_t>(options.attn_mask->dtype()));
+      for (int64_t n : options.attn_mask->shape()) f.push_back(n);
+    }
+    return call_fingerprint(f);
+  });
+}
+
 // Who holds which heads, and every rank's sequence lengths.
 struct UlyssesPlan {
   bool replicate = false;  // Hk < P with GQA: K/V repeated to Hq first
@@ -125,7 +152,7 @@ AttentionOptions local_options(const UlyssesAttentionOptions& options, const Uly
 
 Tensor run_ulysses(const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
                    const UlyssesAttentionOptions& options) {
-  check_inputs(q, k, v, options);
+  agree_on_inputs("ulysses_attention", q, k, v, comm, options);
   const UlyssesPlan plan = plan_of(q, k, comm);
   const Heads h = heads_of(q, k, v, plan, comm, options.layout);
   Tensor oh = Tensor::zeros({q.size(0), h.q.size(1), h.q.size(2), v.size(3)});  // [B, hq, Lq, Dv]
@@ -137,12 +164,13 @@ Tensor run_ulysses(const Tensor& q, const Tensor& k, const Tensor& v, const Comm
 
 AttentionGradients run_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
                                 const Communicator& comm, const UlyssesAttentionOptions& options) {
-  check_inputs(q, k, v, options);
-  const Shape out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
-  if (grad_out.shape() != out_shape) {
-    fail<ShapeError>("ulysses_attention_backward: grad_out is ", shape_str(grad_out.shape()), ", the output ",
-                     shape_str(out_shape));
-  }
+  agree_on_inputs("ulysses_attention_backward", q, k, v, comm, options, [&] {
+    const Shape out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
+    if (grad_out.shape() != out_shape) {
+      fail<ShapeError>("ulysses_attention_backward: grad_out is ", shape_str(grad_out.shape()), ", the output ",
+                       shape_str(out_shape));
+    }
+  });
   const UlyssesPlan plan = plan_of(q, k, comm);
   const Heads h = heads_of(q, k, v, plan, comm, options.layout);
   const Tensor dout = to_heads(grad_out, plan.q_bounds, plan.q_lengths, comm, options.layout);

@@ -159,6 +159,67 @@ TEST(RingAttention, ShardsThatDoNotMatchTheLayoutAreAShapeError) {
   EXPECT_THROW((void)ring_attention(q, q, q, comm, o), ShapeError);  // 5 + 3 + ... is not an even split
 }
 
+// The mask is this rank's query rows against every key: the whole sequence's mask (the easy
+// mistake) used to run with rows 0 .. Lq_r - 1 on every rank, silently wrong past rank 0, and
+// extra key columns were ignored. On one rank the whole mask is the rank's rows and must still
+// give the fused kernel's result.
+TEST(RingAttention, AMaskThatIsNotThisRanksRowsIsAShapeError) {
+  const Communicator comm = world();
+  const Case c{1, 2, 2, 12, 12, 4, 4, false, SequenceLayout::contiguous};
+  const Problem p(c, comm);
+  const Tensor mask = Tensor::randn({c.lq, c.lk}, 11);  // additive
+  const Tensor q = Problem::shard(p.q, c, comm), k = Problem::shard(p.k, c, comm), v = Problem::shard(p.v, c, comm);
+  RingAttentionOptions o;
+  o.attn_mask = mask;
+  if (comm.size() == 1) {
+    AttentionOptions full;
+    full.attn_mask = mask;
+    EXPECT_LE(relative_error(ring_attention(q, k, v, comm, o).output,
+                             scaled_dot_product_attention(p.q, p.k, p.v, full).output),
+              kTolerance);
+  } else {
+    EXPECT_THROW((void)ring_attention(q, k, v, comm, o), ShapeError);
+  }
+  const Tensor rows = shard_sequence(mask, -2, comm.rank(), comm.size(), c.layout);
+  o.attn_mask = Tensor::zeros({rows.size(0), c.lk + 1});  // one key column too many
+  EXPECT_THROW((void)ring_attention(q, k, v, comm, o), ShapeError);
+  o.attn_mask = rows.slice(-1, 0, c.lk - 1);  // one too few
+  EXPECT_THROW((void)ring_attention(q, k, v, comm, o), ShapeError);
+}
+
+// Ranks called with different options used to compute silently with them (is_causal on one
+// rank only), and a refusal on one rank (a float64 input) left the others waiting for
+// QKV_DIST_TIMEOUT (120 s here) before a CommunicationError: now every rank fails at once.
+TEST(RingAndUlysses, RanksCalledDifferentlyOrARefusalFailOnEveryRank) {
+  const Communicator comm = world();
+  const Case c{1, 2, 2, 8, 8, 4, 4, false, SequenceLayout::contiguous};
+  const Problem p(c, comm);
+  const Tensor q = Problem::shard(p.q, c, comm), k = Problem::shard(p.k, c, comm), v = Problem::shard(p.v, c, comm);
+  if (comm.size() == 1) {  // nothing to disagree with: a refusal is the rank's own error
+    EXPECT_THROW((void)ring_attention(q.to(DType::f64), k, v, comm, {}), DTypeError);
+    EXPECT_THROW((void)ulysses_attention(q.to(DType::f64), k, v, comm, {}), ShapeError);
+    return;
+  }
+  const bool first = comm.rank() == 0;
+  RingAttentionOptions ro;
+  ro.is_causal = first;
+  EXPECT_THROW((void)ring_attention(q, k, v, comm, ro), ValueError);
+  UlyssesAttentionOptions uo;
+  uo.is_causal = first;
+  EXPECT_THROW((void)ulysses_attention(q, k, v, comm, uo), ValueError);
+  EXPECT_THROW((void)ulysses_attention_backward(q, k, v, Tensor::zeros(q.shape()), comm, uo), ValueError);
+  const Tensor q64 = first ? q : q.to(DType::f64);  // refused on every rank but 0
+  EXPECT_THROW((void)ring_attention(q64, k, v, comm, {}), Error);
+  EXPECT_THROW((void)ulysses_attention(q64, k, v, comm, {}), Error);
+  RingAttentionOptions with_lse;
+  with_lse.return_logsumexp = true;
+  const AttentionResult r = ring_attention(q, k, v, comm, with_lse);
+  const Tensor lse = first ? *r.logsumexp : r.logsumexp->slice(-1, 0, 1);  // a wrong shape on ranks > 0
+  EXPECT_THROW((void)ring_attention_backward(q, k, v, r.output, r.output, lse, comm, {}), Error);
+  // Still in step: the same call on every rank runs.
+  EXPECT_LE(relative_error(ring_attention(q, k, v, comm, {}).output, p.want), kTolerance);
+}
+
 TEST(UlyssesAttention, EqualsTheFusedKernelOnTheWholeSequence) {
   const Communicator comm = world();
   for (const Case& c : kCases) {
