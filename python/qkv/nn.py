@@ -165,6 +165,17 @@ class MultiheadAttention:
         self._layer.training = mode
         return self
 
+    @property
+    def dropout_seed(self) -> int:
+        """The seed of the attention dropout (training): forward draws its mask from it and backward
+        redraws the same one, so a training loop sets a new seed each step (torch draws a fresh mask
+        every call; qkv.torch does this for you). Only the Keras flavour had it in Python."""
+        return self._layer.dropout_seed
+
+    @dropout_seed.setter
+    def dropout_seed(self, seed: int) -> None:
+        self._layer.dropout_seed = int(seed)
+
     def eval(self) -> "MultiheadAttention":
         return self.train(False)
 

@@ -335,6 +335,31 @@ def test_optimizers_match_torch_and_keras(path):
     np.testing.assert_array_equal(t["w0"], load_file(str(path))["w0"])  # the inputs are not touched
 
 
+def test_torch_flavour_dropout_seed_draws_the_training_mask():
+    """The PyTorch flavour's dropout mask comes from dropout_seed (forward and backward alike), which
+    only the Keras flavour exposed in Python: every training call reused seed 0's mask. The oracle:
+    with dropout 0.5 a training call differs from the eval (dropout-free) result, one seed repeats
+    bit for bit, another seed gives another mask, and backward follows the seed as the forward."""
+    rng = np.random.default_rng(5)
+    mha = qkv.nn.MultiheadAttention(8, 2, dropout=0.5)
+    x = rng.standard_normal((4, 2, 8)).astype(np.float32)
+    g = rng.standard_normal((4, 2, 8)).astype(np.float32)
+    plain, _ = mha(x, x, x, need_weights=False)
+    mha.train()
+    assert mha.dropout_seed == 0
+    mha.dropout_seed = 11
+    a, _ = mha(x, x, x, need_weights=False)
+    b, _ = mha(x, x, x, need_weights=False)
+    da = mha.backward(x, x, x, g, need_weights=False)[0]
+    np.testing.assert_array_equal(a, b)
+    assert rel_err(a, plain) > 1e-2
+    mha.dropout_seed = 12
+    assert mha.dropout_seed == 12
+    c, _ = mha(x, x, x, need_weights=False)
+    assert rel_err(c, a) > 1e-2
+    assert rel_err(mha.backward(x, x, x, g, need_weights=False)[0], da) > 1e-2
+
+
 def test_losses_and_a_training_loop():
     t = load_file(str(OPTIM / "losses.safetensors"))
     loss, grad = qkv.nn.binary_cross_entropy_with_logits(t["bce_logits"], t["bce_targets"])
