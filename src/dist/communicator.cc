@@ -322,8 +322,9 @@ void agree_on_call(const char* op, const Communicator& comm, const std::function
   for (int r = 0; r < comm.size(); ++r) {
     if (all[static_cast<size_t>(r)] != mine) {
       fail<ValueError>(op, ": rank ", r, " and rank ", comm.rank(), " of ", comm.size(),
-                       " were called differently (is_causal, layout, scale, enable_gqa, attn_mask, or q, k, v's "
-                       "dtype or sizes outside the sequence axis); every rank must make the same call");
+                       " were called differently (options such as is_causal, layout or scale, the mask, the "
+                       "inputs' dtypes or sizes outside the sequence axis, or the layer's configuration); every "
+                       "rank must make the same call");
     }
   }
 }

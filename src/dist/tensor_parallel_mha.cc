@@ -1,9 +1,11 @@
 // Tensor-parallel attention over MPI (qkv/dist/tensor_parallel_mha.h).
 #include "qkv/dist/tensor_parallel_mha.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "dist/internal.h"
 #include "nn/heads.h"
 #include "qkv/attention.h"
 #include "qkv/dist/shard.h"
@@ -170,13 +172,36 @@ TensorParallelAttention TensorParallelAttention::from_shard(const TensorParallel
   return layer;
 }
 
-void TensorParallelAttention::check_inputs(const Tensor& query, const Tensor& key, const Tensor& value) const {
-  if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3) {
-    fail<ShapeError>(
-        "TensorParallelAttention: query, key, value must be [L, N, E] (or [N, L, E] with batch_first, or "
-        "unbatched [L, E]), got ",
-        shape_str(query.shape()), ", ", shape_str(key.shape()), ", ", shape_str(value.shape()));
-  }
+void TensorParallelAttention::check_inputs(const char* op, const Tensor& query, const Tensor& key, const Tensor& value,
+                                           const TensorParallelOptions& options,
+                                           const std::function<void()>& more_checks) const {
+  // Collective (agree_on_call): a refusal on one rank stops every rank at once, and ranks called
+  // with different inputs, options or layer configurations fail instead of summing mismatched
+  // partial outputs (a rank without heads would otherwise wait in the all-reduce).
+  agree_on_call(op, comm_, [&] {
+    if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3) {
+      fail<ShapeError>(
+          op, ": query, key, value must be [L, N, E] (or [N, L, E] with batch_first, or unbatched [L, E]), got ",
+          shape_str(query.shape()), ", ", shape_str(key.shape()), ", ", shape_str(value.shape()));
+    }
+    const bool widths = query.size(2) == config_.embed_dim &&
+                        (hq_local_ == 0 || (key.size(2) == k_.in_features() && value.size(2) == v_.in_features()));
+    if (!widths) {
+      fail<ShapeError>(op, ": query ", shape_str(query.shape()), ", key ", shape_str(key.shape()), ", value ",
+                       shape_str(value.shape()), " do not fit the layer (embed_dim ", config_.embed_dim, ")");
+    }
+    if (more_checks) more_checks();
+    std::vector<int64_t> f{config_.embed_dim,   config_.num_heads, config_.num_kv_heads, config_.head_dim,
+                           config_.batch_first, options.is_causal, o_bias_.has_value(),  options.attn_mask.has_value()};
+    for (const Tensor* t : {&query, &key, &value}) {
+      for (int64_t n : t->shape()) f.push_back(n);
+    }
+    if (options.attn_mask) {
+      f.push_back(static_cast<int64_t>(options.attn_mask->dtype()));
+      for (int64_t n : options.attn_mask->shape()) f.push_back(n);
+    }
+    return call_fingerprint(f);
+  });
 }
 
 bool TensorParallelAttention::aligned() const {
@@ -232,7 +257,7 @@ Tensor TensorParallelAttention::forward(const Tensor& query, const Tensor& key, 
     const int64_t n = bf ? 0 : 1;
     return forward(query.unsqueeze(n), key.unsqueeze(n), value.unsqueeze(n), options).squeeze(n);
   }
-  check_inputs(query, key, value);
+  check_inputs("TensorParallelAttention.forward", query, key, value, options);
   Tensor out;
   if (hq_local_ > 0) {
     out = o_.forward(attend(query, key, value, options).merged);  // [L, N, E] partial sum

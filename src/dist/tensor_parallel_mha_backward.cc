@@ -37,13 +37,14 @@ TensorParallelGradients TensorParallelAttention::backward(const Tensor& query, c
     g.query = g.query.squeeze(n), g.key = g.key.squeeze(n), g.value = g.value.squeeze(n);
     return g;
   }
-  check_inputs(query, key, value);
-  Shape out_shape = query.shape();
-  out_shape.back() = config_.embed_dim;
-  if (grad_output.shape() != out_shape) {
-    fail<ShapeError>("TensorParallelAttention.backward: grad_output is ", shape_str(grad_output.shape()),
-                     ", the output ", shape_str(out_shape));
-  }
+  check_inputs("TensorParallelAttention.backward", query, key, value, options, [&] {
+    Shape out_shape = query.shape();
+    out_shape.back() = config_.embed_dim;
+    if (grad_output.shape() != out_shape) {
+      fail<ShapeError>("TensorParallelAttention.backward: grad_output is ", shape_str(grad_output.shape()),
+                       ", the output ", shape_str(out_shape));
+    }
+  });
   TensorParallelGradients g;
   if (o_bias_) g.params["o_proj.bias"] = sum_rows(grad_output);  // (4)
   Tensor dx_q = Tensor::zeros(query.shape()), dx_k = Tensor::zeros(key.shape()), dx_v = Tensor::zeros(value.shape());

@@ -201,5 +201,34 @@ TEST(TensorParallelAttention, WrongWeightShapesAreAShapeError) {
   EXPECT_THROW((void)TensorParallelAttention::from_projections({8, 2, 2, 4, false}, sd, comm), ShapeError);
 }
 
+// Ranks called differently used to sum mismatched partial outputs silently (is_causal on one
+// rank: every rank got the same, wrong, output), and an input refused on one rank, or on every
+// rank when one holds no heads (H < P), left the others waiting for QKV_DIST_TIMEOUT in the
+// all-reduce: now every rank fails at once, and the next same call on every rank still works.
+TEST(TensorParallelAttention, RanksCalledDifferentlyOrARefusalFailOnEveryRank) {
+  const Communicator comm = world();
+  const int64_t e = 6, h = 1, d = 6;  // one head: every rank past 0 holds none
+  const std::map<std::string, Tensor> sd{{"q_proj.weight", Tensor::randn({h * d, e}, 1)},
+                                         {"k_proj.weight", Tensor::randn({h * d, e}, 2)},
+                                         {"v_proj.weight", Tensor::randn({h * d, e}, 3)},
+                                         {"o_proj.weight", Tensor::randn({e, h * d}, 4)}};
+  const TensorParallelAttentionConfig c{e, h, h, d, false};
+  const TensorParallelAttention layer = TensorParallelAttention::from_projections(c, sd, comm);
+  const Tensor x = Tensor::randn({5, 2, e}, 5), wide = Tensor::randn({5, 2, e + 1}, 6);
+  EXPECT_THROW((void)layer.forward(wide, wide, wide), ShapeError);  // on every rank, headless ones too
+  const bool first = comm.rank() == 0;
+  if (comm.size() > 1) {
+    TensorParallelOptions o;
+    o.is_causal = first;
+    EXPECT_THROW((void)layer.forward(x, x, x, o), ValueError);
+    const Tensor mine = first ? x : wide;  // refused on every rank but 0
+    EXPECT_THROW((void)layer.forward(mine, mine, mine), Error);
+    EXPECT_THROW((void)layer.backward(x, x, x, first ? x : wide), Error);
+  }
+  const Communicator self = comm.split(comm.rank(), 0);
+  const Tensor want = TensorParallelAttention::from_projections(c, sd, self).forward(x, x, x);
+  EXPECT_LE(relative_error(layer.forward(x, x, x), want), kTolerance);
+}
+
 }  // namespace
 }  // namespace qkv::dist

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -93,7 +94,9 @@ class TensorParallelAttention {
     AttentionOptions options;
   };
   Local attend(const Tensor& query, const Tensor& key, const Tensor& value, const TensorParallelOptions& options) const;
-  void check_inputs(const Tensor& query, const Tensor& key, const Tensor& value) const;
+  // Collective: every rank checks its call and all agree on it (dist/internal.h agree_on_call).
+  void check_inputs(const char* op, const Tensor& query, const Tensor& key, const Tensor& value,
+                    const TensorParallelOptions& options, const std::function<void()>& more_checks = {}) const;
   bool aligned() const;                  // SDPA's GQA grouping matches this rank's heads
   int64_t key_head_of(int64_t i) const;  // local key head of local query head i
   void load(const Tensor& wq, const Tensor& wk, const Tensor& wv, const Tensor& wo,
