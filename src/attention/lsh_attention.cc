@@ -27,9 +27,11 @@ void set_buckets(LshProblem& p, const std::vector<int64_t>& given, const char* o
   if (p.factors.empty()) {
     int64_t e = 1;
     while ((int64_t{2} << e) <= 2 * (p.l / p.chunk)) ++e;
-    const auto limit = 2 * std::max(static_cast<int64_t>(std::sqrt(static_cast<double>(p.l / p.chunk))), p.chunk);
-    p.factors = (int64_t{1} << e) > limit ? std::vector<int64_t>{int64_t{1} << (e / 2), int64_t{1} << (e - e / 2)}
-                                          : std::vector<int64_t>{int64_t{1} << e};
+    // 2^e > 2 max(..., chunk) as 2^(e-1) > max(..., chunk): 2 chunk overflows for a chunk_length
+    // past 2^62 (a "no chunking" length), which gave the factors [1, 2].
+    const auto limit = std::max(static_cast<int64_t>(std::sqrt(static_cast<double>(p.l / p.chunk))), p.chunk);
+    p.factors = (int64_t{1} << (e - 1)) > limit ? std::vector<int64_t>{int64_t{1} << (e / 2), int64_t{1} << (e - e / 2)}
+                                                : std::vector<int64_t>{int64_t{1} << e};
   }
   p.n_buckets = 1;
   int64_t sum = 0;
@@ -46,8 +48,9 @@ void set_buckets(LshProblem& p, const std::vector<int64_t>& given, const char* o
 }
 
 void set_rotations(LshProblem& p, const LshAttentionOptions& o, const char* op, DType compute) {
+  // No heads (an empty batch): one rotation set, which serves every head there is.
   const Tensor rot = o.rotations.numel() == 0 && o.rotations.dim() <= 1
-                         ? lsh_random_rotations(p.heads, p.d, p.n_hashes, p.half, o.seed)
+                         ? lsh_random_rotations(std::max<int64_t>(p.heads, 1), p.d, p.n_hashes, p.half, o.seed)
                          : o.rotations;
   require_cpu(op, {&rot});
   const bool ok = rot.dim() == 4 && (rot.size(0) == 1 || rot.size(0) == p.heads) && rot.size(1) == p.d &&
@@ -97,6 +100,8 @@ LshProblem make_lsh_problem(const Tensor& qk, const Tensor& v, const LshAttentio
   p.n_hashes = o.n_hashes, p.chunk = o.chunk_length;
   p.before = o.num_chunks_before, p.after = o.num_chunks_after;
   p.causal = o.is_causal;
+  if (p.d < 1)
+    fail<ShapeError>(op, ": qk's last dim D must be >= 1 (keys are scaled by 1/sqrt(D)) ", qk_v_shapes(qk, v));
   p.standard = p.l <= p.chunk;
   if (!p.standard && p.l % p.chunk != 0) {
     fail<ValueError>(op, ": the length L = ", p.l, " must be a multiple of chunk_length = ", p.chunk,

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -225,6 +226,25 @@ TEST(LshAttention, DefaultBucketsAreReformers) {
   sixteen.n_buckets = {16};
   const Tensor qk64 = qk.slice(1, 0, 64);
   EXPECT_EQ(lsh_buckets(qk64, small).to_vector<int64_t>(), lsh_buckets(qk64, sixteen).to_vector<int64_t>());
+}
+
+// A chunk_length past 2^62 (meaning "never chunk") overflowed Reformer's bucket limit
+// 2 max(sqrt(L / chunk), chunk) and drew the factors [1, 2]: a ValueError about odd buckets
+// for an unhashed call. It is the L <= chunk case, every query against every key.
+TEST(LshAttention, AHugeChunkLengthIsTheUnhashedCase) {
+  const Tensor qk = Tensor::randn({2, 16, 4}, 31, DType::f64), v = Tensor::randn({2, 16, 3}, 32, DType::f64);
+  LshAttentionOptions huge, whole;
+  huge.chunk_length = int64_t{1} << 62;
+  whole.chunk_length = 16;
+  EXPECT_LE(max_relative_error(lsh_attention(qk, v, huge), lsh_attention_reference(qk, v, whole)), 1e-12);
+  huge.chunk_length = std::numeric_limits<int64_t>::max();
+  EXPECT_LE(max_relative_error(lsh_attention(qk, v, huge), lsh_attention_reference(qk, v, whole)), 1e-12);
+  EXPECT_EQ(lsh_buckets(qk, huge).shape(), (Shape{2, 1, 16}));
+  // D = 0 names the op and the shapes (was lsh_random_rotations' message); no heads is empty.
+  EXPECT_THROW_WITH(lsh_attention(Tensor::randn({2, 16, 0}, 1), Tensor::randn({2, 16, 3}, 2)), ShapeError,
+                    "lsh_attention: qk's last dim D must be >= 1");
+  EXPECT_EQ(lsh_attention(Tensor::randn({2, 0, 16, 4}, 1), Tensor::randn({2, 0, 16, 3}, 2)).shape(),
+            (Shape{2, 0, 16, 3}));
 }
 
 TEST(LshAttention, ErrorsNameTheOpAndShapes) {
