@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,6 +108,18 @@ LshProblem make_lsh_problem(const Tensor& qk, const Tensor& v, const LshAttentio
   if (!p.standard && p.l % p.chunk != 0) {
     fail<ValueError>(op, ": the length L = ", p.l, " must be a multiple of chunk_length = ", p.chunk,
                      " (pad the sequence, as Reformer does) ", qk_v_shapes(qk, v));
+  }
+  // Each query chunk's keys: (before + 1 + after) chunks (repeats included, as Reformer's
+  // _look_adjacent concatenates them), with D + Dv values per key in the kernel's buffers; a
+  // count that overflows wrapped the kernel's sizes (a crash for num_chunks_before = 2^62).
+  if (!p.standard) {
+    const auto span =
+        p.before < INT64_MAX - p.after - 1 ? std::optional<int64_t>(p.before + p.after + 1) : std::nullopt;
+    const auto keys = span ? checked_mul(*span, p.chunk) : std::nullopt;
+    if (!keys || !checked_mul(*keys, p.d + p.dv + 2)) {
+      fail<ValueError>(op, ": num_chunks_before = ", p.before, " and num_chunks_after = ", p.after,
+                       " give more keys per chunk of ", p.chunk, " than can be counted ", qk_v_shapes(qk, v));
+    }
   }
   if (!checked_mul(p.n_hashes, p.l) || !checked_mul(p.n_hashes * p.l, p.batch)) {
     fail<ValueError>(op, ": n_hashes = ", p.n_hashes, " rounds of ", qk_v_shapes(qk, v), " overflow");

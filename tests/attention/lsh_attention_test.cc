@@ -231,7 +231,7 @@ TEST(LshAttention, DefaultBucketsAreReformers) {
 // A chunk_length past 2^62 (meaning "never chunk") overflowed Reformer's bucket limit
 // 2 max(sqrt(L / chunk), chunk) and drew the factors [1, 2]: a ValueError about odd buckets
 // for an unhashed call. It is the L <= chunk case, every query against every key.
-TEST(LshAttention, AHugeChunkLengthIsTheUnhashedCase) {
+TEST(LshAttention, HugeChunkLengthsAndWindows) {
   const Tensor qk = Tensor::randn({2, 16, 4}, 31, DType::f64), v = Tensor::randn({2, 16, 3}, 32, DType::f64);
   LshAttentionOptions huge, whole;
   huge.chunk_length = int64_t{1} << 62;
@@ -245,6 +245,13 @@ TEST(LshAttention, AHugeChunkLengthIsTheUnhashedCase) {
                     "lsh_attention: qk's last dim D must be >= 1");
   EXPECT_EQ(lsh_attention(Tensor::randn({2, 0, 16, 4}, 1), Tensor::randn({2, 0, 16, 3}, 2)).shape(),
             (Shape{2, 0, 16, 3}));
+  // A window of chunks whose key count overflows (segfault / heap corruption before) is refused.
+  LshAttentionOptions wide;
+  wide.chunk_length = 4;
+  wide.num_chunks_before = int64_t{1} << 62;
+  EXPECT_THROW_WITH(lsh_attention(qk, v, wide), ValueError, "num_chunks_before = 4611686018427387904");
+  wide.num_chunks_before = 1, wide.num_chunks_after = std::numeric_limits<int64_t>::max();
+  EXPECT_THROW_WITH(lsh_attention_reference(qk, v, wide), ValueError, "lsh_attention");
 }
 
 TEST(LshAttention, ErrorsNameTheOpAndShapes) {
