@@ -87,11 +87,20 @@ def shard_sequence(x, rank, size, *, layout="contiguous", axis=-2):
 def unshard_sequence(shards, *, layout="contiguous", axis=-2):
     """The whole sequence from every rank's shard (``shards[r]`` from rank r), in position order."""
     shards = [_np.asarray(s) for s in shards]
+    if not shards:
+        raise ValueError("unshard_sequence: no shards")
     length = sum(s.shape[axis] for s in shards)
     out = _np.empty_like(_np.concatenate(shards, axis=axis))
     for r, s in enumerate(shards):
+        chunks = _chunks(length, r, len(shards), layout)
+        # A shard of the wrong length would be cut or broadcast into place (a 1-row shard
+        # fills a 3-row chunk): refuse it, as the C++ unshard_sequence does.
+        if s.shape[axis] != sum(n for _, n in chunks):
+            raise ValueError(f"unshard_sequence: rank {r}'s shard is {list(s.shape)}; the {layout} layout of "
+                             f"{length} positions over {len(shards)} ranks gives it {sum(n for _, n in chunks)} "
+                             f"along axis {axis}")
         at = 0
-        for start, n in _chunks(length, r, len(shards), layout):
+        for start, n in chunks:
             dst = [slice(None)] * out.ndim
             dst[axis] = slice(start, start + n)
             src = [slice(None)] * s.ndim

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import qkv
@@ -40,6 +41,21 @@ def test_a_non_mpi4py_communicator_is_a_type_error():
         qkv.dist.ring_attention([[[1.0]]], [[[1.0]]], [[[1.0]]], comm=object())
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_unshard_refuses_shards_of_the_wrong_length(layout):
+    # NumPy's own positions are the oracle: the shards of both layouts on 1-5 ranks go back to x.
+    x = np.arange(14 * 2).reshape(1, 14, 2)
+    for size in range(1, 6):
+        shards = [qkv.dist.shard_sequence(x, r, size, layout=layout) for r in range(size)]
+        np.testing.assert_array_equal(qkv.dist.unshard_sequence(shards, layout=layout), x)
+    # 5 + 1 rows over 2 ranks (the layout gives 3 + 3) were cut and broadcast into place
+    # (rows 0-2, then row 5 three times): now a ValueError naming the rank and the lengths.
+    with pytest.raises(ValueError, match="rank 0's shard is \\[1, 5, 2\\]; .* gives it 3"):
+        qkv.dist.unshard_sequence([x[:, :5], x[:, 5:6]], layout=layout)
+    with pytest.raises(ValueError, match="no shards"):
+        qkv.dist.unshard_sequence([], layout=layout)
+
+
 def _mpi_env():
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1", QKV_NUM_THREADS="1", QKV_DIST_TIMEOUT="60")
@@ -55,7 +71,6 @@ def _attention64(q, k, v, causal):
 @pytest.mark.parametrize("scheme,layout,causal", [("ring", "zigzag", True), ("ring", "contiguous", False),
                                                   ("ulysses", "zigzag", True), ("heads", "contiguous", True)])
 def test_cli_parallel_writes_the_whole_output_on_rank_0(tmp_path, scheme, layout, causal):
-    import numpy as np
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((2, 5, 23, 8)).astype(np.float32) for _ in range(3))
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -72,7 +87,6 @@ def test_cli_parallel_writes_the_whole_output_on_rank_0(tmp_path, scheme, layout
 
 
 def test_cli_parallel_reads_and_writes_pre_sharded_files(tmp_path):
-    import numpy as np
     rng = np.random.default_rng(4)
     q, k, v = (rng.standard_normal((1, 4, 30, 8)).astype(np.float32) for _ in range(3))
     for r in range(2):
