@@ -1,12 +1,15 @@
 // linear_attention: checks the call, lays out the operands, runs the CPU kernel.
 #include "qkv/linear_attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
+
 #include "attention/linear_attention_cpu.h"
 #include "attention/qkv_geometry.h"
-
 #include "qkv/error.h"
+#include "qkv/size.h"
 
 namespace qkv::attention {
 
@@ -18,6 +21,14 @@ LinearProblem make_linear_problem(const Tensor& q, const Tensor& k, const Tensor
   }
   if (options.chunk < 1) fail<ValueError>(op, ": chunk must be >= 1, got ", options.chunk);
   if (options.num_features < 0) fail<ValueError>(op, ": num_features must be >= 0, got ", options.num_features);
+  if (options.feature_map == LinearFeatureMap::favor) {
+    // The kernel holds m features per query and key row ([L, m]), W [m, D] and phi(K)^T V
+    // [m, Dv]: a count that overflows int64 wrapped their sizes (a crash for m = 2^62).
+    const int64_t m = options.num_features > 0 ? options.num_features : 2 * g.d;
+    if (!checked_mul(m, std::max({g.lq, g.lk, g.d, g.dv, int64_t{1}}))) {
+      fail<ValueError>(op, ": num_features = ", m, " features per row overflow ", qkv_shapes(q, k, v));
+    }
+  }
   LinearProblem p;
   p.batch = g.batch, p.lq = g.lq, p.lk = g.lk, p.d = g.d, p.dv = g.dv;
   p.out_shape = g.out_shape;
@@ -37,6 +48,7 @@ namespace qkv {
 
 Tensor favor_random_features(int64_t d, int64_t m, uint64_t seed) {
   if (d < 1 || m < 1) fail<ValueError>("favor_random_features: d and m must be >= 1, got ", d, ", ", m);
+  if (!checked_mul(m, d)) fail<ValueError>("favor_random_features: m x d = ", m, " x ", d, " overflows");
   std::vector<double> w(static_cast<size_t>(m * d));
   for (int64_t r0 = 0, block = 0; r0 < m; r0 += d, ++block) {
     const uint64_t bs = seed * 1000003 + static_cast<uint64_t>(block);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -132,6 +133,22 @@ TEST(LinearAttention, FavorMatchesItsReferenceAndApproachesSoftmax) {
   for (int64_t c = 0; c < 4; ++c) dot += w.item({0, c}) * w.item({1, c});
   EXPECT_NEAR(dot, 0.0, 1e-12);
   EXPECT_THROW(favor_random_features(0, 4, 1), ValueError);
+}
+
+// num_features so large that m x D or L x m overflows int64 wrapped the kernel's sizes (a
+// segfault for m = 2^62, "corrupted double-linked list" for m ~ 2^63 / 3): now a ValueError.
+TEST(LinearAttention, FeatureCountsThatOverflowAreAValueError) {
+  const Tensor q = Tensor::randn({1, 4, 3}, 1);
+  LinearAttentionOptions o;
+  o.feature_map = LinearFeatureMap::favor;
+  for (const int64_t m : {int64_t{1} << 62, std::numeric_limits<int64_t>::max() / 3 + 1}) {
+    o.num_features = m;
+    EXPECT_THROW_WITH(linear_attention(q, q, q, o), ValueError, "linear_attention: num_features = ");
+    EXPECT_THROW_WITH(linear_attention_reference(q, q, q, o), ValueError, "num_features = ");
+  }
+  EXPECT_THROW_WITH(favor_random_features(3, int64_t{1} << 62, 0), ValueError, "overflows");
+  o.num_features = 5;  // a small count still runs, and equals its float64 reference
+  EXPECT_LE(max_relative_error(linear_attention(q, q, q, o), linear_attention_reference(q, q, q, o)), 1e-5);
 }
 
 }  // namespace
