@@ -46,7 +46,7 @@ Additive check(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
     want.push_back(a.tk);
     if (o.value_mask->shape() != want || o.value_mask->dtype() != DType::b8) {
       fail<ShapeError>(op, ": value_mask must be bool ", shape_str(want), ", got ", shape_str(o.value_mask->shape()),
-                       " ", attention::qkv_shapes(q, k, v));
+                       " ", dtype_name(o.value_mask->dtype()), " ", attention::qkv_shapes(q, k, v));
     }
     for (double m : o.value_mask->to_vector<double>()) a.mask.push_back(m != 0.0);
   }

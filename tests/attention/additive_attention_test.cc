@@ -98,7 +98,9 @@ TEST(AdditiveAttention, ErrorsNameTheOpAndShapes) {
   EXPECT_THROW_WITH(additive_attention(q, k, v, o), ShapeError, "additive_attention: scale must be [4], got [3]");
   o.scale.reset();
   o.value_mask = Tensor::randn({2, 5}, 6);
-  EXPECT_THROW_WITH(additive_attention(q, k, v, o), ShapeError, "additive_attention: value_mask must be bool [2, 5]");
+  // The right shape in another dtype: the message names the dtype (it read "bool [2, 5], got [2, 5]").
+  EXPECT_THROW_WITH(additive_attention(q, k, v, o), ShapeError,
+                    "additive_attention: value_mask must be bool [2, 5], got [2, 5] float32");
 }
 
 }  // namespace
