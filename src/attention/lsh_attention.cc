@@ -86,6 +86,13 @@ void set_mask(LshProblem& p, const Tensor& mask, const char* op) {
 
 LshProblem make_lsh_problem(const Tensor& qk, const Tensor& v, const LshAttentionOptions& o, const char* op,
                             DType compute) {
+  // qk serves as q and k: say so in terms of qk and v (check_qkv would name a k never passed).
+  // (Ranks are check_qkv's to report.)
+  if (qk.dim() >= 2 && v.dim() == qk.dim() &&
+      (v.size(-2) != qk.size(-2) || !std::equal(qk.shape().begin(), qk.shape().end() - 2, v.shape().begin()))) {
+    fail<ShapeError>(op, ": qk [..., L, D] and v [..., L, Dv] must have the same leading dims and L ",
+                     qk_v_shapes(qk, v));
+  }
   const QkvGeometry g = check_qkv(op, qk, qk, v);
   if (o.n_hashes < 1) fail<ValueError>(op, ": n_hashes must be >= 1, got ", o.n_hashes);
   if (o.chunk_length < 1) fail<ValueError>(op, ": chunk_length must be >= 1, got ", o.chunk_length);

@@ -278,7 +278,11 @@ TEST(LshAttention, ErrorsNameTheOpAndShapes) {
   EXPECT_THROW_WITH(lsh_attention(qk, v, bad), ShapeError, "rotations must be floating [2 or 1, D = 8, n_hashes = 1");
   bad = o, bad.attention_mask = Tensor::ones({1, 31});
   EXPECT_THROW_WITH(lsh_attention(qk, v, bad), ShapeError, "attention_mask [1, 31] does not broadcast");
-  EXPECT_THROW_WITH(lsh_attention(qk, Tensor::randn({1, 2, 16, 8}, 2), o), ShapeError, "lsh_attention");
+  // In qk's and v's terms (the message spoke of a k and a "q's D" the call never had).
+  EXPECT_THROW_WITH(lsh_attention(qk, Tensor::randn({1, 2, 16, 8}, 2), o), ShapeError,
+                    "lsh_attention: qk [..., L, D] and v [..., L, Dv] must have the same leading dims and L (qk [1, 2, "
+                    "32, 8], v [1, 2, 16, 8])");
+  EXPECT_THROW_WITH(lsh_attention(qk, Tensor::randn({3, 2, 32, 8}, 2), o), ShapeError, "same leading dims and L");
   EXPECT_THROW_WITH(lsh_attention(qk, Tensor::randn({2, 32, 8}, 2), o), ShapeError, "same rank");
   EXPECT_THROW_WITH(lsh_attention(Tensor::ones({4, 4}, DType::i32), Tensor::ones({4, 4}), o), DTypeError,
                     "lsh_attention");
