@@ -63,6 +63,13 @@ void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor
     }
     if (t->dim() < 2) fail<ShapeError>(op, ": q, k, v need [..., L, D], got ", shape_str(t->shape()));
   }
+  // As scaled_dot_product_attention (and PyTorch) refuse; checked here, on every rank, because
+  // only the ranks whose pairs reach the kernel's causal case would see its error.
+  if (options.attn_mask && options.is_causal) {
+    fail<ValueError>(op,
+                     ": attn_mask and is_causal cannot both be set (as in PyTorch); fold the causal mask into "
+                     "attn_mask instead");
+  }
   if (options.attn_mask && options.attn_mask->dim() < 2) {
     fail<ShapeError>(op, ": attn_mask must be [..., Lq_local, Lk], got ", shape_str(options.attn_mask->shape()));
   }

@@ -190,6 +190,9 @@ void TensorParallelAttention::check_inputs(const char* op, const Tensor& query, 
       fail<ShapeError>(op, ": query ", shape_str(query.shape()), ", key ", shape_str(key.shape()), ", value ",
                        shape_str(value.shape()), " do not fit the layer (embed_dim ", config_.embed_dim, ")");
     }
+    if (options.attn_mask && options.is_causal) {  // SDPA's refusal, on every rank (headless ones too)
+      fail<ValueError>(op, ": attn_mask and is_causal cannot both be set (as in PyTorch)");
+    }
     if (more_checks) more_checks();
     std::vector<int64_t> f{config_.embed_dim,   config_.num_heads, config_.num_kv_heads, config_.head_dim,
                            config_.batch_first, options.is_causal, o_bias_.has_value(),  options.attn_mask.has_value()};

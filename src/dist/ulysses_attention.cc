@@ -69,6 +69,12 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Ulyss
                        " ", dtype_name(q.dtype()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()));
     }
   }
+  // As scaled_dot_product_attention refuses; here on every rank (a rank without heads runs no kernel).
+  if (options.attn_mask && options.is_causal) {
+    fail<ValueError>(
+        "ulysses_attention: attn_mask and is_causal cannot both be set (as in PyTorch); fold the causal "
+        "mask into attn_mask instead");
+  }
   const int64_t hq = q.size(1), hk = k.size(1);
   if (hq != hk && !(options.enable_gqa && hk > 0 && hq % hk == 0)) {
     fail<ShapeError>("ulysses_attention: q has ", hq, " heads and k ", hk,

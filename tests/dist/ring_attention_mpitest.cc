@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "common/expect.h"
 #include "dist/dist_test_util.h"
 #include "qkv/dist/ring_attention.h"
 #include "qkv/dist/ulysses_attention.h"
@@ -195,6 +196,17 @@ TEST(RingAndUlysses, RanksCalledDifferentlyOrARefusalFailOnEveryRank) {
   const Case c{1, 2, 2, 8, 8, 4, 4, false, SequenceLayout::contiguous};
   const Problem p(c, comm);
   const Tensor q = Problem::shard(p.q, c, comm), k = Problem::shard(p.k, c, comm), v = Problem::shard(p.v, c, comm);
+  // Mask and is_causal together are refused on every rank, as SDPA refuses them: a rank whose
+  // pairs or heads never reached the kernel's causal case used to go on (ring returned, Ulysses
+  // waited QKV_DIST_TIMEOUT in its all-to-all).
+  RingAttentionOptions rm;
+  rm.is_causal = true;
+  rm.attn_mask = Tensor::ones({q.size(-2), c.lk}, DType::b8);
+  EXPECT_THROW_WITH(ring_attention(q, k, v, comm, rm), ValueError, "ring_attention: attn_mask and is_causal");
+  UlyssesAttentionOptions um;
+  um.is_causal = true;
+  um.attn_mask = Tensor::ones({c.lq, c.lk}, DType::b8);
+  EXPECT_THROW_WITH(ulysses_attention(q, k, v, comm, um), ValueError, "ulysses_attention: attn_mask and is_causal");
   if (comm.size() == 1) {  // nothing to disagree with: a refusal is the rank's own error
     EXPECT_THROW((void)ring_attention(q.to(DType::f64), k, v, comm, {}), DTypeError);
     EXPECT_THROW((void)ulysses_attention(q.to(DType::f64), k, v, comm, {}), ShapeError);
