@@ -1,6 +1,7 @@
 // Helpers shared by qkv::dist's sources.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -24,6 +25,19 @@ void merge_partial(const Tensor& out, const Tensor& lse, const Tensor& part, con
 // A fingerprint of what every rank of a call must agree on (options, shapes outside the
 // sequence axis), mixed into one int64 (FNV-1a over the values).
 int64_t call_fingerprint(const std::vector<int64_t>& values);
+
+// The values of ring's and Ulysses' options (RingAttentionOptions, UlyssesAttentionOptions)
+// for call_fingerprint: is_causal, layout, enable_gqa, scale, matmul precision, a mask or not.
+template <class Options>
+std::vector<int64_t> options_values(const Options& o) {
+  return {o.is_causal,
+          static_cast<int64_t>(o.layout),
+          o.enable_gqa,
+          o.scale.has_value(),
+          std::bit_cast<int64_t>(o.scale.value_or(0.0)),
+          static_cast<int64_t>(o.matmul_precision),
+          o.attn_mask.has_value()};
+}
 
 // Collective (every rank calls it): runs this rank's argument checks, `checks`, which return
 // the call's fingerprint, and all-gathers the fingerprints. A check that throws on one rank

@@ -1,7 +1,6 @@
 // RingPlan: the chunks and pairs of ring attention (dist/ring_plan.h).
 #include "dist/ring_plan.h"
 
-#include <bit>
 #include <string>
 
 #include "dist/internal.h"
@@ -83,13 +82,7 @@ void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor
 
 // What every rank must agree on: the options and every size but the sequence axis.
 int64_t fingerprint(const Tensor& q, const Tensor& k, const Tensor& v, const RingAttentionOptions& options) {
-  std::vector<int64_t> f{options.is_causal,
-                         static_cast<int64_t>(options.layout),
-                         options.enable_gqa,
-                         options.scale.has_value(),
-                         std::bit_cast<int64_t>(options.scale.value_or(0.0)),
-                         static_cast<int64_t>(options.matmul_precision),
-                         options.attn_mask.has_value()};
+  std::vector<int64_t> f = options_values(options);
   std::vector<const Tensor*> sized{&q, &k, &v};
   if (options.attn_mask) sized.push_back(&*options.attn_mask);
   for (const Tensor* t : sized) {

@@ -1,7 +1,6 @@
 // Ulysses attention over MPI (qkv/dist/ulysses_attention.h).
 #include "qkv/dist/ulysses_attention.h"
 
-#include <bit>
 #include <functional>
 #include <string>
 #include <vector>
@@ -89,13 +88,7 @@ void agree_on_inputs(const char* op, const Tensor& q, const Tensor& k, const Ten
   agree_on_call(op, comm, [&] {
     check_inputs(q, k, v, options);
     if (more_checks) more_checks();
-    std::vector<int64_t> f{options.is_causal,
-                           static_cast<int64_t>(options.layout),
-                           options.enable_gqa,
-                           options.scale.has_value(),
-                           std::bit_cast<int64_t>(options.scale.value_or(0.0)),
-                           static_cast<int64_t>(options.matmul_precision),
-                           options.attn_mask.has_value()};
+    std::vector<int64_t> f = options_values(options);
     for (const Tensor* t : {&q, &k, &v}) {
       for (int64_t d : {0, 1, 3}) f.push_back(t->size(d));
     }
