@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,14 @@ void merge_partial(const Tensor& out, const Tensor& lse, const Tensor& part, con
 // A fingerprint of what every rank of a call must agree on (options, shapes outside the
 // sequence axis), mixed into one int64 (FNV-1a over the values).
 int64_t call_fingerprint(const std::vector<int64_t>& values);
+
+// scaled_dot_product_attention's own shape rules (heads and GQA, head dims, K/V lengths, the
+// mask's leading dims) checked on a one-query, one-key problem of q, k, v's other sizes, so that
+// every rank refuses a bad call, not only the ranks whose work reaches the kernel (a rank
+// without queries or heads used to wait QKV_DIST_TIMEOUT while the others failed). ShapeError
+// naming `op`, the shapes and the kernel's reason.
+void check_kernel_shapes(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double> scale,
+                         bool enable_gqa, const std::optional<Tensor>& attn_mask);
 
 // The values of ring's and Ulysses' options (RingAttentionOptions, UlyssesAttentionOptions)
 // for call_fingerprint: is_causal, layout, enable_gqa, scale, matmul precision, a mask or not.

@@ -72,6 +72,7 @@ void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor
   if (options.attn_mask && options.attn_mask->dim() < 2) {
     fail<ShapeError>(op, ": attn_mask must be [..., Lq_local, Lk], got ", shape_str(options.attn_mask->shape()));
   }
+  check_kernel_shapes(op, q, k, v, options.scale, options.enable_gqa, options.attn_mask);
   // The mask is sliced per (query chunk, key chunk) pair, which would silently take the first
   // rows of a whole-sequence mask: its rows must be this rank's queries (or 1, broadcast).
   if (options.attn_mask && options.attn_mask->size(-2) != 1 && options.attn_mask->size(-2) != q.size(-2)) {

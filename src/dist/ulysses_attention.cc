@@ -79,6 +79,7 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Ulyss
     fail<ShapeError>("ulysses_attention: q has ", hq, " heads and k ", hk,
                      (options.enable_gqa ? "; GQA needs Hq a multiple of Hk" : "; pass enable_gqa for GQA"));
   }
+  check_kernel_shapes("ulysses_attention", q, k, v, options.scale, options.enable_gqa, options.attn_mask);
 }
 
 // check_inputs (and the backward's `more_checks`) on every rank at once, which must also agree

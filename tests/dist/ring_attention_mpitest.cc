@@ -196,6 +196,15 @@ TEST(RingAndUlysses, RanksCalledDifferentlyOrARefusalFailOnEveryRank) {
   const Case c{1, 2, 2, 8, 8, 4, 4, false, SequenceLayout::contiguous};
   const Problem p(c, comm);
   const Tensor q = Problem::shard(p.q, c, comm), k = Problem::shard(p.k, c, comm), v = Problem::shard(p.v, c, comm);
+  // Shapes the kernel refuses (GQA heads without enable_gqa, q's D against k's) fail on every
+  // rank, also where L = 2 over 3-4 ranks leaves a rank no query rows or H = 2 leaves it no heads:
+  // those ranks used to wait QKV_DIST_TIMEOUT while the others failed.
+  const auto tiny = [&](int64_t heads, int64_t d, uint64_t seed) {
+    return shard_sequence(Tensor::randn({1, heads, 2, d}, seed), -2, comm.rank(), comm.size(), c.layout);
+  };
+  EXPECT_THROW((void)ring_attention(tiny(4, 4, 1), tiny(2, 4, 2), tiny(2, 4, 3), comm, {}), ShapeError);
+  EXPECT_THROW((void)ring_attention(tiny(2, 4, 1), tiny(2, 3, 2), tiny(2, 3, 3), comm, {}), ShapeError);
+  EXPECT_THROW((void)ulysses_attention(tiny(2, 4, 1), tiny(2, 3, 2), tiny(2, 3, 3), comm, {}), ShapeError);
   // Mask and is_causal together are refused on every rank, as SDPA refuses them: a rank whose
   // pairs or heads never reached the kernel's causal case used to go on (ring returned, Ulysses
   // waited QKV_DIST_TIMEOUT in its all-to-all).
