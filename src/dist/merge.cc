@@ -9,6 +9,7 @@
 #include <string>
 
 #include "dist/internal.h"
+#include "dist/ring_plan.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
 #include "qkv/parallel.h"
@@ -42,17 +43,6 @@ void merge_partial(const Tensor& out, const Tensor& lse, const Tensor& part, con
   });
 }
 
-namespace {
-
-// `t`'s shape with its last two dims replaced by (rows, cols).
-Shape last2(const Tensor& t, int64_t rows, int64_t cols) {
-  Shape s = t.shape();
-  s[s.size() - 2] = rows, s[s.size() - 1] = cols;
-  return s;
-}
-
-}  // namespace
-
 void check_kernel_shapes(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, std::optional<double> scale,
                          bool enable_gqa, const std::optional<Tensor>& attn_mask) {
   if (q.dim() < 2 || k.dim() < 2 || v.dim() < 2) return;  // the callers' own checks report ranks
@@ -60,13 +50,13 @@ void check_kernel_shapes(const char* op, const Tensor& q, const Tensor& k, const
   o.scale = scale;
   o.enable_gqa = enable_gqa;
   if (attn_mask && attn_mask->dim() >= 2) {  // attend (True, or 0 added): only shapes matter here
-    const Shape ms = last2(*attn_mask, 1, 1);
+    const Shape ms = with_last2(*attn_mask, 1, 1);
     o.attn_mask = attn_mask->dtype() == DType::b8 ? Tensor::ones(ms, DType::b8) : Tensor::zeros(ms, attn_mask->dtype());
   }
   try {
     (void)scaled_dot_product_attention(
-        Tensor::zeros(last2(q, 1, q.size(-1)), q.dtype()), Tensor::zeros(last2(k, 1, k.size(-1)), k.dtype()),
-        Tensor::zeros(last2(v, k.size(-2) == v.size(-2) ? 1 : 2, v.size(-1)), v.dtype()), o);
+        Tensor::zeros(with_last2(q, 1, q.size(-1)), q.dtype()), Tensor::zeros(with_last2(k, 1, k.size(-1)), k.dtype()),
+        Tensor::zeros(with_last2(v, k.size(-2) == v.size(-2) ? 1 : 2, v.size(-1)), v.dtype()), o);
   } catch (const Error& e) {
     fail<ShapeError>(op, ": q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()),
                      (attn_mask ? ", attn_mask " + shape_str(attn_mask->shape()) : std::string()),
