@@ -193,6 +193,17 @@ void TensorParallelAttention::check_inputs(const char* op, const Tensor& query, 
     if (options.attn_mask && options.is_causal) {  // SDPA's refusal, on every rank (headless ones too)
       fail<ValueError>(op, ": attn_mask and is_causal cannot both be set (as in PyTorch)");
     }
+    if (options.attn_mask) {  // [L, S] or [N, Hq, L, S] (each 1 or its size): else only some ranks' kernels refuse it
+      const Tensor& m = *options.attn_mask;
+      const bool bf = config_.batch_first;
+      const int64_t want[] = {query.size(bf ? 0 : 1), config_.num_heads, query.size(bf ? 1 : 0), key.size(bf ? 1 : 0)};
+      bool ok = m.dim() == 2 || m.dim() == 4;
+      for (int64_t i = 1; ok && i <= m.dim(); ++i) ok = m.size(-i) == 1 || m.size(-i) == want[4 - i];
+      if (!ok) {
+        fail<ShapeError>(op, ": attn_mask must be [L, S] or [N, Hq, L, S] = [", want[0], ", ", want[1], ", ", want[2],
+                         ", ", want[3], "] (each dim 1 or its size), got ", shape_str(m.shape()));
+      }
+    }
     if (more_checks) more_checks();
     std::vector<int64_t> f{config_.embed_dim,   config_.num_heads, config_.num_kv_heads, config_.head_dim,
                            config_.batch_first, options.is_causal, o_bias_.has_value(),  options.attn_mask.has_value()};

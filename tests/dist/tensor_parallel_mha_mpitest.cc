@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 
+#include "common/expect.h"
 #include "dist/dist_test_util.h"
 #include "qkv/attention.h"
 #include "qkv/dist/tensor_parallel_mha.h"
@@ -226,8 +227,14 @@ TEST(TensorParallelAttention, RanksCalledDifferentlyOrARefusalFailOnEveryRank) {
     EXPECT_THROW((void)layer.backward(x, x, x, first ? x : wide), Error);
   }
   const Communicator self = comm.split(comm.rank(), 0);
-  const Tensor want = TensorParallelAttention::from_projections(c, sd, self).forward(x, x, x);
-  EXPECT_LE(relative_error(layer.forward(x, x, x), want), kTolerance);
+  const TensorParallelAttention one = TensorParallelAttention::from_projections(c, sd, self);
+  EXPECT_LE(relative_error(layer.forward(x, x, x), one.forward(x, x, x)), kTolerance);
+  // Masks: [L, S] or [N, Hq, L, S]; a 3-D one (torch's [N * H, L, S]) is refused on every rank.
+  TensorParallelOptions masked;
+  masked.attn_mask = Tensor::randn({2, 1, 5, 5}, 7);  // additive, per batch entry
+  EXPECT_LE(relative_error(layer.forward(x, x, x, masked), one.forward(x, x, x, masked)), kTolerance);
+  masked.attn_mask = Tensor::randn({2, 5, 5}, 7);
+  EXPECT_THROW_WITH(layer.forward(x, x, x, masked), ShapeError, "attn_mask must be [L, S] or [N, Hq, L, S]");
 }
 
 }  // namespace
