@@ -308,7 +308,7 @@ void agree_on_call(const char* op, const Communicator& comm, const std::function
   int64_t mine = kRefused;
   try {
     mine = checks();
-  } catch (const Error&) {
+  } catch (...) {  // any exception (std::bad_alloc too): the others must not wait for this rank
     refused = std::current_exception();
   }
   const std::vector<int64_t> all = comm.all_gather_values(mine);

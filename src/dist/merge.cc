@@ -57,6 +57,10 @@ void check_kernel_shapes(const char* op, const Tensor& q, const Tensor& k, const
     (void)scaled_dot_product_attention(
         Tensor::zeros(with_last2(q, 1, q.size(-1)), q.dtype()), Tensor::zeros(with_last2(k, 1, k.size(-1)), k.dtype()),
         Tensor::zeros(with_last2(v, k.size(-2) == v.size(-2) ? 1 : 2, v.size(-1)), v.dtype()), o);
+  } catch (const Interrupted&) {  // not the shapes' fault: as they are
+    throw;
+  } catch (const OutOfMemoryError&) {
+    throw;
   } catch (const Error& e) {
     fail<ShapeError>(op, ": q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()),
                      (attn_mask ? ", attn_mask " + shape_str(attn_mask->shape()) : std::string()),
