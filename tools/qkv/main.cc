@@ -55,9 +55,10 @@ Tensor load_tensor(const std::string& spec) {
 Shape tensor_shape(const std::string& spec) {
   const auto [path, name] = split_spec(spec);
   std::vector<io::TensorInfo> infos = io::inspect(path);
-  std::sort(infos.begin(), infos.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  // load_tensor's choice: by load()'s keys, in their order (a Keras or TF entry's name is not its key)
+  std::sort(infos.begin(), infos.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
   std::vector<std::string> names;
-  for (const io::TensorInfo& info : infos) names.push_back(info.name);
+  for (const io::TensorInfo& info : infos) names.push_back(info.key);
   return infos[pick(path, name, names)].shape;
 }
 
