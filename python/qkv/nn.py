@@ -356,8 +356,9 @@ class KerasMultiHeadAttention:
         as the call (return_attention_scores selects Keras' path for fully masked rows); masks are
         constants, dropout (training) is redrawn from dropout_seed. Without key the value is also
         the key and d_value holds both uses; when query and value are one array its gradient is
-        d_query + d_value (docs/nn.md). mods as in the call; attention other than "softmax" has no
-        backward (ValueError)."""
+        d_query + d_value (docs/nn.md). training= as the call's: a training call's backward needs
+        training=True too (or layer.training set), since training= holds for one call. mods as in
+        the call; attention other than "softmax" has no backward (ValueError)."""
         q = _array(query)
         v = q if value is query else _array(value)
         with _training_for_the_call(self._layer, training):
