@@ -83,7 +83,10 @@ class KVCache {
   void append(const Tensor& k, const Tensor& v, const std::vector<int64_t>& counts = {});
 
   const std::vector<int64_t>& lengths() const { return lengths_; }
-  int64_t length(int64_t b) const { return lengths_.at(static_cast<size_t>(b)); }
+  int64_t length(int64_t b) const {  // IndexError naming KVCache.length unless 0 <= b < batch
+    check_sequence(b, "KVCache.length");
+    return lengths_[static_cast<size_t>(b)];
+  }
   // Sets sequence b's length (<= capacity): truncation, or keys written by hand.
   void set_length(int64_t b, int64_t length);
   void reset();  // every length 0

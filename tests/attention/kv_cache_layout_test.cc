@@ -324,6 +324,7 @@ TEST(KVCacheErrors, SequenceIndicesRotaryAndInt8StateShapes) {
   const KVCache paged(pc);
   EXPECT_THROW_WITH(paged.block_table(2), IndexError, "KVCache.block_table: sequence 2 is outside [0, 2)");
   EXPECT_THROW_WITH(paged.first_kept(-1), IndexError, "KVCache.first_kept: sequence -1 is outside [0, 2)");
+  EXPECT_THROW_WITH(paged.length(2), IndexError, "KVCache.length: sequence 2 is outside [0, 2)");
   EXPECT_THROW_WITH(paged.sequence_keys(9), IndexError, "KVCache.sequence_keys: sequence 9 is outside [0, 2)");
   EXPECT_THROW_WITH(paged.sequence_values(-3), IndexError, "KVCache.sequence_values: sequence -3 is outside [0, 2)");
   KVCacheConfig odd{1, 1, 7, 8};
