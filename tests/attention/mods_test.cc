@@ -430,6 +430,9 @@ TEST(AttentionMods, DropoutReachesTheUniformRowsOfMaskedFill) {
   }
   EXPECT_GT(dropped, 100);  // of 396: p = 0.5
   EXPECT_GT(kept, 100);
+  // and each key dropped where the float64 reference (the same seed's draws, softmax of the
+  // filled scores) drops it: an off-by-one dropout index would pass the counts above
+  EXPECT_LE(max_abs_diff(out, attention_reference(q, k, v, o).output), 1e-12);
 }
 
 TEST(AttentionMods, FunctorsComposeWithTheBuiltIns) {
