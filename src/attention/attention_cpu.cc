@@ -119,7 +119,7 @@ void uniform_row(const Flash<K>& f, const Rows<K>& r, int64_t x, T* o) {
   const Problem& p = *f.p;
   std::fill(o, o + p.dv, T(0));
   std::vector<T> row(static_cast<size_t>(p.dv));
-  const auto index = static_cast<uint64_t>((r.b * p.lq + r.i0 + x) * p.lk);  // of key 0 in [..., Hq, Lq, Lk]
+  const uint64_t index = tiles::dropout_index(f, r, x, 0);  // of key 0
   for (int64_t j = 0; j < p.lk; ++j) {
     const auto* vj = r.v + j * p.v.stride(-2);  // [Dv]
     if constexpr (std::is_same_v<typename K::S, T>) {

@@ -296,13 +296,20 @@ void score_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64
   modify_tile(f, r, j0, cols, s, lds, masked, cap_grad);
 }
 
+// The dropout draw's index of weight (row x of the item, key j) in [..., Hq, Lq, Lk]: the
+// reference's (attention_reference.cc), so that both drop the same weights.
+template <class K>
+uint64_t dropout_index(const Flash<K>& f, const Rows<K>& r, int64_t x, int64_t j) {
+  const Problem& p = *f.p;
+  return static_cast<uint64_t>((r.b * p.lq + r.i0 + x) * p.lk + j);
+}
+
 // Dropout on probabilities s [rows, cols] (row stride lds) of rows i0.., keys j0..
 template <class K, class T = typename K::T>
 void dropout_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
-  const Problem& p = *f.p;
   for (int64_t x = 0; x < r.rows; ++x) {
     T* row = s + x * lds;  // [cols]
-    const auto index = static_cast<uint64_t>(((r.b * p.lq + r.i0 + x) * p.lk) + j0);
+    const uint64_t index = dropout_index(f, r, x, j0);
     for (int64_t c = 0; c < cols; ++c) {
       const bool keep = random::dropout_keep(f.seed, index + static_cast<uint64_t>(c), f.dropout_p);
       row[c] = keep ? row[c] * f.keep_scale : T(0);
