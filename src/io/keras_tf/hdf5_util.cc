@@ -130,6 +130,7 @@ Tensor read_dataset(hid_t dset, const H5DatasetInfo& info, size_t max_bytes, con
   // writes either.
   H5Id dcpl(h5_check(H5Dget_create_plist(dset), ctx, what));
   const int external = H5Pget_external_count(dcpl.get());
+  if (external < 0) fail_at(ctx, what, ": H5Pget_external_count: ", hdf5_error_text());
   if (external != 0 || H5Pget_layout(dcpl.get()) == H5D_VIRTUAL) {
     fail_at(ctx, what, ": its data is stored outside the file (",
             external != 0 ? "external raw data files" : "a virtual dataset", "); qkv reads only data inside it");
