@@ -110,8 +110,8 @@ const T* next_row(const Tensor& t, int64_t next) {
   return next < 0 ? nullptr : t.data<T>() + next * t.size(3);
 }
 
-// Rows [n, Dx] of the f32 cache's keys or values t of item it:
-// in place when consecutive, else gathered into `buffer` run by run.
+// Rows [n, Dx] of the cache's storage t (f32 keys or values; int8 values and their scales) of
+// item it: in place when consecutive, else gathered into `buffer` run by run.
 template <class T>
 const T* cache_rows(const KVCache& cache, const Tensor& t, const Item& it, std::vector<T>& buffer) {
   const int64_t dx = t.size(3), n = it.c1 - it.c0;
@@ -130,8 +130,8 @@ struct Partials {
 
 struct Scratch {
   std::vector<float> k, v, s;
-  std::vector<int8_t> v8;           // an int8 block of values [kInt8ValueKeys, Dv] spanning runs, gathered
-  std::vector<bfloat16> v8_scales;  // its scales [kInt8ValueKeys, Dv / 16]
+  std::vector<int8_t> v8;           // an int8 block of values [<= kInt8ValueKeys, Dv] spanning runs, gathered
+  std::vector<bfloat16> v8_scales;  // its scales [<= kInt8ValueKeys, Dv / 16]
   // int8 caches' query (decode_rows.h's Int8Query): q r as floats, then rounded: q_hat as floats
   // [G Lq, D], its scales and q . c [G Lq]; q_hat [G Lq, D] and in the kernel's layout
   std::vector<float> qs, sigma, qc;
@@ -196,29 +196,17 @@ void scores_int8(const DecodeCall& d, const float* qrows, const KVCache& cache, 
 // three alternating rounds): 256-position pages 3.8-3.9 ms, against 4.0-4.3 block by block and
 // 3.4-4.4 run by run before; 16-position pages, gathered, 8.8-9.6 ms against 11.8-16.9 run by run.
 void values_int8(const DecodeCall& d, const KVCache& cache, const Item& it, Scratch& sc, float* o) {
-  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0, groups = cache.value_scales().size(3);
-  const int8_t* values = cache.values().data<int8_t>();            // [rows, Dv]
-  const bfloat16* scales = cache.value_scales().data<bfloat16>();  // [rows, Dv / 16]
+  const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
   std::fill(o, o + rows * d.dv, 0.0f);
   for (int64_t j0 = 0; j0 < cols;) {  // j0: a block's first key
     // Keys [j0, j1): the whole blocks the run at j0 holds (to the item's end where the run
     // reaches it: one call for a contiguous cache) read in place; none: the block spans runs.
     const int64_t run = cache.run_end(it.b, it.c0 + j0) - it.c0;
     int64_t j1 = run >= cols ? cols : j0 + (run - j0) / kInt8ValueKeys * kInt8ValueKeys;
-    const int64_t first = cache.row(it.b, it.hk, it.c0 + j0);
-    const int8_t* v = values + first * d.dv;
-    const bfloat16* s = scales + first * groups;
-    if (j1 == j0) {
-      j1 = std::min(cols, j0 + kInt8ValueKeys);
-      sc.v8.resize(static_cast<size_t>(kInt8ValueKeys * d.dv));
-      sc.v8_scales.resize(static_cast<size_t>(kInt8ValueKeys * groups));
-      for_each_run(cache, Item{it.b, it.hk, it.c0 + j0, it.c0 + j1, it.slot},
-                   [&](int64_t i, int64_t len, int64_t row, int64_t) {
-                     std::copy_n(values + row * d.dv, len * d.dv, sc.v8.data() + i * d.dv);
-                     std::copy_n(scales + row * groups, len * groups, sc.v8_scales.data() + i * groups);
-                   });
-      v = sc.v8.data(), s = sc.v8_scales.data();
-    }
+    if (j1 == j0) j1 = std::min(cols, j0 + kInt8ValueKeys);
+    const Item part{it.b, it.hk, it.c0 + j0, it.c0 + j1, it.slot};  // in place, or the block gathered
+    const int8_t* v = cache_rows(cache, cache.values(), part, sc.v8);
+    const bfloat16* s = cache_rows(cache, cache.value_scales(), part, sc.v8_scales);
     const int64_t next = j1 < cols ? cache.row(it.b, it.hk, it.c0 + j1) : -1;
     int8_values(sc.s.data() + j0, cols, rows, v, s, j1 - j0, d.dv, next_row<int8_t>(cache.values(), next), o);
     j0 = j1;
