@@ -131,10 +131,8 @@ TEST(DecodeInt8, ValuesFollowTheirRoundedArithmetic) {
     for (size_t i = 0; i < size.size(); ++i)
       apart = std::max(apart, std::fabs(rounded[i] - exact[i]) / (size[i] + 1e-30));
     EXPECT_GT(apart, 5e-6);
-    for (int64_t target : kernels::detail::simd_targets()) {
-      kernels::detail::force_simd_target(target);
-      const std::string name = kernels::detail::simd_target_name(target);
-      SCOPED_TRACE("target " + name);
+    test::for_each_target([&] {
+      const std::string name = kernels::detail::simd_target_name(kernels::detail::simd_targets().front());
       const bool pairs = name == "AVX3" || name == "AVX2";
       std::vector<float> o(static_cast<size_t>(rows * dv), 0.0f);
       attention::int8_values(p.data(), n, rows, v.data(), s.data(), n, dv, nullptr, o.data());
@@ -143,8 +141,7 @@ TEST(DecodeInt8, ValuesFollowTheirRoundedArithmetic) {
       double worst = 0.0;
       for (size_t i = 0; i < o.size(); ++i) worst = std::max(worst, std::fabs(o[i] - want[i]) - tol * size[i]);
       EXPECT_LE(worst, 1e-12);
-    }
-    test::force_run_simd_targets();
+    });
   }
 }
 

@@ -151,13 +151,10 @@ TEST(CopyEngine, MatchesReferenceOnRandomViewsAndDestinations) {
 TEST(CopyEngine, MatchesReferenceOnEverySimdTarget) {
   const int before = get_num_threads();
   set_num_threads(1);
-  for (const int64_t target : detail::simd_targets()) {
-    SCOPED_TRACE("target " + detail::simd_target_name(target));
-    detail::force_simd_target(target);
+  test::for_each_target([] {
     std::mt19937 rng(99);
     for (int trial = 0; trial < 200; ++trial) check_random_case(rng, false);
-  }
-  test::force_run_simd_targets();
+  });
   set_num_threads(before);
 }
 
