@@ -191,7 +191,12 @@ backward_bench() {
   n=0
   for setting in $settings; do
     printf '\n%s\n\n' "Backward, $setting:" | tee -a "$OUT/report.md"
-    "$PYTHON" bench/peers/cuda_report.py --backward --qkv "$tmp/qkv_$((n++)).json" --torch "$tmp/torch.json" \
+    # the index moves outside the pipeline: a pipeline's commands run in subshells, so an
+    # $((n++)) there never reached this loop and every table read qkv_0.json (the H200 run of
+    # 2026-11-26 19:13 printed the 64-key tile's numbers under both settings)
+    local json=$tmp/qkv_$n.json
+    n=$((n + 1))
+    "$PYTHON" bench/peers/cuda_report.py --backward --qkv "$json" --torch "$tmp/torch.json" \
       ${cuda_runtime:+--cuda-runtime "$cuda_runtime"} | tee -a "$OUT/report.md" || return
   done
 }
