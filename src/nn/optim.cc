@@ -35,6 +35,27 @@ Pair pair_of(const char* op, const std::string& name, Tensor& param, const Named
   return {param.data<float>(), keep.back().data<float>(), param.numel()};
 }
 
+// Every parameter's pair, all checked before any parameter is written: a missing or misshapen
+// gradient leaves the parameters, the state and the step count as they were.
+std::vector<Pair> pairs_of(const char* op, NamedTensors& params, const NamedTensors& grads, std::vector<Tensor>& keep) {
+  std::vector<Pair> pairs;
+  keep.reserve(params.size());
+  for (auto& [name, param] : params) pairs.push_back(pair_of(op, name, param, grads, keep));
+  return pairs;
+}
+
+// A state buffer of `state` (kept or loaded) must have its parameter's shape: the step walks
+// the parameter's elements through it.
+void check_state(const char* op, const NamedTensors& state, const char* prefix, const NamedTensors& params) {
+  for (const auto& [name, param] : params) {
+    const auto it = state.find(name);
+    if (it != state.end() && it->second.shape() != param.shape()) {
+      fail<ShapeError>(op, ".step: state '", prefix, name, "' has shape ", shape_str(it->second.shape()),
+                       ", the parameter ", shape_str(param.shape()), " (state of another model?)");
+    }
+  }
+}
+
 // The state buffer `name` of `state` (zeros of the parameter's shape on first use).
 float* buffer(NamedTensors& state, const std::string& name, const Tensor& like, bool* fresh = nullptr) {
   auto it = state.find(name);
@@ -53,15 +74,22 @@ Sgd::Sgd(const SgdOptions& options) : o_(options) {
   check_nonnegative("SGD", "lr", o_.lr);
   check_nonnegative("SGD", "momentum", o_.momentum);
   check_nonnegative("SGD", "weight_decay", o_.weight_decay);
-  if (o_.nesterov && o_.momentum == 0.0) fail<ValueError>("SGD: nesterov needs a momentum");
+  // torch.optim.SGD refuses both: "Nesterov momentum requires a momentum and zero dampening".
+  if (o_.nesterov && (o_.momentum == 0.0 || o_.dampening != 0.0)) {
+    fail<ValueError>("SGD: nesterov needs a momentum and zero dampening, got momentum ", o_.momentum, " and dampening ",
+                     o_.dampening);
+  }
 }
 
 void Sgd::step(NamedTensors& params, const NamedTensors& grads) {
   const auto lr = static_cast<float>(o_.lr), mu = static_cast<float>(o_.momentum);
   const auto wd = static_cast<float>(o_.weight_decay), damp = static_cast<float>(1.0 - o_.dampening);
   std::vector<Tensor> keep;
+  const std::vector<Pair> pairs = pairs_of("SGD", params, grads, keep);
+  check_state("SGD", momentum_, "momentum/", params);
+  size_t k = 0;
   for (auto& [name, param] : params) {
-    const Pair x = pair_of("SGD", name, param, grads, keep);
+    const Pair& x = pairs[k++];
     bool fresh = false;
     float* buf = mu != 0.0f ? buffer(momentum_, name, param, &fresh) : nullptr;
     for (int64_t i = 0; i < x.n; ++i) {
@@ -95,6 +123,10 @@ Adam::Adam(const AdamOptions& options) : o_(options) {
 }
 
 void Adam::step(NamedTensors& params, const NamedTensors& grads) {
+  std::vector<Tensor> keep;
+  const std::vector<Pair> pairs = pairs_of("Adam", params, grads, keep);
+  check_state("Adam", m_, "m/", params);
+  check_state("Adam", v_, "v/", params);
   ++t_;
   const auto b1 = static_cast<float>(o_.beta1), b2 = static_cast<float>(o_.beta2);
   const auto lr = static_cast<float>(o_.lr), wd = static_cast<float>(o_.weight_decay);
@@ -107,9 +139,9 @@ void Adam::step(NamedTensors& params, const NamedTensors& grads) {
   const auto step_size = static_cast<float>(o_.lr / bc1), bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const float tf = static_cast<float>(t_);
   const float alpha = lr * std::sqrt(1.0f - std::pow(b2, tf)) / (1.0f - std::pow(b1, tf));
-  std::vector<Tensor> keep;
+  size_t k = 0;
   for (auto& [name, param] : params) {
-    const Pair x = pair_of("Adam", name, param, grads, keep);
+    const Pair& x = pairs[k++];
     float* m = buffer(m_, name, param);
     float* v = buffer(v_, name, param);
     for (int64_t i = 0; i < x.n; ++i) {

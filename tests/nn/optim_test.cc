@@ -8,6 +8,7 @@
 #include <cmath>
 #include <string>
 
+#include "common/expect.h"
 #include "common/sdpa_fixtures.h"
 #include "qkv/io_tensor_files.h"
 #include "qkv/nn/losses.h"
@@ -106,6 +107,36 @@ TEST(Optimizers, AdamStateRoundTripsAndBadInputsAreErrors) {
   EXPECT_THROW(a.step(ro, g), ValueError);
   EXPECT_EQ(frozen, std::vector<float>(6, 1.0f));
   EXPECT_THROW(Sgd(SgdOptions{.nesterov = true}), ValueError);
+  // torch/optim/sgd.py: nesterov and (momentum <= 0 or dampening != 0) is a ValueError.
+  EXPECT_THROW_WITH(Sgd(SgdOptions{.momentum = 0.9, .dampening = 0.1, .nesterov = true}), ValueError,
+                    "SGD: nesterov needs a momentum and zero dampening, got momentum 0.9 and dampening 0.1");
+}
+
+// A failed step writes nothing: neither the parameters before the bad one, nor the step count;
+// and state of another shape (loaded for another model) is refused, not walked past its end.
+TEST(Optimizers, AFailedStepChangesNothingAndMisshapenStateIsRefused) {
+  Adam a(AdamOptions{.lr = 0.1});
+  const Tensor w0 = Tensor::randn({3, 2}, 1);
+  NamedTensors p{{"a", w0.clone()}, {"b", Tensor::randn({2}, 2)}};
+  EXPECT_THROW(a.step(p, {{"a", Tensor::randn({3, 2}, 3)}}), ValueError);  // no gradient for "b"
+  EXPECT_EQ(a.steps(), 0);
+  EXPECT_EQ(max_diff(p.at("a"), w0), 0.0);
+  EXPECT_TRUE(a.state().empty());
+  Sgd s(SgdOptions{.lr = 0.1, .momentum = 0.9});
+  EXPECT_THROW(s.step(p, {{"a", Tensor::randn({3, 2}, 3)}}), ValueError);
+  EXPECT_EQ(max_diff(p.at("a"), w0), 0.0);
+  EXPECT_TRUE(s.state().empty());
+
+  NamedTensors w{{"w", Tensor::randn({4}, 4)}};
+  const NamedTensors g{{"w", Tensor::randn({4}, 5)}};
+  a.load_state({{"m/w", Tensor::zeros({1})}, {"v/w", Tensor::zeros({1})}}, 1);
+  EXPECT_THROW(a.step(w, g), ShapeError);
+  EXPECT_EQ(a.steps(), 1);
+  a.load_state({{"m/w", Tensor::zeros({4})}, {"v/w", Tensor::zeros({2, 2})}}, 1);
+  EXPECT_THROW(a.step(w, g), ShapeError);
+  s.step(w, g);  // momentum buffer [4]; the same name with another shape is refused
+  NamedTensors w2{{"w", Tensor::randn({8}, 6)}};
+  EXPECT_THROW(s.step(w2, {{"w", Tensor::randn({8}, 7)}}), ShapeError);
 }
 
 TEST(Losses, MatchTorchAutograd) {
