@@ -17,12 +17,14 @@ bool is_high_byte(char c) { return static_cast<unsigned char>(c) >= 0x80; }
 // Python's str.isdecimal (ASCII digits only; non-ASCII digits are rare enough).
 bool is_decimal(std::string_view s) { return !s.empty() && std::all_of(s.begin(), s.end(), is_ascii_digit); }
 
-// Parses a decimal string, saturating far above any real axis length.
+// Parses a decimal string; FormatError past 2^62, the most any axis length may be (it
+// saturated at 2^50 before, so repeat "a -> a 99999999999999999999" gave an axis of 2^50).
 int64_t parse_decimal(std::string_view s) {
+  constexpr int64_t kMax = int64_t{1} << 62;
   int64_t v = 0;
   for (char c : s) {
+    if (v > (kMax - (c - '0')) / 10) fail<FormatError>("Anonymous axis length ", s, " is more than 2^62");
     v = v * 10 + (c - '0');
-    if (v > (int64_t{1} << 50)) return int64_t{1} << 50;
   }
   return v;
 }

@@ -88,6 +88,11 @@ TEST(EinopsParse, InvalidExpressionsThrowEinopsMessages) {
   EXPECT_THROW_WITH(parse("a b a"), FormatError, "Indexing expression contains duplicate dimension \"a\"");
   EXPECT_THROW_WITH(parse("a-b"), FormatError, "Unknown character '-'");
   EXPECT_THROW_WITH(parse("a 0"), FormatError, "Anonymous axis should have positive length, not 0");
+  // Lengths are read exactly up to 2^62, refused past it (never saturated to another length).
+  EXPECT_EQ(parse("a 4611686018427387904").composition.at(1).axes.at(0).value, int64_t{1} << 62);
+  EXPECT_EQ(parse("a 1125899906842625").composition.at(1).axes.at(0).value, (int64_t{1} << 50) + 1);
+  EXPECT_THROW_WITH(parse("a 4611686018427387905"), FormatError, "Anonymous axis length 4611686018427387905 is more");
+  EXPECT_THROW_WITH(parse("a 99999999999999999999"), FormatError, "99999999999999999999 is more than 2^62");
 }
 
 TEST(EinopsParse, UnderscoreOnlyWhereAllowed) {
