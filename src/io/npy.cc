@@ -97,19 +97,24 @@ Descr parse_descr(const std::string& descr, const Context& ctx) {
                                                 {"i4", DType::i32},
                                                 {"i8", DType::i64},
                                                 {"b1", DType::b8}}};
-  const char order = descr.empty() ? '\0' : descr[0];
-  if (descr.size() < 2 || (order != '<' && order != '>' && order != '|' && order != '=')) {
+  // The byte-order character is optional: numpy reads a bare 'f4' (as it does '=f4')
+  // in native order, which the static_assert above makes little-endian.
+  const bool has_order = !descr.empty() && std::string_view("<>|=").find(descr[0]) != std::string_view::npos;
+  const char order = has_order ? descr[0] : '=';
+  const std::string_view code = std::string_view(descr).substr(has_order ? 1 : 0);
+  if (code.size() < 2) {
     fail_at(ctx, "bad .npy header: descr ", quote_name(descr), " is not a numpy dtype string such as '<f4'");
   }
-  const std::string_view code = std::string_view(descr).substr(1);
   for (const Known& k : kKnown) {
     if (code == k.code) return Descr{true, k.dtype, order == '>' && qkv::itemsize(k.dtype) > 1};
   }
   // Other numpy kinds (uint, int16, complex, strings, datetimes, ...) are well-formed
   // files qkv cannot hold; anything else is not a dtype at all.
-  // (numpy's dtype strings are printable ASCII: '<U5', '<M8[ns]'.)
+  // (numpy's dtype strings are printable ASCII, a kind then a size: '<U5', '<M8[ns]'; the
+  // size keeps a bare name such as 'float32' out, which is no dtype string of that form.)
   const bool printable = std::all_of(code.begin(), code.end(), [](char c) { return c > ' ' && c < 0x7f; });
-  if (!printable || std::string_view("biufcmMOSUV").find(code[0]) == std::string_view::npos) {
+  if (!printable || std::string_view("biufcmMOSUV").find(code[0]) == std::string_view::npos || code[1] < '0' ||
+      code[1] > '9') {
     fail_at(ctx, "bad .npy header: descr ", quote_name(descr), " is not a numpy dtype string such as '<f4'");
   }
   return Descr{};

@@ -159,6 +159,23 @@ TEST(Npy, HeaderSyntaxVariantsAreAccepted) {
       FormatError, "expected ',' or ')'");
 }
 
+TEST(Npy, DescrWithoutByteOrderIsNative) {
+  // numpy's descr_to_dtype reads 'f4' as '=f4', native (here little-endian) order;
+  // qkv refused the bare form. tests/python/test_py_io.py checks the same against np.load.
+  for (const char* descr : {"f4", "=f4", "|f4", "<f4"}) {
+    SCOPED_TRACE(descr);
+    const std::string header = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2, 3), }";
+    expect_formula(parse_npy(npy_with_header(header, f32_data(6)), "n.npy"), DType::f32, {2, 3});
+  }
+  const Tensor flags = parse_npy(
+      npy_with_header("{'descr': 'b1', 'fortran_order': False, 'shape': (2,), }", std::string("\0\1", 2)), "b.npy");
+  EXPECT_EQ(flags.dtype(), DType::b8);
+  EXPECT_EQ(flags.to_vector<double>(), (std::vector<double>{0, 1}));
+  EXPECT_THROW_WITH(
+      parse_npy(npy_with_header("{'descr': 'u1', 'fortran_order': False, 'shape': (2,), }", "ab"), "u.npy"), DTypeError,
+      "dtype 'u1' is not one qkv holds");
+}
+
 TEST(Npy, UnsupportedDtypeIsDTypeError) {
   EXPECT_THROW_WITH(load_npy(fixture("u16.npy")), DTypeError, "u16.npy: dtype '<u2' is not one qkv holds");
   const auto structured =
@@ -241,6 +258,9 @@ TEST(Npy, RejectsMalformedDicts) {
       {"{'descr': '<f\\x34', 'fortran_order': False, 'shape': (6,), }", "escape sequences"},
       {"{'descr': '<f4, 'fortran_order': False, 'shape': (6,), }", "expected ',' or '}' after the value of 'descr'"},
       {"{'descr': 'float32', 'fortran_order': False, 'shape': (6,), }", "descr 'float32' is not a numpy dtype string"},
+      {"{'descr': ' f4', 'fortran_order': False, 'shape': (6,), }", "descr ' f4' is not a numpy dtype string"},
+      {"{'descr': '<<f4', 'fortran_order': False, 'shape': (6,), }", "descr '<<f4' is not a numpy dtype string"},
+      {"{'descr': '=', 'fortran_order': False, 'shape': (6,), }", "descr '=' is not a numpy dtype string"},
       {"{'descr': '<f4', 'fortran_order': False, 'shape': (6,), } x", "unexpected text after the header dict"},
       {"{'descr': '<f4', 'fortran_order': False, 'shape': ((((((((((6,),),),),),),),),),), }", "nested too deeply"},
       {"{'descr': None, 'fortran_order': False, 'shape': (6,), }", "'descr' is None, not a str"},

@@ -65,6 +65,48 @@ def test_npy_bytes_equal_numpy_save_for_fortran_arrays(tmp_path, layout):
     np.testing.assert_array_equal(np.load(tmp_path / "qkv.npy"), x)
 
 
+QKV_NPY_DTYPES = {np.dtype(d) for d in ["float32", "float64", "float16", "int8", "int32", "int64", "bool", "V2"]}
+# Every byte-order form of each code ('>V2' aside: numpy keeps a void's bytes as they are,
+# qkv swaps them as big-endian bfloat16, docs/formats.md), and descrs numpy refuses.
+DESCRS = [order + code for code in ["f4", "f8", "f2", "i1", "i4", "i8", "b1", "V2", "u1", "u2"]
+          for order in ["", "=", "|", "<", ">"] if order + code != ">V2"]
+DESCRS += ["f3", "f0", " f4", "f4 ", "<<f4", "x4", "=", "<", ""]
+
+
+@pytest.mark.parametrize("descr", DESCRS)
+def test_npy_descr_forms_load_as_numpy_loads_them(tmp_path, descr):
+    # A bare 'f4' is '=f4' to numpy (native order); qkv refused it as no dtype string.
+    header = "{'descr': %r, 'fortran_order': False, 'shape': (2, 3), }" % descr
+    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    try:
+        dtype = np.lib.format.descr_to_dtype(descr)
+    except TypeError:
+        dtype = None
+    values = np.arange(6).reshape(2, 3)
+    data = bytes(24) if dtype is None else values.astype(
+        ml_dtypes.bfloat16 if dtype.kind == "V" else dtype).tobytes()
+    path = tmp_path / "x.npy"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + data)
+    if dtype is None:
+        with pytest.raises(ValueError):
+            np.load(path)
+        with pytest.raises((ValueError, TypeError), match="x.npy"):
+            qkv.load(path)
+        return
+    expected = np.load(path)
+    if dtype.newbyteorder("=") not in QKV_NPY_DTYPES:
+        with pytest.raises(TypeError, match="is not one qkv holds"):
+            qkv.load(path)
+        return
+    if dtype.kind == "V":
+        expected = expected.view(ml_dtypes.bfloat16)
+    want = expected.dtype.newbyteorder("=")
+    loaded = qkv.load(path)["x"]
+    assert loaded.dtype == want
+    np.testing.assert_array_equal(loaded, expected.astype(want))
+    assert qkv.inspect(path) == [("x", str(want), (2, 3))]
+
+
 def test_metadata_extension_matches_in_any_case(tmp_path):
     arrays = {"w": sample("float32", (2, 3))}
     save_file(arrays, str(tmp_path / "ref.safetensors"), metadata={"format": "np"})
