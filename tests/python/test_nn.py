@@ -335,6 +335,17 @@ def test_optimizers_match_torch_and_keras(path):
     np.testing.assert_array_equal(t["w0"], load_file(str(path))["w0"])  # the inputs are not touched
 
 
+def test_sgd_refuses_nesterov_without_momentum_or_with_dampening():
+    # torch/optim/sgd.py (torch 2.15): `if nesterov and (momentum <= 0 or dampening != 0): raise
+    # ValueError("Nesterov momentum requires a momentum and zero dampening")`; qkv took dampening.
+    with pytest.raises(ValueError, match="SGD: nesterov needs a momentum and zero dampening"):
+        qkv.nn.SGD(momentum=0.9, dampening=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="SGD: nesterov needs a momentum and zero dampening"):
+        qkv.nn.SGD(nesterov=True)
+    qkv.nn.SGD(momentum=0.9, dampening=0.1)  # dampening without nesterov is torch's too
+    qkv.nn.SGD(momentum=0.9, nesterov=True)
+
+
 def test_torch_flavour_dropout_seed_draws_the_training_mask():
     """The PyTorch flavour's dropout mask comes from dropout_seed (forward and backward alike), which
     only the Keras flavour exposed in Python: every training call reused seed 0's mask. The oracle:

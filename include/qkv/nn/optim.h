@@ -33,7 +33,7 @@ struct SgdOptions {
   double momentum = 0.0;
   double dampening = 0.0;     // torch only
   double weight_decay = 0.0;  // torch: L2 added to the gradient; keras: decoupled
-  bool nesterov = false;
+  bool nesterov = false;      // needs momentum > 0 and dampening 0 (ValueError otherwise, as torch)
   Convention convention = Convention::torch;
 };
 
