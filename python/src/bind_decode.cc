@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "array_like.h"
 #include "interrupt.h"
+#include "qkv/error.h"
 #include "qkv/kv_cache.h"
 #include "qkv/rotary.h"
 #include "tensor_convert.h"
@@ -38,10 +40,26 @@ qkv::KVCache make_cache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64
   return qkv::KVCache(c);
 }
 
-void append(qkv::KVCache& cache, nb::handle k, nb::handle v, std::optional<std::vector<int64_t>> counts) {
+// counts: None, a list or tuple of ints, or an integer array of any kind k and v may be
+// (NumPy, torch, any DLPack producer); nanobind's list caster refused torch tensors.
+std::vector<int64_t> counts_arg(nb::handle counts) {
+  constexpr const char* kWhat = "KVCache.append: counts";
+  if (PyList_Check(counts.ptr()) || PyTuple_Check(counts.ptr()) || counts.is_none()) {
+    return qkv::python::int_list_arg(counts, kWhat, INT64_MIN, INT64_MAX);
+  }
+  const qkv::Tensor t = to_tensor(counts, kWhat);
+  if (t.dtype() != qkv::DType::i8 && t.dtype() != qkv::DType::i32 && t.dtype() != qkv::DType::i64) {
+    qkv::fail<qkv::DTypeError>(kWhat, " must be integers (int8, int32 or int64), got ", qkv::dtype_name(t.dtype()));
+  }
+  if (t.dim() != 1) qkv::fail<qkv::ShapeError>(kWhat, " must be 1-D [B], got shape ", qkv::shape_str(t.shape()));
+  return t.to(qkv::Device::cpu()).to_vector<int64_t>();
+}
+
+void append(qkv::KVCache& cache, nb::handle k, nb::handle v, nb::handle counts) {
   const qkv::Tensor tk = to_tensor(k, "KVCache.append: k"), tv = to_tensor(v, "KVCache.append: v");
+  const std::vector<int64_t> n = counts_arg(counts);
   qkv::python::InterruptibleRelease release;
-  cache.append(tk, tv, counts.value_or(std::vector<int64_t>{}));
+  cache.append(tk, tv, n);
 }
 
 nb::object decode(nb::handle q, const qkv::KVCache& cache, std::optional<double> scale, bool causal, int64_t window,
@@ -99,7 +117,8 @@ void bind_decode(nb::module_& m) {
            nb::arg("page_size").none() = nb::none(), nb::arg("pages") = 0, nb::arg("rotary") = false,
            nb::arg("rotary_base") = 10000.0, nb::arg("rotary_layout") = "neox", nb::arg("rotary_dim") = 0)
       .def("append", &append, nb::arg("k"), nb::arg("v"), nb::arg("counts").none() = nb::none(),
-           "k [B, Hk, T, D], v [B, Hk, T, Dv] (arrays or tensors); counts: B values in [0, T].")
+           "k [B, Hk, T, D], v [B, Hk, T, Dv] (arrays or tensors); counts: B values in [0, T]\n"
+           "(a list, tuple or integer array or tensor).")
       .def_prop_ro("lengths", [](const qkv::KVCache& c) { return c.lengths(); })
       .def("set_length", &qkv::KVCache::set_length, nb::arg("sequence"), nb::arg("length"))
       .def("reset", &qkv::KVCache::reset)

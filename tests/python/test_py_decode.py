@@ -64,6 +64,34 @@ def test_errors():
         qkv.KVCache(1, 2, 4, 3, dtype="float64")
 
 
+def test_append_counts_take_any_integer_array(monkeypatch):
+    # counts went through nanobind's list caster, which took lists and NumPy arrays but raised
+    # TypeError for a torch tensor; now counts is taken as k and v are (fake_torch: no torch here).
+    from fake_torch import DLPackOnly, FakeTensor
+    from fake_torch import install as install_fake_torch
+    install_fake_torch(monkeypatch)
+    k, v = rng.standard_normal((3, 2, 5, 4)), rng.standard_normal((3, 2, 5, 4))
+    want = qkv.KVCache(3, 2, 4, 8)
+    want.append(k, v, counts=[5, 0, 2])
+    for counts in [(5, 0, 2), np.array([5, 0, 2], np.int32), np.array([5, 0, 2], np.int8),
+                   FakeTensor(np.array([5, 0, 2])), FakeTensor(np.array([5, 0, 2], np.int32)),
+                   DLPackOnly(np.array([5, 0, 2])), FakeTensor(np.array([9, 5, 9, 0, 9, 2])[1::2])]:
+        cache = qkv.KVCache(3, 2, 4, 8)
+        cache.append(k, v, counts=counts)
+        assert cache.lengths == [5, 0, 2], counts
+        np.testing.assert_array_equal(cache.keys, want.keys)
+    cache = qkv.KVCache(3, 2, 4, 8)
+    with pytest.raises(TypeError, match="KVCache.append: counts must be integers .*, got float32"):
+        cache.append(k, v, counts=FakeTensor(np.array([5, 0, 2], np.float32)))
+    with pytest.raises(ValueError, match=r"KVCache.append: counts must be 1-D \[B\], got shape \[1, 3\]"):
+        cache.append(k, v, counts=FakeTensor(np.array([[5, 0, 2]])))
+    with pytest.raises(TypeError, match="KVCache.append: counts entry must be an int"):
+        cache.append(k, v, counts=[5, 0, 2.0])
+    with pytest.raises(ValueError, match="KVCache.append"):
+        cache.append(k, v, counts=FakeTensor(np.array([6, 0, 2])))
+    assert cache.lengths == [0, 0, 0]
+
+
 def llama_rope(x, pos, base, rd):
     """Hugging Face Llama's apply_rotary_pos_emb (rotate_half), in NumPy."""
     inv = 1.0 / base ** (np.arange(0, rd, 2) / rd)
