@@ -10,6 +10,7 @@
 //     ValueError together with attn_mask, as PyTorch.
 //   enable_gqa: k/v heads (dim -3) may divide q heads; q head h uses k/v head
 //     h / (Hq / Hk) (torch's repeat_interleave). Without it heads must broadcast.
+//     Hq = 0 gives an empty [..., 0, Lq, Dv] for any Hk > 0, as torch (Hk = 0: ShapeError).
 //   weights = softmax(scores, -1); a row with every key masked gives weights 0
 //     and output 0 (PyTorch >= 2.5 _safe_softmax), not NaN.
 //   Dk == 0: every score is 0 (the empty dot product, whatever the scale).

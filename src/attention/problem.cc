@@ -38,10 +38,11 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const char*
   }
 }
 
-// Batch dims of k/v as q sees them: under GQA their head dim counts as q's.
+// Batch dims of k/v as q sees them: under GQA their head dim counts as q's (group 0: no q
+// heads, so none of theirs either).
 Shape kv_batch_as_q(const Tensor& kv, int64_t group) {
   Shape b = leading(kv);
-  if (group > 1) b.back() *= group;
+  if (group != 1) b.back() *= group;
   return b;
 }
 
@@ -54,6 +55,8 @@ bool broadcasts_to(const Shape& s, const Shape& full) {
   return true;
 }
 
+// q heads per k/v head; 0 when q has no heads (torch repeats each k/v head 0 / Hk = 0 times:
+// the output is [..., 0, Lq, Dv] for any Hk > 0).
 int64_t gqa_group_of(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const char* op) {
   if (!o.enable_gqa || q.dim() < 3 || k.dim() < 3 || v.dim() < 3) return 1;
   const int64_t hq = q.size(-3), hk = k.size(-3);
@@ -65,9 +68,7 @@ int64_t gqa_group_of(const Tensor& q, const Tensor& k, const Tensor& v, const At
     fail<ShapeError>(op, ": with enable_gqa, q heads (", hq, ") must be a multiple of k/v heads (", hk, "), got ",
                      shapes_str(q, k, v));
   }
-  // No q heads: nothing to group (hq / hk = 0 would divide the k/v batch by zero);
-  // k/v then broadcast to q's empty head dim, or the shapes are refused.
-  return hq == 0 ? 1 : hq / hk;
+  return hq / hk;
 }
 
 void check_options(const AttentionOptions& o, const char* op) {
@@ -108,13 +109,20 @@ void check_mask(const Tensor& m, const Shape& full, const Problem& p) {
   }
 }
 
+// k or v as heads of `kv_batch`: all of them, except under GQA with no q heads, where no
+// k/v head is read and none is kept (their Hk heads cannot expand to 0).
+Tensor kv_heads_for(const Tensor& kv, const Shape& kv_batch) {
+  const bool no_heads = kv.dim() >= 3 && !kv_batch.empty() && kv_batch.back() == 0 && kv.size(-3) != 0;
+  return no_heads ? kv.slice(kv.dim() - 3, 0, 0) : kv;
+}
+
 // p.q, p.k, p.v and p.mask: the operands expanded to the batch (zero strides).
 void expand_operands(Problem& p) {
   p.q = p.q_in.expand(with_tail(p.batch, {p.lq, p.dk}));
   Shape kv_batch = p.batch;  // k/v keep their own head dim under GQA
   if (p.gqa_group > 1) kv_batch.back() /= p.gqa_group;
-  p.k = p.k_in.expand(with_tail(kv_batch, {p.lk, p.dk}));
-  p.v = p.v_in.expand(with_tail(kv_batch, {p.lk, p.dv}));
+  p.k = kv_heads_for(p.k_in, kv_batch).expand(with_tail(kv_batch, {p.lk, p.dk}));
+  p.v = kv_heads_for(p.v_in, kv_batch).expand(with_tail(kv_batch, {p.lk, p.dv}));
   p.mask.reset();
   if (p.mask_in) p.mask = p.mask_in->expand(with_tail(p.batch, {p.lq, p.lk}));
 }
@@ -128,7 +136,8 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
   Problem p;
   p.op = op;
   p.device = common_device(op, {&q, &k, &v, options.attn_mask ? &*options.attn_mask : nullptr});
-  p.gqa_group = gqa_group_of(q, k, v, options, op);
+  const int64_t group = gqa_group_of(q, k, v, options, op);
+  p.gqa_group = group == 0 ? 1 : group;  // no q heads: no group to walk
   p.lq = q.size(-2);
   p.lk = k.size(-2);
   p.dk = q.size(-1);
@@ -139,7 +148,7 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const At
                      "' needs float32 q, k and v, got ", dtype_name(q.dtype()));
   }
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(p.dk));
-  p.batch = broadcast_batch(q, k, v, p.gqa_group, op);
+  p.batch = broadcast_batch(q, k, v, group, op);
   p.batch_size = shape_numel(p.batch);
   p.heads_q = p.batch.empty() ? 1 : p.batch.back();
   p.q_in = q;
