@@ -2,6 +2,7 @@
 of every bad numeric option, `inspect DIR`, and line-buffered output through a pipe."""
 import importlib.metadata
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -202,6 +203,16 @@ def test_train_seed001_prints_ten_epochs_beside_keras(qkv_cli):
     for epoch, qkv_loss, keras_loss, rel in rows:
         assert abs(float(qkv_loss) - float(keras_loss)) <= 1e-5 * float(keras_loss), (epoch, qkv_loss, keras_loss)
     assert float(rows[-1][1]) < float(rows[0][1])  # it learns
+
+
+def test_train_seed001_takes_qkv_seed001_dir_with_a_trailing_slash(qkv_cli, tmp_path):
+    # The folder written ".../seed001/" was taken for one named "" inside it, so train looked for
+    # .../seed001/seed001_train and said the fixture was not found.
+    env = {**os.environ, "QKV_SEED001_DIR": str(ROOT / "tests" / "fixtures" / "seed001") + "/"}
+    result = subprocess.run([qkv_cli, "train", "seed001"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    assert len([line for line in result.stdout.splitlines() if re.match(r"^ +\d+ +\d", line)]) == 10
 
 
 def test_attention_matmul_precision_medium_stays_within_bf16_rounding(qkv_cli, tmp_path):

@@ -24,7 +24,12 @@ namespace {
 // in the repository root), or the repository holding this executable (build/<preset>/bin/qkv).
 std::filesystem::path seed001_dir() {
   std::error_code ec;
-  if (const char* env = std::getenv("QKV_SEED001_DIR")) return env;
+  if (const char* env = std::getenv("QKV_SEED001_DIR")) {
+    // ".../seed001/" names the same folder: without the trailing separator, so that
+    // parent_path() is tests/fixtures (train's seed001_train sits beside it)
+    const std::filesystem::path p = std::filesystem::path(env).lexically_normal();  // "a//" is "a/"
+    return p.has_filename() ? p : p.parent_path();
+  }
   const std::filesystem::path rel = "tests/fixtures/seed001";
   if (std::filesystem::exists(rel / "ckpt.index", ec)) return rel;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
