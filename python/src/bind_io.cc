@@ -5,7 +5,6 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
-#include <cctype>
 #include <cerrno>
 #include <filesystem>
 #include <map>
@@ -14,6 +13,7 @@
 
 #include "args.h"
 #include "interrupt.h"
+#include "qkv/ascii.h"
 #include "qkv/device.h"
 #include "qkv/io.h"
 #include "tensor_convert.h"
@@ -72,9 +72,7 @@ void save(nb::handle path_arg, nb::handle arrays, nb::handle metadata_arg) {
   } else {  // one array: the natural call for .npy
     tensors.emplace(path.stem().string(), to_tensor(arrays, "save: array"));
   }
-  std::string ext = path.extension().string();  // any case, as qkv::io::save picks the format
-  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const bool safetensors = ext == ".safetensors";
+  const bool safetensors = qkv::lower_extension(path) == ".safetensors";  // any case, as io::save picks the format
   if (metadata && !safetensors) {
     qkv::fail<qkv::ValueError>("save: metadata needs a .safetensors file, got ", path.string());
   }

@@ -2,12 +2,12 @@
 #include "qkv/einsum.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 
 #include "einsum/contract.h"
 #include "einsum/parse.h"
 #include "einsum/plan.h"
+#include "qkv/ascii.h"
 
 namespace qkv {
 
@@ -161,8 +161,7 @@ EinsumPath describe(const ed::Spec& spec, const ed::Path& path) {
 }  // namespace
 
 EinsumOptimize einsum_optimize_from_name(std::string_view name) {
-  std::string lower;
-  for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string lower = ascii_lower(name);
   if (lower == "dynamic-programming") return EinsumOptimize::dp;
   for (const auto& o : kOptimizeNames)
     if (lower == o.name) return o.value;

@@ -1,10 +1,10 @@
 // write_png / read_png (qkv/heatmap.h) through libpng's simplified API (png_image).
 #include <png.h>
 
-#include <cctype>
 #include <cstring>
 #include <string>
 
+#include "qkv/ascii.h"
 #include "qkv/error.h"
 #include "qkv/heatmap.h"
 
@@ -21,8 +21,7 @@ std::array<uint8_t, 3> Image::pixel(int64_t x, int64_t y) const {
 void write_png(const std::filesystem::path& path, const Image& image) {
   // Another extension is a slip (heatmap -o w.npy wrote PNG bytes into a .npy name, which
   // qkv.load and np.load then refused); none at all is taken as PNG, as matplotlib does.
-  std::string ext = path.extension().string();
-  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string ext = lower_extension(path);
   if (!ext.empty() && ext != ".png") {
     fail<ValueError>("write_png: ", path.string(),
                      ": a PNG image goes to a .png file (or a name without extension), not ", ext);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "qkv/ascii.h"
 #include "qkv/io.h"
 #include "qkv/io_keras.h"
 #include "qkv/io_tf.h"
@@ -36,16 +37,11 @@ bool has_torch_keys(const std::map<std::string, Tensor>& tensors) {
   return false;
 }
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
 // safetensors | keras3-h5 | tf-keras-h5 | keras | tf-checkpoint, from --format or OUT.
 std::string output_format(const ConvertArgs& a) {
   if (!a.format.empty()) return a.format;
-  const std::string out = lower(a.out);
-  const std::string ext = lower(std::filesystem::path(a.out).extension().string());
+  const std::string out = ascii_lower(a.out);
+  const std::string ext = lower_extension(a.out);
   if (ext == ".safetensors") return "safetensors";
   if (out.ends_with(".weights.h5")) return "keras3-h5";
   if (ext == ".h5" || ext == ".hdf5") return "tf-keras-h5";
@@ -226,7 +222,7 @@ void run_convert(const ConvertArgs& a) {
       }
     }
     if (layers.empty()) fail<ValueError>("convert: ", a.in, ": no layer weights found to convert");
-    const std::string in_config = lower(a.in).ends_with(".keras") ? io::load_keras_archive(a.in).config_json : "";
+    const std::string in_config = ascii_lower(a.in).ends_with(".keras") ? io::load_keras_archive(a.in).config_json : "";
     std::vector<std::string> order = split_commas(a.layer_order);
     check_layer_order(a, order, layers);
     if (order.empty()) order = !in_config.empty() ? nn::keras_config_layer_order(in_config) : nn::keras_layer_order(in);

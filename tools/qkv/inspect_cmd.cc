@@ -6,19 +6,13 @@
 #include <set>
 
 #include "commands.h"
+#include "qkv/ascii.h"
 #include "qkv/io.h"
 #include "qkv/io_keras.h"
 
 namespace qkv::cli {
 
 namespace {
-std::string lower_extension(const std::filesystem::path& path) {
-  std::string ext = path.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return ext;
-}
-
 bool is_plain_tensor_file(const std::string& path) {
   const std::string ext = lower_extension(path);
   return ext == ".npy" || ext == ".safetensors";

@@ -1,11 +1,10 @@
 // The by-extension entry points io::inspect/load/save (qkv/io.h) and
 // load_weights/inspect_weights (qkv/io_keras.h): in qkv_io_keras because they reach
 // every format, the TF and Keras ones included.
-#include <algorithm>
-#include <cctype>
 #include <string>
 
 #include "io/io_internal.h"
+#include "qkv/ascii.h"
 #include "qkv/io.h"
 
 namespace qkv::io {
@@ -19,9 +18,7 @@ constexpr const char* kKnownFormats =
     ".keras archives and TensorFlow checkpoints PREFIX / PREFIX.index)";
 
 Format format_of(const std::filesystem::path& path, const char* op) {
-  std::string ext = path.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string ext = lower_extension(path);
   if (ext == ".npy") return Format::npy;
   if (ext == ".safetensors") return Format::safetensors;
   if (ext == ".h5" || ext == ".hdf5") return Format::keras_h5;
