@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "nn/heads.h"
 #include "nn/layer_attention.h"
@@ -328,6 +329,14 @@ MultiheadAttention::Prepared MultiheadAttention::prepare(const Tensor& query, co
   check_input(query, query.dim(), e, "query");
   check_input(key, query.dim(), config_.kdim.value_or(e), "key");
   check_input(value, query.dim(), config_.vdim.value_or(e), "value");
+  // torch refuses integer and bool inputs too (F.linear: "mat1 and mat2 must have the same
+  // dtype, but got Int and Float"); the projections turned them into float32 silently.
+  for (const auto& [t, what] : {std::pair{&query, "query"}, {&key, "key"}, {&value, "value"}}) {
+    if (!is_floating(t->dtype())) {
+      fail<DTypeError>(kOp, ": ", what, " must be float32, float64, float16 or bfloat16, got ", dtype_name(t->dtype()),
+                       " ", shape_str(t->shape()));
+    }
+  }
   // Unbatched inputs become [L, 1, E] (sequence-first).
   in.bf = in.batched && config_.batch_first;
   in.qi = in.batched ? query : query.unsqueeze(1);

@@ -108,6 +108,13 @@ TEST(MhaTorch, ErrorsNameTheProblem) {
   o.attn_mask = Tensor::zeros({3, 4});
   EXPECT_THROW_WITH(m.forward(x, x, x, o), qkv::ShapeError, "2D attn_mask is [3, 4], but should be [3, 3]");
   EXPECT_THROW_WITH(m.forward(x, Tensor::randn({3, 2, 5}, 2), x), qkv::ShapeError, "key must be");
+  // torch.nn.MultiheadAttention on int32 inputs: F.linear's "mat1 and mat2 must have the same
+  // dtype, but got Int and Float"; qkv projected them as float32 without a word.
+  const Tensor xi = x.to(qkv::DType::i32);
+  EXPECT_THROW_WITH(m.forward(xi, xi, xi), qkv::DTypeError,
+                    "MultiheadAttention: query must be float32, float64, float16 or bfloat16, got int32 [3, 2, 6]");
+  EXPECT_THROW_WITH(m.forward(x, x, x.to(qkv::DType::b8)), qkv::DTypeError, "value must be float32");
+  EXPECT_THROW_WITH(m.backward(x, xi, x, x), qkv::DTypeError, "MultiheadAttention: key must be float32");
 }
 
 TEST(MhaTorch, DropoutOnlyWhenTraining) {

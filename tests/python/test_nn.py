@@ -335,6 +335,22 @@ def test_optimizers_match_torch_and_keras(path):
     np.testing.assert_array_equal(t["w0"], load_file(str(path))["w0"])  # the inputs are not touched
 
 
+@pytest.mark.parametrize("dtype", ["int32", "int64", "int8", "bool"])
+def test_mha_refuses_integer_inputs_as_torch_does(dtype):
+    # torch.nn.MultiheadAttention(8, 2) on int32 inputs (torch 2.15): RuntimeError "mat1 and
+    # mat2 must have the same dtype, but got Int and Float" from F.linear; qkv projected them
+    # as float32 without a word. A float32 copy of the same values still runs.
+    layer = qkv.nn.MultiheadAttention(8, 2)
+    x = np.ones((3, 1, 8), dtype)
+    with pytest.raises(TypeError, match=f"MultiheadAttention: query must be float32, float64, float16 or "
+                                        f"bfloat16, got {dtype}"):
+        layer(x, x, x)
+    f = x.astype(np.float32)
+    with pytest.raises(TypeError, match=f"MultiheadAttention: value must be .* got {dtype}"):
+        layer(f, f, x)
+    assert layer(f, f, f)[0].shape == (3, 1, 8)
+
+
 def test_sgd_refuses_nesterov_without_momentum_or_with_dampening():
     # torch/optim/sgd.py (torch 2.15): `if nesterov and (momentum <= 0 or dampening != 0): raise
     # ValueError("Nesterov momentum requires a momentum and zero dampening")`; qkv took dampening.

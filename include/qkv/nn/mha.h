@@ -5,7 +5,8 @@
 //   else q_proj_weight [E, E], k_proj_weight [E, kdim], v_proj_weight [E, vdim] (+ in_proj_bias);
 //   bias_k, bias_v [1, 1, E] (add_bias_kv); out_proj.weight [E, E], out_proj.bias [E].
 // Inputs: query [L, N, E], key [S, N, kdim], value [S, N, vdim] ([N, L, E] ... with
-//   batch_first), or unbatched [L, E], [S, kdim], [S, vdim].
+//   batch_first), or unbatched [L, E], [S, kdim], [S, vdim]; float32, or float64, float16,
+//   bfloat16 computed in float32 (DTypeError for integer and bool inputs, as torch refuses them).
 // Masks are PyTorch's (the opposite of scaled_dot_product_attention's):
 //   key_padding_mask [N, S] (or [S]): bool True = ignore that key, float = added;
 //   attn_mask [L, S] or [N * H, L, S]: bool True = not allowed, float = added.
