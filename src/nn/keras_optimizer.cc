@@ -2,6 +2,7 @@
 #include "qkv/nn/keras_optimizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -58,6 +59,17 @@ const Tensor& tensor_of(const io::WeightFile& file, const io::TensorInfo& e, con
   return it->second;
 }
 
+// Keras' iteration count (an int64 variable; a float one in some files): refused unless a
+// whole number in [0, 2^53], rather than cast (a NaN or 1e300 cast to int64 is undefined).
+int64_t iteration_count(const Tensor& t, const std::string& key, const std::string& source) {
+  const double n = t.numel() == 1 ? t.item() : -1.0;
+  if (!(n >= 0.0 && n <= 9007199254740992.0) || n != std::floor(n)) {
+    fail<FormatError>(kOp, ": ", source, ": the iteration count '", key, "' must be one whole number >= 0, got ",
+                      t.numel() == 1 ? std::to_string(t.item()) : shape_str(t.shape()));
+  }
+  return static_cast<int64_t>(n);
+}
+
 void put(KerasAdamState& s, const KerasVariable& var, const Tensor& m, const Tensor& v, const std::string& source,
          const Shape* shape) {
   for (const auto& [slot, t] : {std::pair<const char*, const Tensor*>{"momentum", &m}, {"velocity", &v}}) {
@@ -88,7 +100,7 @@ KerasAdamState from_named(const io::WeightFile& file, const std::vector<KerasVar
   const io::TensorInfo* it = named(file, "iteration");
   if (!it) it = named(file, "iterations");
   if (!it) fail<FormatError>(kOp, ": ", source, ": no iteration count; optimizer entries: ", listing(file));
-  s.iterations = static_cast<int64_t>(tensor_of(file, *it, source).item());
+  s.iterations = iteration_count(tensor_of(file, *it, source), it->key, source);
   if (const io::TensorInfo* lr = named(file, "learning_rate")) s.learning_rate = tensor_of(file, *lr, source).item();
   return s;
 }
@@ -103,7 +115,7 @@ KerasAdamState from_unnamed(const std::map<int64_t, const io::TensorInfo*>& slot
                       " (another optimizer, or amsgrad's extra slots?)");
   }
   KerasAdamState s;
-  s.iterations = static_cast<int64_t>(tensor_of(file, *slots.at(0), source).item());
+  s.iterations = iteration_count(tensor_of(file, *slots.at(0), source), slots.at(0)->key, source);
   s.learning_rate = tensor_of(file, *slots.at(1), source).item();
   for (size_t i = 0; i < vars.size(); ++i) {
     const auto m = static_cast<int64_t>(2 + 2 * i);

@@ -138,5 +138,29 @@ TEST(KerasAdamState, ErrorsNameTheFileAndWhatIsMissing) {
                     "keras_adam_state: w.safetensors: the file holds no optimizer state");
 }
 
+// The iteration count is checked, not cast: a NaN, an inf, 1e300 or a fraction cast to int64
+// was undefined behaviour (any number came out), and a negative one failed only in load_state.
+TEST(KerasAdamState, AnIterationCountThatIsNoWholeNumberIsAFormatError) {
+  const std::vector<KerasVariable> vars{{"dense/bias", "dense_bias"}};
+  auto file_with = [](const Tensor& iteration) {
+    io::WeightFile f;
+    const Tensor slots[] = {iteration, Tensor::full({}, 1e-3), Tensor::zeros({1}), Tensor::zeros({1})};
+    for (int i = 0; i < 4; ++i) {
+      const std::string key = "optimizer/vars/" + std::to_string(i);
+      f.entries.push_back({key, key, "float32", slots[i].shape(), true});
+      f.tensors[key] = slots[i];
+    }
+    return f;
+  };
+  EXPECT_EQ(keras_adam_state(file_with(Tensor::full({}, 7.0)), vars, "a.keras").iterations, 7);
+  for (const double bad : {std::nan(""), HUGE_VAL, 1e300, -3.0, 2.5}) {
+    EXPECT_THROW_WITH(
+        keras_adam_state(file_with(Tensor::full({}, bad, DType::f64)), vars, "a.keras"), FormatError,
+        "keras_adam_state: a.keras: the iteration count 'optimizer/vars/0' must be one whole number >= 0");
+  }
+  EXPECT_THROW_WITH(keras_adam_state(file_with(Tensor::zeros({2})), vars, "a.keras"), FormatError,
+                    "must be one whole number >= 0, got [2]");
+}
+
 }  // namespace
 }  // namespace qkv::nn
