@@ -118,6 +118,9 @@ def npy_corpus(fixtures):
     seeds["bad_dict.npy"] = npy_raw("{'descr': '<f4' 'fortran_order': False, 'shape': (1,), }\n", b"\0" * 4)
     seeds["bool_bytes.npy"] = npy_raw("{'descr': '|b1', 'fortran_order': True, 'shape': (2, 2), }\n",
                                       bytes([0, 1, 2, 255]))
+    # No byte-order character: numpy reads 'f4' as '=f4' (native order).
+    seeds["bare_descr.npy"] = npy_raw("{'descr': 'f4', 'fortran_order': False, 'shape': (2,), }\n",
+                                      struct.pack("<2f", 1.5, -2.0))
     return seeds
 
 
