@@ -38,6 +38,12 @@ LossResult cross_entropy(const Tensor& logits, const Tensor& targets) {
     fail<ShapeError>("cross_entropy: expected logits [N, C] and targets [N], got ", shape_str(logits.shape()), " and ",
                      shape_str(targets.shape()));
   }
+  // Class indices (torch: "expected scalar type Long"): float targets were truncated to
+  // classes (1.9 counted as class 1, NaN as whatever its cast gave) without a word.
+  if (is_floating(targets.dtype()) || targets.dtype() == DType::b8) {
+    fail<DTypeError>("cross_entropy: targets must be integer class indices, got ", dtype_name(targets.dtype()), " ",
+                     shape_str(targets.shape()));
+  }
   const int64_t rows = logits.size(0), classes = logits.size(1);
   const auto x = logits.to_vector<double>();
   const auto y = targets.to_vector<int64_t>();
@@ -54,7 +60,8 @@ LossResult cross_entropy(const Tensor& logits, const Tensor& targets) {
     sum += std::log(z) + mx - row[label];
     for (int64_t c = 0; c < classes; ++c) {
       const double p = std::exp(row[c] - mx) / z;
-      grad[static_cast<size_t>(r * classes + c)] = static_cast<float>((p - (c == label ? 1.0 : 0.0)) / static_cast<double>(rows));
+      grad[static_cast<size_t>(r * classes + c)] =
+          static_cast<float>((p - (c == label ? 1.0 : 0.0)) / static_cast<double>(rows));
     }
   }
   return {rows ? sum / static_cast<double>(rows) : 0.0, Tensor::from_vector(grad, logits.shape())};

@@ -158,6 +158,11 @@ TEST(Losses, MatchTorchAutograd) {
   EXPECT_LE(max_diff(grads.at("b"), t("clip_out2")), 1e-7);
   EXPECT_THROW(cross_entropy(t("ce_logits"), Tensor::from_vector(std::vector<int64_t>(7, 9), {7})), ValueError);
   EXPECT_THROW(mse_loss(t("mse_input"), t("ce_logits")), ShapeError);
+  // float class indices are refused, not truncated (1.9 was class 1)
+  EXPECT_THROW(cross_entropy(t("ce_logits"), t("ce_targets").to(DType::f32)), DTypeError);
+  EXPECT_THROW(cross_entropy(Tensor::zeros({2, 3}), Tensor::from_vector(std::vector<float>{0.5f, 1.9f}, {2})),
+               DTypeError);
+  EXPECT_EQ(cross_entropy(t("ce_logits"), t("ce_targets").to(DType::i32)).loss, ce.loss);
 }
 
 }  // namespace

@@ -15,7 +15,8 @@ struct LossResult {
 // mean(max(x, 0) - x y + log(1 + exp(-|x|))) over every element; grad (sigmoid(x) - y) / N.
 LossResult binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets);
 // logits [N, C], targets [N] integer classes in [0, C): mean of -log softmax(x_n)[y_n];
-// grad (softmax(x_n) - onehot(y_n)) / N. ValueError for a class out of range.
+// grad (softmax(x_n) - onehot(y_n)) / N. ValueError for a class out of range, DTypeError
+// for float or bool targets.
 LossResult cross_entropy(const Tensor& logits, const Tensor& targets);
 // mean((x - y)^2); grad 2 (x - y) / N.
 LossResult mse_loss(const Tensor& input, const Tensor& target);
