@@ -188,11 +188,23 @@ double clip_grad_norm(NamedTensors& grads, double max_norm) {
   const double norm = std::sqrt(sum);
   const double scale = max_norm / (norm + 1e-6);
   if (scale >= 1.0) return norm;
+  for (const auto& [name, g] : grads) {
+    if (g.is_read_only()) fail<ValueError>("clip_grad_norm: gradient '", name, "' is read-only (scaled in place)");
+  }
+  // Written back into each gradient's own storage (copy_from), as torch's mul_: every handle
+  // of it sees the clipped values, not only this map's entry. float64 scaled in float64.
   for (auto& [name, g] : grads) {
+    if (g.dtype() == DType::f64) {
+      Tensor d = g.contiguous().clone();
+      double* x = d.data<double>();
+      for (int64_t i = 0; i < d.numel(); ++i) x[i] *= scale;
+      g.copy_from(d);
+      continue;
+    }
     Tensor f = g.to(DType::f32).contiguous().clone();
     float* x = f.data<float>();
     for (int64_t i = 0; i < f.numel(); ++i) x[i] *= static_cast<float>(scale);
-    g = f.to(g.dtype());
+    g.copy_from(f);
   }
   return norm;
 }

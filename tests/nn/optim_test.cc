@@ -139,6 +139,25 @@ TEST(Optimizers, AFailedStepChangesNothingAndMisshapenStateIsRefused) {
   EXPECT_THROW(s.step(w2, {{"w", Tensor::randn({8}, 7)}}), ShapeError);
 }
 
+// clip_grad_norm scales each gradient in its own storage (the doc's "in place", torch's mul_):
+// it replaced the map's entry with a new tensor, so the caller's handle of the gradient
+// buffer kept the unclipped values. float64 gradients are scaled in float64.
+TEST(Optimizers, ClipGradNormWritesIntoTheGradientsStorage) {
+  const Tensor buf = Tensor::full({4}, 1.0);  // norm 2; with big's sqrt(3), sqrt(7)
+  const Tensor big = Tensor::from_vector(std::vector<double>{std::sqrt(3.0)}, {1});
+  NamedTensors grads{{"w", buf}, {"b", big}};
+  const double norm = clip_grad_norm(grads, 0.5);
+  EXPECT_NEAR(norm, std::sqrt(7.0), 1e-12);
+  const double scale = 0.5 / (std::sqrt(7.0) + 1e-6);
+  for (float x : buf.to_vector<float>()) EXPECT_FLOAT_EQ(x, static_cast<float>(scale));  // the caller's handle
+  EXPECT_EQ(grads.at("b").dtype(), DType::f64);
+  EXPECT_EQ(big.to_vector<double>()[0], std::sqrt(3.0) * scale);  // exact in float64
+  std::vector<float> frozen(2, 5.0f);
+  NamedTensors ro{{"r", Tensor::from_blob(frozen.data(), {2}, DType::f32, {1}, nullptr, true)}};
+  EXPECT_THROW(clip_grad_norm(ro, 1.0), ValueError);
+  EXPECT_EQ(frozen, std::vector<float>(2, 5.0f));
+}
+
 TEST(Losses, MatchTorchAutograd) {
   const io::SafetensorsFile f = io::load_safetensors(sdpa_fixtures::fixture_dir("optim") / "losses.safetensors");
   auto t = [&](const char* k) { return f.tensors.at(k); };

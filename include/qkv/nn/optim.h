@@ -79,7 +79,8 @@ class Adam {
 
 // torch.nn.utils.clip_grad_norm_: the total 2-norm of every gradient together; when it
 // exceeds max_norm, every gradient is scaled in place by max_norm / (norm + 1e-6).
-// Returns the norm before clipping.
+// Returns the norm before clipping. Written into each gradient's storage (every handle of it
+// sees the clipped values); ValueError for a read-only gradient, before any is written.
 double clip_grad_norm(NamedTensors& grads, double max_norm);
 
 }  // namespace qkv::nn
