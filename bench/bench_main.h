@@ -4,8 +4,10 @@
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -34,20 +36,27 @@ inline Tensor huge_page_uniform(const Shape& shape) {
 // peers in the same program use qkv's thread count) and records the machine in the
 // report's context (its header, and "context" of --benchmark_format=json), as
 // machine_info() names it (qkv/machine.h): cpu (model), cpu_isa (AVX2/FMA/F16C/AVX-512/AMX
-// flags), simd_target (Highway's), onednn_isa, qkv_num_threads.
+// flags), simd_target (Highway's, with " (QKV_MAX_SIMD_TARGET=...)" where that caps it),
+// onednn_isa (with ONEDNN_MAX_CPU_ISA's), qkv_num_threads.
 inline void add_machine_context() {
   set_num_threads(get_num_threads());
   const MachineInfo m = machine_info();
   benchmark::AddCustomContext("cpu", m.cpu_model);
   benchmark::AddCustomContext("cpu_isa", machine_flags(m));
-  benchmark::AddCustomContext("simd_target", m.simd_target);
+  benchmark::AddCustomContext("simd_target", machine_simd_target(m));
   benchmark::AddCustomContext("onednn_isa", m.onednn_isa);
   benchmark::AddCustomContext("qkv_num_threads", std::to_string(m.threads));
 }
 
-// add_machine_context, then the registered benchmarks.
+// add_machine_context, then the registered benchmarks. A bad QKV_MAX_SIMD_TARGET (machine_info's
+// ValueError) ends the program with its message before any benchmark runs.
 inline int run_benchmarks(int argc, char** argv) {
-  add_machine_context();
+  try {
+    add_machine_context();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

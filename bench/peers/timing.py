@@ -8,7 +8,8 @@ import time
 def machine_line(cpu, cpus, flags, simd_target, onednn_isa):
     """'AMD EPYC, 2 vCPUs; flags: avx2 avx512_bf16 ...; Highway: AVX3; oneDNN isa: avx512_core_bf16':
     the header line of every peer table (qkv/machine.h's fields; the isa ends in
-    ' (ONEDNN_MAX_CPU_ISA=...)' where that variable caps it). The callers add their thread count."""
+    ' (ONEDNN_MAX_CPU_ISA=...)' where that variable caps it, the Highway target in
+    ' (QKV_MAX_SIMD_TARGET=...)' where that one caps it). The callers add their thread count."""
     return f"{cpu}, {cpus} vCPUs; flags: {flags}; Highway: {simd_target}; oneDNN isa: {onednn_isa}"
 
 
@@ -16,7 +17,10 @@ def machine_of_cli(qkv):
     """The machine line from `qkv info --json` (qkv: the CLI's path)."""
     info = json.loads(subprocess.run([qkv, "info", "--json"], capture_output=True, text=True, check=True).stdout)
     flags = "unknown" if info["isa_flags"] is None else " ".join(info["isa_flags"]) or "none"
-    return machine_line(info["cpu_model"], info["logical_cpus"], flags, info["simd_target"], info["onednn_isa"])
+    simd_target = info["simd_target"]
+    if info.get("simd_target_cap"):
+        simd_target += f" (QKV_MAX_SIMD_TARGET={info['simd_target_cap']})"
+    return machine_line(info["cpu_model"], info["logical_cpus"], flags, simd_target, info["onednn_isa"])
 
 
 def machine_of_benchmark(context):

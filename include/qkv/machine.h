@@ -18,10 +18,14 @@ struct MachineInfo {
   // f16c, every avx512* and every amx*, sorted. nullopt where there is no flags line (not
   // Linux, not x86); empty where there is one without any of them.
   std::optional<std::vector<std::string>> isa_flags;
-  // The best Highway target among those qkv compiles (kernels/cpu/hwy_targets.h: AVX3,
-  // AVX2 and the portable fallback) that this CPU runs: the one the SIMD kernels dispatch
-  // to ("AVX3", "AVX2", "EMU128" or "SCALAR").
+  // The Highway target the SIMD kernels dispatch to ("AVX3", "AVX2", "EMU128" or "SCALAR"):
+  // the best of those qkv compiles (kernels/cpu/hwy_targets.h: AVX3, AVX2 and the portable
+  // fallback) that this CPU runs and QKV_MAX_SIMD_TARGET allows.
   std::string simd_target;
+  // QKV_MAX_SIMD_TARGET's value, as set ("" when unset): the cap of Highway's dispatch, as
+  // ONEDNN_MAX_CPU_ISA is oneDNN's (e.g. "AVX2": this AVX-512 CPU's kernels are then those of an
+  // AVX2-only one; src/runtime/simd_dispatch.h).
+  std::string simd_target_cap;
   // oneDNN's effective ISA (dnnl::get_effective_cpu_isa, so ONEDNN_MAX_CPU_ISA lowers it),
   // named as oneDNN's cpu_isa enum and as ONEDNN_MAX_CPU_ISA takes it in lower case
   // ("avx512_core_bf16", "avx2"), followed by " (ONEDNN_MAX_CPU_ISA=AVX2)" where that
@@ -32,12 +36,13 @@ struct MachineInfo {
 };
 
 // This machine, now (threads follows set_num_threads; the rest is fixed for the process).
-// Never throws for a missing or unreadable /proc/cpuinfo: those fields say "unknown".
+// Never throws for a missing or unreadable /proc/cpuinfo: those fields say "unknown". Throws
+// ValueError where QKV_MAX_SIMD_TARGET names no Highway target (as every SIMD kernel does).
 MachineInfo machine_info();
 
 // machine_info() on one line, the header of every benchmark table:
 //   "<cpu_model>, <logical_cpus> vCPUs, <threads> thread(s); flags: <isa_flags, space-separated>;
-//    Highway: <simd_target>; oneDNN isa: <onednn_isa>"
+//    Highway: <machine_simd_target>; oneDNN isa: <onednn_isa>"
 // e.g. "AMD EPYC 9R14 96-Core Processor, 2 vCPUs, 2 threads; flags: avx2 avx512_bf16 avx512bw
 // ... f16c fma; Highway: AVX3; oneDNN isa: avx512_core_bf16". Flags read "unknown" without a
 // flags line and "none" with one that has none of them.
@@ -45,6 +50,9 @@ std::string machine_line();
 std::string machine_line(const MachineInfo& info);
 // The line's flags: isa_flags space-separated, "unknown" or "none".
 std::string machine_flags(const MachineInfo& info);
+// The line's Highway target: simd_target, followed by " (QKV_MAX_SIMD_TARGET=AVX2)" where that
+// variable is set (as onednn_isa names ONEDNN_MAX_CPU_ISA).
+std::string machine_simd_target(const MachineInfo& info);
 
 namespace detail {
 // machine_info() with `cpuinfo_path` read in place of /proc/cpuinfo (tests: missing files).

@@ -34,6 +34,7 @@ void bind_runtime(nb::module_& m) {
         out["cpu_model"] = info.cpu_model;
         out["isa_flags"] = info.isa_flags ? nb::cast(*info.isa_flags) : nb::none();
         out["simd_target"] = info.simd_target;
+        out["simd_target_cap"] = info.simd_target_cap.empty() ? nb::none() : nb::cast(info.simd_target_cap);
         out["onednn_isa"] = info.onednn_isa;
         out["logical_cpus"] = info.logical_cpus;
         out["threads"] = info.threads;
@@ -43,7 +44,8 @@ void bind_runtime(nb::module_& m) {
       "This machine, as benchmark tables name it (qkv/machine.h; the fields of `qkv info --json`):\n"
       "cpu_model (/proc/cpuinfo's model name, or 'unknown'), isa_flags (its avx2, fma, f16c,\n"
       "avx512* and amx* flags, sorted; None without a flags line), simd_target (the Highway\n"
-      "target qkv's kernels dispatch to), onednn_isa (oneDNN's effective ISA, with\n"
+      "target qkv's kernels dispatch to), simd_target_cap (QKV_MAX_SIMD_TARGET's value, the cap\n"
+      "of that dispatch, or None), onednn_isa (oneDNN's effective ISA, with\n"
       "' (ONEDNN_MAX_CPU_ISA=...)' where that caps it), logical_cpus and threads\n"
       "(get_num_threads()).");
 

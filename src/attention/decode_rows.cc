@@ -45,30 +45,30 @@ float quantize_query_row(const float* qs, int64_t d, int16_t* q_hat) {
 
 void int8_scores(const Int8Query& q, int64_t rows, const int8_t* k, const bfloat16* ks, int64_t n, int64_t d,
                  const int8_t* next, float scale, float* s, int64_t lds) {
-  HWY_DYNAMIC_DISPATCH(Int8Scores)(q, rows, k, &ks->bits, n, d, next, scale, s, lds);
+  QKV_DYNAMIC_DISPATCH(Int8Scores)(q, rows, k, &ks->bits, n, d, next, scale, s, lds);
 }
 
 void int8_values(const float* p, int64_t ldp, int64_t rows, const int8_t* v, const bfloat16* vs, int64_t n, int64_t dv,
                  const int8_t* next, float* o) {
-  HWY_DYNAMIC_DISPATCH(Int8Values)(p, ldp, rows, v, &vs->bits, n, dv, next, o);
+  QKV_DYNAMIC_DISPATCH(Int8Values)(p, ldp, rows, v, &vs->bits, n, dv, next, o);
 }
 
 void half_scores(const float* q, int64_t rows, const bfloat16* k, int64_t n, int64_t d, const bfloat16* next,
                  float scale, float* s, int64_t lds) {
-  HWY_DYNAMIC_DISPATCH(HalfScores)(false, q, rows, &k->bits, n, d, next ? &next->bits : nullptr, scale, s, lds);
+  QKV_DYNAMIC_DISPATCH(HalfScores)(false, q, rows, &k->bits, n, d, next ? &next->bits : nullptr, scale, s, lds);
 }
 void half_scores(const float* q, int64_t rows, const float16* k, int64_t n, int64_t d, const float16* next, float scale,
                  float* s, int64_t lds) {
-  HWY_DYNAMIC_DISPATCH(HalfScores)(true, q, rows, &k->bits, n, d, next ? &next->bits : nullptr, scale, s, lds);
+  QKV_DYNAMIC_DISPATCH(HalfScores)(true, q, rows, &k->bits, n, d, next ? &next->bits : nullptr, scale, s, lds);
 }
 
 void half_values(const float* p, int64_t ldp, int64_t rows, const bfloat16* v, int64_t n, int64_t dv,
                  const bfloat16* next, float* o) {
-  HWY_DYNAMIC_DISPATCH(HalfValues)(false, p, ldp, rows, &v->bits, n, dv, next ? &next->bits : nullptr, o);
+  QKV_DYNAMIC_DISPATCH(HalfValues)(false, p, ldp, rows, &v->bits, n, dv, next ? &next->bits : nullptr, o);
 }
 void half_values(const float* p, int64_t ldp, int64_t rows, const float16* v, int64_t n, int64_t dv,
                  const float16* next, float* o) {
-  HWY_DYNAMIC_DISPATCH(HalfValues)(true, p, ldp, rows, &v->bits, n, dv, next ? &next->bits : nullptr, o);
+  QKV_DYNAMIC_DISPATCH(HalfValues)(true, p, ldp, rows, &v->bits, n, dv, next ? &next->bits : nullptr, o);
 }
 
 }  // namespace qkv::attention

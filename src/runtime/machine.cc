@@ -1,5 +1,6 @@
-// machine_info and machine_line (qkv/machine.h): /proc/cpuinfo, Highway's target and
-// oneDNN's ISA (asked through the GEMM wrapper, gemm_onednn_isa.cc).
+// machine_info and machine_line (qkv/machine.h): /proc/cpuinfo, Highway's target (asked of
+// the dispatch, simd_dispatch.cc) and oneDNN's ISA (asked through the GEMM wrapper,
+// gemm_onednn_isa.cc).
 #include "qkv/machine.h"
 
 #include <algorithm>
@@ -8,11 +9,9 @@
 #include <sstream>
 #include <thread>
 
-#include "kernels/cpu/hwy_targets.h"  // before any hwy/ header: HWY_TARGETS is then qkv's list
-
-#include "hwy/targets.h"
 #include "kernels/cpu/gemm_internal.h"
 #include "qkv/parallel.h"
+#include "runtime/simd_dispatch.h"
 
 namespace qkv {
 
@@ -53,14 +52,6 @@ void read_cpuinfo(const std::string& path, MachineInfo& info) {
   }
 }
 
-// The best of the targets qkv's kernels are compiled for that this CPU supports: what
-// their HWY_DYNAMIC_DISPATCH picks. (Not hwy::SupportedTargets() alone, which on Zen 4
-// also lists AVX3_DL, a target qkv does not compile.)
-std::string best_simd_target() {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();  // best first
-  return targets.empty() ? "none" : hwy::TargetName(targets.front());
-}
-
 std::string onednn_isa() {
   std::string isa = detail::gemm_onednn_isa();
   for (const char* cap : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"}) {  // oneDNN's order
@@ -78,7 +69,10 @@ namespace detail {
 MachineInfo machine_info_from(const std::string& cpuinfo_path) {
   MachineInfo info;
   read_cpuinfo(cpuinfo_path, info);
-  info.simd_target = best_simd_target();
+  // What the dispatch runs (not hwy::SupportedTargets()' best, which on Zen 4 is AVX3_DL, a
+  // target qkv does not compile), under QKV_MAX_SIMD_TARGET; throws for a bad value of it.
+  info.simd_target = dispatched_simd_target();
+  info.simd_target_cap = simd_target_cap_value();
   info.onednn_isa = onednn_isa();
   info.logical_cpus = static_cast<int>(std::thread::hardware_concurrency());
   info.threads = get_num_threads();
@@ -97,11 +91,16 @@ std::string machine_flags(const MachineInfo& info) {
   return flags;
 }
 
+std::string machine_simd_target(const MachineInfo& info) {
+  if (info.simd_target_cap.empty()) return info.simd_target;
+  return info.simd_target + " (QKV_MAX_SIMD_TARGET=" + info.simd_target_cap + ")";
+}
+
 std::string machine_line(const MachineInfo& info) {
   const std::string cpus = info.logical_cpus > 0 ? std::to_string(info.logical_cpus) : "unknown";
   const std::string threads = std::to_string(info.threads) + (info.threads == 1 ? " thread" : " threads");
   return info.cpu_model + ", " + cpus + " vCPUs, " + threads + "; flags: " + machine_flags(info) +
-         "; Highway: " + info.simd_target + "; oneDNN isa: " + info.onednn_isa;
+         "; Highway: " + machine_simd_target(info) + "; oneDNN isa: " + info.onednn_isa;
 }
 
 std::string machine_line() { return machine_line(machine_info()); }

@@ -34,32 +34,32 @@ HWY_EXPORT(Scale64);
 HWY_EXPORT(ExpInplace);
 
 void softmax_rows(float* x, int64_t rows, int64_t cols, int64_t row_stride) {
-  HWY_DYNAMIC_DISPATCH(SoftmaxRows)(x, rows, cols, row_stride);
+  QKV_DYNAMIC_DISPATCH(SoftmaxRows)(x, rows, cols, row_stride);
 }
 
 void softmax_rows(double* x, int64_t rows, int64_t cols, int64_t row_stride) {
-  HWY_DYNAMIC_DISPATCH(SoftmaxRows64)(x, rows, cols, row_stride);
+  QKV_DYNAMIC_DISPATCH(SoftmaxRows64)(x, rows, cols, row_stride);
 }
 
-float max_value(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxValue)(x, n); }
+float max_value(const float* x, int64_t n) { return QKV_DYNAMIC_DISPATCH(MaxValue)(x, n); }
 
-double max_value(const double* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxValue64)(x, n); }
+double max_value(const double* x, int64_t n) { return QKV_DYNAMIC_DISPATCH(MaxValue64)(x, n); }
 
-float exp_shift_sum(float* x, int64_t n, float shift) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, shift); }
+float exp_shift_sum(float* x, int64_t n, float shift) { return QKV_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, shift); }
 
-double exp_shift_sum(double* x, int64_t n, double shift) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum64)(x, n, shift); }
+double exp_shift_sum(double* x, int64_t n, double shift) { return QKV_DYNAMIC_DISPATCH(ExpShiftSum64)(x, n, shift); }
 
 float exp_shift_sum_fast(float* x, int64_t n, float shift) {
-  return HWY_DYNAMIC_DISPATCH(ExpShiftSumFast)(x, n, shift);
+  return QKV_DYNAMIC_DISPATCH(ExpShiftSumFast)(x, n, shift);
 }
 
 double exp_shift_sum_fast(double* x, int64_t n, double shift) { return exp_shift_sum(x, n, shift); }
 
-void scale(float* x, int64_t n, float s) { HWY_DYNAMIC_DISPATCH(Scale)(x, n, s); }
+void scale(float* x, int64_t n, float s) { QKV_DYNAMIC_DISPATCH(Scale)(x, n, s); }
 
-void scale(double* x, int64_t n, double s) { HWY_DYNAMIC_DISPATCH(Scale64)(x, n, s); }
+void scale(double* x, int64_t n, double s) { QKV_DYNAMIC_DISPATCH(Scale64)(x, n, s); }
 
-void exp_inplace(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(ExpInplace)(x, n); }
+void exp_inplace(float* x, int64_t n) { QKV_DYNAMIC_DISPATCH(ExpInplace)(x, n); }
 
 void softmax_reference(const double* x, double* y, int64_t n) {
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -83,7 +83,7 @@ void softmax_reference(const double* x, double* y, int64_t n) {
 
 namespace detail {
 
-std::vector<int64_t> simd_targets() { return hwy::SupportedAndGeneratedTargets(); }
+std::vector<int64_t> simd_targets() { return qkv::detail::dispatch_targets(); }
 
 std::string simd_target_name(int64_t target) { return hwy::TargetName(target); }
 

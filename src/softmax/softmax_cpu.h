@@ -9,7 +9,8 @@
 namespace qkv::kernels::detail {
 
 // Highway targets compiled into qkv and supported by this CPU, best first
-// (e.g. AVX3, AVX2, SCALAR); affected by force_simd_target.
+// (e.g. AVX3, AVX2, SCALAR); affected by force_simd_target and QKV_MAX_SIMD_TARGET
+// (runtime/simd_dispatch.h).
 std::vector<int64_t> simd_targets();
 // "AVX3", "AVX2", "SCALAR", ...
 std::string simd_target_name(int64_t target);

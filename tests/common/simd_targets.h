@@ -7,6 +7,8 @@
 // best target is <name>: tests/runtime/simd_target_env_test.cc forces it before the first
 // test, and for_each_target loops over it and the targets below it, then restores it. The
 // ctest avx2.machine sets it with ONEDNN_MAX_CPU_ISA=AVX2: an AVX2-only machine on this one.
+// Names are read as the library reads QKV_MAX_SIMD_TARGET (runtime/simd_dispatch.h), the
+// product's cap; unlike that maximum, this one must be a target this CPU runs.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -15,29 +17,31 @@
 #include <cstdlib>
 #include <string>
 
-#include "softmax/softmax_cpu.h"  // simd_targets, force_simd_target
+#include "runtime/simd_dispatch.h"  // simd_target_by_name, simd_targets_at_most
+#include "softmax/softmax_cpu.h"    // simd_targets, force_simd_target
 
 namespace qkv::test {
 
-// The value of QKV_TEST_SIMD_TARGET, or "" when unset.
+// The value of QKV_TEST_SIMD_TARGET ("" when unset), spelled as Highway names its target
+// where it names one ("avx2": "AVX2").
 inline std::string simd_target_from_env() {
   const char* name = std::getenv("QKV_TEST_SIMD_TARGET");
-  return name == nullptr ? std::string() : std::string(name);
+  if (name == nullptr) return std::string();
+  const int64_t target = qkv::detail::simd_target_by_name(name);
+  return target == 0 ? std::string(name) : kernels::detail::simd_target_name(target);
 }
 
-// The mask of the named target and every worse one this CPU supports (Highway's bits grow as
-// targets get worse), or 0 when `name` is empty or names none of them. Call with no target
-// forced (simd_targets() lists only the forced ones).
+// The mask of the named target and every worse one this CPU supports, or 0 when `name` is
+// empty or names none of them. Call with no target forced (simd_targets() lists only the
+// forced ones).
 inline int64_t simd_targets_up_to(const std::string& name) {
-  int64_t best = 0, mask = 0;
+  const int64_t best = qkv::detail::simd_target_by_name(name);
+  int64_t mask = 0, have = 0;
   for (int64_t target : kernels::detail::simd_targets()) {
-    if (kernels::detail::simd_target_name(target) == name) best = target;
+    have |= target;
+    if (target == best) mask = qkv::detail::simd_targets_at_most(best);
   }
-  if (best == 0) return 0;
-  for (int64_t target : kernels::detail::simd_targets()) {
-    if (target >= best) mask |= target;
-  }
-  return mask;
+  return mask & have;
 }
 
 // Back to the run's targets: QKV_TEST_SIMD_TARGET's and those below it, else every one.

@@ -1,6 +1,8 @@
 # ctest layering.hwy_targets: the Highway target list is set in one place. Every file
 # under src/ that includes hwy/foreach_target.h includes kernels/cpu/hwy_targets.h
 # before it, and nothing else under src/ or in the CMake files sets HWY_DISABLED_TARGETS.
+# Every dispatch is QKV_DYNAMIC_DISPATCH (hwy_targets.h), which applies QKV_MAX_SIMD_TARGET
+# first: a bare HWY_DYNAMIC_DISPATCH( elsewhere could run a kernel above that cap.
 file(GLOB_RECURSE sources ${ROOT}/src/*.cc ${ROOT}/src/*.h)
 file(GLOB_RECURSE cmake_files ${ROOT}/CMakeLists.txt ${ROOT}/src/CMakeLists.txt ${ROOT}/cmake/*.cmake)
 set(dispatch_files 0)
@@ -8,6 +10,9 @@ foreach(f IN LISTS sources cmake_files)
   file(READ ${f} text)
   if(text MATCHES "HWY_DISABLED_TARGETS" AND NOT f MATCHES "kernels/cpu/hwy_targets\\.h$")
     message(FATAL_ERROR "${f} sets HWY_DISABLED_TARGETS; the list lives in src/kernels/cpu/hwy_targets.h")
+  endif()
+  if(text MATCHES "HWY_DYNAMIC_DISPATCH\\(" AND NOT f MATCHES "kernels/cpu/hwy_targets\\.h$")
+    message(FATAL_ERROR "${f} calls HWY_DYNAMIC_DISPATCH; use QKV_DYNAMIC_DISPATCH (kernels/cpu/hwy_targets.h)")
   endif()
   string(FIND "${text}" "#include \"hwy/foreach_target.h\"" at_foreach)
   if(at_foreach GREATER -1)

@@ -7,10 +7,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import qkv
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-KEYS = ["cpu_model", "isa_flags", "simd_target", "onednn_isa", "logical_cpus", "threads"]
+KEYS = ["cpu_model", "isa_flags", "simd_target", "simd_target_cap", "onednn_isa", "logical_cpus", "threads"]
 
 
 def cpuinfo_first(key):
@@ -30,10 +32,13 @@ def test_machine_info_is_proc_cpuinfo_highway_and_onednn():
     assert info["logical_cpus"] == os.cpu_count()
     assert info["threads"] == qkv.get_num_threads()
     avx512 = {"avx512f", "avx512vl", "avx512dq", "avx512bw"} <= flags
+    if os.environ.get("QKV_MAX_SIMD_TARGET"):
+        pytest.fail("run these tests without QKV_MAX_SIMD_TARGET (the cap's tests set it themselves)")
     if avx512:
         assert info["simd_target"] == "AVX3"
     elif "avx2" in flags:
         assert info["simd_target"] == "AVX2"
+    assert info["simd_target_cap"] is None
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
     if cap:
         assert info["onednn_isa"].endswith(f" (ONEDNN_MAX_CPU_ISA={cap})"), info["onednn_isa"]
@@ -98,3 +103,49 @@ def test_peer_scripts_name_the_machine_through_qkv_info(qkv_cli):
     assert precision_peers.machine(qkv_cli) == (
         f"{info['cpu_model']}, {info['logical_cpus']} vCPUs; flags: {' '.join(info['isa_flags'])}; "
         f"Highway: {info['simd_target']}; oneDNN isa: {info['onednn_isa']}")
+
+
+def machine_info_under(cap):
+    """qkv.machine_info() of a fresh process with QKV_MAX_SIMD_TARGET=cap (the variable is read
+    once per process), and the ValueError text an attention call there raises, or None."""
+    code = ("import json, numpy, qkv\nx = numpy.ones((1, 1, 4, 4), numpy.float32)\n"
+            "try:\n    qkv.scaled_dot_product_attention(x, x, x); error = None\n"
+            "except ValueError as e:\n    error = str(e)\n"
+            "try:\n    info = qkv.machine_info()\n"
+            "except ValueError as e:\n    info = str(e)\n"
+            "print(json.dumps([info, error]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, QKV_MAX_SIMD_TARGET=cap))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_max_simd_target_caps_the_dispatch_and_every_machine_line_names_it(qkv_cli, monkeypatch):
+    flags = set(cpuinfo_first("flags").split())
+    info, error = machine_info_under("avx2")
+    assert error is None
+    assert info["simd_target_cap"] == "avx2"
+    # AVX2 where the CPU has it, else the fallback: a cap is a maximum, as ONEDNN_MAX_CPU_ISA's
+    uncapped = qkv.machine_info()["simd_target"]
+    assert info["simd_target"] == ("AVX2" if {"avx2", "fma", "f16c", "bmi2"} <= flags else uncapped)
+    assert machine_info_under("SCALAR")[0]["simd_target"] == "SCALAR"
+    assert machine_info_under("AVX3_DL")[0]["simd_target"] == uncapped  # above qkv's targets
+    monkeypatch.setenv("QKV_MAX_SIMD_TARGET", "avx2")
+    line = subprocess.run([qkv_cli, "info"], capture_output=True, text=True, timeout=60).stdout
+    assert f"; Highway: {info['simd_target']} (QKV_MAX_SIMD_TARGET=avx2); oneDNN isa: " in line
+    sys.path.insert(0, str(ROOT / "bench" / "peers"))
+    try:
+        import precision_peers
+    finally:
+        sys.path.pop(0)
+    header = precision_peers.machine(qkv_cli)
+    assert f"; Highway: {info['simd_target']} (QKV_MAX_SIMD_TARGET=avx2); " in header
+
+
+def test_a_bad_max_simd_target_is_a_value_error_naming_it_at_first_use(qkv_cli):
+    info, error = machine_info_under("AVX-512")
+    want = "QKV_MAX_SIMD_TARGET='AVX-512' names no Highway SIMD target: it takes one of AVX3_DL, AVX3, AVX2"
+    assert want in error and want in info, (info, error)
+    out = subprocess.run([qkv_cli, "info"], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, QKV_MAX_SIMD_TARGET="AVX-512"))
+    assert out.returncode == 1 and want in out.stderr, out.stderr

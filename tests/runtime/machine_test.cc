@@ -1,10 +1,12 @@
 // machine_info / machine_line (qkv/machine.h) against /proc/cpuinfo read here on its own,
 // the SIMD dispatch's target list and ONEDNN_MAX_CPU_ISA. The ctest avx2.machine runs these
-// again under ONEDNN_MAX_CPU_ISA=AVX2, where oneDNN's ISA must read avx2.
+// again under ONEDNN_MAX_CPU_ISA=AVX2, where oneDNN's ISA must read avx2, and simd_cap.avx2
+// under QKV_MAX_SIMD_TARGET=avx2 too, where Highway's target must read AVX2.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -70,22 +72,40 @@ TEST(MachineInfo, FlagsAreTheIsaFlagsOfProcCpuinfo) {
   EXPECT_GE(info.logical_cpus, 1);
 }
 
+// Highway 1.0.3's x86 targets, best first, and the place of `name` among them.
+size_t simd_rank(std::string name) {
+  static const std::vector<std::string> order = {"AVX3_DL", "AVX3", "AVX2", "SSE4", "SSSE3", "EMU128", "SCALAR"};
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::toupper(c); });
+  const auto at = std::find(order.begin(), order.end(), name);
+  EXPECT_NE(at, order.end()) << name;
+  return static_cast<size_t>(at - order.begin());
+}
+
 TEST(MachineInfo, SimdTargetIsTheBestTargetTheKernelsDispatchTo) {
   const MachineInfo info = machine_info();
   ASSERT_FALSE(kernels::detail::simd_targets().empty());
+  const std::string fallback = kernels::detail::simd_target_name(kernels::detail::simd_targets().back());
   EXPECT_EQ(info.simd_target, kernels::detail::simd_target_name(kernels::detail::simd_targets().front()));
   // Highway's AVX3 needs AVX-512 F, VL, DQ and BW; AVX2 needs AVX2, FMA, F16C (and BMI). A run
   // with QKV_TEST_SIMD_TARGET (avx2.machine) dispatches to that target instead.
   const std::set<std::string> f = cpu_flags();
+  std::string best = fallback;
   if (!test::simd_target_from_env().empty()) {
-    EXPECT_EQ(info.simd_target, test::simd_target_from_env());
+    best = test::simd_target_from_env();
   } else if (f.count("avx512f") && f.count("avx512vl") && f.count("avx512dq") && f.count("avx512bw")) {
-    EXPECT_EQ(info.simd_target, "AVX3");
+    best = "AVX3";
   } else if (f.count("avx2") && f.count("fma") && f.count("f16c") && f.count("bmi2")) {
-    EXPECT_EQ(info.simd_target, "AVX2");
-  } else {
-    EXPECT_TRUE(info.simd_target == "EMU128" || info.simd_target == "SCALAR") << info.simd_target;
+    best = "AVX2";
   }
+  // QKV_MAX_SIMD_TARGET (ctest simd_cap.avx2) caps it: the best compiled target at or below both.
+  const char* cap = std::getenv("QKV_MAX_SIMD_TARGET");
+  const size_t most = std::max(simd_rank(best), cap != nullptr && *cap != '\0' ? simd_rank(cap) : 0);
+  std::string expected;
+  for (const std::string& compiled : {std::string("AVX3"), std::string("AVX2"), fallback}) {
+    if (expected.empty() && simd_rank(compiled) >= most) expected = compiled;
+  }
+  EXPECT_EQ(info.simd_target, expected);
+  EXPECT_EQ(info.simd_target_cap, cap == nullptr ? "" : cap);
 }
 
 TEST(MachineInfo, OnednnIsaFollowsTheCpuAndOnednnMaxCpuIsa) {
@@ -124,6 +144,11 @@ TEST(MachineInfo, LineFormat) {
   EXPECT_EQ(machine_line(info),
             "AMD EPYC 9R14, 2 vCPUs, 1 thread; flags: avx2 avx512f fma; Highway: AVX3; "
             "oneDNN isa: avx2 (ONEDNN_MAX_CPU_ISA=AVX2)");
+  info.simd_target = "AVX2";
+  info.simd_target_cap = "avx2";
+  EXPECT_EQ(machine_simd_target(info), "AVX2 (QKV_MAX_SIMD_TARGET=avx2)");
+  EXPECT_NE(machine_line(info).find("; Highway: AVX2 (QKV_MAX_SIMD_TARGET=avx2); oneDNN isa: "), std::string::npos)
+      << machine_line(info);
   info.isa_flags = std::vector<std::string>{};
   EXPECT_NE(machine_line(info).find("; flags: none; "), std::string::npos);
 }

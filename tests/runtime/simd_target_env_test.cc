@@ -22,8 +22,8 @@ class ForcedSimdTarget : public ::testing::Environment {
       have += ' ';  // (appended in two steps: gcc 12's -Wrestrict misfires on " " + name)
       have += kernels::detail::simd_target_name(target);
     }
-    FAIL() << "QKV_TEST_SIMD_TARGET=" << test::simd_target_from_env() << " names no SIMD target of this CPU (it has"
-           << have << ")";
+    FAIL() << "QKV_TEST_SIMD_TARGET=" << test::simd_target_from_env()
+           << " names no SIMD target of this CPU at or below QKV_MAX_SIMD_TARGET, if set (it has" << have << ")";
   }
 };
 

@@ -21,15 +21,15 @@ HWY_EXPORT(WidenF16);
 HWY_EXPORT(NarrowBf16);
 
 void widen(const bfloat16* src, int64_t n, float* dst) {
-  HWY_DYNAMIC_DISPATCH(WidenBf16)(reinterpret_cast<const uint16_t*>(src), n, dst);
+  QKV_DYNAMIC_DISPATCH(WidenBf16)(reinterpret_cast<const uint16_t*>(src), n, dst);
 }
 
 void widen(const float16* src, int64_t n, float* dst) {
-  HWY_DYNAMIC_DISPATCH(WidenF16)(reinterpret_cast<const uint16_t*>(src), n, dst);
+  QKV_DYNAMIC_DISPATCH(WidenF16)(reinterpret_cast<const uint16_t*>(src), n, dst);
 }
 
 void narrow(const float* src, int64_t n, bfloat16* dst) {
-  HWY_DYNAMIC_DISPATCH(NarrowBf16)(src, n, reinterpret_cast<uint16_t*>(dst));
+  QKV_DYNAMIC_DISPATCH(NarrowBf16)(src, n, reinterpret_cast<uint16_t*>(dst));
 }
 
 void narrow(const float* src, int64_t n, float16* dst) {

@@ -29,22 +29,22 @@ void transpose_tile(size_t width, const void* tile, int64_t tile_stride, void* d
                     int64_t cols, bool stream) {
   switch (width) {
     case 1:
-      return HWY_DYNAMIC_DISPATCH(TransposeTile8)(static_cast<const uint8_t*>(tile), tile_stride,
+      return QKV_DYNAMIC_DISPATCH(TransposeTile8)(static_cast<const uint8_t*>(tile), tile_stride,
                                                   static_cast<uint8_t*>(dst), dst_stride, rows, cols, stream);
     case 2:
-      return HWY_DYNAMIC_DISPATCH(TransposeTile16)(static_cast<const uint16_t*>(tile), tile_stride,
+      return QKV_DYNAMIC_DISPATCH(TransposeTile16)(static_cast<const uint16_t*>(tile), tile_stride,
                                                    static_cast<uint16_t*>(dst), dst_stride, rows, cols, stream);
     case 4:
-      return HWY_DYNAMIC_DISPATCH(TransposeTile32)(static_cast<const uint32_t*>(tile), tile_stride,
+      return QKV_DYNAMIC_DISPATCH(TransposeTile32)(static_cast<const uint32_t*>(tile), tile_stride,
                                                    static_cast<uint32_t*>(dst), dst_stride, rows, cols, stream);
     default:
-      return HWY_DYNAMIC_DISPATCH(TransposeTile64)(static_cast<const uint64_t*>(tile), tile_stride,
+      return QKV_DYNAMIC_DISPATCH(TransposeTile64)(static_cast<const uint64_t*>(tile), tile_stride,
                                                    static_cast<uint64_t*>(dst), dst_stride, rows, cols, stream);
   }
 }
 
 void stream_copy(void* dst, const void* src, int64_t bytes) {
-  HWY_DYNAMIC_DISPATCH(StreamCopy)(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes);
+  QKV_DYNAMIC_DISPATCH(StreamCopy)(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes);
 }
 
 void stream_fence() { hwy::FlushStream(); }

@@ -12,9 +12,16 @@
 // builds it (ctest layering.hwy_targets checks that each dispatch file includes it).
 #pragma once
 
+#include "runtime/simd_dispatch.h"  // QKV_DYNAMIC_DISPATCH's cap
+
 #if defined(HIGHWAY_HWY_DETECT_TARGETS_H_)
 #error "kernels/cpu/hwy_targets.h must be included before any Highway header"
 #endif
 
 #undef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+
+// HWY_DYNAMIC_DISPATCH of FUNC after QKV_MAX_SIMD_TARGET's cap is applied (runtime/simd_dispatch.h):
+// every dispatch of qkv goes through it (ctest layering.hwy_targets), so that no kernel runs
+// on a target above the cap, and a bad value is a ValueError at the first kernel, not ignored.
+#define QKV_DYNAMIC_DISPATCH(FUNC) (::qkv::detail::apply_simd_target_cap(), HWY_DYNAMIC_DISPATCH(FUNC))
