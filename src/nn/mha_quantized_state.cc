@@ -48,7 +48,15 @@ MultiheadAttention MultiheadAttention::from_quantized_state_dict(const Multihead
   std::map<std::string, Tensor> f32;  // weights dequantized: int8 * scale per row
   bool seven_bit = true;              // every weight in [-63, 63]: quantize_dynamic(7)'s
   for (const auto& [name, t] : state_dict) {
-    if (name == "activation_scales" || name.ends_with(".scale")) continue;
+    if (name == "activation_scales") continue;
+    if (name.ends_with(".scale")) {  // a weight's scales, read with it; any other is unexpected
+      const std::string stem = name.substr(0, name.size() - 6);
+      if (!is_weight(stem) || !state_dict.count(stem)) {
+        fail<ValueError>(kOp, ".from_quantized_state_dict: unexpected key '", name,
+                         "' (scales belong to a projection weight: in_proj_weight.scale, out_proj.weight.scale, ...)");
+      }
+      continue;
+    }
     if (!is_weight(name)) {
       f32[name] = t;
       continue;

@@ -85,6 +85,14 @@ TEST(MultiheadAttentionQuantizedState, Errors) {
   EXPECT_THROW_WITH(MultiheadAttention::from_quantized_state_dict(c, sd), ValueError,
                     "MultiheadAttention.from_quantized_state_dict: 'out_proj.weight' must be int8 [out, in] with "
                     "'out_proj.weight.scale' [out]");
+  // A scale with no weight of its own was skipped without a word (every other stray key is an
+  // unexpected-key error): a misspelt or foreign entry must not load silently.
+  for (const char* stray : {"out_proj.bias.scale", "in_proj_weigth.scale", "q_proj_weight.scale"}) {
+    auto extra = layer.quantize_dynamic().quantized_state_dict();
+    extra[stray] = Tensor::ones({8});
+    EXPECT_THROW_WITH(MultiheadAttention::from_quantized_state_dict(c, extra), ValueError,
+                      std::string("MultiheadAttention.from_quantized_state_dict: unexpected key '") + stray + "'");
+  }
 }
 
 }  // namespace
