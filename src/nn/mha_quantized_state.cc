@@ -52,8 +52,10 @@ MultiheadAttention MultiheadAttention::from_quantized_state_dict(const Multihead
     if (name.ends_with(".scale")) {  // a weight's scales, read with it; any other is unexpected
       const std::string stem = name.substr(0, name.size() - 6);
       if (!is_weight(stem) || !state_dict.count(stem)) {
-        fail<ValueError>(kOp, ".from_quantized_state_dict: unexpected key '", name,
-                         "' (scales belong to a projection weight: in_proj_weight.scale, out_proj.weight.scale, ...)");
+        fail<ValueError>(
+            kOp, ".from_quantized_state_dict: unexpected key '", name,
+            "' (scales belong to a projection weight of the layer's own keys, no prefix: in_proj_weight.scale, "
+            "out_proj.weight.scale, ...)");
       }
       continue;
     }

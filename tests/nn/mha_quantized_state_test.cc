@@ -93,6 +93,14 @@ TEST(MultiheadAttentionQuantizedState, Errors) {
     EXPECT_THROW_WITH(MultiheadAttention::from_quantized_state_dict(c, extra), ValueError,
                       std::string("MultiheadAttention.from_quantized_state_dict: unexpected key '") + stray + "'");
   }
+  // A whole model's keys ("enc.in_proj_weight"): named for what is wrong, where the int8
+  // weights went on to from_state_dict as float parameters ("in_proj_weight: expected a
+  // floating-point tensor").
+  std::map<std::string, Tensor> prefixed;
+  for (const auto& [name, t] : layer.quantize_dynamic().quantized_state_dict()) prefixed["enc." + name] = t;
+  EXPECT_THROW_WITH(MultiheadAttention::from_quantized_state_dict(c, prefixed), ValueError,
+                    "unexpected key 'enc.in_proj_weight.scale' (scales belong to a projection weight of the layer's "
+                    "own keys, no prefix");
 }
 
 }  // namespace
