@@ -14,18 +14,25 @@
 // skips the query tiles wholly above the diagonal of a key tile; masks and GQA k/v
 // are read in place through their (zero) strides.
 //
-// Threads: a work item is one batch entry; its worker accumulates the entry's dQ, dK
-// and dV in its own buffers (so no element is written by two threads while the tiles
-// run) and adds them, under one lock, to the gradients once per entry: entries that
-// share a k/v head (GQA) or a broadcast operand sum there, as autograd sums. The lock
-// is taken once per entry, not per tile. Items go to get_num_threads() workers from an
-// atomic counter; a call with a single entry lets the tile GEMMs use the threads.
+// Threads: a work item is one part of a batch entry: the entry's key tiles dealt round
+// robin to its P parts (part s takes key tiles s, s + P, ...; equal work under causal
+// masking too). P is 1 where the entries alone keep the workers busy (backward_parts).
+// An item's worker accumulates its dQ, and the dK and dV of its key tiles, in its own
+// buffers (so no element is written by two threads while the tiles run) and adds them,
+// under one lock, to the gradients once per item: entries that share a k/v head (GQA) or
+// a broadcast operand sum there, as autograd sums. The parts of an entry add their dQ in
+// part order (a part waits for the one before it), so a result does not depend on which
+// worker finished first. The lock is taken once per item, not per tile. Items go to
+// get_num_threads() workers from an atomic counter; a call with a single item lets the
+// tile GEMMs use the threads.
 #include "attention/attention_backward_cpu.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <mutex>
+#include <numeric>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -61,6 +68,16 @@ struct Backward {
   T* dk = nullptr;          // as k
   T* dv = nullptr;          // as v
   std::mutex* add = nullptr;
+  int64_t parts = 1;                          // P: the parts of an entry (backward_parts)
+  std::vector<std::atomic<int64_t>>* turn{};  // [batch] (P > 1): the next part to add its dQ
+};
+
+// Part s of P of an entry: its key tiles are s, s + P, s + 2P, ... Their dK and dV rows
+// lie densely in the worker's buffers, tile after tile (local_row).
+struct Part {
+  int64_t s = 0, n = 1;
+  bool owns(int64_t tile) const { return tile % n == s; }
+  int64_t local_row(int64_t tile, int64_t bc) const { return tile / n * bc; }
 };
 
 // A worker's buffers, reused across its entries.
@@ -70,22 +87,27 @@ struct Scratch {
   std::vector<T> w;           // [Br, Bc] P o M (dropout only)
   std::vector<T> ds;          // [Br, Bc] dP, then dS
   std::vector<T> d;           // [Lq] D_i
-  std::vector<T> dq, dk, dv;  // [Lq, Dk], [Lk, Dk], [Lk, Dv] of the entry
+  std::vector<T> dq, dk, dv;  // [Lq, Dk] of the entry, [Lp, Dk] and [Lp, Dv] of its part's key tiles
   std::vector<T> unused;      // score_tile's widening buffer (T operands: never used)
   std::vector<T> cap;         // [Br, Bc] softcap's derivative (mods.softcap only)
   std::vector<T> kp, vp;      // K_j and V_j packed in gemm panels (packed_tiles) or empty
-  Scratch(const FlashTiles& t, const Problem& p, bool dropout, bool softcap, bool packed)
+  Scratch(const FlashTiles& t, const Problem& p, int64_t parts, bool dropout, bool softcap, bool packed)
       : s(n(t.br * t.bc)),
         w(n(dropout ? t.br * t.bc : 0)),
         ds(n(t.br * t.bc)),
         d(n(p.lq)),
         dq(n(p.lq * p.dk)),
-        dk(n(p.lk * p.dk)),
-        dv(n(p.lk * p.dv)),
+        dk(n(part_rows(t, p, parts) * p.dk)),
+        dv(n(part_rows(t, p, parts) * p.dv)),
         cap(n(softcap ? t.br * t.bc : 0)),
         kp(n(packed ? gemm_panels_size(p.dk, t.bc) : 0)),
         vp(n(packed ? gemm_panels_size(p.dv, t.bc) : 0)) {}
   static size_t n(int64_t x) { return static_cast<size_t>(x); }
+  // Lp: the key rows of a part, its ceil(tiles / P) key tiles (all Lk keys where P = 1).
+  static int64_t part_rows(const FlashTiles& t, const Problem& p, int64_t parts) {
+    if (parts == 1) return p.lk;
+    return (p.lk + t.bc * parts - 1) / (t.bc * parts) * t.bc;
+  }
 };
 
 // C [m, n] (ldc) += alpha op(A) op(B): the five tile products below.
@@ -102,7 +124,8 @@ void gemm_acc(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const 
 
 // One (query tile, key tile) pair of entry r.b: adds its terms to the entry's dQ, dK, dV.
 template <class T>
-void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_t cols, Scratch<T>& sc) {
+void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_t cols, int64_t local0,
+               Scratch<T>& sc) {
   const Flash<Same<T>>& f = *bw.f;
   const Problem& p = *f.p;
   const int64_t lds = f.tiles.bc, qs = p.q.stride(-2), ks = p.k.stride(-2), vs = p.v.stride(-2);
@@ -135,8 +158,8 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
     dropout_tile(f, r, j0, cols, ds, lds);  // dP = (dO_i V_j^T) o M
     w = sc.w.data();
   }
-  // Forward value_tile, d/dV_j: dV_j += (P o M)^T dO_i.
-  gemm_acc<T>(true, false, cols, p.dv, r.rows, T(1), w, lds, dout, p.dv, sc.dv.data() + j0 * p.dv, p.dv);
+  // Forward value_tile, d/dV_j: dV_j += (P o M)^T dO_i (dV_j at the part's local row local0).
+  gemm_acc<T>(true, false, cols, p.dv, r.rows, T(1), w, lds, dout, p.dv, sc.dv.data() + local0 * p.dv, p.dv);
   // Softmax: dS = P o (dP - D_i), D_i = sum_j P_ij dP_ij = dO_i . O_i.
   const T* d = sc.d.data() + r.i0;
   for (int64_t x = 0; x < r.rows; ++x) {
@@ -148,7 +171,7 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
     }
   }
   // Forward score_tile, S = scale Q_i K_j^T: dK_j += scale dS^T Q_i, dQ_i += scale dS K_j.
-  gemm_acc<T>(true, false, cols, p.dk, r.rows, scale, ds, lds, r.q, qs, sc.dk.data() + j0 * p.dk, p.dk);
+  gemm_acc<T>(true, false, cols, p.dk, r.rows, scale, ds, lds, r.q, qs, sc.dk.data() + local0 * p.dk, p.dk);
   gemm_acc<T>(false, false, r.rows, p.dk, cols, scale, ds, lds, r.k + j0 * ks, ks, sc.dq.data() + r.i0 * p.dk, p.dk);
 }
 
@@ -160,9 +183,40 @@ void add_rows(T* dst, int64_t ld, const T* src, int64_t rows, int64_t n) {
   }
 }
 
-// Every tile pair of batch entry b, then its gradients added to the call's.
+// Waits until the parts of entry b before part s have added their dQ; false where the
+// call was interrupted (the part before may then never run; the result is discarded).
+inline bool wait_turn(const std::atomic<int64_t>& turn, int64_t s) {
+  while (turn.load(std::memory_order_acquire) != s) {
+    if (interrupt_requested()) return false;
+    std::this_thread::yield();  // the part before is running: its worker needs the core more
+  }
+  return true;
+}
+
+// Adds an item's dQ (the whole entry's rows), and the dK, dV rows of its key tiles, to
+// the call's gradients. Operands are contiguous in the user's shapes, so the entry's rows
+// are dense at its batch offset (zero strides make GQA groups and broadcast entries meet).
 template <class T>
-void run_entry(const Backward<T>& bw, int64_t b, Scratch<T>& sc) {
+void add_item(const Backward<T>& bw, int64_t b, const Part& part, Scratch<T>& sc) {
+  const Problem& p = *bw.f->p;
+  const int64_t bc = bw.f->tiles.bc;
+  if (part.n > 1 && !wait_turn((*bw.turn)[static_cast<size_t>(b)], part.s)) return;
+  const std::lock_guard<std::mutex> lock(*bw.add);
+  add_rows(bw.dq + batch_offset(p.q, p.batch, b, 1), p.dk, sc.dq.data(), p.lq, p.dk);
+  T* const dk = bw.dk + batch_offset(p.k, p.batch, b, p.gqa_group);
+  T* const dv = bw.dv + batch_offset(p.v, p.batch, b, p.gqa_group);
+  for (int64_t j0 = part.s * bc; j0 < p.lk; j0 += part.n * bc) {
+    const int64_t cols = std::min(bc, p.lk - j0), local = part.local_row(j0 / bc, bc);
+    add_rows(dk + j0 * p.dk, p.dk, sc.dk.data() + local * p.dk, cols, p.dk);
+    add_rows(dv + j0 * p.dv, p.dv, sc.dv.data() + local * p.dv, cols, p.dv);
+  }
+  if (part.n > 1) (*bw.turn)[static_cast<size_t>(b)].store(part.s + 1, std::memory_order_release);
+}
+
+// Every tile pair of part `part` of batch entry b (its key tiles, the query tiles each
+// meets), then its gradients added to the call's.
+template <class T>
+void run_item(const Backward<T>& bw, int64_t b, const Part& part, Scratch<T>& sc) {
   const Flash<Same<T>>& f = *bw.f;
   const Problem& p = *f.p;
   const T* o = bw.out + b * p.lq * p.dv;
@@ -181,15 +235,16 @@ void run_entry(const Backward<T>& bw, int64_t b, Scratch<T>& sc) {
   r.k = f.k + batch_offset(p.k, p.batch, b, p.gqa_group);
   r.v = f.v + batch_offset(p.v, p.batch, b, p.gqa_group);
   r.mask_base = p.mask ? batch_offset(*p.mask, p.batch, b, 1) : 0;
-  for (int64_t j0 = 0; j0 < p.lk && !interrupt_requested(); j0 += f.tiles.bc) {
-    const int64_t cols = std::min(f.tiles.bc, p.lk - j0);
+  const int64_t bc = f.tiles.bc;
+  for (int64_t j0 = part.s * bc; j0 < p.lk && !interrupt_requested(); j0 += part.n * bc) {
+    const int64_t cols = std::min(bc, p.lk - j0), local0 = part.local_row(j0 / bc, bc);
     // Causal: query rows i < j0 see none of these keys; tiles wholly before j0 are skipped.
     const int64_t first = f.causal ? j0 / f.tiles.br * f.tiles.br : 0;
     if constexpr (std::is_same_v<T, float>) {
       // K_j and V_j packed once for the query tiles' S and dP (packed_tiles); whole tiles
       // only, as product_tile reads panels only for tiles that fill the score rows.
       r.kp = nullptr;
-      if (!sc.kp.empty() && cols == f.tiles.bc && cols % 64 == 0) {
+      if (!sc.kp.empty() && cols == bc && cols % 64 == 0) {
         gemm_pack_panels(true, p.dk, cols, r.k + j0 * p.k.stride(-2), p.k.stride(-2), sc.kp.data());
         gemm_pack_panels(true, p.dv, cols, r.v + j0 * p.v.stride(-2), p.v.stride(-2), sc.vp.data());
         r.kp = sc.kp.data(), r.kp_from = j0;
@@ -199,15 +254,20 @@ void run_entry(const Backward<T>& bw, int64_t b, Scratch<T>& sc) {
       r.rows = std::min(f.tiles.br, p.lq - r.i0);
       r.q = f.q + q_base + r.i0 * p.q.stride(-2);
       if (empty_tile(f, r, j0, cols)) continue;  // the forward skipped it: no gradient
-      tile_pair(bw, r, j0, cols, sc);
+      tile_pair(bw, r, j0, cols, local0, sc);
     }
   }
-  // Operands are contiguous in the user's shapes, so the entry's rows are dense at
-  // its batch offset (zero strides make GQA groups and broadcast entries meet).
-  const std::lock_guard<std::mutex> lock(*bw.add);
-  add_rows(bw.dq + q_base, p.dk, sc.dq.data(), p.lq, p.dk);
-  add_rows(bw.dk + batch_offset(p.k, p.batch, b, p.gqa_group), p.dk, sc.dk.data(), p.lk, p.dk);
-  add_rows(bw.dv + batch_offset(p.v, p.batch, b, p.gqa_group), p.dv, sc.dv.data(), p.lk, p.dv);
+  add_item(bw, b, part, sc);
+}
+
+// P, the parts of each entry: 1 where the entries alone keep the workers evenly busy (a
+// multiple of them, or at least 4 entries a worker), else workers / gcd(entries, workers)
+// (one entry on 2 workers: 2 parts; 3 entries: 2 parts, 6 items), at most the key tiles.
+// A part costs its worker a zeroed [Lq, Dk] dQ and the entry's D_i again, and the call
+// (P - 1) [Lq, Dk] additions: small beside its 5 Lq (Lk / P) D tile products.
+inline int64_t backward_parts(int64_t entries, int64_t workers, int64_t key_tiles) {
+  if (workers <= 1 || entries == 0 || entries % workers == 0 || entries >= 4 * workers) return 1;
+  return std::max<int64_t>(1, std::min(workers / std::gcd(entries, workers), key_tiles));
 }
 
 // The tiles of the backward: the call's own (options.tuning), else QKV_FLASH_TILES,
@@ -258,13 +318,20 @@ AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tenso
   Tensor dq = Tensor::zeros(p.q_in.shape(), dt), dk = Tensor::zeros(p.k_in.shape(), dt),
          dv = Tensor::zeros(p.v_in.shape(), dt);
   std::mutex add;
-  Backward<T> bw{&f, out.data<T>(), dout.data<T>(), lse.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), &add};
+  const int64_t parts = backward_parts(p.batch_size, get_num_threads(), (p.lk + f.tiles.bc - 1) / f.tiles.bc);
+  std::vector<std::atomic<int64_t>> turn(static_cast<size_t>(parts > 1 ? p.batch_size : 0));
+  for (auto& t : turn) t.store(0, std::memory_order_relaxed);
+  Backward<T> bw{&f,           out.data<T>(), dout.data<T>(), lse.data<T>(), dq.data<T>(),
+                 dk.data<T>(), dv.data<T>(),  &add,           parts,         &turn};
   std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(get_num_threads(), p.batch_size);
+  const int64_t items = p.batch_size * parts;  // entry-major: the parts of an entry in order
+  const int64_t workers = std::min<int64_t>(get_num_threads(), items);
   const bool packed = packed_tiles<T>(f);
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch<T> sc(f.tiles, p, f.dropout_p > 0.0, f.mods.softcap > 0.0, packed);
-    for (int64_t b = next++; b < p.batch_size && !interrupt_requested(); b = next++) run_entry(bw, b, sc);
+    Scratch<T> sc(f.tiles, p, parts, f.dropout_p > 0.0, f.mods.softcap > 0.0, packed);
+    for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
+      run_item(bw, item / parts, Part{item % parts, parts}, sc);
+    }
   });
   check_interrupt(p.op);
   return {dq, dk, dv};

@@ -147,6 +147,39 @@ TEST(FlashAttentionBackward, ResultsDoNotDependOnThreadCount) {
   expect_close(x, two, one, 1e-14, c, &worst);
 }
 
+// Fewer entries than workers: each entry's key tiles are dealt to P parts, threaded
+// (attention_backward_cpu.cc backward_parts: 1 entry on 2 workers takes 2 parts, on 3
+// workers 3; 2 GQA entries on 3 workers 3 parts each). Every part adds its dK and dV rows
+// and its share of dQ; dQ in part order, so two runs agree bit for bit where no two
+// entries share a gradient's rows (no GQA, no broadcast). f64 and f32 against the float64
+// reference, on tiles that give 3-10 key tiles, causal and not.
+TEST(FlashAttentionBackward, KeyTilesSplitAcrossWorkersMatchTheReference) {
+  std::mt19937_64 rng(2026);
+  const int threads = get_num_threads();
+  double worst = 0.0;
+  for (int i = 0; i < 16; ++i) {
+    test::Config c = test::random_config(rng, i);
+    c.b = 1, c.hq = i % 4 == 3 ? 2 : 1, c.hk = i % 4 == 3 ? 1 : c.hq, c.gqa = i % 4 == 3;
+    c.lq = std::min<int64_t>(c.lq, 90), c.lk = test::pick<int64_t>(rng, {60, 95, 160});
+    c.big = false;  // x1000 logits: f32 scores lose 1e-4 (as above)
+    for (const DType dt : {DType::f64, DType::f32}) {
+      Case x = make_case(c, dt);
+      x.options.tuning.flash_tiles = FlashTiles{32, 16};
+      const AttentionGradients ref = attention_backward_reference(x.q, x.k, x.v, x.grad_out, x.options);
+      set_num_threads(2 + i % 3);
+      const AttentionGradients got = fused(x), again = fused(x);
+      set_num_threads(threads);
+      expect_close(x, got, ref, dt == DType::f64 ? 1e-10 : 2e-5, c, &worst);
+      if (!c.gqa) {  // (B = 1: nothing else is shared)
+        EXPECT_EQ(got.dq.to_vector<double>(), again.dq.to_vector<double>()) << c.str();
+        EXPECT_EQ(got.dk.to_vector<double>(), again.dk.to_vector<double>()) << c.str();
+        EXPECT_EQ(got.dv.to_vector<double>(), again.dv.to_vector<double>()) << c.str();
+      }
+    }
+  }
+  std::printf("key tiles split across workers: worst relative error %.2e\n", worst);
+}
+
 // The float32 backward's S = Q_i K_j^T and dP = dO_i V_j^T on K_j and V_j packed once per
 // key tile (attention_backward_cpu.cc packed_tiles: more than one query tile, no causal
 // masking): whole key tiles of 64, 128 and 256 (automatic) packed, a ragged last one not,
