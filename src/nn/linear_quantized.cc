@@ -44,13 +44,21 @@ int int8_weight_bits(int requested, const char* op) {
 
 Linear Linear::quantize_dynamic(int weight_bits) const {
   const int bits = int8_weight_bits(weight_bits, "Linear.quantize_dynamic");
-  if (quant_ && quant_->bits == bits) return *this;  // else from the float32 weight again, scales kept
-  const Tensor w = to_torch_layout();                // [out, in] f32 contiguous
+  // A dynamic layer of these bits is this one; a static one keeps its int8 weights but
+  // quantizes its activations per token again (it stayed static, clipping at its scale).
+  if (quant_ && quant_->bits == bits) {
+    if (quant_->activation_scale == 0.0f) return *this;
+    auto q = std::make_shared<Int8Weight>(*quant_);
+    q->activation_scale = 0.0f;
+    Linear l = *this;
+    l.quant_ = std::move(q);
+    return l;
+  }
+  const Tensor w = to_torch_layout();  // [out, in] f32 contiguous
   auto q = std::make_shared<Int8Weight>();
   q->q = Tensor::empty({out_, in_}, DType::i8);
   q->scale.resize(static_cast<size_t>(out_));
   q->bits = bits;
-  q->activation_scale = quant_ ? quant_->activation_scale : 0.0f;
   const float qmax = bits == 7 ? 63.0f : 127.0f;
   const float* src = w.data<float>();
   int8_t* dst = q->q.data<int8_t>();

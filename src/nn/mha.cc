@@ -223,6 +223,7 @@ MultiheadAttention MultiheadAttention::quantize_static(const std::vector<std::ar
 MultiheadAttention MultiheadAttention::quantize_dynamic(int weight_bits) const {
   MultiheadAttention q = *this;
   q.quantized_ = true;
+  q.static_scales_.reset();  // per-token scales at run time, also from a statically quantized layer
   q.weight_bits_ = int8_weight_bits(weight_bits, "MultiheadAttention.quantize_dynamic");
   q.rebuild();
   return q;

@@ -274,5 +274,25 @@ TEST(MultiheadAttentionQuantized, StaticCalibrationStaysWithinThreePercent) {
   EXPECT_THROW((void)f.quantize_static({}), ValueError);
 }
 
+// quantize_dynamic of a statically quantized layer quantizes its activations per token again:
+// the Linear and the layer stayed static (a fixed scale, clipping beyond it: outputs far from
+// the dynamic layer's) and kept "activation_scales" in quantized_state_dict.
+TEST(MultiheadAttentionQuantized, DynamicOfAStaticLayerIsDynamic) {
+  const Tensor w = Tensor::randn({24, 32}, 1), x1 = Tensor::randn({3, 32}, 2);
+  const Linear l = Linear::torch(w, std::nullopt);
+  EXPECT_EQ(l.quantize_static(0.001f).quantize_dynamic().forward(x1).to_vector<float>(),
+            l.quantize_dynamic().forward(x1).to_vector<float>());
+  MultiheadAttentionConfig c;
+  c.embed_dim = 16, c.num_heads = 2;
+  const MultiheadAttention f(c, 3);
+  const Tensor x = Tensor::randn({5, 2, 16}, 4), small = Tensor::full({5, 2, 16}, 0.05);  // x clips
+  const MultiheadAttention s = f.quantize_static({{small, small, small}});
+  const MultiheadAttention d = s.quantize_dynamic();
+  EXPECT_EQ(d.forward(x, x, x).output.to_vector<float>(),
+            f.quantize_dynamic().forward(x, x, x).output.to_vector<float>());
+  EXPECT_EQ(d.quantized_state_dict().count("activation_scales"), 0u);
+  EXPECT_EQ(s.quantized_state_dict().count("activation_scales"), 1u);
+}
+
 }  // namespace
 }  // namespace qkv::nn

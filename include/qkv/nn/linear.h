@@ -86,7 +86,8 @@ class Linear {
   // choice: 8 where qkv::gemm_int8_full_range() (VNNI, AMX), else 7, the range oneDNN's
   // int8 kernel multiplies exactly without VNNI (8-bit weights there take the exact float32
   // path, no faster than a float32 layer: docs/nn.md). ValueError for other values. On a
-  // quantized layer: itself if its bits are those, else quantized again from its float32 weight.
+  // quantized layer: itself if its bits are those, else quantized again from its float32 weight;
+  // a static layer (quantize_static) becomes dynamic either way.
   Linear quantize_dynamic(int weight_bits = 0) const;
   // Static int8 quantization: weights as quantize_dynamic, activations with one fixed scale
   // for every token (from calibration: ActivationObserver::scale()), values beyond it

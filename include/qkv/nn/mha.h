@@ -135,6 +135,7 @@ class MultiheadAttention {
   // torch.ao.quantization.quantize_dynamic on a model whose projections are nn.Linear.
   // weight_bits: 8, 7 or 0 for this CPU's choice (Linear::quantize_dynamic: 7-bit weights
   // where the CPU has no VNNI, so that its int8 GEMMs run at int8 speed).
+  // On a statically quantized layer: the dynamic one (its activation scales dropped).
   MultiheadAttention quantize_dynamic(int weight_bits = 0) const;
   // Static int8 quantization (seed 002): runs the float32 layer on the calibration
   // `batches` ({query, key, value} each, the forward's layouts; default options),
