@@ -206,7 +206,8 @@ MultiheadAttention MultiheadAttention::quantize_static(const std::vector<std::ar
   MultiheadAttention observed = *this;
   observed.quantized_ = false;
   observed.static_scales_.reset();
-  observed.rebuild();  // float32 projections while observing
+  observed.rebuild();         // float32 projections while observing
+  observed.training = false;  // the inference forward: dropout would scale out_proj's inputs by 1 / (1 - p)
   observed.calibrating_ = std::make_shared<Calibration>(options);
   MultiheadAttentionOptions o;
   o.need_weights = false;

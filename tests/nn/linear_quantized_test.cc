@@ -274,6 +274,21 @@ TEST(MultiheadAttentionQuantized, StaticCalibrationStaysWithinThreePercent) {
   EXPECT_THROW((void)f.quantize_static({}), ValueError);
 }
 
+// Calibration runs the inference forward: a layer in training mode with dropout observed
+// out_proj's inputs through dropout (kept values scaled by 1 / (1 - p)), so its activation
+// scale came out about twice the inference one at p = 0.5.
+TEST(MultiheadAttentionQuantized, CalibrationIgnoresTrainingMode) {
+  MultiheadAttentionConfig c;
+  c.embed_dim = 16, c.num_heads = 2, c.dropout = 0.5;
+  MultiheadAttention f(c, 3);
+  const Tensor x = Tensor::randn({5, 2, 16}, 4);
+  const Tensor eval = f.quantize_static({{x, x, x}}).quantized_state_dict().at("activation_scales");
+  f.training = true, f.dropout_seed = 11;
+  const MultiheadAttention q = f.quantize_static({{x, x, x}});
+  EXPECT_EQ(q.quantized_state_dict().at("activation_scales").to_vector<float>(), eval.to_vector<float>());
+  EXPECT_TRUE(q.training);  // the layer's own flag is kept
+}
+
 // quantize_dynamic of a statically quantized layer quantizes its activations per token again:
 // the Linear and the layer stayed static (a fixed scale, clipping beyond it: outputs far from
 // the dynamic layer's) and kept "activation_scales" in quantized_state_dict.
