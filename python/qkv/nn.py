@@ -147,6 +147,12 @@ class MultiheadAttention:
         """MultiheadAttention.from_quantized_state_dict(sd, num_heads): the quantized layer of
         quantized_state_dict() (the same int8 weights and scales); sizes read from the shapes."""
         sd = _arrays(state_dict)
+        # the sizes come from these keys: without them a bare KeyError('out_proj.weight') said nothing
+        sizes = ("out_proj.weight",) + (() if "in_proj_weight" in sd else ("k_proj_weight", "v_proj_weight"))
+        for key in sizes:
+            if key not in sd:
+                raise ValueError(f"MultiheadAttention.from_quantized_state_dict: no '{key}' (the layer's own keys, "
+                                 f"without a prefix, as quantized_state_dict() gives them); keys: {sorted(sd)}")
         layer = cls._sized_for(sd, num_heads, dropout, add_zero_attn, batch_first)
         layer._layer = layer._layer.from_quantized(sd)
         return layer

@@ -428,6 +428,10 @@ def test_quantized_layer_round_trips_through_safetensors(tmp_path):
                                                                    batch_first=True)
         assert back.quantized and back.weight_bits == q.weight_bits
         np.testing.assert_array_equal(back(x, x, x, need_weights=False)[0], q(x, x, x, need_weights=False)[0])
+    # a whole model's keys: a ValueError naming the missing key (was KeyError('out_proj.weight'))
+    prefixed = {"enc." + k: v for k, v in layer.quantize_dynamic().quantized_state_dict().items()}
+    with pytest.raises(ValueError, match=r"from_quantized_state_dict: no 'out_proj.weight' \(the layer's own keys"):
+        qkv.nn.MultiheadAttention.from_quantized_state_dict(prefixed, 4)
 
 
 def test_keras_layer_quantize_dynamic():
