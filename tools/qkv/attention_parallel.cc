@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "qkv/ascii.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
 #include "qkv/io.h"
@@ -46,7 +47,7 @@ Tensor local_part(const Tensor& full, const ParallelAttentionCall& c, const dist
 // contiguous run); other formats are loaded whole and sliced.
 Tensor read_local_part(const std::string& spec, const ParallelAttentionCall& c, const dist::Communicator& comm) {
   const std::filesystem::path path(spec);
-  if (path.extension() != ".npy") return local_part(load_tensor(spec), c, comm);
+  if (lower_extension(path) != ".npy") return local_part(load_tensor(spec), c, comm);  // ".NPY" too, as load_tensor
   const Shape shape = io::inspect(path).at(0).shape;
   const auto nd = static_cast<int64_t>(shape.size());
   if (nd < 3) return local_part(load_tensor(spec), c, comm);  // the scheme's own shape error
