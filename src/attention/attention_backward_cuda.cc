@@ -83,9 +83,14 @@ AttentionGradients flash_attention_backward_cuda(const Problem& given, const Ten
   const Tensor acc_q = Tensor::empty(p.q_in.shape(), DType::f32, dev);
   const Tensor acc_k = Tensor::empty(p.k_in.shape(), DType::f32, dev);
   const Tensor acc_v = Tensor::empty(p.v_in.shape(), DType::f32, dev);
-  strides_of(acc_q.expand(p.q.shape()), b.dq_batch_stride, b.dq_row);
-  strides_of(acc_k.expand(p.k.shape()), b.dk_batch_stride, b.dk_row);
-  strides_of(acc_v.expand(p.v.shape()), b.dv_batch_stride, b.dv_row);
+  // No entries (a batch dim of 0; GQA with no q heads, whose k/v keep Hk heads that no entry
+  // reads and that cannot expand to 0): no kernel reads these strides, and the gradients are
+  // the zeroed accumulators converted.
+  if (p.batch_size > 0) {
+    strides_of(acc_q.expand(p.q.shape()), b.dq_batch_stride, b.dq_row);
+    strides_of(acc_k.expand(p.k.shape()), b.dk_batch_stride, b.dk_row);
+    strides_of(acc_v.expand(p.v.shape()), b.dv_batch_stride, b.dv_row);
+  }
   strides_of(dout, b.dout_batch_stride, b.dout_row);
   b.dout = dout.raw_data();
   b.dq_acc = acc_q.data<float>();

@@ -342,6 +342,27 @@ TEST_F(CudaAttentionBackward, EmptyLengthsGiveEmptyOrZeroGradients) {
   }
 }
 
+// GQA with no q heads (torch: each of the Hk k/v heads repeated 0 times): an empty output
+// and dk, dv zeros of k's and v's shapes, as on the CPU (AttentionFuzzRegression.GqaWithZeroQueryHeads).
+TEST_F(CudaAttentionBackward, GqaWithNoQueryHeadsGivesZeroKeyAndValueGradients) {
+  const Device gpu = Device::cuda();
+  const Tensor q = Tensor::randn({2, 0, 3, 64}, 5, DType::f16).to(gpu);  // [B, Hq = 0, Lq, D]
+  const Tensor k = Tensor::randn({2, 2, 5, 64}, 6, DType::f16).to(gpu);  // [B, Hk, Lk, D]
+  AttentionOptions o;
+  o.enable_gqa = true;
+  o.return_logsumexp = true;
+  const AttentionResult f = scaled_dot_product_attention(q, k, k, o);
+  ASSERT_EQ(f.output.shape(), (Shape{2, 0, 3, 64}));
+  const AttentionGradients g = scaled_dot_product_attention_backward(q, k, k, f.output, f.output, *f.logsumexp, o);
+  ASSERT_EQ(g.dq.shape(), q.shape());
+  ASSERT_EQ(g.dk.shape(), k.shape());
+  ASSERT_EQ(g.dv.shape(), k.shape());
+  for (const Tensor* t : {&g.dk, &g.dv}) {
+    const Tensor host = t->to(Device::cpu()).to(DType::f64);
+    for (const double x : host.to_vector<double>()) EXPECT_EQ(x, 0.0);
+  }
+}
+
 TEST_F(CudaAttentionBackward, UnsupportedOptionsAreClearErrors) {
   const Device gpu = Device::cuda();
   const Tensor q = Tensor::randn({1, 2, 8, 64}, 1, DType::bf16).to(gpu);  // [B, H, L, D]
