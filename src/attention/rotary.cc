@@ -25,7 +25,7 @@ Plan plan(const Tensor& x, const RotaryOptions& o, const char* op) {
     fail<ShapeError>(op, ": x must be floating [..., T, D], got ", dtype_name(x.dtype()), " ", shape_str(x.shape()));
   }
   Plan p;
-  p.t = x.size(-2), p.d = x.size(-1), p.rows = p.t == 0 ? 0 : x.numel() / p.d;
+  p.t = x.size(-2), p.d = x.size(-1), p.rows = p.t == 0 || p.d == 0 ? 0 : x.numel() / p.d;  // D = 0: no rows to turn
   const int64_t rd = o.rotary_dim == 0 ? p.d : o.rotary_dim;
   if (rd < 0 || rd > p.d || rd % 2 != 0 || !(o.base > 0.0) || !std::isfinite(o.base)) {
     fail<ValueError>(op, ": rotary_dim must be even and <= D = ", p.d, " (got ", o.rotary_dim,

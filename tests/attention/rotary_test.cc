@@ -83,5 +83,12 @@ TEST(Rotary, PositionsPerSequenceAndErrors) {
   EXPECT_THROW_WITH(apply_rotary(x, odd), ValueError, "apply_rotary: rotary_dim must be even and <= D = 8");
 }
 
+// D = 0 has nothing to turn: x comes back as it is (rows were counted as numel / D, a division by zero, SIGFPE).
+TEST(Rotary, ZeroFeaturesReturnTheEmptyInput) {
+  const Tensor x = Tensor::zeros({2, 3, 0}, DType::f32);
+  EXPECT_EQ(apply_rotary(x, {}).shape(), x.shape());
+  EXPECT_EQ(apply_rotary_reference(x, {}).shape(), x.shape());
+}
+
 }  // namespace
 }  // namespace qkv
