@@ -32,10 +32,14 @@ int64_t scalar_or_zero(const std::map<std::string, Tensor>& s, const std::string
 // group scales (one scale per position, [B, Hk, n]) gives every group that scale, which
 // dequantizes to the same values. float32 scales (files written before bfloat16 scales) are
 // rounded to bfloat16: such a cache decodes within 2^-9 of each group's values of before.
-Tensor int8_scales(const std::map<std::string, Tensor>& s, const std::string& name, int64_t groups) {
+// Their [B, Hk, n] must be the keys' (copy_from would broadcast a scale of one head to all).
+Tensor int8_scales(const std::map<std::string, Tensor>& s, const std::string& name, const Tensor& keys,
+                   int64_t groups) {
   const Tensor t = need(s, name).to(DType::bf16);  // float32 in files written before bfloat16 scales
-  if (t.dim() == 3) return t.unsqueeze(3).expand({t.size(0), t.size(1), t.size(2), groups});
-  if (t.dim() != 4 || t.size(3) != groups) {
+  const bool rows = (t.dim() == 3 || t.dim() == 4) && t.size(0) == keys.size(0) && t.size(1) == keys.size(1) &&
+                    t.size(2) == keys.size(2);
+  if (rows && t.dim() == 3) return t.unsqueeze(3).expand({t.size(0), t.size(1), t.size(2), groups});
+  if (!rows || t.dim() != 4 || t.size(3) != groups) {
     fail<ShapeError>(kOp, ": '", name, "' must be [B, Hk, n, ", groups, "] (or [B, Hk, n]), got ",
                      shape_str(t.shape()));
   }
@@ -106,6 +110,14 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
     fail<ShapeError>(kOp, ": keys ", shape_str(k.shape()), ", values ", shape_str(v.shape()), ", ", lengths.size(),
                      " lengths and the capacity do not fit together");
   }
+  if (v.size(0) != k.size(0) || v.size(1) != k.size(1)) {  // copy_from would broadcast one head's values to all
+    fail<ShapeError>(kOp, ": values ", shape_str(v.shape()), " must share the keys' [B, Hk] (keys ",
+                     shape_str(k.shape()), ")");
+  }
+  if (v.dtype() != k.dtype()) {  // the cache's dtype is the keys'; values of another would be converted silently
+    fail<DTypeError>(kOp, ": values must have the keys' dtype ", dtype_name(k.dtype()), ", got ",
+                     dtype_name(v.dtype()));
+  }
   KVCacheConfig config{k.size(0), k.size(1), k.size(3), capacity[0], v.size(3), k.dtype()};
   config.window = scalar_or_zero(s, "window"), config.page_size = scalar_or_zero(s, "page_size");
   config.pages = scalar_or_zero(s, "pages");
@@ -128,8 +140,8 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
     }
     cache.k_offset_.copy_from(need(s, "key_offsets"));
     cache.k_spread_.copy_from(need(s, "key_spreads"));
-    key_scales = int8_scales(s, "key_scales", cache.k_scale_.size(3));
-    value_scales = int8_scales(s, "value_scales", cache.v_scale_.size(3));
+    key_scales = int8_scales(s, "key_scales", k, cache.k_scale_.size(3));
+    value_scales = int8_scales(s, "value_scales", k, cache.v_scale_.size(3));
   }
   std::vector<int64_t> kept(lengths.size(), 0);  // each sequence's first stored position
   if (s.count("first_kept")) kept = s.at("first_kept").to_vector<int64_t>();

@@ -298,5 +298,26 @@ TEST(Decode, CacheStateRoundTripsThroughSafetensors) {
   EXPECT_THROW_WITH(KVCache::from_state(broken), ValueError, "KVCache.from_state: the state has no 'lengths'");
 }
 
+// A state whose values (or int8 scales) do not match the keys' [B, Hk] or dtype is an error: values of one
+// head were broadcast to every head, float64 or int32 values converted silently.
+TEST(Decode, CacheStateWithMismatchedValuesIsAnError) {
+  KVCache cache({2, 2, 4, 8});
+  cache.append(Tensor::randn({2, 2, 3, 4}, 1), Tensor::randn({2, 2, 3, 4}, 2));
+  std::map<std::string, Tensor> s = cache.state();
+  s["values"] = cache.state().at("values").slice(1, 0, 1).contiguous();  // [2, 1, 3, 4]
+  EXPECT_THROW_WITH(KVCache::from_state(s), ShapeError,
+                    "KVCache.from_state: values [2, 1, 3, 4] must share the keys' [B, Hk] (keys [2, 2, 3, 4])");
+  s["values"] = cache.state().at("values").slice(0, 0, 1).contiguous();  // [1, 2, 3, 4]
+  EXPECT_THROW_WITH(KVCache::from_state(s), ShapeError, "must share the keys' [B, Hk]");
+  s["values"] = cache.state().at("values").to(DType::i32);
+  EXPECT_THROW_WITH(KVCache::from_state(s), DTypeError,
+                    "KVCache.from_state: values must have the keys' dtype float32, got int32");
+  KVCache int8({2, 2, 4, 8, 4, DType::i8});
+  int8.append(Tensor::randn({2, 2, 3, 4}, 3), Tensor::randn({2, 2, 3, 4}, 4));
+  std::map<std::string, Tensor> q = int8.state();
+  q["value_scales"] = int8.state().at("value_scales").slice(1, 0, 1).contiguous();  // one head's scales
+  EXPECT_THROW_WITH(KVCache::from_state(q), ShapeError, "KVCache.from_state: 'value_scales' must be [B, Hk, n, ");
+}
+
 }  // namespace
 }  // namespace qkv
