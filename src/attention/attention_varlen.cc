@@ -27,7 +27,11 @@ std::vector<int32_t> row_starts(const Tensor& cu, const char* name, int64_t tota
   std::vector<int32_t> out(static_cast<size_t>(cu.size(0)));
   for (int64_t s = 0; s < cu.size(0); ++s) {
     const bool ok = s == 0 ? c[0] == 0 : c[s] >= c[s - 1];
-    if (!ok || c[s] > total) {
+    if (ok && c[s] > total) {  // past the packed rows (e.g. 2^32 + 2 in int64): name the bound, not the order
+      fail<ValueError>(kOp, ": ", name, " must not pass the packed length ", total, " of ", shape_str(packed), ", got ",
+                       c[s], " at index ", s);
+    }
+    if (!ok) {
       fail<ValueError>(kOp, ": ", name, " must start at 0 and not decrease, got ", c[s], " at index ", s, " (previous ",
                        s > 0 ? c[s - 1] : 0, ")");
     }

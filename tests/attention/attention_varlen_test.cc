@@ -59,6 +59,9 @@ TEST(AttentionVarlen, BadPackingIsAClearError) {
   EXPECT_THROW_WITH(scaled_dot_product_attention_varlen(q, k, k, starts({0, 4, 2, 6}), starts({0, 1, 2, 5})),
                     ValueError, "cu_seqlens_q must start at 0 and not decrease");
   EXPECT_THROW_WITH(scaled_dot_product_attention_varlen(q, k, k, starts({1, 6}), starts({0, 5})), ValueError, op);
+  // An increasing start past the packed rows was reported as "must start at 0 and not decrease".
+  EXPECT_THROW_WITH(scaled_dot_product_attention_varlen(q, k, k, starts({0, 7, 6}), starts({0, 2, 5})), ValueError,
+                    "cu_seqlens_q must not pass the packed length 6 of [6, 2, 8], got 7 at index 1");
   EXPECT_THROW_WITH(scaled_dot_product_attention_varlen(q, k, k, starts({0, 6}), starts({0, 2, 5})), ShapeError,
                     "must have one length");
   EXPECT_THROW_WITH(scaled_dot_product_attention_varlen(q, k, k, Tensor::zeros({2}), starts({0, 5})), DTypeError,
