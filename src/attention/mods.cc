@@ -158,9 +158,10 @@ ModPlan make_mod_plan(const AttentionMods& m, int64_t lq, int64_t lk, int64_t he
   p.unit = m.block_size;
   constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max() / 4;
   p.window = m.window_left || m.window_right || m.dilation > 1;
-  p.left = m.window_left.value_or(kUnbounded);
-  p.right = m.window_right.value_or(kUnbounded);
-  p.dilation = m.dilation;
+  // Wider windows (and dilations) than kUnbounded mean the same and would overflow qb + right + 1.
+  p.left = std::min(m.window_left.value_or(kUnbounded), kUnbounded);
+  p.right = std::min(m.window_right.value_or(kUnbounded), kUnbounded);
+  p.dilation = std::min(m.dilation, kUnbounded);
   p.prefix = m.prefix;
   if (!m.global_tokens.empty()) {
     p.global_q.assign(static_cast<size_t>(lq), 0);

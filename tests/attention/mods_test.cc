@@ -545,5 +545,26 @@ TEST(AttentionMods, RandomKeyBlocksAreSeededDistinctAndSorted) {
   EXPECT_EQ(random_key_blocks(1, 0, 3, 10), (std::vector<int64_t>{0, 1, 2}));
 }
 
+// Windows as wide as int64 allows (the C++ API takes any size; Python caps them at 2^61) are every key:
+// qb + right + 1 overflowed, and rows saw no keys at all.
+TEST(AttentionMods, WindowsOfInt64MaxAllowEveryKey) {
+  const Tensor q = Tensor::randn({1, 2, 5, 8}, 1), k = Tensor::randn({1, 2, 7, 8}, 2),
+               v = Tensor::randn({1, 2, 7, 8}, 3);
+  const AttentionResult want = scaled_dot_product_attention(q, k, v);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (Align align : {Align::top_left, Align::bottom_right}) {
+    for (int64_t block : {1, 2}) {
+      AttentionOptions o;
+      o.mods = AttentionMods::sliding_window(kMax, kMax, block == 1 ? align : Align::top_left);
+      o.mods.block_size = block;
+      EXPECT_LE(max_abs_diff(scaled_dot_product_attention(q, k, v, o).output, want.output), 1e-6);
+      o.mods.dilation = 1000;  // past every distance: the query's own (diagonal) block only
+      const Tensor own = scaled_dot_product_attention(q, k, v, o).output;
+      o.mods.dilation = kMax;
+      EXPECT_LE(max_abs_diff(scaled_dot_product_attention(q, k, v, o).output, own), 0.0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qkv
