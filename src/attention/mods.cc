@@ -117,7 +117,7 @@ void check_mods(const AttentionMods& m, const AttentionOptions& o, int64_t lq, i
       fail<ValueError>(op, ": mods.global_tokens: position ", g, " is outside [0, ", std::max(lq, lk), ")");
     }
   }
-  const int64_t qb = (lq + m.block_size - 1) / m.block_size, kb = (lk + m.block_size - 1) / m.block_size;
+  const int64_t qb = block_count(lq, m.block_size), kb = block_count(lk, m.block_size);
   if (m.block_pattern &&
       (m.block_pattern->dtype() != DType::b8 ||
        (m.block_pattern->shape() != Shape{qb, kb} && m.block_pattern->shape() != Shape{heads_q, qb, kb}))) {
@@ -175,7 +175,7 @@ ModPlan make_mod_plan(const AttentionMods& m, int64_t lq, int64_t lk, int64_t he
     for (int64_t j = 0; j < lk; ++j)
       if (p.global_k[static_cast<size_t>(j)]) p.global_k_sorted.push_back(j);
   }
-  p.q_blocks = (lq + p.unit - 1) / p.unit, p.k_blocks = (lk + p.unit - 1) / p.unit;
+  p.q_blocks = block_count(lq, p.unit), p.k_blocks = block_count(lk, p.unit);
   if (m.block_pattern) {
     const auto values = m.block_pattern->contiguous().to_vector<double>();  // [(Hq,) q_blocks, k_blocks]
     const auto n = static_cast<size_t>(p.q_blocks * p.k_blocks);
@@ -233,7 +233,9 @@ FlashTiles interval_tiles(const FlashTiles& tiles, bool automatic, const Attenti
   // 64 115, 32 114-115.
   constexpr int64_t kBr = 64;
   const int64_t br = std::max<int64_t>(1, std::min(kBr, lq));
-  const int64_t u = mods.block_size, limit = std::numeric_limits<int64_t>::max() / 8;
+  // A block longer than both lengths is one block, as one of max(Lq, Lk): br + u - 1 stays in range.
+  const int64_t u = std::min(mods.block_size, std::max<int64_t>({lq, lk, 1}));
+  const int64_t limit = std::numeric_limits<int64_t>::max() / 8;
   const int64_t left = std::min(mods.window_left.value_or(limit), limit / u);
   const int64_t right = std::min(mods.window_right.value_or(limit), limit / u);
   const int64_t run = std::min(lk, br + (left + right + 1) * u - 1);  // keys of a row tile, at most

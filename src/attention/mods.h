@@ -24,6 +24,10 @@ enum class TileClass { empty, partial, full };
 // floor(a / b) for b > 0.
 inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
+// Blocks of u positions over n >= 0 positions, ceil(n / u) without n + u - 1 (which overflows
+// for block_size near 2^63: any block_size >= n is one block).
+inline int64_t block_count(int64_t n, int64_t u) { return n == 0 ? 0 : (n - 1) / u + 1; }
+
 struct ModPlan {
   const AttentionMods* mods = nullptr;
   bool active = false, masking = false, scoring = false;

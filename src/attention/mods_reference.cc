@@ -17,6 +17,10 @@ int64_t floor_of(int64_t a, int64_t u) {  // floor(a / u), u > 0
   return static_cast<int64_t>(std::floor(static_cast<double>(a) / static_cast<double>(u)));
 }
 
+int64_t blocks_of(int64_t n, int64_t u) {  // ceil(n / u) for n >= 0; n + u - 1 overflows for u near 2^63
+  return n == 0 ? 0 : (n - 1) / u + 1;
+}
+
 }  // namespace
 
 ReferenceMods::ReferenceMods(const AttentionMods& mods, int64_t lq, int64_t lk, int64_t heads)
@@ -26,7 +30,7 @@ ReferenceMods::ReferenceMods(const AttentionMods& mods, int64_t lq, int64_t lk, 
   alibi_ = values(mods.alibi_slopes);
   relative_ = values(mods.relative_bias);
   pattern_ = values(mods.block_pattern);
-  const int64_t u = mods.block_size, qblocks = (lq + u - 1) / u, kblocks = (lk + u - 1) / u;
+  const int64_t u = mods.block_size, qblocks = blocks_of(lq, u), kblocks = blocks_of(lk, u);
   for (int64_t qb = 0; qb < qblocks && mods.random_blocks > 0; ++qb) {
     random_.push_back(random_key_blocks(mods.random_seed, qb, kblocks, mods.random_blocks));
   }
@@ -54,9 +58,9 @@ bool ReferenceMods::allowed(int64_t entry, int64_t i, int64_t j) const {
   }
   if (has_blocks) {
     any_term = true;
-    const int64_t kblocks = (lk_ + u - 1) / u;
+    const int64_t kblocks = blocks_of(lk_, u);
     if (!pattern_.empty()) {
-      const int64_t qblocks = (lq_ + u - 1) / u, h = m_.block_pattern->dim() == 3 ? entry % heads_ : 0;
+      const int64_t qblocks = blocks_of(lq_, u), h = m_.block_pattern->dim() == 3 ? entry % heads_ : 0;
       ok = ok || pattern_[static_cast<size_t>((h * qblocks + i / u) * kblocks + j / u)] != 0.0;
     }
     if (!random_.empty()) {

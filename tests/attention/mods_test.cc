@@ -566,5 +566,23 @@ TEST(AttentionMods, WindowsOfInt64MaxAllowEveryKey) {
   }
 }
 
+// A block as long as int64 allows is one block over every position (as any block_size >= L): Lq + u - 1
+// overflowed in the block counts.
+TEST(AttentionMods, BlocksOfInt64MaxAreOneBlock) {
+  const Tensor q = Tensor::randn({1, 2, 5, 8}, 1), k = Tensor::randn({1, 2, 7, 8}, 2),
+               v = Tensor::randn({1, 2, 7, 8}, 3);
+  AttentionOptions o;
+  o.mods = AttentionMods::sliding_window(0, 0);
+  o.mods.block_size = 7;
+  o.mods.random_blocks = 1;
+  const AttentionResult want = attention_reference(q, k, v, o);
+  EXPECT_LE(max_abs_diff(want.output, scaled_dot_product_attention(q, k, v).output), 1e-6);
+  o.mods.block_size = std::numeric_limits<int64_t>::max();
+  EXPECT_LE(max_abs_diff(scaled_dot_product_attention(q, k, v, o).output, want.output), 1e-6);
+  EXPECT_LE(max_abs_diff(attention_reference(q, k, v, o).output, want.output), 1e-12);
+  o.mods.block_pattern = Tensor::ones({1, 1}, DType::b8);
+  EXPECT_LE(max_abs_diff(scaled_dot_product_attention(q, k, v, o).output, want.output), 1e-6);
+}
+
 }  // namespace
 }  // namespace qkv
