@@ -2,6 +2,7 @@
 // file for every layout (contiguous, windowed ring, paged): each sequence's stored positions in
 // order from index 0.
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -20,10 +21,19 @@ const Tensor& need(const std::map<std::string, Tensor>& s, const std::string& na
   return it->second;
 }
 
+// The integers of a 1-D integer tensor: state() writes int64; a float 3.5 was read as 3, a [1, 2] as [2].
+std::vector<int64_t> integers(const Tensor& t, const std::string& name) {
+  if ((t.dtype() != DType::i32 && t.dtype() != DType::i64) || t.dim() != 1) {
+    fail<ValueError>(kOp, ": '", name, "' must be 1-D int32 or int64, got ", dtype_name(t.dtype()), " ",
+                     shape_str(t.shape()));
+  }
+  return t.to_vector<int64_t>();
+}
+
 int64_t scalar_or_zero(const std::map<std::string, Tensor>& s, const std::string& name) {
   const auto it = s.find(name);
   if (it == s.end()) return 0;
-  const auto v = it->second.to_vector<int64_t>();
+  const auto v = integers(it->second, name);
   if (v.size() != 1) fail<ShapeError>(kOp, ": '", name, "' must hold one value, got ", v.size());
   return v[0];
 }
@@ -103,8 +113,8 @@ std::map<std::string, Tensor> KVCache::state() const {
 KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
   const Tensor& k = need(s, "keys");
   const Tensor& v = need(s, "values");
-  const auto lengths = need(s, "lengths").to_vector<int64_t>();
-  const auto capacity = need(s, "capacity").to_vector<int64_t>();
+  const auto lengths = integers(need(s, "lengths"), "lengths");
+  const auto capacity = integers(need(s, "capacity"), "capacity");
   if (k.dim() != 4 || v.dim() != 4 || capacity.size() != 1 || k.size(2) != v.size(2) ||
       static_cast<int64_t>(lengths.size()) != k.size(0) || k.size(2) > capacity[0]) {
     fail<ShapeError>(kOp, ": keys ", shape_str(k.shape()), ", values ", shape_str(v.shape()), ", ", lengths.size(),
@@ -125,6 +135,9 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
     const auto r = s.at("rotary").to_vector<double>();
     if (r.size() != 3)
       fail<ShapeError>(kOp, ": 'rotary' must be [base, layout, rotary_dim], got ", r.size(), " values");
+    if (!(std::abs(r[2]) < 1e15) || r[2] != std::floor(r[2])) {  // the cast of 1e30 or NaN is undefined
+      fail<ValueError>(kOp, ": 'rotary' rotary_dim must be an integer, got ", r[2]);
+    }
     config.rotary =
         CacheRotary{r[0], r[1] != 0.0 ? RotaryLayout::gptj : RotaryLayout::neox, static_cast<int64_t>(r[2])};
   }
@@ -144,7 +157,7 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
     value_scales = int8_scales(s, "value_scales", k, cache.v_scale_.size(3));
   }
   std::vector<int64_t> kept(lengths.size(), 0);  // each sequence's first stored position
-  if (s.count("first_kept")) kept = s.at("first_kept").to_vector<int64_t>();
+  if (s.count("first_kept")) kept = integers(s.at("first_kept"), "first_kept");
   for (size_t b = 0; b < lengths.size(); ++b) {
     const int64_t n = lengths[b], least = config.window > 0 ? std::max<int64_t>(0, n - config.capacity) : 0;
     const int64_t first = b < kept.size() ? std::max(kept[b], least) : least;

@@ -319,5 +319,25 @@ TEST(Decode, CacheStateWithMismatchedValuesIsAnError) {
   EXPECT_THROW_WITH(KVCache::from_state(q), ShapeError, "KVCache.from_state: 'value_scales' must be [B, Hk, n, ");
 }
 
+// The integer entries must be integer: float lengths 3.5 were read as 3, a rotary_dim of 1e30 cast undefined.
+TEST(Decode, CacheStateIntegersMustBeIntegers) {
+  KVCache cache({2, 2, 4, 8});
+  cache.append(Tensor::randn({2, 2, 3, 4}, 1), Tensor::randn({2, 2, 3, 4}, 2));
+  std::map<std::string, Tensor> s = cache.state();
+  s["lengths"] = Tensor::from_vector<double>({3.5, 3.5}, {2});
+  EXPECT_THROW_WITH(KVCache::from_state(s), ValueError,
+                    "KVCache.from_state: 'lengths' must be 1-D int32 or int64, got float64 [2]");
+  s["lengths"] = Tensor::from_vector<int64_t>({3, 3}, {1, 2});
+  EXPECT_THROW_WITH(KVCache::from_state(s), ValueError, "'lengths' must be 1-D int32 or int64, got int64 [1, 2]");
+  s["lengths"] = cache.state().at("lengths").to(DType::i32);
+  s["window"] = Tensor::from_vector<float>({8.5f}, {1});
+  EXPECT_THROW_WITH(KVCache::from_state(s), ValueError, "'window' must be 1-D int32 or int64, got float32 [1]");
+  s.erase("window");
+  s["rotary"] = Tensor::from_vector<double>({10000.0, 0.0, 1e30}, {3});
+  EXPECT_THROW_WITH(KVCache::from_state(s), ValueError, "'rotary' rotary_dim must be an integer, got 1e+30");
+  s["rotary"] = Tensor::from_vector<double>({10000.0, 0.0, 2.0}, {3});
+  EXPECT_EQ(KVCache::from_state(s).lengths(), cache.lengths());
+}
+
 }  // namespace
 }  // namespace qkv
