@@ -21,8 +21,13 @@ namespace qkv {
 //   favor: Performer's FAVOR+ positive random features (Choromanski et al. 2021), which make
 //          phi(q) . phi(k) an unbiased estimate of exp(q . k / sqrt(D)), i.e. of softmax
 //          attention: phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m) with x' = x / D^(1/4) and W
-//          [m, D] orthogonal Gaussian rows (favor_random_features), the exponents shifted by
-//          their maximum for range (per query row; over all keys), which the ratio cancels.
+//          [m, D] orthogonal Gaussian rows (favor_random_features). For range the kernel
+//          shifts the key exponents per feature by their maximum over the keys (causal: the
+//          keys up to the chunk's end) and each query row by its largest shifted exponent:
+//          shifts the ratio cancels exactly, which keep every exponent <= 0 and each row's
+//          largest term at 1 (a causal row whose shift came from a later key of its chunk is
+//          recomputed with its own prefix's), so finite inputs give finite outputs at any
+//          scale; no epsilon is added to the features (Performer's code adds 1e-6: a bias).
 enum class LinearFeatureMap { elu, favor };
 
 // FAVOR+'s W [m, D] (float64) from `seed`: blocks of D Gaussian rows made orthonormal
@@ -45,7 +50,9 @@ struct LinearAttentionOptions {
 // prefix sums (causal); batch entries on parallel_for.
 Tensor linear_attention(const Tensor& q, const Tensor& k, const Tensor& v, const LinearAttentionOptions& options = {});
 
-// The oracle: float64 loops, one thread, straight from the formula (every j for each i).
+// The oracle: float64 loops, one thread, straight from the formula (every j for each i);
+// FAVOR+'s weights phi(q_i) . phi(k_j) in log space (logsumexp over the features), so it
+// holds at inputs whose features over- or underflow float64.
 Tensor linear_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const LinearAttentionOptions& options = {});
 

@@ -6,6 +6,7 @@
   prefix_lm(q, k, v, prefix, ...)         causal, plus the first `prefix` keys for every query
   bigbird(q, k, v, block, window_blocks=1, random=2, seed=0, ...)
   linear(q, k, v, is_causal=False, feature_map="elu", ...)   O(L) linear attention / Performer FAVOR+
+  favor_random_features(d, m, seed=0)     the W [m, d] that linear(feature_map="favor", ...) draws
   additive(q, k, v, scale=None, value_mask=None, use_causal_mask=False)   Bahdanau, Keras' semantics
   dot_product(q, k, v, scale=1.0, ...)    Luong's (unscaled) dot-product attention
   lsh(qk, v, n_hashes=1, n_buckets=None, chunk_length=64, ...)   Reformer's LSH attention (shared QK)
@@ -20,6 +21,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from ._qkv import additive_attention as additive  # noqa: F401
+from ._qkv import favor_random_features  # noqa: F401
 from ._qkv import linear_attention as linear  # noqa: F401
 from ._qkv import lsh_attention as lsh  # noqa: F401
 from ._qkv import lsh_buckets  # noqa: F401
@@ -27,7 +29,7 @@ from ._qkv import scaled_dot_product_attention as scaled_dot_product
 from .mods import AttentionMods
 
 __all__ = ["scaled_dot_product", "window", "longformer", "prefix_lm", "bigbird", "linear", "additive",
-           "dot_product", "lsh", "lsh_buckets"]
+           "dot_product", "lsh", "lsh_buckets", "favor_random_features"]
 
 _MOD_KEYWORDS = ("softcap", "alibi_slopes", "relative_bias", "document_ids", "key_document_ids", "masked_fill")
 

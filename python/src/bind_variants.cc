@@ -56,6 +56,16 @@ nb::object linear(nb::handle q, nb::handle k, nb::handle v, nb::handle is_causal
   return run(kOp, q, k, v, o, &qkv::linear_attention);
 }
 
+// FAVOR+'s W [m, d] (float64 NumPy) for `seed`: what linear_attention(feature_map='favor',
+// num_features=m, seed=seed) draws, for an oracle of the same features.
+nb::object favor_features(nb::handle d, nb::handle m, nb::handle seed) {
+  using namespace qkv::python;
+  constexpr const char* kOp = "favor_random_features";
+  const int64_t dd = int_arg(d, arg_name(kOp, "d"), 1, kMax), mm = int_arg(m, arg_name(kOp, "m"), 1, kMax);
+  const uint64_t s = uint64_arg(seed, arg_name(kOp, "seed"));
+  return to_numpy(qkv::favor_random_features(dd, mm, s));
+}
+
 nb::object additive(nb::handle q, nb::handle k, nb::handle v, nb::handle scale, nb::handle value_mask,
                     nb::handle use_causal_mask) {
   using namespace qkv::python;
@@ -81,6 +91,11 @@ void bind_variants(nb::module_& m) {
         "rows each). feature_map 'elu' (phi = elu + 1) or 'favor' (Performer's positive orthogonal\n"
         "random features: num_features m, 0 = 2 D, drawn from `seed`). q [..., L, D], k [..., Lk, D],\n"
         "v [..., Lk, Dv] with the same leading dims; O(L) time and memory (docs/attention-variants.md).");
+  m.def("favor_random_features", &favor_features, nb::arg("d").none(), nb::arg("m").none(), nb::arg("seed").none() = 0,
+        nb::sig("def favor_random_features(d: int, m: int, seed: int = 0) -> numpy.typing.NDArray[numpy.float64]"),
+        "FAVOR+'s random features W [m, d] (float64) drawn from `seed`: the rows linear_attention(...,\n"
+        "feature_map='favor', num_features=m, seed=seed) uses for head size d (orthogonal blocks\n"
+        "of d Gaussian rows, rescaled by chi(d) norms). phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m), x' = x / d^(1/4).");
   m.def("additive_attention", &additive, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("scale").none() = nb::none(), nb::arg("value_mask").none() = nb::none(),
         nb::arg("use_causal_mask").none() = false,

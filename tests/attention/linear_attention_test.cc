@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/expect.h"
@@ -19,6 +20,13 @@ namespace qkv {
 namespace {
 
 using qkv::testing::max_relative_error;
+
+// Gaussian inputs of std `sigma` in `dtype` (drawn in float64, then rounded).
+Tensor gaussian(const Shape& shape, double sigma, uint64_t seed, DType dtype = DType::f64) {
+  std::vector<double> x = Tensor::randn(shape, seed, DType::f64).to_vector<double>();
+  for (double& e : x) e *= sigma;
+  return Tensor::from_vector(x, shape).to(dtype);
+}
 
 TEST(LinearAttention, ReferenceIsTheFormulaOnAHandCase) {
   // One key: every query's output is that key's value (phi > 0, weights normalised).
@@ -106,13 +114,7 @@ TEST(LinearAttention, FavorMatchesItsReferenceAndApproachesSoftmax) {
   // ... and, as the number of features grows, towards exact softmax attention (an unbiased
   // estimate of exp(q . k / sqrt(D)) whose variance falls as 1/m; fixed seeds).
   // Inputs of norm ~2 (randn / 2 at D = 16): the estimator's variance grows as exp(|q'|^2 + |k'|^2).
-  auto half = [](const Tensor& t) {
-    std::vector<double> x = t.to_vector<double>();
-    for (double& e : x) e *= 0.5;
-    return Tensor::from_vector(x, t.shape());
-  };
-  const Tensor q = half(Tensor::randn({1, 4, 64, 16}, 1, DType::f64)),
-               k = half(Tensor::randn({1, 4, 64, 16}, 2, DType::f64));
+  const Tensor q = gaussian({1, 4, 64, 16}, 0.5, 1), k = gaussian({1, 4, 64, 16}, 0.5, 2);
   const Tensor v = Tensor::randn({1, 4, 64, 16}, 3, DType::f64);
   const Tensor exact = scaled_dot_product_attention(q, k, v).output;
   std::vector<double> err;
@@ -133,6 +135,68 @@ TEST(LinearAttention, FavorMatchesItsReferenceAndApproachesSoftmax) {
   for (int64_t c = 0; c < 4; ++c) dot += w.item({0, c}) * w.item({1, c});
   EXPECT_NEAR(dot, 0.0, 1e-12);
   EXPECT_THROW(favor_random_features(0, 4, 1), ValueError);
+}
+
+// FAVOR+ at large inputs: std 8 to 50 put the exponents w . x' - |x'|^2 / 2 in the hundreds
+// to tens of thousands, far outside float32's exp range (float64's too at 50). With one shift
+// over all keys and features, early causal rows (std >= 6) and queries whose largest features
+// meet only far-off keys (std >= 16) gave 0/0 = NaN; the float64 path did too at std 50.
+TEST(LinearAttention, FavorIsFiniteAndMatchesItsReferenceAtLargeInputs) {
+  const double sigmas[] = {8, 16, 50}, bound32[] = {1e-4, 3e-4, 2e-3};
+  for (int si = 0; si < 3; ++si) {
+    double worst32 = 0, worst64 = 0;
+    for (const int64_t d : {16, 64}) {
+      for (const bool causal : {false, true}) {
+        LinearAttentionOptions o;
+        o.feature_map = LinearFeatureMap::favor, o.seed = 11, o.is_causal = causal;
+        o.chunk = d == 16 ? 7 : 64;
+        const uint64_t seed = static_cast<uint64_t>(100 * si + d + (causal ? 1 : 0));
+        const Tensor q = gaussian({1, 2, 160, d}, sigmas[si], seed, DType::f32),
+                     k = gaussian({1, 2, 160, d}, sigmas[si], seed + 1000, DType::f32),
+                     v = gaussian({1, 2, 160, 8}, 1.0, seed + 2000, DType::f32);
+        const Tensor q64 = q.to(DType::f64), k64 = k.to(DType::f64), v64 = v.to(DType::f64);
+        const Tensor want = linear_attention_reference(q64, k64, v64, o);
+        const double e32 = max_relative_error(linear_attention(q, k, v, o), want);
+        const double e64 = max_relative_error(linear_attention(q64, k64, v64, o), want);
+        EXPECT_LE(e32, bound32[si]) << sigmas[si] << " " << d << " " << causal;
+        EXPECT_LE(e64, 1e-11) << sigmas[si] << " " << d << " " << causal;
+        worst32 = std::max(worst32, e32), worst64 = std::max(worst64, e64);
+      }
+    }
+    std::printf("FAVOR+ std %g: worst error vs reference f32 %.2e, f64 %.2e\n", sigmas[si], worst32, worst64);
+  }
+}
+
+// Single rows of large norm among unit ones, in every floating dtype: the first key 40x (its
+// features underflow next to any later key's: the first causal row's only key), another key
+// 40x, and two query rows 300x (features that peak where the keys are far below the column's
+// largest). Causal chunks of 1, 5 and 64 rows.
+TEST(LinearAttention, FavorHandlesSingleRowsOfLargeNorm) {
+  std::vector<double> q = gaussian({2, 96, 32}, 1.0, 5).to_vector<double>(),
+                      k = gaussian({2, 96, 32}, 1.0, 6).to_vector<double>();
+  for (int64_t c = 0; c < 32; ++c) {
+    k[c] *= 40, k[33 * 32 + c] *= 40, q[c] *= 300, q[(96 + 50) * 32 + c] *= 300;
+  }
+  for (const DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+    double worst = 0;
+    const Tensor tq = Tensor::from_vector(q, {2, 96, 32}).to(dt), tk = Tensor::from_vector(k, {2, 96, 32}).to(dt);
+    const Tensor tv = gaussian({2, 96, 4}, 1.0, 7, dt);
+    for (const int64_t chunk : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{64}}) {
+      LinearAttentionOptions o;
+      o.feature_map = LinearFeatureMap::favor, o.seed = 2, o.is_causal = chunk > 0,
+      o.chunk = std::max<int64_t>(chunk, 1);
+      const Tensor want = linear_attention_reference(tq.to(DType::f64), tk.to(DType::f64), tv.to(DType::f64), o);
+      const Tensor got = linear_attention(tq, tk, tv, o);
+      EXPECT_EQ(got.dtype(), dt);
+      // the output's own rounding: float32's, or the 11 / 8 significant bits of f16 / bf16
+      const double bound = dt == DType::f64 ? 1e-9 : dt == DType::f32 ? 1e-4 : dt == DType::f16 ? 2e-3 : 1e-2;
+      const double e = max_relative_error(got, want);
+      EXPECT_LE(e, bound) << dtype_name(dt) << " chunk " << chunk;
+      worst = std::max(worst, e);
+    }
+    std::printf("FAVOR+ rows of large norm, %s: worst error vs reference %.2e\n", std::string(dtype_name(dt)).c_str(),
+                worst);
+  }
 }
 
 // num_features so large that m x D or L x m overflows int64 wrapped the kernel's sizes (a

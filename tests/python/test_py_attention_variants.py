@@ -40,6 +40,69 @@ def test_favor_approaches_softmax_attention_as_features_grow():
     assert errors[0] > errors[1] > errors[2] and errors[2] < 0.01, errors
 
 
+def favor_oracle(q, k, v, w, causal):
+    """FAVOR+ in float64 log space: weight(i, j) = sum_r exp(a_ir + b_jr), log phi(x) = W x' - |x'|^2/2
+    (x' = x / D^(1/4)); finite at any input scale (exp(-|x'|^2 / 2) is 0 in float64 for |x'| > 39)."""
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    s = q.shape[-1] ** -0.25
+
+    def log_phi(x):
+        return (x * s) @ w.T - ((x * s) ** 2).sum(-1, keepdims=True) / 2
+
+    e = log_phi(q)[..., :, None, :] + log_phi(k)[..., None, :, :]  # [..., Lq, Lk, m]
+    top = e.max(-1)
+    logw = np.log(np.exp(e - top[..., None]).sum(-1)) + top  # [..., Lq, Lk]
+    if causal:
+        logw = np.where(np.tril(np.ones(logw.shape[-2:], bool)), logw, -np.inf)
+    wts = np.exp(logw - logw.max(-1, keepdims=True))
+    return (wts @ v) / wts.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_favor_matches_a_numpy_oracle_of_its_features(causal):
+    q, k, v = (rng.standard_normal((2, 2, 40, 8)) for _ in range(3))
+    w = qkv.attention.favor_random_features(8, 24, seed=5)
+    assert w.shape == (24, 8) and w.dtype == np.float64
+    got = qkv.attention.linear(q, k, v, is_causal=causal, feature_map="favor", num_features=24, seed=5, chunk=7)
+    np.testing.assert_allclose(got, favor_oracle(q, k, v, w, causal), rtol=0, atol=1e-12)
+
+
+# Performer's positive features at inputs of std 8-50 (exponents in the hundreds to tens of thousands): NaN
+# rows in float32 before each feature's key maximum was subtracted (early causal rows from std 6, any row
+# from std 16; the float64 path too at 50). Now finite and the float64 oracle's to float32's rounding of
+# those exponents. f16 and bf16 inputs compute in float32.
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sigma,bound", [(8, 1e-4), (16, 3e-4), (50, 2e-3)])
+def test_favor_is_finite_and_exact_at_large_inputs(causal, sigma, bound):
+    import ml_dtypes
+    d = 64
+    q, k = (sigma * rng.standard_normal((1, 2, 128, d)) for _ in range(2))
+    v = rng.standard_normal((1, 2, 128, 8))
+    w = qkv.attention.favor_random_features(d, 2 * d, seed=9)
+    for dt, tol in ((np.float32, bound), (np.float16, max(bound, 2e-3)), (ml_dtypes.bfloat16, 1e-2)):
+        tq, tk, tv = (t.astype(dt) for t in (q, k, v))
+        got = qkv.attention.linear(tq, tk, tv, is_causal=causal, feature_map="favor", seed=9)
+        assert got.dtype == dt and np.isfinite(got.astype(np.float64)).all()
+        want = favor_oracle(tq, tk, tv, w, causal)
+        err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+        assert err <= tol, (dt, err)
+
+
+def test_favor_single_rows_of_large_norm():
+    # the first key 40x (the first causal row's only key, whose features underflow beside later ones') and a
+    # query 300x (its features peak where every key is far below the column's largest)
+    q, k = (rng.standard_normal((1, 64, 16)) for _ in range(2))
+    v = rng.standard_normal((1, 64, 4))
+    k[:, 0] *= 40
+    q[:, 3] *= 300
+    w = qkv.attention.favor_random_features(16, 32, seed=1)
+    for causal in (False, True):
+        got = qkv.attention.linear(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32),
+                                   is_causal=causal, feature_map="favor", seed=1)
+        want = favor_oracle(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), w, causal)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
 def test_additive_is_keras_formula():
     q, k, v = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 7, 4)), rng.standard_normal((2, 7, 3))
     scale = rng.standard_normal(4)
