@@ -70,6 +70,7 @@ struct Backward {
   std::mutex* add = nullptr;
   int64_t parts = 1;                          // P: the parts of an entry (backward_parts)
   std::vector<std::atomic<int64_t>>* turn{};  // [batch] (P > 1): the next part to add its dQ
+  std::atomic<bool>* stop{};                  // a worker left with an item not added (its error, an interrupt)
 };
 
 // Part s of P of an entry: its key tiles are s, s + P, s + 2P, ... Their dK and dV rows
@@ -185,9 +186,9 @@ void add_rows(T* dst, int64_t ld, const T* src, int64_t rows, int64_t n) {
 
 // Waits until the parts of entry b before part s have added their dQ; false where the
 // call was interrupted (the part before may then never run; the result is discarded).
-inline bool wait_turn(const std::atomic<int64_t>& turn, int64_t s) {
+inline bool wait_turn(const std::atomic<int64_t>& turn, int64_t s, const std::atomic<bool>& stop) {
   while (turn.load(std::memory_order_acquire) != s) {
-    if (interrupt_requested()) return false;
+    if (interrupt_requested() || stop.load(std::memory_order_acquire)) return false;
     std::this_thread::yield();  // the part before is running: its worker needs the core more
   }
   return true;
@@ -200,7 +201,7 @@ template <class T>
 void add_item(const Backward<T>& bw, int64_t b, const Part& part, Scratch<T>& sc) {
   const Problem& p = *bw.f->p;
   const int64_t bc = bw.f->tiles.bc;
-  if (part.n > 1 && !wait_turn((*bw.turn)[static_cast<size_t>(b)], part.s)) return;
+  if (part.n > 1 && !wait_turn((*bw.turn)[static_cast<size_t>(b)], part.s, *bw.stop)) return;
   const std::lock_guard<std::mutex> lock(*bw.add);
   add_rows(bw.dq + batch_offset(p.q, p.batch, b, 1), p.dk, sc.dq.data(), p.lq, p.dk);
   T* const dk = bw.dk + batch_offset(p.k, p.batch, b, p.gqa_group);
@@ -321,19 +322,31 @@ AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tenso
   const int64_t parts = backward_parts(p.batch_size, get_num_threads(), (p.lk + f.tiles.bc - 1) / f.tiles.bc);
   std::vector<std::atomic<int64_t>> turn(static_cast<size_t>(parts > 1 ? p.batch_size : 0));
   for (auto& t : turn) t.store(0, std::memory_order_relaxed);
-  Backward<T> bw{&f,           out.data<T>(), dout.data<T>(), lse.data<T>(), dq.data<T>(),
-                 dk.data<T>(), dv.data<T>(),  &add,           parts,         &turn};
+  std::atomic<bool> stop{false};
+  Backward<T> bw{&f,           out.data<T>(), dout.data<T>(), lse.data<T>(), dq.data<T>(), dk.data<T>(),
+                 dv.data<T>(), &add,          parts,          &turn,         &stop};
   std::atomic<int64_t> next{0};
   const int64_t items = p.batch_size * parts;  // entry-major: the parts of an entry in order
   const int64_t workers = std::min<int64_t>(get_num_threads(), items);
   const bool packed = packed_tiles<T>(f);
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch<T> sc(f.tiles, p, parts, f.dropout_p > 0.0, f.mods.softcap > 0.0, packed);
-    for (int64_t item = next++; item < items && !interrupt_requested(); item = next++) {
-      run_item(bw, item / parts, Part{item % parts, parts}, sc);
+    // A worker that leaves with an item it will not add (its error, an interrupt) sets stop,
+    // so that the entry's later parts stop waiting for that item's turn (wait_turn).
+    int64_t item = next++;
+    try {
+      Scratch<T> sc(f.tiles, p, parts, f.dropout_p > 0.0, f.mods.softcap > 0.0, packed);
+      for (; item < items && !interrupt_requested() && !stop.load(std::memory_order_acquire); item = next++) {
+        run_item(bw, item / parts, Part{item % parts, parts}, sc);
+      }
+    } catch (...) {
+      stop.store(true, std::memory_order_release);
+      throw;
     }
+    if (item < items) stop.store(true, std::memory_order_release);
   });
   check_interrupt(p.op);
+  // Work left undone without an error: an interrupt that was cleared before the check above.
+  if (stop.load(std::memory_order_acquire)) fail<Interrupted>(p.op, ": interrupted");
   return {dq, dk, dv};
 }
 

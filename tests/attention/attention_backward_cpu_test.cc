@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <thread>
 
 #include "attention/attention_test_configs.h"
 #include "qkv/attention.h"
@@ -178,6 +180,29 @@ TEST(FlashAttentionBackward, KeyTilesSplitAcrossWorkersMatchTheReference) {
     }
   }
   std::printf("key tiles split across workers: worst relative error %.2e\n", worst);
+}
+
+// An interrupt while key-tile parts run (one entry, 2 workers): the call ends with
+// Interrupted, and no part waits forever for the turn of a part that was never run.
+TEST(FlashAttentionBackward, InterruptWhileKeyTilePartsRunEnds) {
+  test::Config c;
+  c.lq = 2048, c.lk = 2048, c.dk = 64, c.dv = 64;
+  const Case x = make_case(c, DType::f32);
+  AttentionOptions o = x.options;
+  o.return_logsumexp = true;
+  const AttentionResult fwd = scaled_dot_product_attention(x.q, x.k, x.v, o);
+  o.tuning.flash_tiles = FlashTiles{16, 16};  // 128 key tiles: a long call
+  const int threads = get_num_threads();
+  set_num_threads(2);
+  std::thread stopper([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    request_interrupt();
+  });
+  EXPECT_THROW(scaled_dot_product_attention_backward(x.q, x.k, x.v, fwd.output, x.grad_out, *fwd.logsumexp, o),
+               Interrupted);
+  stopper.join();
+  clear_interrupt();
+  set_num_threads(threads);
 }
 
 // The float32 backward's S = Q_i K_j^T and dP = dO_i V_j^T on K_j and V_j packed once per
