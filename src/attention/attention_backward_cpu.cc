@@ -15,8 +15,8 @@
 // are read in place through their (zero) strides.
 //
 // Threads: a work item is one part of a batch entry: the entry's key tiles dealt round
-// robin to its P parts (part s takes key tiles s, s + P, ...; equal work under causal
-// masking too). P is 1 where the entries alone keep the workers busy (backward_parts).
+// robin to its P parts (part s takes key tiles s, s + P, ...; near-equal work under
+// causal masking too). P is 1 where the entries alone keep the workers busy (backward_parts).
 // An item's worker accumulates its dQ, and the dK and dV of its key tiles, in its own
 // buffers (so no element is written by two threads while the tiles run) and adds them,
 // under one lock, to the gradients once per item: entries that share a k/v head (GQA) or
@@ -68,7 +68,6 @@ struct Backward {
   T* dk = nullptr;          // as k
   T* dv = nullptr;          // as v
   std::mutex* add = nullptr;
-  int64_t parts = 1;                          // P: the parts of an entry (backward_parts)
   std::vector<std::atomic<int64_t>>* turn{};  // [batch] (P > 1): the next part to add its dQ
   std::atomic<bool>* stop{};                  // a worker left with an item not added (its error, an interrupt)
 };
@@ -77,7 +76,6 @@ struct Backward {
 // lie densely in the worker's buffers, tile after tile (local_row).
 struct Part {
   int64_t s = 0, n = 1;
-  bool owns(int64_t tile) const { return tile % n == s; }
   int64_t local_row(int64_t tile, int64_t bc) const { return tile / n * bc; }
 };
 
@@ -185,7 +183,8 @@ void add_rows(T* dst, int64_t ld, const T* src, int64_t rows, int64_t n) {
 }
 
 // Waits until the parts of entry b before part s have added their dQ; false where the
-// call was interrupted (the part before may then never run; the result is discarded).
+// call was interrupted or a worker left an item undone (stop): the part before may then
+// never run, and the call ends with an error.
 inline bool wait_turn(const std::atomic<int64_t>& turn, int64_t s, const std::atomic<bool>& stop) {
   while (turn.load(std::memory_order_acquire) != s) {
     if (interrupt_requested() || stop.load(std::memory_order_acquire)) return false;
@@ -323,8 +322,8 @@ AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tenso
   std::vector<std::atomic<int64_t>> turn(static_cast<size_t>(parts > 1 ? p.batch_size : 0));
   for (auto& t : turn) t.store(0, std::memory_order_relaxed);
   std::atomic<bool> stop{false};
-  Backward<T> bw{&f,           out.data<T>(), dout.data<T>(), lse.data<T>(), dq.data<T>(), dk.data<T>(),
-                 dv.data<T>(), &add,          parts,          &turn,         &stop};
+  Backward<T> bw{&f,           out.data<T>(), dout.data<T>(), lse.data<T>(), dq.data<T>(),
+                 dk.data<T>(), dv.data<T>(),  &add,           &turn,         &stop};
   std::atomic<int64_t> next{0};
   const int64_t items = p.batch_size * parts;  // entry-major: the parts of an entry in order
   const int64_t workers = std::min<int64_t>(get_num_threads(), items);
