@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "qkv/error.h"
@@ -18,19 +19,25 @@ void same_shape(const char* op, const Tensor& a, const Tensor& b) {
   }
 }
 
+// The mean of `count` terms summing to `sum`: NaN for no terms, as torch's reduction='mean'
+// (and numpy's mean) give; dividing by max(count, 1) gave 0, a loss that looked perfect.
+double mean_of(double sum, size_t count) {
+  return count ? sum / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
+}
+
 }  // namespace
 
 LossResult binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets) {
   same_shape("binary_cross_entropy_with_logits", logits, targets);
   const auto x = logits.to_vector<double>(), y = targets.to_vector<double>();
-  const double n = static_cast<double>(std::max<size_t>(x.size(), 1));
+  const auto n = static_cast<double>(x.size());  // only divides when there are elements
   std::vector<float> grad(x.size());
   double sum = 0.0;
   for (size_t i = 0; i < x.size(); ++i) {
     sum += std::max(x[i], 0.0) - x[i] * y[i] + std::log1p(std::exp(-std::fabs(x[i])));  // stable log(1 + e^x) - x y
     grad[i] = static_cast<float>((1.0 / (1.0 + std::exp(-x[i])) - y[i]) / n);
   }
-  return {sum / n, Tensor::from_vector(grad, logits.shape())};
+  return {mean_of(sum, x.size()), Tensor::from_vector(grad, logits.shape())};
 }
 
 LossResult cross_entropy(const Tensor& logits, const Tensor& targets) {
@@ -64,20 +71,20 @@ LossResult cross_entropy(const Tensor& logits, const Tensor& targets) {
           static_cast<float>((p - (c == label ? 1.0 : 0.0)) / static_cast<double>(rows));
     }
   }
-  return {rows ? sum / static_cast<double>(rows) : 0.0, Tensor::from_vector(grad, logits.shape())};
+  return {mean_of(sum, static_cast<size_t>(rows)), Tensor::from_vector(grad, logits.shape())};
 }
 
 LossResult mse_loss(const Tensor& input, const Tensor& target) {
   same_shape("mse_loss", input, target);
   const auto x = input.to_vector<double>(), y = target.to_vector<double>();
-  const double n = static_cast<double>(std::max<size_t>(x.size(), 1));
+  const auto n = static_cast<double>(x.size());
   std::vector<float> grad(x.size());
   double sum = 0.0;
   for (size_t i = 0; i < x.size(); ++i) {
     sum += (x[i] - y[i]) * (x[i] - y[i]);
     grad[i] = static_cast<float>(2.0 * (x[i] - y[i]) / n);
   }
-  return {sum / n, Tensor::from_vector(grad, input.shape())};
+  return {mean_of(sum, x.size()), Tensor::from_vector(grad, input.shape())};
 }
 
 }  // namespace qkv::nn

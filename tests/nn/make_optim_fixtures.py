@@ -14,7 +14,8 @@ Losses: losses.safetensors holds, per loss, the inputs, PyTorch's value (mean re
 and its autograd gradient with respect to the first input: bce_* (binary_cross_entropy_with
 _logits), ce_* (cross_entropy over [N, C] logits and int64 targets), mse_* (mse_loss), and
 clip_* (torch.nn.utils.clip_grad_norm_ of two gradients with max_norm 1.0: their total norm
-before clipping and the clipped gradients). A rerun writes byte-identical files.
+before clipping and the clipped gradients), and <loss>_empty_loss / _grad for inputs with no
+element (NaN and an empty gradient). A rerun writes byte-identical files.
 """
 import json
 import os
@@ -120,6 +121,14 @@ def write_losses(out_dir):
     norm = torch.nn.utils.clip_grad_norm_([p1, p2], max_norm=1.0)
     t.update(clip_g1=g1.numpy(), clip_g2=g2.numpy(), clip_norm=np.array([norm.item()]),
              clip_out1=p1.grad.numpy().copy(), clip_out2=p2.grad.numpy().copy())
+    # Empty inputs: torch's mean over no elements is NaN, its gradient an empty tensor.
+    for name, fn, x, y in (("bce", F.binary_cross_entropy_with_logits, np.zeros((0, 3), np.float32),
+                            np.zeros((0, 3), np.float32)),
+                           ("ce", lambda x, y: F.cross_entropy(x, y), np.zeros((0, 4), np.float32),
+                            np.zeros(0, np.int64)),
+                           ("mse", F.mse_loss, np.zeros(0, np.float32), np.zeros(0, np.float32))):
+        value, grad = grad_of(fn, x, y)
+        t[f"{name}_empty_loss"], t[f"{name}_empty_grad"] = np.array([value]), grad
     save_file(t, os.path.join(out_dir, "losses.safetensors"))
 
 

@@ -184,5 +184,24 @@ TEST(Losses, MatchTorchAutograd) {
   EXPECT_EQ(cross_entropy(t("ce_logits"), t("ce_targets").to(DType::i32)).loss, ce.loss);
 }
 
+// torch's reduction='mean' over no elements is NaN (losses.safetensors' *_empty_loss) and its
+// gradient an empty tensor of the input's shape; qkv divided by max(N, 1) and returned 0.
+TEST(Losses, EmptyInputsGiveNaNAsTorch) {
+  const io::SafetensorsFile f = io::load_safetensors(sdpa_fixtures::fixture_dir("optim") / "losses.safetensors");
+  auto t = [&](const char* k) { return f.tensors.at(k); };
+  const std::vector<std::pair<LossResult, std::string>> results = {
+      {binary_cross_entropy_with_logits(Tensor::zeros({0, 3}), Tensor::zeros({0, 3})), "bce"},
+      {cross_entropy(Tensor::zeros({0, 4}), Tensor::zeros({0}, DType::i64)), "ce"},
+      {mse_loss(Tensor::zeros({0}), Tensor::zeros({0})), "mse"}};
+  for (const auto& [r, name] : results) {
+    SCOPED_TRACE(name);
+    const double expected = t((name + "_empty_loss").c_str()).to_vector<double>()[0];
+    ASSERT_TRUE(std::isnan(expected));  // the fixture holds torch's NaN
+    EXPECT_TRUE(std::isnan(r.loss)) << r.loss;
+    EXPECT_EQ(r.grad.shape(), t((name + "_empty_grad").c_str()).shape());
+    EXPECT_EQ(r.grad.dtype(), DType::f32);
+  }
+}
+
 }  // namespace
 }  // namespace qkv::nn

@@ -1,6 +1,8 @@
 // Training losses (mean reduction, PyTorch's definitions; Keras' from_logits binary
 // cross-entropy is the same) with the gradient of the loss with respect to the first
 // input, for the backward passes. Checked against torch autograd (tests/nn/optim_test.cc).
+// Empty inputs: the mean over no elements is NaN and the gradient an empty tensor of the
+// input's shape, as torch's reduction='mean' gives (Losses.EmptyInputsGiveNaNAsTorch).
 #pragma once
 
 #include "qkv/tensor.h"

@@ -1,0 +1,34 @@
+"""qkv.nn at its edges, as a hostile user meets them: empty inputs, stale state, bad arguments.
+Oracles: torch's numbers from committed fixtures (tests/nn/make_optim_fixtures.py) and NumPy."""
+
+import pathlib
+import warnings
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import qkv
+import qkv.nn
+
+OPTIM = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "optim"
+
+
+@pytest.mark.parametrize("name, shape", [("bce", (0, 3)), ("ce", (0, 4)), ("mse", (0,))])
+def test_losses_of_empty_inputs_are_nan_as_torch(name, shape):
+    """torch's reduction='mean' over no elements is NaN (so is NumPy's mean), the gradient an empty
+    array of the input's shape; qkv returned 0.0, a loss that looked perfect."""
+    t = load_file(str(OPTIM / "losses.safetensors"))
+    x = np.zeros(shape, np.float32)
+    if name == "bce":
+        loss, grad = qkv.nn.binary_cross_entropy_with_logits(x, x)
+    elif name == "ce":
+        loss, grad = qkv.nn.cross_entropy(x, np.zeros(0, np.int64))
+    else:
+        loss, grad = qkv.nn.mse_loss(x, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert np.isnan(np.mean(np.zeros(0)))  # the NumPy oracle
+    assert np.isnan(t[f"{name}_empty_loss"][0])  # torch's
+    assert np.isnan(loss), loss
+    assert grad.shape == t[f"{name}_empty_grad"].shape == shape and grad.dtype == np.float32
