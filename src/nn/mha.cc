@@ -129,6 +129,15 @@ std::map<std::string, Tensor> mha_state_dict(const std::map<std::string, Tensor>
 }
 
 void MultiheadAttention::load_state_dict(const std::map<std::string, Tensor>& state_dict, bool strict) {
+  // Static scales were calibrated on this layer's own weights (the output projection's input is
+  // the attention of value_proj(v)): with new weights they clip or waste the int8 range without
+  // a word. torch.ao refuses float weights into a converted module too (KeyError 'scale').
+  if (static_scales_) {
+    fail<ValueError>(kOp, ".load_state_dict: the layer is statically quantized, and its activation scales were "
+                     "calibrated with the weights it has; new weights need new scales: load them into a float32 "
+                     "layer and call quantize_static(batches) again (or quantize_dynamic, which needs no "
+                     "calibration); a saved quantized layer loads with from_quantized_state_dict");
+  }
   std::map<std::string, Tensor> next;
   std::string missing, unexpected;
   for (const auto& [name, current] : params_) {

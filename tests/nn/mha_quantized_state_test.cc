@@ -74,6 +74,41 @@ TEST(MultiheadAttentionQuantizedState, SevenBitWeightsStaySevenBit) {
                     "MultiheadAttention.quantize_dynamic: weight_bits must be 8, 7 or 0");
 }
 
+// New float weights into a quantized layer: a dynamic layer re-quantizes them (it is then the
+// dynamic layer of those weights, bit for bit); a static one refused nothing and kept the
+// activation scales calibrated on its old weights (here the output projection's input range of
+// weights 4x as large is 4x the old one: everything past it clipped). It refuses now, as
+// torch.ao's converted modules refuse float weights, and stays as it was.
+TEST(MultiheadAttentionQuantizedState, StaticLayerRefusesNewFloatWeights) {
+  MultiheadAttentionConfig c;
+  c.embed_dim = 16, c.num_heads = 2;
+  const MultiheadAttention f(c, 3);
+  auto big = MultiheadAttention(c, 5).state_dict();
+  for (auto& [name, t] : big) t = t.clone();
+  for (const char* name : {"in_proj_weight", "out_proj.weight"}) {
+    float* w = big.at(name).data<float>();
+    for (int64_t i = 0; i < big.at(name).numel(); ++i) w[i] *= 4.0f;
+  }
+  const MultiheadAttention g = MultiheadAttention::from_state_dict(c, big);
+  const Tensor x = Tensor::randn({5, 2, 16}, 4);
+  MultiheadAttention d = f.quantize_dynamic();
+  d.load_state_dict(big);
+  EXPECT_EQ(d.forward(x, x, x).output.to_vector<float>(),
+            g.quantize_dynamic().forward(x, x, x).output.to_vector<float>());
+  MultiheadAttention s = f.quantize_static({{x, x, x}});
+  const auto before = s.forward(x, x, x).output.to_vector<float>();
+  const float stale = s.quantized_state_dict().at("activation_scales").to_vector<float>()[3];
+  const float fresh = g.quantize_static({{x, x, x}}).quantized_state_dict().at("activation_scales").to_vector<float>()[3];
+  EXPECT_GT(fresh, 2.0f * stale);  // why the old scales cannot stay
+  EXPECT_THROW_WITH(s.load_state_dict(big), ValueError,
+                    "MultiheadAttention.load_state_dict: the layer is statically quantized, and its activation "
+                    "scales were calibrated with the weights it has");
+  EXPECT_EQ(s.forward(x, x, x).output.to_vector<float>(), before);
+  EXPECT_EQ(s.state_dict().at("in_proj_weight").to_vector<float>(),
+            f.state_dict().at("in_proj_weight").to_vector<float>());
+  EXPECT_TRUE(s.quantized());
+}
+
 TEST(MultiheadAttentionQuantizedState, Errors) {
   MultiheadAttentionConfig c;
   c.embed_dim = 8, c.num_heads = 2;

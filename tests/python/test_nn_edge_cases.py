@@ -32,3 +32,21 @@ def test_losses_of_empty_inputs_are_nan_as_torch(name, shape):
     assert np.isnan(t[f"{name}_empty_loss"][0])  # torch's
     assert np.isnan(loss), loss
     assert grad.shape == t[f"{name}_empty_grad"].shape == shape and grad.dtype == np.float32
+
+
+def test_static_layer_refuses_new_float_weights_dynamic_requantizes():
+    """quantize_static's activation scales were calibrated with the layer's own weights: new float
+    weights made them stale without a word (torch.ao refuses float weights into a converted module)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 2, 16)).astype(np.float32)
+    f, g = qkv.nn.MultiheadAttention(16, 2), qkv.nn.MultiheadAttention(16, 2)
+    g.load_state_dict({k: 4 * v for k, v in qkv.nn.MultiheadAttention(16, 2).state_dict().items()})
+    s = f.quantize_static([x])
+    before, _ = s(x, x, x, need_weights=False)
+    with pytest.raises(ValueError, match="statically quantized.*quantize_static"):
+        s.load_state_dict(g.state_dict())
+    after, _ = s(x, x, x, need_weights=False)
+    np.testing.assert_array_equal(after, before)
+    d = f.quantize_dynamic()
+    d.load_state_dict(g.state_dict())
+    np.testing.assert_array_equal(d(x, x, x, need_weights=False)[0], g.quantize_dynamic()(x, x, x, need_weights=False)[0])

@@ -99,7 +99,10 @@ class MultiheadAttention {
                                             const std::string& prefix = "");
 
   // PyTorch's key names (above). strict: every expected key present and no unknown
-  // key (ValueError naming them); shapes checked (ShapeError).
+  // key (ValueError naming them); shapes checked (ShapeError). A dynamically quantized layer
+  // re-quantizes the new weights; a statically quantized one refuses (ValueError: its activation
+  // scales were calibrated with its own weights, as torch.ao's converted modules refuse float
+  // weights): load into a float32 layer and quantize_static again.
   void load_state_dict(const std::map<std::string, Tensor>& state_dict, bool strict = true);
   std::map<std::string, Tensor> state_dict() const;
 
