@@ -139,11 +139,20 @@ void KerasMultiHeadAttention::set_weights(const std::vector<Tensor>& weights) {
     }
     gate = Linear::keras(gk, bias("gate", {n, vd}));
   }
-  query_ = Linear::keras(qk, bias("query", {n, kd}));
-  key_ = Linear::keras(kk, bias("key", {n, kd}));
-  value_ = Linear::keras(vk, bias("value", {n, vd}));
-  output_ = Linear::keras(okp, bias("attention_output", out_shape), 2);
-  gate_ = gate;
+  // Every projection built (and checked) before any is replaced: a bad bias further down left
+  // the layer half new, half old.
+  Linear query = Linear::keras(qk, bias("query", {n, kd})), key = Linear::keras(kk, bias("key", {n, kd}));
+  Linear value = Linear::keras(vk, bias("value", {n, vd}));
+  Linear output = Linear::keras(okp, bias("attention_output", out_shape), 2);
+  // A quantized layer stays quantized (the new weights in int8, its bits), as
+  // MultiheadAttention::load_state_dict re-quantizes: it silently became float32.
+  if (quantized()) {
+    const int bits = query_.weight_bits();
+    for (Linear* l : {&query, &key, &value, &output, &gate}) {
+      if (l->defined()) *l = l->quantize_dynamic(bits);
+    }
+  }
+  query_ = query, key_ = key, value_ = value, output_ = output, gate_ = gate;
   config_.output_shape = out_shape;
   weights_.clear();
   for (const Tensor& t : weights) weights_.push_back(t.to(DType::f32).contiguous());

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "common/expect.h"
 #include "qkv/nn/keras_mha.h"
@@ -29,6 +30,42 @@ TEST(KerasMhaQuantized, Int8ProjectionsStayCloseToFloat32) {
                     "the layer is quantized (int8); backward needs the float32 layer");
   EXPECT_THROW_WITH(KerasMultiHeadAttention(c).quantize_dynamic(), ValueError,
                     "KerasMultiHeadAttention.quantize_dynamic: the layer is not built");
+}
+
+// New weights into a quantized layer keep it quantized, with its weight bits, as
+// MultiheadAttention::load_state_dict re-quantizes: set_weights made it float32 again without a
+// word (the same numbers as the float32 layer of those weights).
+TEST(KerasMhaQuantized, NewWeightsAreQuantizedToo) {
+  KerasMultiHeadAttentionConfig c;
+  c.num_heads = 2, c.key_dim = 8, c.use_gate = true;
+  KerasMultiHeadAttention a(c), b(c);
+  a.build(16, 16, 16, 3);
+  b.build(16, 16, 16, 7);
+  const Tensor x = Tensor::randn({2, 5, 16}, 4);  // [B, T, E]
+  for (int bits : {7, 8}) {
+    KerasMultiHeadAttention q = a.quantize_dynamic(bits);
+    q.set_weights(b.get_weights());
+    EXPECT_TRUE(q.quantized());
+    EXPECT_EQ(q.forward(x, x).output.to_vector<float>(),
+              b.quantize_dynamic(bits).forward(x, x).output.to_vector<float>());
+    EXPECT_NE(q.forward(x, x).output.to_vector<float>(), b.forward(x, x).output.to_vector<float>());
+  }
+}
+
+// A weight list that fails its checks part way (the key bias misshapen) leaves the layer as it
+// was: the query projection had already been replaced by the new one, the rest not.
+TEST(KerasMhaQuantized, FailedSetWeightsLeavesTheLayerAsItWas) {
+  KerasMultiHeadAttentionConfig c;
+  c.num_heads = 2, c.key_dim = 8;
+  KerasMultiHeadAttention a(c), b(c);
+  a.build(16, 16, 16, 3);
+  b.build(16, 16, 16, 7);
+  const Tensor x = Tensor::randn({2, 5, 16}, 4);
+  const auto before = a.forward(x, x).output.to_vector<float>();
+  std::vector<Tensor> bad = b.get_weights();
+  bad[3] = Tensor::zeros({3, 8});  // key/bias, not [2, 8]
+  EXPECT_THROW_WITH(a.set_weights(bad), ShapeError, "key/bias");
+  EXPECT_EQ(a.forward(x, x).output.to_vector<float>(), before);
 }
 
 }  // namespace

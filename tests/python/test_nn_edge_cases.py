@@ -50,3 +50,22 @@ def test_static_layer_refuses_new_float_weights_dynamic_requantizes():
     d = f.quantize_dynamic()
     d.load_state_dict(g.state_dict())
     np.testing.assert_array_equal(d(x, x, x, need_weights=False)[0], g.quantize_dynamic()(x, x, x, need_weights=False)[0])
+
+
+def test_keras_quantized_layer_stays_quantized_with_new_weights():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    a, b = qkv.nn.KerasMultiHeadAttention(2, 8), qkv.nn.KerasMultiHeadAttention(2, 8)
+    a(x, x), b(x, 2 * x)  # built at their first calls (the same glorot seed: b's weights are set below)
+    b.set_weights([w * 1.5 for w in b.get_weights()])
+    q = a.quantize_dynamic(weight_bits=7)
+    q.set_weights(b.get_weights())
+    assert q.quantized
+    np.testing.assert_array_equal(q(x, x), b.quantize_dynamic(weight_bits=7)(x, x))
+    assert np.abs(q(x, x) - b(x, x)).max() > 0  # the int8 path, not b's float32 one
+    bad = b.get_weights()
+    bad[3] = np.zeros((3, 8), np.float32)  # key/bias should be [2, 8]
+    before = q(x, x)
+    with pytest.raises(ValueError, match="key/bias"):
+        q.set_weights(bad)
+    np.testing.assert_array_equal(q(x, x), before)

@@ -110,7 +110,8 @@ class KerasMultiHeadAttention {
 
   // Keras' get_weights() order (query kernel, bias, key kernel, bias, [gate kernel, bias,]
   // value kernel, bias, output kernel, bias; no biases without use_bias: keras_mha_weight_names).
-  // Builds the layer.
+  // Builds the layer. Every weight is checked before any is taken: on an error the layer is as
+  // it was.
   void set_weights(const std::vector<Tensor>& weights);
   // By name: "query/kernel", "key/bias", "attention_output/kernel", ... under any prefix or
   // key scheme of a weight file (Keras 3 paths "layers/mha/query_dense/vars/0", variable paths
@@ -148,7 +149,8 @@ class KerasMultiHeadAttention {
   // Dynamic int8 quantization (seed 002) of every projection (query, key, value, gate,
   // attention_output), as MultiheadAttention::quantize_dynamic: int8 weights per output channel,
   // activations per token at run time, int8 GEMMs; attention stays float32. get_weights() keeps
-  // the float32 weights (loading weights gives a float32 layer again); backward refuses (a
+  // the float32 weights; set_weights / load_weights on it quantize the new ones with its bits
+  // (as MultiheadAttention::load_state_dict; they made it float32 again); backward refuses (a
   // quantized Linear has none). ValueError for an unbuilt layer. keras_mha_quantized.cc.
   // weight_bits as MultiheadAttention::quantize_dynamic's.
   KerasMultiHeadAttention quantize_dynamic(int weight_bits = 0) const;
