@@ -4,6 +4,7 @@
 #include "qkv/nn/optim.h"
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "qkv/error.h"
@@ -176,6 +177,20 @@ void Adam::load_state(const NamedTensors& state, int64_t steps) {
     const bool is_m = key.rfind("m/", 0) == 0, is_v = key.rfind("v/", 0) == 0;
     if (!is_m && !is_v) fail<ValueError>("Adam.load_state: unknown key '", key, "' (expected m/<name> or v/<name>)");
     (is_m ? m : v).emplace(key.substr(2), t.to(DType::f32).contiguous().clone());
+  }
+  // Each parameter's two moments come together: an m without its v stepped from v = 0, which
+  // moves an element whose gradient is 0 by lr m / eps (1e5 lr for m = 1e-3).
+  for (const auto& [one, other, have, lack] : {std::tuple{&m, &v, "m/", "v/"}, std::tuple{&v, &m, "v/", "m/"}}) {
+    for (const auto& [name, t] : *one) {
+      if (!other->count(name)) {
+        fail<ValueError>("Adam.load_state: '", have, name, "' has no '", lack, name,
+                         "' (each parameter's state is both moments)");
+      }
+      if (other->at(name).shape() != t.shape()) {
+        fail<ShapeError>("Adam.load_state: '", have, name, "' ", shape_str(t.shape()), " and '", lack, name, "' ",
+                         shape_str(other->at(name).shape()), " differ");
+      }
+    }
   }
   m_ = std::move(m), v_ = std::move(v), t_ = steps;
 }

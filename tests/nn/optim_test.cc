@@ -132,11 +132,35 @@ TEST(Optimizers, AFailedStepChangesNothingAndMisshapenStateIsRefused) {
   a.load_state({{"m/w", Tensor::zeros({1})}, {"v/w", Tensor::zeros({1})}}, 1);
   EXPECT_THROW(a.step(w, g), ShapeError);
   EXPECT_EQ(a.steps(), 1);
-  a.load_state({{"m/w", Tensor::zeros({4})}, {"v/w", Tensor::zeros({2, 2})}}, 1);
-  EXPECT_THROW(a.step(w, g), ShapeError);
+  // moments of two shapes are refused as they load (the step refused them before)
+  EXPECT_THROW(a.load_state({{"m/w", Tensor::zeros({4})}, {"v/w", Tensor::zeros({2, 2})}}, 1), ShapeError);
+  EXPECT_THROW(a.step(w, g), ShapeError);  // the [1] state loaded above is still there
   s.step(w, g);  // momentum buffer [4]; the same name with another shape is refused
   NamedTensors w2{{"w", Tensor::randn({8}, 6)}};
   EXPECT_THROW(s.step(w2, {{"w", Tensor::randn({8}, 7)}}), ShapeError);
+}
+
+// An m without its v (or a v without its m) loaded and stepped from a zero second moment: where
+// that step's gradient is 0 (an attention layer's key bias has exactly 0 gradient) the parameter
+// moved by lr m / eps, here 0.1 * 1e-2 / 1e-8 = 1e5 (torch's Adam keeps exp_avg and exp_avg_sq
+// together and fails on a state without either). Refused at load now, the optimizer as it was.
+TEST(Optimizers, AdamStateNeedsBothMomentsOfEachParameter) {
+  Adam a(AdamOptions{.lr = 0.1});
+  NamedTensors w{{"w", Tensor::zeros({4})}};
+  const NamedTensors g{{"w", Tensor::full({4}, 1e-2)}};
+  a.step(w, g);
+  const NamedTensors before = a.state();
+  EXPECT_THROW_WITH(a.load_state({{"m/w", Tensor::full({4}, 1e-2)}}, 5), ValueError,
+                    "Adam.load_state: 'm/w' has no 'v/w'");
+  EXPECT_THROW_WITH(a.load_state({{"v/w", Tensor::full({4}, 1e-4)}, {"m/b", Tensor::zeros({2})}}, 5), ValueError,
+                    "has no");
+  EXPECT_EQ(a.steps(), 1);
+  EXPECT_EQ(a.state().size(), before.size());
+  EXPECT_EQ(max_diff(a.state().at("v/w"), before.at("v/w")), 0.0);
+  a.load_state({{"m/w", Tensor::full({4}, 1e-2)}, {"v/w", Tensor::full({4}, 1e-4)}}, 5);
+  NamedTensors p{{"w", Tensor::zeros({4})}};
+  a.step(p, {{"w", Tensor::zeros({4})}});
+  EXPECT_LT(std::fabs(p.at("w").to_vector<double>()[0]), 1.0);  // a step of about lr, not 1e5
 }
 
 // clip_grad_norm scales each gradient in its own storage (the doc's "in place", torch's mul_):

@@ -67,7 +67,9 @@ class Adam {
   explicit Adam(const AdamOptions& options);
   void step(NamedTensors& params, const NamedTensors& grads);
   int64_t steps() const { return t_; }
-  // "m/<name>", "v/<name>": the moment estimates; load_state restores them with steps.
+  // "m/<name>", "v/<name>": the moment estimates; load_state restores them with steps
+  // (ValueError for an unknown key or a parameter with one moment and not the other: stepping
+  // from a missing v = 0 moved it by lr m / eps; ShapeError when its two differ).
   NamedTensors state() const;
   void load_state(const NamedTensors& state, int64_t steps);
 
