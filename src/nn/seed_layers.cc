@@ -1,7 +1,10 @@
 // The seed articles' attention layers (seeds 000, 003, 004).
 #include "qkv/nn/seed_layers.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <string>
 
 #include "nn/heads.h"
 #include "nn/seed_layers_internal.h"
@@ -29,6 +32,19 @@ Tensor load(const std::map<std::string, Tensor>& sd, const std::string& layer, c
   return parameter(it->second, shape, (layer + ": " + name).c_str()).contiguous();
 }
 
+// torch's load_state_dict (strict=True) refuses keys the module does not have: a bias-free
+// layer given "W_q.bias" dropped it without a word and computed other numbers than its source.
+void no_unexpected_keys(const std::map<std::string, Tensor>& sd, const char* layer,
+                        std::initializer_list<const char*> names) {
+  std::string unexpected;
+  for (const auto& [key, t] : sd) {
+    if (std::find_if(names.begin(), names.end(), [&](const char* n) { return key == n; }) == names.end()) {
+      unexpected += (unexpected.empty() ? "" : ", ") + key;
+    }
+  }
+  if (!unexpected.empty()) fail<ValueError>(layer, ": unexpected keys in state_dict [", unexpected, "]");
+}
+
 }  // namespace
 
 // ---- seed 000: SelfAttention -----------------------------------------------------------
@@ -40,6 +56,7 @@ SelfAttention::SelfAttention(int64_t dim, uint64_t seed) : dim_(dim) {
 }
 
 void SelfAttention::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  no_unexpected_keys(sd, "SelfAttention", {"to_qvk.weight"});
   to_qvk_ = load(sd, "SelfAttention", "to_qvk.weight", {3 * dim_, dim_});
   proj_ = Linear::torch(rows_dk_to_kd(to_qvk_, dim_, 3), std::nullopt);
 }
@@ -73,9 +90,12 @@ MultiHeadSelfAttention::MultiHeadSelfAttention(int64_t dim, int64_t heads, std::
 }
 
 void MultiHeadSelfAttention::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  no_unexpected_keys(sd, "MultiHeadSelfAttention", {"to_qvk.weight", "W_0.weight"});
   const int64_t inner = heads_ * dim_head_;
-  to_qvk_ = load(sd, "MultiHeadSelfAttention", "to_qvk.weight", {3 * inner, dim_});
+  // both read before either is kept: a bad W_0 left the new to_qvk in state_dict() only
+  Tensor to_qvk = load(sd, "MultiHeadSelfAttention", "to_qvk.weight", {3 * inner, dim_});
   w0_ = load(sd, "MultiHeadSelfAttention", "W_0.weight", {dim_, inner});
+  to_qvk_ = std::move(to_qvk);
   // 'b t (d k h) -> k b h t d': reorder the rows (d, k*h) to (k*h, d) once, so that the
   // projection comes out as [B, T, 3, H, dh] and q, k, v are strided views.
   proj_ = Linear::torch(rows_dk_to_kd(to_qvk_, dim_head_, 3 * heads_), std::nullopt);
@@ -125,6 +145,7 @@ SeparateHeadsAttention::SeparateHeadsAttention(int64_t embed_dim, int64_t n_head
 
 void SeparateHeadsAttention::load_state_dict(const std::map<std::string, Tensor>& sd) {
   const char* layer = "SeparateHeadsAttention";
+  no_unexpected_keys(sd, layer, {"W_q.weight", "W_k.weight", "W_v.weight", "W_o.weight"});
   params_ = {{"W_q.weight", load(sd, layer, "W_q.weight", {h_ * dkq_, e_})},
              {"W_k.weight", load(sd, layer, "W_k.weight", {h_ * dkq_, e_})},
              {"W_v.weight", load(sd, layer, "W_v.weight", {h_ * dv_, e_})},
@@ -180,6 +201,9 @@ LazyMultiHeadAttention::LazyMultiHeadAttention(int64_t hidden, int64_t heads, ui
 }
 
 void LazyMultiHeadAttention::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  no_unexpected_keys(sd, kLazy,
+                     {"W_q.weight", "W_q.bias", "W_k.weight", "W_k.bias", "W_v.weight", "W_v.bias", "W_o.weight",
+                      "W_o.bias"});
   std::map<std::string, Tensor> next;
   for (const char* name : kLazyNames) {
     const std::string w = std::string(name) + ".weight", b = std::string(name) + ".bias";

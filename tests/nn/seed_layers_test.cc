@@ -93,4 +93,32 @@ TEST(SeedLayers, MaskAndShapeErrorsNameTheLayer) {
   EXPECT_THROW_WITH(m.forward(Tensor::randn({2, 6, 15}, 1)), qkv::ShapeError, "x must be [B, T, 16]");
 }
 
+// torch's load_state_dict (strict) refuses keys a module lacks: SeparateHeadsAttention (bias-free)
+// given the W_q.bias of a model with biases dropped it silently and computed other numbers. A
+// failed load leaves the layer as it was: MultiHeadSelfAttention kept the new to_qvk.weight in
+// state_dict() (forward still used the old one) when W_0.weight was misshapen.
+TEST(SeedLayers, LoadStateDictRefusesUnexpectedKeysAndKeepsTheLayerOnErrors) {
+  SeparateHeadsAttention sh(8, 2);
+  auto sd = sh.state_dict();
+  sd["W_q.bias"] = Tensor::ones({8});
+  EXPECT_THROW_WITH(sh.load_state_dict(sd), qkv::ValueError,
+                    "SeparateHeadsAttention: unexpected keys in state_dict [W_q.bias]");
+  SelfAttention sa(4);
+  EXPECT_THROW_WITH(sa.load_state_dict({{"to_qvk.weight", sa.state_dict().at("to_qvk.weight")},
+                                        {"to_qkv.weight", Tensor::zeros({12, 4})}}),
+                    qkv::ValueError, "unexpected keys in state_dict [to_qkv.weight]");
+  LazyMultiHeadAttention lazy(4, 2);
+  EXPECT_THROW_WITH(lazy.load_state_dict({{"W_x.weight", Tensor::zeros({4, 4})}}), qkv::ValueError,
+                    "LazyMultiHeadAttention: unexpected keys in state_dict [W_x.weight]");
+  MultiHeadSelfAttention m(16, 4);
+  const auto old = m.state_dict();
+  const Tensor x = Tensor::randn({2, 6, 16}, 1);
+  const auto before = m.forward(x).to_vector<float>();
+  EXPECT_THROW_WITH(m.load_state_dict({{"to_qvk.weight", Tensor::randn({48, 16}, 2)},
+                                       {"W_0.weight", Tensor::randn({16, 15}, 3)}}),
+                    qkv::ShapeError, "W_0.weight");
+  EXPECT_EQ(m.state_dict().at("to_qvk.weight").to_vector<float>(), old.at("to_qvk.weight").to_vector<float>());
+  EXPECT_EQ(m.forward(x).to_vector<float>(), before);
+}
+
 }  // namespace

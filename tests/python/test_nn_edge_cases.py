@@ -69,3 +69,10 @@ def test_keras_quantized_layer_stays_quantized_with_new_weights():
     with pytest.raises(ValueError, match="key/bias"):
         q.set_weights(bad)
     np.testing.assert_array_equal(q(x, x), before)
+
+
+def test_seed_layers_refuse_unexpected_state_dict_keys_as_torch_strict():
+    sh = qkv.nn.SeparateHeadsAttention(8, 2)
+    sd = dict(sh.state_dict(), **{"W_q.bias": np.ones(8, np.float32)})
+    with pytest.raises(ValueError, match=r"unexpected keys in state_dict \[W_q.bias\]"):
+        sh.load_state_dict(sd)

@@ -4,6 +4,8 @@
 // inputs and to every parameter (by state_dict name and shape, PyTorch's layout), given
 // grad_output = dL/d output; the forward is recomputed (seed_layers_backward.cc) and
 // differentiated as PyTorch's autograd does it (masks are constants). Float32.
+// load_state_dict is strict as torch's default: ValueError for a missing key or one the layer
+// does not have, ShapeError for a misshapen one; a failed load leaves the layer as it was.
 #pragma once
 
 #include <cstdint>
