@@ -68,7 +68,7 @@ struct KVCacheConfig {
   // reset give them back. capacity stays the per-sequence limit; with a `window`, capacity is the
   // positions kept, and the pages a window leaves behind go back to the pool (block table entry -1).
   int64_t page_size = 0;
-  int64_t pages = 0;  // paged: the pool; 0: enough for every sequence at capacity
+  int64_t pages = 0;  // paged: the pool; 0: enough for every sequence at capacity (> 0 needs page_size)
   std::optional<CacheRotary> rotary = std::nullopt;
 };
 
@@ -138,7 +138,10 @@ class KVCache {
   // neox, 1 gptj), rotary_dim]) when set, and for int8 caches "key_scales", "value_scales" ([B, Hk, n,
   // groups], same prefix; a state of the per-position format, [B, Hk, n], loads with that scale
   // in every group), "key_offsets", "key_spreads". The layout does not matter to the file (a paged cache's pages
-  // are taken afresh). from_state restores an equal cache (ValueError / ShapeError otherwise).
+  // are taken afresh). from_state restores an equal cache, and refuses (ValueError / ShapeError naming
+  // the entry, its value and the geometry) a state no cache writes: a first_kept on a cache without a window
+  // or outside a ring's [max(0, n - capacity), max(0, n - window)], a rotary layout not 0 or 1, int8
+  // offsets not finite or spreads not > 0, a pool too small for the sequences (docs/decode.md).
   std::map<std::string, Tensor> state() const;
   static KVCache from_state(const std::map<std::string, Tensor>& state);
 

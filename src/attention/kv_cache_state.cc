@@ -3,6 +3,7 @@
 // order from index 0.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,62 @@ Tensor int8_scales(const std::map<std::string, Tensor>& s, const std::string& na
                      shape_str(t.shape()));
   }
   return t;
+}
+
+// The "rotary" entry [base, layout (0 neox, 1 gptj), rotary_dim], if any (the base is checked by KVCache).
+std::optional<CacheRotary> rotary_of(const std::map<std::string, Tensor>& s) {
+  if (!s.count("rotary")) return std::nullopt;
+  const auto r = s.at("rotary").to_vector<double>();
+  if (r.size() != 3) fail<ShapeError>(kOp, ": 'rotary' must be [base, layout, rotary_dim], got ", r.size(), " values");
+  if (!(std::abs(r[2]) < 1e15) || r[2] != std::floor(r[2])) {  // the cast of 1e30 or NaN is undefined
+    fail<ValueError>(kOp, ": 'rotary' rotary_dim must be an integer, got ", r[2]);
+  }
+  if (r[1] != 0.0 && r[1] != 1.0) {  // 2 or NaN read as gptj
+    fail<ValueError>(kOp, ": 'rotary' layout must be 0 (neox) or 1 (gptj), got ", r[1]);
+  }
+  return CacheRotary{r[0], r[1] == 1.0 ? RotaryLayout::gptj : RotaryLayout::neox, static_cast<int64_t>(r[2])};
+}
+
+// Each sequence's first stored position, which the keys' index 0 holds (the lengths checked first). A cache without a
+// window stores every position from 0 ("first_kept" absent, or zeros). A window's ring keeps at most its `capacity`
+// last positions and never less than the window before the length (set_length refuses to go back past an evicted
+// window): max(0, n - capacity) <= first_kept <= max(0, n - window), the lower bound when "first_kept" is absent. Any
+// other value placed the file's keys at positions they were not written for (a cache without a window read from 0 keys
+// stored from first_kept).
+std::vector<int64_t> stored_from(const std::map<std::string, Tensor>& s, const KVCacheConfig& c,
+                                 const std::vector<int64_t>& lengths) {
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    if (c.window > 0 && lengths[b] < 0) {  // a ring's lengths have no capacity limit
+      fail<ValueError>(kOp, ": lengths[", b, "] = ", lengths[b], " must be >= 0 (window ", c.window, ")");
+    }
+    if (c.window == 0 && (lengths[b] < 0 || lengths[b] > c.capacity)) {
+      fail<ValueError>(kOp, ": lengths[", b, "] = ", lengths[b], " is outside [0, ", c.capacity, "] (capacity)");
+    }
+  }
+  std::vector<int64_t> first(lengths.size(), 0);
+  for (size_t b = 0; b < lengths.size(); ++b)
+    first[b] = c.window > 0 ? std::max<int64_t>(0, lengths[b] - c.capacity) : 0;
+  const auto it = s.find("first_kept");
+  if (it == s.end()) return first;
+  const auto kept = integers(it->second, "first_kept");
+  if (kept.size() != lengths.size()) {
+    fail<ShapeError>(kOp, ": 'first_kept' must hold one position per sequence (", lengths.size(), "), got ",
+                     kept.size());
+  }
+  for (size_t b = 0; b < kept.size(); ++b) {
+    const int64_t n = lengths[b], most = c.window > 0 ? std::max<int64_t>(0, n - c.window) : 0;
+    if (c.window == 0 && kept[b] != 0) {
+      fail<ValueError>(kOp, ": first_kept[", b, "] = ", kept[b], " for a cache without a window (window 0, capacity ",
+                       c.capacity, ", lengths[", b, "] = ", n, "), which stores every position from 0");
+    }
+    if (kept[b] < first[b] || kept[b] > most) {
+      fail<ValueError>(kOp, ": first_kept[", b, "] = ", kept[b], " is outside [", first[b], ", ", most,
+                       "] for lengths[", b, "] = ", n, ", window ", c.window, " and capacity ", c.capacity,
+                       " (a ring keeps its last `capacity` positions, and at least the window before the length)");
+    }
+    first[b] = kept[b];
+  }
+  return first;
 }
 
 }  // namespace
@@ -131,16 +188,7 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
   KVCacheConfig config{k.size(0), k.size(1), k.size(3), capacity[0], v.size(3), k.dtype()};
   config.window = scalar_or_zero(s, "window"), config.page_size = scalar_or_zero(s, "page_size");
   config.pages = scalar_or_zero(s, "pages");
-  if (s.count("rotary")) {
-    const auto r = s.at("rotary").to_vector<double>();
-    if (r.size() != 3)
-      fail<ShapeError>(kOp, ": 'rotary' must be [base, layout, rotary_dim], got ", r.size(), " values");
-    if (!(std::abs(r[2]) < 1e15) || r[2] != std::floor(r[2])) {  // the cast of 1e30 or NaN is undefined
-      fail<ValueError>(kOp, ": 'rotary' rotary_dim must be an integer, got ", r[2]);
-    }
-    config.rotary =
-        CacheRotary{r[0], r[1] != 0.0 ? RotaryLayout::gptj : RotaryLayout::neox, static_cast<int64_t>(r[2])};
-  }
+  config.rotary = rotary_of(s);
   KVCache cache(config);
   const bool int8 = k.dtype() == DType::i8;
   Tensor key_scales, value_scales;  // [B, Hk, n, groups]
@@ -153,20 +201,34 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
     }
     cache.k_offset_.copy_from(need(s, "key_offsets"));
     cache.k_spread_.copy_from(need(s, "key_spreads"));
+    // the cache takes them over finite keys, spreads > 0: others decoded the head's keys to NaN or a constant
+    const std::vector<float> offsets = cache.k_offset_.to_vector<float>(), spreads = cache.k_spread_.to_vector<float>();
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      if (!std::isfinite(offsets[i]) || !std::isfinite(spreads[i]) || !(spreads[i] > 0.0f)) {
+        fail<ValueError>(kOp, ": 'key_offsets' must be finite and 'key_spreads' finite and > 0, got ", offsets[i],
+                         " and ", spreads[i], " at flat index ", i, " of ", shape_str(cache.k_offset_.shape()));
+      }
+    }
     key_scales = int8_scales(s, "key_scales", k, cache.k_scale_.size(3));
     value_scales = int8_scales(s, "value_scales", k, cache.v_scale_.size(3));
   }
-  std::vector<int64_t> kept(lengths.size(), 0);  // each sequence's first stored position
-  if (s.count("first_kept")) kept = integers(s.at("first_kept"), "first_kept");
+  const std::vector<int64_t> kept = stored_from(s, cache.config(), lengths);  // each sequence's first stored position
+  int64_t pages = 0;
   for (size_t b = 0; b < lengths.size(); ++b) {
-    const int64_t n = lengths[b], least = config.window > 0 ? std::max<int64_t>(0, n - config.capacity) : 0;
-    const int64_t first = b < kept.size() ? std::max(kept[b], least) : least;
-    if (n < 0 || first > n || n - first > k.size(2) || (config.window == 0 && n > config.capacity)) {
-      fail<ValueError>(kOp, ": lengths[", b, "] = ", n, " does not fit keys of ", k.size(2), " positions");
+    if (lengths[b] - kept[b] > k.size(2)) {
+      fail<ValueError>(kOp, ": lengths[", b, "] = ", lengths[b], " from position ", kept[b], " needs ",
+                       lengths[b] - kept[b], " stored positions, keys ", shape_str(k.shape()), " hold ", k.size(2));
     }
-    cache.set_length(static_cast<int64_t>(b), n);  // pages taken afresh
-    cache.kept_[b] = first;
-    if (config.page_size > 0) cache.evict_pages(static_cast<int64_t>(b), first);
+    if (config.page_size > 0) pages += cache.pages_for(kept[b], lengths[b]);
+  }
+  if (pages > cache.free_pages()) {  // set_length would fail half way, naming itself
+    fail<ValueError>(kOp, ": the sequences need ", pages, " pages of ", config.page_size, " positions, 'pages' is ",
+                     cache.config().pages);
+  }
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    const int64_t n = lengths[b], first = kept[b];
+    cache.kept_[b] = first;  // before set_length: it takes pages (afresh) for [first, n) only
+    cache.set_length(static_cast<int64_t>(b), n);
     const Tensor kb = k.select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);  // [Hk, n, D]
     const Tensor vb = v.select(0, static_cast<int64_t>(b)).slice(1, 0, n - first);
     if (int8) {
