@@ -250,7 +250,9 @@ Tensor to_attention_layout(const Tensor& x, int64_t heads, const KerasAxes& axes
   Shape flat;
   for (int64_t a : axes.batch) flat.push_back(v.size(a));
   flat.push_back(heads);
-  flat.push_back(-1);
+  int64_t attended = 1;  // not -1: with a batch of 0 the length cannot be inferred (a ValueError)
+  for (int64_t a : axes.attention) attended *= v.size(a);
+  flat.push_back(attended);
   flat.push_back(d);
   return p.reshape(flat);
 }

@@ -170,6 +170,35 @@ TEST(KerasMha, BuildsAtFirstCallAndReportsBadInputs) {
                     "attention axis 3");
 }
 
+// An empty batch: Keras 3.15.1 returns output [0, 5, 8] and scores [0, 2, 5, 5] (checked live);
+// qkv's reshape of the projected heads to [B, N, -1, D] could not infer the -1 of 0 elements and
+// raised "reshape: shape [0, 2, -1, 4] is invalid". Backward gives empty input gradients and zero
+// weight gradients.
+TEST(KerasMha, AnEmptyBatchGivesEmptyOutputs) {
+  KerasMultiHeadAttentionConfig c;
+  c.num_heads = 2, c.key_dim = 4;
+  KerasMultiHeadAttention layer(c);
+  layer.build(8, 8, 8, 1);
+  const Tensor x = Tensor::zeros({0, 5, 8});
+  KerasMultiHeadAttentionOptions o;
+  o.return_attention_scores = true;
+  o.use_causal_mask = true;
+  const auto r = layer.forward(x, x, o);
+  EXPECT_EQ(r.output.shape(), (qkv::Shape{0, 5, 8}));
+  EXPECT_EQ(r.scores->shape(), (qkv::Shape{0, 2, 5, 5}));
+  const auto g = layer.backward(x, x, Tensor::zeros({0, 5, 8}));
+  EXPECT_EQ(g.query.shape(), x.shape());
+  for (const auto& [name, t] : g.weights) {
+    const auto v = t.to_vector<float>();
+    EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float e) { return e == 0.0f; })) << name;
+  }
+  c.attention_axes = {1, 2};
+  KerasMultiHeadAttention two(c);
+  two.build(8, 8, 8, 1);
+  EXPECT_EQ(two.forward(Tensor::zeros({0, 3, 4, 8}), Tensor::zeros({0, 3, 4, 8})).output.shape(),
+            (qkv::Shape{0, 3, 4, 8}));
+}
+
 // Keras 3.15's sliding_window and use_gate (the fixtures window_* and gate_* check the numbers):
 // the gate sits between key and value in get_weights(), and the combinations qkv refuses say why.
 TEST(KerasMha, SlidingWindowAndGateOptions) {

@@ -76,3 +76,13 @@ def test_seed_layers_refuse_unexpected_state_dict_keys_as_torch_strict():
     sd = dict(sh.state_dict(), **{"W_q.bias": np.ones(8, np.float32)})
     with pytest.raises(ValueError, match=r"unexpected keys in state_dict \[W_q.bias\]"):
         sh.load_state_dict(sd)
+
+
+def test_keras_layer_takes_an_empty_batch():
+    """Keras 3.15.1 gives output (0, 5, 8) and scores (0, 2, 5, 5) (checked live); qkv raised
+    'reshape: shape [0, 2, -1, 4] is invalid'."""
+    layer = qkv.nn.KerasMultiHeadAttention(2, 4)
+    layer(np.ones((1, 5, 8), np.float32), np.ones((1, 5, 8), np.float32))
+    z = np.zeros((0, 5, 8), np.float32)
+    out, scores = layer(z, z, return_attention_scores=True)
+    assert out.shape == (0, 5, 8) and scores.shape == (0, 2, 5, 5)
