@@ -10,6 +10,15 @@
 // in float64, or float64 for f64 x); positions are offset + t, or given: an integer tensor [T]
 // for every row, or [B, T] for x [B, H, T, D] (ragged batches: each sequence its own positions).
 // q.k of two rotated rows depends only on the difference of their positions.
+//
+// Positions must lie within +-kMaxRotaryPosition = 2^53 (ValueError naming the position, and the
+// offset and T that made it): float64, in which the angles are taken, holds every integer only up
+// to 2^53 (past it a row would turn at a neighbouring position), and offset + t is checked before
+// it is added (it overflowed int64 near INT64_MAX). Below 2^53 an angle p theta_i is still off by up
+// to |p| 2^-53 rad (theta_i is a rounded float64; theta_0 = 1 is exact): under float32's 2^-24 for
+// |p| < 2^29. Hugging Face's Llama rotary takes inv_freq x position_ids in float32 (positions exact
+// only to 2^24, angles off by up to |p| 2^-24 rad); ONNX Runtime's RotaryEmbedding and
+// GroupQueryAttention look positions up as int32 rows of cos/sin tables the caller computed.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +29,9 @@
 namespace qkv {
 
 enum class RotaryLayout { neox, gptj };
+
+// The largest |position| (2^53, the end of float64's exact integers).
+inline constexpr int64_t kMaxRotaryPosition = int64_t{1} << 53;
 
 struct RotaryOptions {
   double base = 10000.0;

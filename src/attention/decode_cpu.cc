@@ -80,7 +80,8 @@ std::vector<Item> make_items(const DecodeCall& d, const KVCache& cache, const De
     for (int64_t hk = 0; hk < d.hk; ++hk) {
       int64_t c0 = lo;
       do {  // >= 1 item per row
-        const int64_t c1 = std::min(length, (c0 / chunk + 1) * chunk);
+        const int64_t c1 =
+            c0 + std::min(length - c0, chunk - c0 % chunk);  // (c0 / chunk + 1) chunk overflowed near 2^63
         items.push_back({b, hk, c0, c1, static_cast<int64_t>(items.size())});
         c0 = c1;
       } while (c0 < length);
@@ -330,7 +331,8 @@ void merge(const DecodeCall& d, const std::vector<Item>& items, const Partials& 
 KeyRange decode_keys(const DecodeCall& d, bool causal, int64_t length, int64_t t) {
   const int64_t position = length - d.lq + t;  // of query t
   KeyRange r{0, causal ? std::min(length, position + 1) : length};
-  if (d.window > 0) r.first = std::max<int64_t>(0, position - d.window + 1);
+  // position - window + 1, without its overflow (a window near INT64_MAX on a cache without one, position < 0)
+  if (d.window > 0) r.first = position >= d.window ? position - d.window + 1 : 0;
   r.last = std::max(r.last, r.first);
   return r;
 }

@@ -67,9 +67,11 @@ AttentionResult decode_attention_reference(const Tensor& q, const KVCache& cache
       const int64_t hk = h / d.group;
       for (int64_t t = 0; t < d.lq; ++t) {
         const int64_t pos = n - d.lq + t, row = (b * d.hq + h) * d.lq + t;
-        std::vector<int64_t> keys;  // j <= pos (causal), pos - window < j (the options' or the cache's), j < n
-        for (int64_t j = 0; j < n; ++j) {
-          if ((!o.causal || j <= pos) && (d.window == 0 || j > pos - d.window)) keys.push_back(j);
+        // j <= pos (causal), pos - window < j (the options' or the cache's; as pos - j < window: pos - window
+        // overflowed for a window near INT64_MAX), j < n; from the window's start (a ring's lengths are unbounded)
+        std::vector<int64_t> keys;
+        for (int64_t j = d.window > 0 && pos >= d.window ? pos - d.window + 1 : 0; j < n; ++j) {
+          if ((!o.causal || j <= pos) && (d.window == 0 || pos - j < d.window)) keys.push_back(j);
         }
         std::vector<double> s;
         const std::vector<double> qk = int8 ? int8_query(cache, b, hk, qf.data() + row * d.dk) : std::vector<double>{};

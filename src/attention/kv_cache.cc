@@ -32,6 +32,9 @@ void check_config(const KVCacheConfig& c) {
     fail<ValueError>("KVCache: window, page_size and pages must be >= 0 and capacity >= window; got window ", c.window,
                      ", page_size ", c.page_size, ", pages ", c.pages, ", capacity ", c.capacity);
   }
+  if (c.pages > 0 && c.page_size == 0) {  // was ignored: a contiguous cache of batch x capacity positions
+    fail<ValueError>("KVCache: pages = ", c.pages, " needs page_size > 0 (a paged cache); got page_size 0");
+  }
   if (c.rotary) {
     const int64_t rd = c.rotary->rotary_dim;
     // rotary_dim 0 rotates all head_dim features: an odd head_dim failed only at the first append
@@ -44,7 +47,8 @@ void check_config(const KVCacheConfig& c) {
   }
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// a >= 0, b > 0; (a + b - 1) / b overflowed for a capacity or a ring's length near 2^63
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 // The rotary options of a cache for rows at positions [B, T] (qkv/rotary.h).
 RotaryOptions rotary_at(const CacheRotary& r, std::vector<int64_t> positions, int64_t b, int64_t t) {
@@ -64,7 +68,8 @@ KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
   if (c.page_size > 0) {
     if (c.pages == 0) {
       // a window's `capacity` positions may straddle one page more
-      const auto all = checked_mul(c.batch, ceil_div(c.capacity, c.page_size) + (c.window > 0 ? 1 : 0));
+      const int64_t per = std::min(ceil_div(c.capacity, c.page_size), kMaxElements);  // + 1 below: no overflow
+      const auto all = checked_mul(c.batch, per + (c.window > 0 ? 1 : 0));
       if (!all) fail<ValueError>("KVCache: batch ", c.batch, " x capacity ", c.capacity, " is too large");
       c.pages = *all;
     }
@@ -96,9 +101,13 @@ int64_t KVCache::row(int64_t b, int64_t hk, int64_t position) const {
 
 int64_t KVCache::run_end(int64_t, int64_t position) const {
   const KVCacheConfig& c = config_;
-  if (c.page_size > 0) return (position / c.page_size + 1) * c.page_size;
-  if (c.window > 0) return (position / c.capacity + 1) * c.capacity;
-  return std::numeric_limits<int64_t>::max();
+  const int64_t span = c.page_size > 0 ? c.page_size
+                       : c.window > 0  ? c.capacity
+                                       : 0,
+                most = std::numeric_limits<int64_t>::max();
+  if (span == 0) return most;
+  const int64_t start = position - position % span;  // a ring's positions go up to 2^63 - 1: no overflow past it
+  return start > most - span ? most : start + span;
 }
 
 void KVCache::check_sequence(int64_t b, const char* op) const {
@@ -188,6 +197,14 @@ void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t
   for (int64_t b = 0; b < c.batch; ++b) {                            // every check before the first write
     const int64_t n = counts.empty() ? t : counts[static_cast<size_t>(b)], at = length(b);
     if (n < 0 || n > t) fail<ValueError>(kAppend, ": counts[", b, "] = ", n, " is outside [0, ", t, "]");
+    if (n > std::numeric_limits<int64_t>::max() - at) {  // a windowed cache's lengths have no capacity limit
+      fail<ValueError>(kAppend, ": sequence ", b, "'s length ", at, " + ", n, " new positions passes 2^63 - 1");
+    }
+    if (c.rotary && n > 0 && at > kMaxRotaryPosition - (n - 1)) {
+      fail<ValueError>(kAppend, ": sequence ", b, "'s rotary positions ", at, " .. ", at + n - 1,
+                       " pass 2^53 = ", kMaxRotaryPosition,
+                       " (float64 holds every integer only up to 2^53; qkv/rotary.h)");
+    }
     if (c.window == 0 && at + n > c.capacity) {
       fail<ValueError>(kAppend, ": sequence ", b, " would hold ", at + n, " positions, past the capacity ", c.capacity);
     }
@@ -200,9 +217,10 @@ void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t
   }
   Tensor kr = k;  // [B, Hk, T, D], rotated at each sequence's positions
   if (c.rotary) {
-    std::vector<int64_t> positions;  // [B, T]
+    std::vector<int64_t> positions;  // [B, T]; rows past counts[b] are not stored: the last stored one's position
     for (int64_t b = 0; b < c.batch; ++b) {
-      for (int64_t j = 0; j < t; ++j) positions.push_back(length(b) + j);
+      const int64_t n = counts.empty() ? t : counts[static_cast<size_t>(b)];
+      for (int64_t j = 0; j < t; ++j) positions.push_back(length(b) + std::min(j, std::max<int64_t>(n - 1, 0)));
     }
     const Tensor wide = k.dtype() == DType::f64 ? k : k.to(DType::f32);  // rotated before any rounding
     kr = apply_rotary(wide, rotary_at(*c.rotary, positions, c.batch, t));
@@ -277,6 +295,12 @@ DecodeCall check_decode(const Tensor& q, const KVCache& cache, const DecodeOptio
   if (o.window < 0 || o.chunk < 0 || !(o.softcap >= 0.0) || !std::isfinite(o.softcap) ||
       (o.scale && !std::isfinite(*o.scale))) {
     fail<ValueError>(op, ": window and chunk must be >= 0, softcap and scale finite (softcap >= 0)");
+  }
+  for (int64_t b = 0; c.rotary && b < c.batch; ++b) {  // only a windowed cache's set_length gets so far
+    if (cache.length(b) - 1 > kMaxRotaryPosition) {
+      fail<ValueError>(op, ": sequence ", b, "'s queries reach position ", cache.length(b) - 1,
+                       ", past the rotary limit 2^53 = ", kMaxRotaryPosition, " (qkv/rotary.h)");
+    }
   }
   DecodeCall d;
   d.b = c.batch, d.hq = q.size(1), d.hk = c.kv_heads, d.lq = q.size(2), d.dk = c.head_dim, d.dv = c.value_dim;

@@ -32,7 +32,11 @@ Plan plan(const Tensor& x, const RotaryOptions& o, const char* op) {
                      "), base positive and finite (got ", o.base, ")");
   }
   p.half = rd / 2;
-  if (!o.positions) {
+  if (!o.positions) {  // offset .. offset + T - 1 within +-2^53, checked before the sum (offset near INT64_MAX)
+    if (p.t > 0 && (o.offset < -kMaxRotaryPosition || o.offset > kMaxRotaryPosition - (p.t - 1))) {
+      fail<ValueError>(op, ": positions offset + t must lie within +-2^53 = ", kMaxRotaryPosition,
+                       " (float64 holds every integer only up to 2^53), got offset ", o.offset, " and T = ", p.t);
+    }
     for (int64_t t = 0; t < p.t; ++t) p.positions.push_back(o.offset + t);
     return p;
   }
@@ -46,6 +50,12 @@ Plan plan(const Tensor& x, const RotaryOptions& o, const char* op) {
                      ", got ", dtype_name(pos.dtype()), " ", shape_str(pos.shape()));
   }
   p.positions = pos.contiguous().to_vector<int64_t>();
+  for (size_t i = 0; i < p.positions.size(); ++i) {
+    if (p.positions[i] < -kMaxRotaryPosition || p.positions[i] > kMaxRotaryPosition) {
+      fail<ValueError>(op, ": positions must lie within +-2^53 = ", kMaxRotaryPosition,
+                       " (float64 holds every integer only up to 2^53), got ", p.positions[i], " at flat index ", i);
+    }
+  }
   if (p.per_batch) p.heads = x.size(1);
   return p;
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -368,6 +369,73 @@ TEST(KVCachePaged, WindowedPagesEqualTheRing) {
     feed({&paged, &ring}, 5, 9, 6);
     EXPECT_EQ(max_abs_diff(decode_attention(q1, paged).output, decode_attention(q1, ring).output), 0.0);
   }
+}
+
+// A ring's lengths count absolute positions without a limit: near 2^63 - 1 an append's length,
+// its chunks' ends and its runs' ends overflowed (UB: lengths wrapped negative, rows written before
+// the storage), the reference looped over every position from 0; rotary positions past 2^53 turned
+// at neighbouring positions. Now: ValueErrors naming the sequence and the positions, and a ring at
+// length 2^63 - 1 decodes as the float64 reference does.
+TEST(KVCacheWindow, LengthsNearTheInt64LimitAreCheckedNotWrapped) {
+  constexpr int64_t kMost = std::numeric_limits<int64_t>::max();
+  KVCache ring(config(1, 6, DType::f32, 4));
+  feed({&ring}, 2, 3, 1);
+  ring.set_length(0, kMost - 1);
+  const Tensor k = Tensor::randn({1, 2, 2, 16}, 2), v = Tensor::randn({1, 2, 2, 8}, 3);
+  EXPECT_THROW_WITH(ring.append(k, v), ValueError,
+                    "KVCache.append: sequence 0's length 9223372036854775806 + 2 new positions passes 2^63 - 1");
+  EXPECT_EQ(ring.length(0), kMost - 1);  // nothing written
+  ring.append(k, v, {1});
+  EXPECT_EQ(ring.length(0), kMost);
+  const Tensor q = Tensor::randn({1, 4, 2, 16}, 4);
+  EXPECT_LE(max_abs_diff(decode_attention(q, ring).output, decode_attention_reference(q, ring).output), 1e-5);
+
+  KVCacheConfig rc = config(1, 6, DType::f32, 4);
+  rc.rotary = CacheRotary{};
+  KVCache rotary(rc);
+  rotary.set_length(0, kMaxRotaryPosition - 1);
+  const Tensor k3 = Tensor::randn({1, 2, 3, 16}, 5), v3 = Tensor::randn({1, 2, 3, 8}, 6);
+  EXPECT_THROW_WITH(rotary.append(k3, v3), ValueError,
+                    "KVCache.append: sequence 0's rotary positions 9007199254740991 .. 9007199254740993 pass 2^53 = "
+                    "9007199254740992");
+  rotary.append(k3, v3, {2});  // positions up to 2^53: the rows past counts do not count
+  EXPECT_EQ(rotary.length(0), kMaxRotaryPosition + 1);
+  const Tensor q1 = Tensor::randn({1, 2, 1, 16}, 7);
+  // not against the reference: its angles p / base^(2i/rd) and the kernel's p base^(-2i/rd) may be
+  // an ulp apart, ~1 rad at 2^53 (qkv/rotary.h); rotary_test.cc compares them at 2^29
+  for (float x : decode_attention(q1, rotary).output.to_vector<float>()) EXPECT_TRUE(std::isfinite(x));
+  rotary.set_length(0, kMaxRotaryPosition + 2);
+  EXPECT_THROW_WITH(decode_attention(q1, rotary), ValueError,
+                    "decode_attention: sequence 0's queries reach position 9007199254740993, past the rotary limit");
+}
+
+// A window wider than any sequence on a cache without one is no window: pos - window overflowed for
+// the queries before a short sequence's first key (pos < 0), and the reference dropped every key.
+TEST(KVCacheWindow, AWindowNearTheInt64LimitIsNoWindow) {
+  KVCache cache(config(2, 8, DType::f32));
+  cache.append(Tensor::randn({2, 2, 3, 16}, 1), Tensor::randn({2, 2, 3, 8}, 2), {1, 3});
+  const Tensor q = Tensor::randn({2, 4, 3, 16}, 3);
+  for (bool causal : {true, false}) {
+    DecodeOptions none, wide;
+    none.causal = wide.causal = causal;
+    wide.window = std::numeric_limits<int64_t>::max();
+    const Tensor want = decode_attention_reference(q, cache, none).output;
+    EXPECT_EQ(max_abs_diff(decode_attention_reference(q, cache, wide).output, want), 0.0) << causal;
+    EXPECT_LE(max_abs_diff(decode_attention(q, cache, wide).output, want), 1e-6) << causal;
+  }
+}
+
+// `pages` without a page_size was ignored (a contiguous cache); a paged cache's default pool
+// counted ceil(capacity / page_size) as (capacity + page_size - 1) / page_size, which overflowed
+// for a capacity near 2^63 (UB; the pool came out negative).
+TEST(KVCacheErrors, PagesWithoutAPageSizeAndCapacitiesNearTheInt64Limit) {
+  KVCacheConfig c = config(2, 8, DType::f32);
+  c.pages = 5;
+  EXPECT_THROW_WITH(KVCache{c}, ValueError, "KVCache: pages = 5 needs page_size > 0 (a paged cache); got page_size 0");
+  c.pages = 0, c.batch = 1, c.capacity = std::numeric_limits<int64_t>::max(), c.page_size = int64_t{1} << 61;
+  EXPECT_THROW_WITH(KVCache{c}, Error, "[4, 2, 2305843009213693952, 16]");
+  c.window = 4, c.page_size = 1;
+  EXPECT_THROW_WITH(KVCache{c}, ValueError, "KVCache: batch 1 x capacity 9223372036854775807 is too large");
 }
 
 }  // namespace

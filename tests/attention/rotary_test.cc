@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "attention/attention_test_configs.h"
@@ -81,6 +82,46 @@ TEST(Rotary, PositionsPerSequenceAndErrors) {
   RotaryOptions odd;
   odd.rotary_dim = 5;
   EXPECT_THROW_WITH(apply_rotary(x, odd), ValueError, "apply_rotary: rotary_dim must be even and <= D = 8");
+}
+
+// Positions past +-2^53 are errors (offset + t overflowed int64 near INT64_MAX: undefined, a row
+// turned at -2^63), checked before the sum; up to 2^53 they are accepted, and at 2^29 the angles
+// hold to float32's precision (qkv/rotary.h), against angles taken in long double.
+TEST(Rotary, PositionsPastTwoTo53AreErrors) {
+  const Tensor x = Tensor::randn({1, 1, 3, 8}, 6, DType::f64);
+  RotaryOptions o;
+  o.offset = std::numeric_limits<int64_t>::max();
+  EXPECT_THROW_WITH(apply_rotary(x, o), ValueError,
+                    "apply_rotary: positions offset + t must lie within +-2^53 = 9007199254740992 (float64 holds every "
+                    "integer only up to 2^53), got offset 9223372036854775807 and T = 3");
+  EXPECT_THROW_WITH(apply_rotary_reference(x, o), ValueError, "apply_rotary_reference: positions offset + t must lie");
+  for (int64_t bad : {kMaxRotaryPosition - 1, -kMaxRotaryPosition - 1, std::numeric_limits<int64_t>::min()}) {
+    SCOPED_TRACE(bad);
+    o.offset = bad;
+    EXPECT_THROW_WITH(apply_rotary(x, o), ValueError, "apply_rotary: positions offset + t must lie within");
+  }
+  for (int64_t fine : {kMaxRotaryPosition - 2, -kMaxRotaryPosition}) {
+    o.offset = fine;
+    for (double v : apply_rotary(x, o).to_vector<double>()) EXPECT_TRUE(std::isfinite(v)) << fine;
+  }
+  o.offset = 0;
+  o.positions = Tensor::from_vector<int64_t>({0, kMaxRotaryPosition + 1, 2}, {3});
+  EXPECT_THROW_WITH(apply_rotary(x, o), ValueError,
+                    "apply_rotary: positions must lie within +-2^53 = 9007199254740992 (float64 holds every integer "
+                    "only up to 2^53), got 9007199254740993 at flat index 1");
+  o.positions = Tensor::from_vector<int64_t>({0, 1, std::numeric_limits<int64_t>::min()}, {3});
+  EXPECT_THROW_WITH(apply_rotary_reference(x, o), ValueError, "got -9223372036854775808 at flat index 2");
+  RotaryOptions far;  // 2^29: angles within |p| 2^-53 rad of the exact ones
+  far.offset = int64_t{1} << 29;
+  const std::vector<double> got = apply_rotary(x, far).to_vector<double>(), in = x.to_vector<double>();
+  for (int64_t t = 0; t < 3; ++t) {
+    for (int64_t i = 0; i < 4; ++i) {  // neox: pairs (i, i + 4)
+      const long double angle = static_cast<long double>(far.offset + t) * std::pow(10000.0L, -2.0L * i / 8.0L);
+      const long double a = in[t * 8 + i], b = in[t * 8 + i + 4];
+      EXPECT_NEAR(got[t * 8 + i], static_cast<double>(a * std::cos(angle) - b * std::sin(angle)), 1e-6) << t << i;
+      EXPECT_NEAR(got[t * 8 + i + 4], static_cast<double>(b * std::cos(angle) + a * std::sin(angle)), 1e-6) << t << i;
+    }
+  }
 }
 
 // D = 0 has nothing to turn: x comes back as it is (rows were counted as numel / D, a division by zero, SIGFPE).

@@ -109,3 +109,38 @@ def test_windowed_pages_return_to_the_pool_and_decode_as_the_ring():
     np.testing.assert_array_equal(qkv.decode_attention(q, paged), qkv.decode_attention(q, ring))
     assert all(sum(p >= 0 for p in paged.block_table(b)) <= 4 for b in range(3))
     assert -1 in paged.block_table(0) and paged.pages == 12
+
+
+def test_from_state_rejects_a_first_kept_the_cache_cannot_have(tmp_path):
+    # a cache without a window stores every position from 0; a ring keeps [n - capacity, n - window]
+    plain = qkv.KVCache(2, 2, 8, 10)
+    plain.append(rng.standard_normal((2, 2, 6, 8)), rng.standard_normal((2, 2, 6, 8)), counts=[6, 3])
+    state = plain.state()
+    state["first_kept"] = np.array([2, 0], dtype=np.int64)
+    qkv.save(tmp_path / "plain.safetensors", state)
+    with pytest.raises(ValueError, match=r"first_kept\[0\] = 2 for a cache without a window \(window 0, capacity 10"):
+        qkv.KVCache.from_state(qkv.load(tmp_path / "plain.safetensors"))
+    ring = qkv.KVCache(2, 2, 8, 6, window=4)
+    ring.append(rng.standard_normal((2, 2, 10, 8)), rng.standard_normal((2, 2, 10, 8)), counts=[10, 6])
+    state = ring.state()
+    assert list(state["first_kept"]) == [4, 0]
+    state["first_kept"] = np.array([3, 0], dtype=np.int64)
+    with pytest.raises(ValueError, match=r"first_kept\[0\] = 3 is outside \[4, 6\] for lengths\[0\] = 10, window 4"):
+        qkv.KVCache.from_state(state)
+    state["first_kept"] = np.array([4], dtype=np.int64)
+    with pytest.raises(ValueError, match=r"'first_kept' must hold one position per sequence \(2\), got 1"):
+        qkv.KVCache.from_state(state)
+
+
+def test_rotary_positions_past_2_to_53_are_errors():
+    x = rng.standard_normal((1, 2, 3, 8))
+    with pytest.raises(ValueError, match=r"apply_rotary: positions offset \+ t must lie within \+-2\^53"):
+        qkv.apply_rotary(x, offset=2**63 - 1)
+    with pytest.raises(ValueError, match=r"got 9007199254740993 at flat index 1"):
+        qkv.apply_rotary(x, np.array([0, 2**53 + 1, 2]))
+    assert np.isfinite(qkv.apply_rotary(x, offset=2**53 - 2)).all()
+    ring = qkv.KVCache(1, 2, 8, 6, window=4, rotary=True)
+    ring.set_length(0, 2**53 - 1)
+    with pytest.raises(ValueError, match=r"KVCache.append: sequence 0's rotary positions 9007199254740991 \.\. "):
+        ring.append(x, x)
+    assert ring.lengths == [2**53 - 1]
