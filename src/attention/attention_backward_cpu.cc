@@ -23,8 +23,12 @@
 // a broadcast operand sum there, as autograd sums. The parts of an entry add their dQ in
 // part order (a part waits for the one before it), so a result does not depend on which
 // worker finished first. The lock is taken once per item, not per tile. Items go to
-// get_num_threads() workers from an atomic counter; a call with a single item lets the
-// tile GEMMs use the threads.
+// get_num_threads() workers (one inside a parallel region: P = 1 there) from an atomic
+// counter; a call with a single item lets the tile GEMMs use the threads. The wait for a
+// turn cannot deadlock however few workers run (an OpenMP team smaller than asked, a
+// nested call run inline): items are claimed in counter order, entry-major, so the part
+// before was claimed earlier by a worker that is running it and waits only on parts
+// claimed before it (the first part of an entry waits on none).
 #include "attention/attention_backward_cpu.h"
 
 #include <algorithm>
@@ -37,6 +41,7 @@
 #include <vector>
 
 #include "attention/attention_cpu_tiles.h"
+#include "kernels/cpu/parallel_internal.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
 #include "qkv/softmax.h"
@@ -318,7 +323,12 @@ AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tenso
   Tensor dq = Tensor::zeros(p.q_in.shape(), dt), dk = Tensor::zeros(p.k_in.shape(), dt),
          dv = Tensor::zeros(p.v_in.shape(), dt);
   std::mutex add;
-  const int64_t parts = backward_parts(p.batch_size, get_num_threads(), (p.lk + f.tiles.bc - 1) / f.tiles.bc);
+  // The workers parallel_for will really run: one inside a parallel region (a caller's
+  // parallel_for or OpenMP region, where it runs the range inline), so that such a call
+  // splits no entry into parts it would only run one after the other (and its result is
+  // the one-thread result, whatever set_num_threads says).
+  const int64_t threads = detail::in_parallel_region() ? 1 : get_num_threads();
+  const int64_t parts = backward_parts(p.batch_size, threads, (p.lk + f.tiles.bc - 1) / f.tiles.bc);
   std::vector<std::atomic<int64_t>> turn(static_cast<size_t>(parts > 1 ? p.batch_size : 0));
   for (auto& t : turn) t.store(0, std::memory_order_relaxed);
   std::atomic<bool> stop{false};
@@ -326,7 +336,7 @@ AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tenso
                  dk.data<T>(), dv.data<T>(),  &add,           &turn,         &stop};
   std::atomic<int64_t> next{0};
   const int64_t items = p.batch_size * parts;  // entry-major: the parts of an entry in order
-  const int64_t workers = std::min<int64_t>(get_num_threads(), items);
+  const int64_t workers = std::min<int64_t>(threads, items);
   const bool packed = packed_tiles<T>(f);
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     // A worker that leaves with an item it will not add (its error, an interrupt) sets stop,

@@ -10,9 +10,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "attention/attention_test_configs.h"
 #include "qkv/attention.h"
@@ -203,6 +208,129 @@ TEST(FlashAttentionBackward, InterruptWhileKeyTilePartsRunEnds) {
   stopper.join();
   clear_interrupt();
   set_num_threads(threads);
+}
+
+// Runs fn on a child thread; false where it has not returned within `limit` (a hang: a
+// key-tile part waiting forever for its dQ turn). Then an interrupt is requested, which ends
+// every such wait (wait_turn), so the thread is joined and the test fails instead of hanging.
+// The limit is generous (the calls below take well under a second): it decides only
+// whether a call that never ends fails, never whether a correct one passes.
+bool finishes(const std::function<void()>& fn, std::chrono::seconds limit = std::chrono::seconds(300)) {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+  std::thread t([&] {
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const std::lock_guard<std::mutex> lock(m);
+    done = true;
+    cv.notify_all();
+  });
+  bool ok = false;
+  {
+    std::unique_lock<std::mutex> lock(m);
+    ok = cv.wait_for(lock, limit, [&] { return done; });
+  }
+  if (!ok) request_interrupt();
+  t.join();
+  clear_interrupt();
+  if (ok && error) std::rethrow_exception(error);
+  return ok;
+}
+
+// One entry whose 10 key tiles split into parts on 2 or 3 workers (backward_parts).
+test::Config key_tile_parts_config() {
+  test::Config c;
+  c.lq = 96, c.lk = 160, c.dk = 24, c.dv = 16, c.seed = 34;
+  return c;
+}
+
+Case key_tile_parts_case(DType dt) {
+  Case x = make_case(key_tile_parts_config(), dt);
+  x.options.tuning.flash_tiles = FlashTiles{32, 16};
+  return x;
+}
+
+// The backward called inside a parallel region (each of parallel_for's workers calls it;
+// parallel_for runs nested calls inline, on one worker) on one forward's saved output: it
+// ends, matches the reference and, running on one worker, gives the one-thread result bit
+// for bit (one part per entry, dQ summed in one order), whatever set_num_threads says.
+// Before, P came from get_num_threads() there too: 2-3 parts run one after the other, dQ
+// summed part by part (its last bits differed). The forward runs outside the region: only
+// the backward is under test here.
+TEST(FlashAttentionBackward, InsideAParallelRegionRunsAsOneWorker) {
+  const int threads = get_num_threads();
+  for (const DType dt : {DType::f64, DType::f32}) {
+    const Case x = key_tile_parts_case(dt);
+    const test::Config c = key_tile_parts_config();
+    const AttentionGradients ref = attention_backward_reference(x.q, x.k, x.v, x.grad_out, x.options);
+    AttentionOptions o = x.options;
+    o.return_logsumexp = true;
+    const AttentionResult fwd = scaled_dot_product_attention(x.q, x.k, x.v, o);
+    auto backward = [&] {
+      return scaled_dot_product_attention_backward(x.q, x.k, x.v, fwd.output, x.grad_out, *fwd.logsumexp, o);
+    };
+    set_num_threads(1);
+    const AttentionGradients one = backward();
+    for (const int n : {2, 3}) {
+      set_num_threads(n);
+      std::vector<AttentionGradients> got(static_cast<size_t>(n));
+      ASSERT_TRUE(finishes([&] {
+        parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i) got[static_cast<size_t>(i)] = backward();
+        });
+      })) << "nested backward did not end, " << n << " threads";
+      for (const AttentionGradients& g : got) {
+        double worst = 0.0;
+        expect_close(x, g, ref, dt == DType::f64 ? 1e-10 : 2e-5, c, &worst);
+        EXPECT_EQ(g.dq.to_vector<double>(), one.dq.to_vector<double>()) << n << " threads";
+        EXPECT_EQ(g.dk.to_vector<double>(), one.dk.to_vector<double>()) << n << " threads";
+        EXPECT_EQ(g.dv.to_vector<double>(), one.dv.to_vector<double>()) << n << " threads";
+      }
+    }
+  }
+  set_num_threads(threads);
+}
+
+// Two threads of the caller's each calling the backward at once (each its own OpenMP team,
+// 2 parts per entry): both end, match the reference and agree bit for bit (dQ in part order).
+TEST(FlashAttentionBackward, ConcurrentCallsWithKeyTilePartsEnd) {
+  const int threads = get_num_threads();
+  set_num_threads(2);
+  const Case x = key_tile_parts_case(DType::f32);
+  const AttentionGradients ref = attention_backward_reference(x.q, x.k, x.v, x.grad_out, x.options);
+  AttentionGradients got[2];
+  ASSERT_TRUE(finishes([&] {
+    std::exception_ptr errors[2];
+    std::thread a([&] {
+      try {
+        for (int r = 0; r < 20; ++r) got[0] = fused(x);
+      } catch (...) {
+        errors[0] = std::current_exception();
+      }
+    });
+    std::thread b([&] {
+      try {
+        for (int r = 0; r < 20; ++r) got[1] = fused(x);
+      } catch (...) {
+        errors[1] = std::current_exception();
+      }
+    });
+    a.join(), b.join();
+    for (const std::exception_ptr& e : errors) {
+      if (e) std::rethrow_exception(e);
+    }
+  })) << "concurrent backward calls did not end";
+  set_num_threads(threads);
+  double worst = 0.0;
+  expect_close(x, got[0], ref, 2e-5, key_tile_parts_config(), &worst);
+  EXPECT_EQ(got[0].dq.to_vector<double>(), got[1].dq.to_vector<double>());
+  EXPECT_EQ(got[0].dk.to_vector<double>(), got[1].dk.to_vector<double>());
+  EXPECT_EQ(got[0].dv.to_vector<double>(), got[1].dv.to_vector<double>());
 }
 
 // The float32 backward's S = Q_i K_j^T and dP = dO_i V_j^T on K_j and V_j packed once per
