@@ -82,58 +82,59 @@ void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor
 }
 
 // What every rank must agree on: the options and every size but the sequence axis.
-int64_t fingerprint(const Tensor& q, const Tensor& k, const Tensor& v, const RingAttentionOptions& options) {
-  std::vector<int64_t> f = options_values(options);
-  std::vector<const Tensor*> sized{&q, &k, &v};
-  if (options.attn_mask) sized.push_back(&*options.attn_mask);
-  for (const Tensor* t : sized) {
-    f.push_back(static_cast<int64_t>(t->dtype()));
-    f.push_back(t->dim());
-    for (int64_t d = 0; d < t->dim(); ++d) f.push_back(d == t->dim() - 2 ? 0 : t->size(d));
-  }
-  return call_fingerprint(f);
-}
-
-int64_t total(const std::vector<Chunk>& chunks) {
-  int64_t n = 0;
-  for (const Chunk& c : chunks) n += c.length;
-  return n;
+CallSignature signature(const Tensor& q, const Tensor& k, const Tensor& v, const RingAttentionOptions& options) {
+  CallSignature sig;
+  add_options(sig, options);
+  sig.tensor("q", q, q.dim() - 2).tensor("k", k, k.dim() - 2).tensor("v", v, v.dim() - 2);
+  if (options.attn_mask)
+    sig.tensor("attn_mask", *options.attn_mask, options.attn_mask->dim() - 2);
+  else
+    sig.tensor("attn_mask", std::nullopt);
+  return sig;
 }
 
 }  // namespace
+
+void check_shard_lengths(const char* op, const char* what, const std::vector<int64_t>& lengths, SequenceLayout layout) {
+  const int p = static_cast<int>(lengths.size());
+  int64_t length = 0;
+  for (const int64_t n : lengths) length += n;
+  for (int r = 0; r < p; ++r) {
+    int64_t want = 0;
+    for (const Chunk& c : sequence_chunks(length, r, p, layout)) want += c.length;
+    if (lengths[static_cast<size_t>(r)] != want) {
+      fail<ShapeError>(op, ": rank ", r, " holds ", lengths[static_cast<size_t>(r)], " ", what, "; the ",
+                       sequence_layout_name(layout), " layout of ", length, " over ", p, " ranks gives it ", want,
+                       " (shard_sequence cuts it)");
+    }
+  }
+}
 
 RingPlan make_ring_plan(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
                         const RingAttentionOptions& options, const std::function<void()>& more_checks) {
   agree_on_call(op, comm, [&] {
     check_inputs(op, q, k, v, options);
     if (more_checks) more_checks();
-    return fingerprint(q, k, v, options);
+    return signature(q, k, v, options);
   });
   RingPlan plan;
   plan.size = comm.size();
   plan.options = &options;
   plan.kv_lengths = comm.all_gather_values(k.size(-2));
-  for (int64_t n : comm.all_gather_values(q.size(-2))) plan.lq += n;
+  const std::vector<int64_t> q_lengths = comm.all_gather_values(q.size(-2));
+  for (int64_t n : q_lengths) plan.lq += n;
   for (int64_t n : plan.kv_lengths) plan.lk += n;
   if (options.is_causal && plan.lq != plan.lk) {
     fail<ShapeError>(op, ": causal needs as many queries as keys, got ", plan.lq, " and ", plan.lk);
   }
-  for (int r = 0; r < plan.size; ++r) {
-    const int64_t want = total(sequence_chunks(plan.lk, r, plan.size, options.layout));
-    if (plan.kv_lengths[static_cast<size_t>(r)] != want) {
-      fail<ShapeError>(op, ": rank ", r, " holds ", plan.kv_lengths[static_cast<size_t>(r)], " keys; the ",
-                       sequence_layout_name(options.layout), " layout of ", plan.lk, " over ", plan.size,
-                       " ranks gives it ", want);
-    }
-  }
+  // Every rank checks every rank's lengths, so that all fail together (a rank whose own length
+  // fits would otherwise wait in the ring for one that failed alone).
+  check_shard_lengths(op, "queries", q_lengths, options.layout);
+  check_shard_lengths(op, "keys", plan.kv_lengths, options.layout);
   int64_t local = 0;
   for (const Chunk& c : sequence_chunks(plan.lq, comm.rank(), plan.size, options.layout)) {
     plan.queries.push_back({c, local});
     local += c.length;
-  }
-  if (local != q.size(-2)) {
-    fail<ShapeError>(op, ": this rank (", comm.rank(), ") holds ", q.size(-2), " queries; the ",
-                     sequence_layout_name(options.layout), " layout of ", plan.lq, " gives it ", local);
   }
   // Every rank has the same mask columns (agree_on_call): all fail here together.
   if (options.attn_mask && options.attn_mask->size(-1) != 1 && options.attn_mask->size(-1) != plan.lk) {

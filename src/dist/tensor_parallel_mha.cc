@@ -2,7 +2,9 @@
 #include "qkv/dist/tensor_parallel_mha.h"
 
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/internal.h"
@@ -95,41 +97,79 @@ void TensorParallelAttention::load(const Tensor& wq, const Tensor& wk, const Ten
   o_bias_ = biases.at("o");
 }
 
+CallSignature TensorParallelAttention::signature() const {
+  CallSignature sig;
+  sig.value("embed_dim", config_.embed_dim)
+      .value("num_heads", config_.num_heads)
+      .value("num_kv_heads", config_.num_kv_heads)
+      .value("head_dim", config_.head_dim)
+      .value("batch_first", config_.batch_first);
+  return sig.tensor("o_proj.bias", o_bias_);
+}
+
+namespace {
+
+// Collective: `build` makes this rank's share of a layer (and throws when its arguments do not
+// fit) with its signature(); the ranks agree on the layers' configurations and on `state` (every rank must pass the
+// same whole state_dict: its entries' shapes and a sample of their values), so that a rank that
+// refused its weights, or holds other ones, stops every rank here instead of leaving them
+// waiting in forward's first collective.
+template <class Layer, class Build>
+Layer agreed_layer(const char* op, const Communicator& comm, const std::map<std::string, Tensor>* state,
+                   Build&& build) {
+  std::optional<Layer> layer;
+  agree_on_call(op, comm, [&] {
+    auto [built, sig] = build();
+    layer.emplace(std::move(built));
+    if (state) {
+      for (const auto& [name, t] : *state) sig.sample(name.c_str(), t);
+    }
+    return sig;
+  });
+  return std::move(*layer);
+}
+
+}  // namespace
+
 TensorParallelAttention TensorParallelAttention::from_torch_mha(const nn::MultiheadAttentionConfig& config,
                                                                 const std::map<std::string, Tensor>& state,
                                                                 const Communicator& comm) {
   const char* op = "TensorParallelAttention::from_torch_mha";
-  if (config.add_bias_kv || config.add_zero_attn) fail<ValueError>(op, ": add_bias_kv / add_zero_attn are not split");
-  if (config.num_heads < 1 || config.embed_dim % config.num_heads != 0) {
-    fail<ValueError>(op, ": embed_dim ", config.embed_dim, " is not divisible by num_heads ", config.num_heads);
-  }
-  TensorParallelAttention layer({config.embed_dim, config.num_heads, config.num_heads, 0, config.batch_first}, comm);
-  const int64_t e = config.embed_dim;
-  const std::optional<Tensor> in_bias = optional_entry(state, "in_proj_bias");
-  std::map<std::string, std::optional<Tensor>> biases{{"q", rows(in_bias, 0, e)},
-                                                      {"k", rows(in_bias, e, e)},
-                                                      {"v", rows(in_bias, 2 * e, e)},
-                                                      {"o", optional_entry(state, "out_proj.bias")}};
-  const Tensor& wo = require(state, "out_proj.weight", op);
-  if (const auto w = optional_entry(state, "in_proj_weight")) {
-    if (w->dim() != 2 || w->size(0) != 3 * e)
-      fail<ShapeError>(op, ": in_proj_weight is ", shape_str(w->shape()), ", want [", 3 * e, ", ", e, "]");
-    layer.load(rows(*w, 0, e), rows(*w, e, e), rows(*w, 2 * e, e), wo, biases);
-  } else {
-    layer.load(require(state, "q_proj_weight", op), require(state, "k_proj_weight", op),
-               require(state, "v_proj_weight", op), wo, biases);
-  }
-  return layer;
+  return agreed_layer<TensorParallelAttention>(op, comm, &state, [&] {
+    if (config.add_bias_kv || config.add_zero_attn) fail<ValueError>(op, ": add_bias_kv / add_zero_attn are not split");
+    if (config.num_heads < 1 || config.embed_dim % config.num_heads != 0) {
+      fail<ValueError>(op, ": embed_dim ", config.embed_dim, " is not divisible by num_heads ", config.num_heads);
+    }
+    TensorParallelAttention layer({config.embed_dim, config.num_heads, config.num_heads, 0, config.batch_first}, comm);
+    const int64_t e = config.embed_dim;
+    const std::optional<Tensor> in_bias = optional_entry(state, "in_proj_bias");
+    std::map<std::string, std::optional<Tensor>> biases{{"q", rows(in_bias, 0, e)},
+                                                        {"k", rows(in_bias, e, e)},
+                                                        {"v", rows(in_bias, 2 * e, e)},
+                                                        {"o", optional_entry(state, "out_proj.bias")}};
+    const Tensor& wo = require(state, "out_proj.weight", op);
+    if (const auto w = optional_entry(state, "in_proj_weight")) {
+      if (w->dim() != 2 || w->size(0) != 3 * e)
+        fail<ShapeError>(op, ": in_proj_weight is ", shape_str(w->shape()), ", want [", 3 * e, ", ", e, "]");
+      layer.load(rows(*w, 0, e), rows(*w, e, e), rows(*w, 2 * e, e), wo, biases);
+    } else {
+      layer.load(require(state, "q_proj_weight", op), require(state, "k_proj_weight", op),
+                 require(state, "v_proj_weight", op), wo, biases);
+    }
+    return std::pair(layer, layer.signature());
+  });
 }
 
 TensorParallelAttention TensorParallelAttention::from_projections(const TensorParallelAttentionConfig& config,
                                                                   const std::map<std::string, Tensor>& state,
                                                                   const Communicator& comm) {
   const char* op = "TensorParallelAttention::from_projections";
-  TensorParallelAttention layer(config, comm);
-  const Projections p = projections_of(state, op);
-  layer.load(p.wq, p.wk, p.wv, p.wo, p.biases);
-  return layer;
+  return agreed_layer<TensorParallelAttention>(op, comm, &state, [&] {
+    TensorParallelAttention layer(config, comm);
+    const Projections p = projections_of(state, op);
+    layer.load(p.wq, p.wk, p.wv, p.wo, p.biases);
+    return std::pair(layer, layer.signature());
+  });
 }
 
 std::map<std::string, Tensor> TensorParallelAttention::shard_state_dict() const {
@@ -149,27 +189,30 @@ TensorParallelAttention TensorParallelAttention::from_shard(const TensorParallel
                                                             const std::map<std::string, Tensor>& shard,
                                                             const Communicator& comm) {
   const char* op = "TensorParallelAttention::from_shard";
-  TensorParallelAttention layer(config, comm);
-  layer.o_bias_ = optional_entry(shard, "o_proj.bias");
-  if (layer.hq_local_ == 0) return layer;
-  const int64_t d = layer.config_.head_dim, e = layer.config_.embed_dim;
-  const Projections p = projections_of(shard, op);
-  const Tensor &wq = p.wq, &wk = p.wk, &wv = p.wv, &wo = p.wo;
-  if (wq.dim() != 2 || wq.size(0) != layer.hq_local_ * d || wq.size(1) != e || wk.dim() != 2 ||
-      wk.size(0) != layer.hk_local_ * d || wv.dim() != 2 || wv.size(0) != layer.hk_local_ * d || wo.dim() != 2 ||
-      wo.size(0) != e || wo.size(1) != layer.hq_local_ * d) {
-    fail<ShapeError>(op, ": rank ", comm.rank(), " of ", comm.size(), " holds query heads [", layer.q0_, ", ",
-                     layer.q0_ + layer.hq_local_, ") and key/value heads [", layer.k0_, ", ",
-                     layer.k0_ + layer.hk_local_, ") of ", d, ", so q_proj.weight [", layer.hq_local_ * d, ", ", e,
-                     "], k/v_proj.weight [", layer.hk_local_ * d, ", *], o_proj.weight [", e, ", ", layer.hq_local_ * d,
-                     "]; got ", shape_str(wq.shape()), ", ", shape_str(wk.shape()), ", ", shape_str(wv.shape()), ", ",
-                     shape_str(wo.shape()), " (a shard of another rank count?)");
-  }
-  layer.q_ = nn::Linear::torch(wq, p.biases.at("q"));
-  layer.k_ = nn::Linear::torch(wk, p.biases.at("k"));
-  layer.v_ = nn::Linear::torch(wv, p.biases.at("v"));
-  layer.o_ = nn::Linear::torch(wo, std::nullopt);
-  return layer;
+  // Only the configuration and o_proj.bias (signature()) are the same on every rank.
+  return agreed_layer<TensorParallelAttention>(op, comm, nullptr, [&] {
+    TensorParallelAttention layer(config, comm);
+    layer.o_bias_ = optional_entry(shard, "o_proj.bias");
+    if (layer.hq_local_ == 0) return std::pair(layer, layer.signature());
+    const int64_t d = layer.config_.head_dim, e = layer.config_.embed_dim;
+    const Projections p = projections_of(shard, op);
+    const Tensor &wq = p.wq, &wk = p.wk, &wv = p.wv, &wo = p.wo;
+    if (wq.dim() != 2 || wq.size(0) != layer.hq_local_ * d || wq.size(1) != e || wk.dim() != 2 ||
+        wk.size(0) != layer.hk_local_ * d || wv.dim() != 2 || wv.size(0) != layer.hk_local_ * d || wo.dim() != 2 ||
+        wo.size(0) != e || wo.size(1) != layer.hq_local_ * d) {
+      fail<ShapeError>(op, ": rank ", comm.rank(), " of ", comm.size(), " holds query heads [", layer.q0_, ", ",
+                       layer.q0_ + layer.hq_local_, ") and key/value heads [", layer.k0_, ", ",
+                       layer.k0_ + layer.hk_local_, ") of ", d, ", so q_proj.weight [", layer.hq_local_ * d, ", ", e,
+                       "], k/v_proj.weight [", layer.hk_local_ * d, ", *], o_proj.weight [", e, ", ",
+                       layer.hq_local_ * d, "]; got ", shape_str(wq.shape()), ", ", shape_str(wk.shape()), ", ",
+                       shape_str(wv.shape()), ", ", shape_str(wo.shape()), " (a shard of another rank count?)");
+    }
+    layer.q_ = nn::Linear::torch(wq, p.biases.at("q"));
+    layer.k_ = nn::Linear::torch(wk, p.biases.at("k"));
+    layer.v_ = nn::Linear::torch(wv, p.biases.at("v"));
+    layer.o_ = nn::Linear::torch(wo, std::nullopt);
+    return std::pair(layer, layer.signature());
+  });
 }
 
 void TensorParallelAttention::check_inputs(const char* op, const Tensor& query, const Tensor& key, const Tensor& value,
@@ -184,17 +227,31 @@ void TensorParallelAttention::check_inputs(const char* op, const Tensor& query, 
           op, ": query, key, value must be [L, N, E] (or [N, L, E] with batch_first, or unbatched [L, E]), got ",
           shape_str(query.shape()), ", ", shape_str(key.shape()), ", ", shape_str(value.shape()));
     }
+    const int64_t n = config_.batch_first ? 0 : 1, s = 1 - n;  // batch and sequence dims
     const bool widths = query.size(2) == config_.embed_dim &&
                         (hq_local_ == 0 || (key.size(2) == k_.in_features() && value.size(2) == v_.in_features()));
-    if (!widths) {
+    // What the kernel refuses, on every rank (a rank without heads runs none).
+    const bool alike = query.size(n) == key.size(n) && key.size(n) == value.size(n) && key.size(s) == value.size(s);
+    if (!widths || !alike) {
       fail<ShapeError>(op, ": query ", shape_str(query.shape()), ", key ", shape_str(key.shape()), ", value ",
-                       shape_str(value.shape()), " do not fit the layer (embed_dim ", config_.embed_dim, ")");
+                       shape_str(value.shape()), " do not fit the layer (embed_dim ", config_.embed_dim,
+                       "; one batch size, key and value of one length", config_.batch_first ? ", batch_first" : "",
+                       ")");
+    }
+    for (const Tensor* t : {&query, &key, &value}) {  // Linear converts these; the others only some ranks refuse
+      if (!is_floating(t->dtype())) {
+        fail<DTypeError>(op, ": query, key, value must be float32, float64, float16 or bfloat16, got ",
+                         dtype_name(query.dtype()), ", ", dtype_name(key.dtype()), ", ", dtype_name(value.dtype()));
+      }
     }
     if (options.attn_mask && options.is_causal) {  // SDPA's refusal, on every rank (headless ones too)
       fail<ValueError>(op, ": attn_mask and is_causal cannot both be set (as in PyTorch)");
     }
     if (options.attn_mask) {  // [L, S] or [N, Hq, L, S] (each 1 or its size): else only some ranks' kernels refuse it
       const Tensor& m = *options.attn_mask;
+      if (m.dtype() != DType::b8 && !is_floating(m.dtype())) {
+        fail<DTypeError>(op, ": attn_mask must be bool or floating point, got ", dtype_name(m.dtype()));
+      }
       const bool bf = config_.batch_first;
       const int64_t want[] = {query.size(bf ? 0 : 1), config_.num_heads, query.size(bf ? 1 : 0), key.size(bf ? 1 : 0)};
       bool ok = m.dim() == 2 || m.dim() == 4;
@@ -205,16 +262,9 @@ void TensorParallelAttention::check_inputs(const char* op, const Tensor& query, 
       }
     }
     if (more_checks) more_checks();
-    std::vector<int64_t> f{config_.embed_dim,   config_.num_heads, config_.num_kv_heads, config_.head_dim,
-                           config_.batch_first, options.is_causal, o_bias_.has_value(),  options.attn_mask.has_value()};
-    for (const Tensor* t : {&query, &key, &value}) {
-      for (int64_t n : t->shape()) f.push_back(n);
-    }
-    if (options.attn_mask) {
-      f.push_back(static_cast<int64_t>(options.attn_mask->dtype()));
-      for (int64_t n : options.attn_mask->shape()) f.push_back(n);
-    }
-    return call_fingerprint(f);
+    CallSignature sig = signature();
+    sig.value("is_causal", options.is_causal).tensor("query", query).tensor("key", key).tensor("value", value);
+    return sig.tensor("attn_mask", options.attn_mask);
   });
 }
 

@@ -40,9 +40,9 @@ TensorParallelGradients TensorParallelAttention::backward(const Tensor& query, c
   check_inputs("TensorParallelAttention.backward", query, key, value, options, [&] {
     Shape out_shape = query.shape();
     out_shape.back() = config_.embed_dim;
-    if (grad_output.shape() != out_shape) {
-      fail<ShapeError>("TensorParallelAttention.backward: grad_output is ", shape_str(grad_output.shape()),
-                       ", the output ", shape_str(out_shape));
+    if (grad_output.shape() != out_shape || !is_floating(grad_output.dtype())) {
+      fail<ShapeError>("TensorParallelAttention.backward: grad_output is ", shape_str(grad_output.shape()), " ",
+                       dtype_name(grad_output.dtype()), ", the output ", shape_str(out_shape), " (floating point)");
     }
   });
   TensorParallelGradients g;

@@ -89,15 +89,10 @@ void agree_on_inputs(const char* op, const Tensor& q, const Tensor& k, const Ten
   agree_on_call(op, comm, [&] {
     check_inputs(q, k, v, options);
     if (more_checks) more_checks();
-    std::vector<int64_t> f = options_values(options);
-    for (const Tensor* t : {&q, &k, &v}) {
-      for (int64_t d : {0, 1, 3}) f.push_back(t->size(d));
-    }
-    if (options.attn_mask) {  // the whole sequence's mask: the same on every rank
-      f.push_back(static_cast<int64_t>(options.attn_mask->dtype()));
-      for (int64_t n : options.attn_mask->shape()) f.push_back(n);
-    }
-    return call_fingerprint(f);
+    CallSignature sig;
+    add_options(sig, options);
+    sig.tensor("q", q, 2).tensor("k", k, 2).tensor("v", v, 2);
+    return sig.tensor("attn_mask", options.attn_mask);  // the whole sequence's mask: the same on every rank
   });
 }
 
@@ -108,7 +103,7 @@ struct UlyssesPlan {
   std::vector<int64_t> q_bounds, kv_bounds, q_lengths, kv_lengths;
 };
 
-UlyssesPlan plan_of(const Tensor& q, const Tensor& k, const Communicator& comm) {
+UlyssesPlan plan_of(const char* op, const Tensor& q, const Tensor& k, const Communicator& comm, SequenceLayout layout) {
   UlyssesPlan plan;
   const int64_t g = q.size(1) / k.size(1);
   // Key/value heads are split when every rank gets one; else replicated to Hq (group 1).
@@ -118,6 +113,10 @@ UlyssesPlan plan_of(const Tensor& q, const Tensor& k, const Communicator& comm) 
   for (int64_t b : plan.kv_bounds) plan.q_bounds.push_back(b * plan.group);
   plan.q_lengths = comm.all_gather_values(q.size(2));
   plan.kv_lengths = comm.all_gather_values(k.size(2));
+  // Every rank checks every rank's lengths (all fail together): a shard the layout does not give
+  // used to pass the first all-to-all and fail in the second on only some ranks.
+  check_shard_lengths(op, "queries", plan.q_lengths, layout);
+  check_shard_lengths(op, "keys", plan.kv_lengths, layout);
   return plan;
 }
 
@@ -153,7 +152,7 @@ AttentionOptions local_options(const UlyssesAttentionOptions& options, const Uly
 Tensor run_ulysses(const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
                    const UlyssesAttentionOptions& options) {
   agree_on_inputs("ulysses_attention", q, k, v, comm, options);
-  const UlyssesPlan plan = plan_of(q, k, comm);
+  const UlyssesPlan plan = plan_of("ulysses_attention", q, k, comm, options.layout);
   const Heads h = heads_of(q, k, v, plan, comm, options.layout);
   Tensor oh = Tensor::zeros({q.size(0), h.q.size(1), h.q.size(2), v.size(3)});  // [B, hq, Lq, Dv]
   if (h.q.size(1) > 0) {
@@ -166,12 +165,12 @@ AttentionGradients run_backward(const Tensor& q, const Tensor& k, const Tensor& 
                                 const Communicator& comm, const UlyssesAttentionOptions& options) {
   agree_on_inputs("ulysses_attention_backward", q, k, v, comm, options, [&] {
     const Shape out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
-    if (grad_out.shape() != out_shape) {
-      fail<ShapeError>("ulysses_attention_backward: grad_out is ", shape_str(grad_out.shape()), ", the output ",
-                       shape_str(out_shape));
+    if (grad_out.shape() != out_shape || grad_out.dtype() != DType::f32) {
+      fail<ShapeError>("ulysses_attention_backward: grad_out is ", shape_str(grad_out.shape()), " ",
+                       dtype_name(grad_out.dtype()), ", the output ", shape_str(out_shape), " float32");
     }
   });
-  const UlyssesPlan plan = plan_of(q, k, comm);
+  const UlyssesPlan plan = plan_of("ulysses_attention_backward", q, k, comm, options.layout);
   const Heads h = heads_of(q, k, v, plan, comm, options.layout);
   const Tensor dout = to_heads(grad_out, plan.q_bounds, plan.q_lengths, comm, options.layout);
   AttentionGradients local{Tensor::zeros(h.q.shape()), Tensor::zeros(h.k.shape()), Tensor::zeros(h.v.shape())};

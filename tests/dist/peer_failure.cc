@@ -3,23 +3,46 @@
 //   dies:   rank 1 is killed (SIGKILL) before it posts its side; mpiexec ends the job.
 //   silent: rank 1 stays alive but never posts its side; rank 0's wait runs past
 //           QKV_DIST_TIMEOUT and fails with a CommunicationError, which aborts the job.
+//   refuses: rank 1's tensor-parallel weights do not fit (q_proj.weight one column too wide);
+//           every rank must fail at once, rank 0 naming rank 1 and quoting its error (it used to
+//           build its layer and wait QKV_DIST_TIMEOUT in forward's first collective). Each rank
+//           prints its error and exits 3.
 
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <thread>
 
 #include "qkv/dist/ring_attention.h"
+#include "qkv/dist/tensor_parallel_mha.h"
 #include "qkv/error.h"
 
 int main(int argc, char** argv) {
   qkv::dist::MpiSession mpi(&argc, &argv);
   const std::string mode = argc > 1 ? argv[1] : "";
   const qkv::dist::Communicator comm = qkv::dist::Communicator::world();
-  if (comm.size() < 2 || (mode != "dies" && mode != "silent")) {
-    std::fprintf(stderr, "usage: mpiexec -np 2 qkv_dist_failure dies|silent\n");
+  if (comm.size() < 2 || (mode != "dies" && mode != "silent" && mode != "refuses")) {
+    std::fprintf(stderr, "usage: mpiexec -np 2 qkv_dist_failure dies|silent|refuses\n");
     return 2;
+  }
+  if (mode == "refuses") {
+    using qkv::Tensor;
+    const int64_t e = 8, wide = comm.rank() == 1 ? e + 1 : e;
+    const std::map<std::string, Tensor> sd{{"q_proj.weight", Tensor::randn({e, wide}, 1)},
+                                           {"k_proj.weight", Tensor::randn({e, e}, 2)},
+                                           {"v_proj.weight", Tensor::randn({e, e}, 3)},
+                                           {"o_proj.weight", Tensor::randn({e, e}, 4)}};
+    try {
+      const auto layer = qkv::dist::TensorParallelAttention::from_projections({e, 2, 2, 4, false}, sd, comm);
+      (void)layer.forward(Tensor::randn({3, 1, e}, 5), Tensor::randn({3, 1, e}, 6), Tensor::randn({3, 1, e}, 7));
+    } catch (const qkv::Error& err) {
+      std::fprintf(stderr, "rank %d: %s\n", comm.rank(), err.what());
+      return 3;
+    }
+    std::fprintf(stderr, "rank %d: TensorParallelAttention returned although rank 1 refused\n", comm.rank());
+    return 1;
   }
   const qkv::Tensor q = qkv::Tensor::randn({1, 2, 256, 16}, 1);
   if (comm.rank() == 1) {

@@ -185,10 +185,10 @@ TEST(TensorParallelAttention, PreShardedSafetensorsLoadBackPerRank) {
   nn::MultiheadAttentionOptions mo;
   mo.need_weights = false;
   EXPECT_LE(relative_error(back.forward(x, x, x), whole.forward(x, x, x, mo).output), kTolerance);
-  if (comm.size() > 1 && split.local_heads() > 0) {  // another rank count's shard is refused
+  if (comm.size() > 1) {  // another rank count's shard is refused (from_shard is collective: on every rank)
     const TensorParallelAttentionConfig other{12, 3, 3, 4, false};
     std::map<std::string, Tensor> bad = split.shard_state_dict();
-    bad["q_proj.weight"] = Tensor::zeros({12, 12});
+    if (split.local_heads() > 0) bad["q_proj.weight"] = Tensor::zeros({12, 12});
     EXPECT_THROW((void)TensorParallelAttention::from_shard(other, bad, comm), ShapeError);
   }
 }
@@ -235,6 +235,67 @@ TEST(TensorParallelAttention, RanksCalledDifferentlyOrARefusalFailOnEveryRank) {
   EXPECT_LE(relative_error(layer.forward(x, x, x, masked), one.forward(x, x, x, masked)), kTolerance);
   masked.attn_mask = Tensor::randn({2, 5, 5}, 7);
   EXPECT_THROW_WITH(layer.forward(x, x, x, masked), ShapeError, "attn_mask must be [L, S] or [N, Hq, L, S]");
+}
+
+// The factories are collective: a rank whose weights do not fit used to throw alone, while the
+// others built their layer and then waited QKV_DIST_TIMEOUT in forward's first collective; a
+// rank holding other weights (another seed or checkpoint) gave every rank a silently mixed layer.
+TEST(TensorParallelAttention, AFactoryRefusedOnOneRankFailsOnEveryRank) {
+  const Communicator comm = world();
+  const int64_t e = 8, h = 2, d = 4;
+  auto weights = [&](uint64_t seed) {
+    return std::map<std::string, Tensor>{{"q_proj.weight", Tensor::randn({h * d, e}, seed)},
+                                         {"k_proj.weight", Tensor::randn({h * d, e}, seed + 1)},
+                                         {"v_proj.weight", Tensor::randn({h * d, e}, seed + 2)},
+                                         {"o_proj.weight", Tensor::randn({e, h * d}, seed + 3)}};
+  };
+  const TensorParallelAttentionConfig c{e, h, h, d, false};
+  const int last = comm.size() - 1;
+  const bool odd_one = comm.rank() == last;
+  std::map<std::string, Tensor> sd = weights(1);
+  if (odd_one) sd["q_proj.weight"] = Tensor::randn({h * d, e + 1}, 1);
+  const std::string reason = "TensorParallelAttention: weights q [8, 9]";
+  EXPECT_THROW_WITH(TensorParallelAttention::from_projections(c, sd, comm), ShapeError,
+                    odd_one ? reason
+                            : "rank " + std::to_string(last) + " of " + std::to_string(comm.size()) +
+                                  " refused the call, so rank " + std::to_string(comm.rank()) + " stops too; rank " +
+                                  std::to_string(last) + " said: " + reason);
+  if (comm.size() > 1) {
+    EXPECT_THROW_WITH(TensorParallelAttention::from_projections(c, weights(odd_one ? 5 : 1), comm), ValueError,
+                      "were called differently");
+    EXPECT_THROW_WITH(TensorParallelAttention::from_projections(c, weights(odd_one ? 5 : 1), comm), ValueError,
+                      "q_proj.weight [8, 8] float32 (sampled values #");
+  }
+  const TensorParallelAttention layer = TensorParallelAttention::from_projections(c, weights(1), comm);
+  const Communicator self = comm.split(comm.rank(), 0);
+  const Tensor x = Tensor::randn({3, 2, e}, 9);
+  EXPECT_LE(relative_error(layer.forward(x, x, x),
+                           TensorParallelAttention::from_projections(c, weights(1), self).forward(x, x, x)),
+            kTolerance);
+}
+
+// What only the attention kernel refused (a mask of an integer dtype, key and value of
+// different lengths or batch sizes) reached only the ranks with heads: with one head, the
+// ranks past 0 waited QKV_DIST_TIMEOUT in the all-reduce. Now refused on every rank.
+TEST(TensorParallelAttention, WhatTheKernelRefusesFailsOnRanksWithoutHeadsToo) {
+  const Communicator comm = world();
+  const int64_t e = 4, h = 1;
+  const std::map<std::string, Tensor> sd{{"q_proj.weight", Tensor::randn({e, e}, 1)},
+                                         {"k_proj.weight", Tensor::randn({e, e}, 2)},
+                                         {"v_proj.weight", Tensor::randn({e, e}, 3)},
+                                         {"o_proj.weight", Tensor::randn({e, e}, 4)}};
+  const TensorParallelAttention layer = TensorParallelAttention::from_projections({e, h, h, e, false}, sd, comm);
+  const Tensor x = Tensor::randn({5, 2, e}, 5);
+  TensorParallelOptions o;
+  o.attn_mask = Tensor::zeros({5, 5}, DType::i32);
+  EXPECT_THROW_WITH(layer.forward(x, x, x, o), DTypeError, "attn_mask must be bool or floating point, got int32");
+  EXPECT_THROW_WITH(layer.forward(x, x, x.slice(0, 0, 4), {}), ShapeError, "key and value of one length");
+  EXPECT_THROW_WITH(layer.forward(x, x, x.slice(1, 0, 1), {}), ShapeError, "one batch size");
+  EXPECT_THROW_WITH(layer.forward(x, x.slice(1, 0, 1), x.slice(1, 0, 1), {}), ShapeError, "one batch size");
+  EXPECT_THROW_WITH(layer.backward(x, x, x, x.to(DType::i32)), ShapeError, "(floating point)");
+  const TensorParallelAttention one =
+      TensorParallelAttention::from_projections({e, h, h, e, false}, sd, comm.split(comm.rank(), 0));
+  EXPECT_LE(relative_error(layer.forward(x, x, x), one.forward(x, x, x)), kTolerance);  // still in step
 }
 
 }  // namespace

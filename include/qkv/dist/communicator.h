@@ -20,6 +20,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -123,5 +124,18 @@ class Communicator {
   int rank_ = 0;
   int size_ = 1;
 };
+
+// Every qkv::dist operation (ring, Ulysses, TensorParallelAttention's factories, forward and
+// backward) starts with one collective agreement step: each rank checks its own arguments and
+// the ranks all-gather a fingerprint of the call (one int64 each), so that a rank refusing its
+// arguments makes every rank fail at once, naming it and quoting its error, and ranks called
+// differently fail naming what differs (docs/distributed.md).
+//
+// refuse_call is that step for a rank that cannot make the call the others make (its arguments
+// failed before the call: the Python bindings use it when converting them fails): it takes part
+// as a refusal, so the others' call of `op` fails at once naming this rank and quoting `error`;
+// then it rethrows `error` here. `op` names the operation in the messages
+// ("ring_attention", "TensorParallelAttention.forward", ...).
+[[noreturn]] void refuse_call(const char* op, const Communicator& comm, std::exception_ptr error);
 
 }  // namespace qkv::dist

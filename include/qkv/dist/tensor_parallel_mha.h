@@ -22,6 +22,8 @@
 
 namespace qkv::dist {
 
+class CallSignature;  // dist/internal.h
+
 struct TensorParallelAttentionConfig {
   int64_t embed_dim = 0;     // E: model width (inputs and output)
   int64_t num_heads = 1;     // Hq
@@ -46,15 +48,22 @@ struct TensorParallelGradients {
   std::map<std::string, Tensor> params;
 };
 
+// Every member that communicates is collective: every rank of the communicator calls it, with
+// the same arguments but its own shard. Each starts with an agreement step (qkv/dist/communicator.h,
+// refuse_call): a rank that refuses its arguments (the factories: a weight of the wrong shape; forward:
+// an input of the wrong width or dtype) makes every rank fail at once with an error naming it and
+// quoting its reason, and ranks called differently (their configurations, weights' shapes, a sample
+// of their weights' values, the inputs' shapes and dtypes, is_causal, the mask) fail naming what
+// differs, instead of a rank waiting QKV_DIST_TIMEOUT in the all-reduce.
 class TensorParallelAttention {
  public:
-  // torch.nn.MultiheadAttention's state_dict (in_proj_weight, or q/k/v_proj_weight when
+  // Collective. torch.nn.MultiheadAttention's state_dict (in_proj_weight, or q/k/v_proj_weight when
   // kdim/vdim differ; in_proj_bias; out_proj.weight, out_proj.bias): this rank's share.
   // ValueError for add_bias_kv / add_zero_attn layers (not split here).
   static TensorParallelAttention from_torch_mha(const nn::MultiheadAttentionConfig& config,
                                                 const std::map<std::string, Tensor>& state_dict,
                                                 const Communicator& comm);
-  // Separate projections as Llama/Hugging Face name them: q_proj.weight [Hq D, E],
+  // Collective. Separate projections as Llama/Hugging Face name them: q_proj.weight [Hq D, E],
   // k_proj.weight / v_proj.weight [Hk D, E], o_proj.weight [E, Hq D], each ".bias" optional.
   static TensorParallelAttention from_projections(const TensorParallelAttentionConfig& config,
                                                   const std::map<std::string, Tensor>& state_dict,
@@ -65,6 +74,7 @@ class TensorParallelAttention {
   // [E]): save it per rank (io::save) and load it back on as many ranks with from_shard,
   // without reading the whole layer on every rank.
   std::map<std::string, Tensor> shard_state_dict() const;
+  // Collective (the shards differ; the configuration and o_proj.bias must not).
   static TensorParallelAttention from_shard(const TensorParallelAttentionConfig& config,
                                             const std::map<std::string, Tensor>& shard, const Communicator& comm);
 
@@ -83,6 +93,7 @@ class TensorParallelAttention {
 
   int64_t first_head() const { return q0_; }  // this rank's query heads: [first, first + local)
   int64_t local_heads() const { return hq_local_; }
+  const Communicator& communicator() const { return comm_; }
 
  private:
   TensorParallelAttention(const TensorParallelAttentionConfig& config, const Communicator& comm);
@@ -95,8 +106,10 @@ class TensorParallelAttention {
   };
   Local attend(const Tensor& query, const Tensor& key, const Tensor& value, const TensorParallelOptions& options) const;
   // Collective: every rank checks its call and all agree on it (dist/internal.h agree_on_call).
+  // signature(): the layer's configuration, for that agreement.
   void check_inputs(const char* op, const Tensor& query, const Tensor& key, const Tensor& value,
                     const TensorParallelOptions& options, const std::function<void()>& more_checks = {}) const;
+  CallSignature signature() const;
   bool aligned() const;                  // SDPA's GQA grouping matches this rank's heads
   int64_t key_head_of(int64_t i) const;  // local key head of local query head i
   void load(const Tensor& wq, const Tensor& wk, const Tensor& wv, const Tensor& wo,
