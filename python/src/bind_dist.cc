@@ -7,7 +7,9 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <exception>
 #include <limits>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -57,6 +59,32 @@ Options scheme_options(const char* op, nb::handle is_causal, nb::handle layout, 
   return o;
 }
 
+// Runs `convert` (this rank's arguments from Python). When it fails, this rank takes part in the
+// call's agreement step as a refusal (refuse_call), so that the other ranks' call fails at once
+// naming this rank and quoting the error, instead of waiting QKV_DIST_TIMEOUT for a rank that
+// never makes the call; then the error is raised here. nanobind's TypeError / ValueError /
+// IndexError become qkv's DTypeError / ValueError / IndexError (the same Python classes), so
+// that the other ranks raise that class too. The GIL stays held: the others are already in the
+// same step, or on their way to it.
+template <class Convert>
+void converting(const char* op, const qkv::dist::Communicator& comm, Convert&& convert) {
+  std::exception_ptr error;
+  try {
+    convert();
+    return;
+  } catch (const nb::builtin_exception& e) {
+    switch (e.type()) {
+      case nb::exception_type::type_error: error = std::make_exception_ptr(qkv::DTypeError(e.what())); break;
+      case nb::exception_type::value_error: error = std::make_exception_ptr(qkv::ValueError(e.what())); break;
+      case nb::exception_type::index_error: error = std::make_exception_ptr(qkv::IndexError(e.what())); break;
+      default: error = std::current_exception();
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  qkv::dist::refuse_call(op, comm, error);
+}
+
 qkv::Tensor tensor_arg(nb::handle h, const char* op, const char* name) {
   return to_tensor(h, arg_name(op, name).c_str());
 }
@@ -68,10 +96,14 @@ nb::object gradients(const qkv::AttentionGradients& g, nb::handle like) {
 nb::object ring(nb::handle q, nb::handle k, nb::handle v, uint64_t comm, nb::handle is_causal, nb::handle layout,
                 nb::handle scale, nb::handle enable_gqa, nb::handle attn_mask, nb::handle return_logsumexp) {
   constexpr const char* kOp = "ring_attention";
-  auto o = scheme_options<qkv::dist::RingAttentionOptions>(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
-  o.return_logsumexp = bool_arg(return_logsumexp, arg_name(kOp, "return_logsumexp"));
-  const qkv::Tensor tq = tensor_arg(q, kOp, "q"), tk = tensor_arg(k, kOp, "k"), tv = tensor_arg(v, kOp, "v");
   const qkv::dist::Communicator world = communicator(comm);
+  qkv::dist::RingAttentionOptions o;
+  qkv::Tensor tq, tk, tv;
+  converting(kOp, world, [&] {
+    o = scheme_options<qkv::dist::RingAttentionOptions>(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
+    o.return_logsumexp = bool_arg(return_logsumexp, arg_name(kOp, "return_logsumexp"));
+    tq = tensor_arg(q, kOp, "q"), tk = tensor_arg(k, kOp, "k"), tv = tensor_arg(v, kOp, "v");
+  });
   qkv::AttentionResult r;
   {
     nb::gil_scoped_release release;  // MPI waits poll their own deadline (QKV_DIST_TIMEOUT)
@@ -84,10 +116,13 @@ nb::object ring(nb::handle q, nb::handle k, nb::handle v, uint64_t comm, nb::han
 nb::object ulysses(nb::handle q, nb::handle k, nb::handle v, uint64_t comm, nb::handle is_causal, nb::handle layout,
                    nb::handle scale, nb::handle enable_gqa, nb::handle attn_mask) {
   constexpr const char* kOp = "ulysses_attention";
-  const auto o =
-      scheme_options<qkv::dist::UlyssesAttentionOptions>(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
-  const qkv::Tensor tq = tensor_arg(q, kOp, "q"), tk = tensor_arg(k, kOp, "k"), tv = tensor_arg(v, kOp, "v");
   const qkv::dist::Communicator world = communicator(comm);
+  qkv::dist::UlyssesAttentionOptions o;
+  qkv::Tensor tq, tk, tv;
+  converting(kOp, world, [&] {
+    o = scheme_options<qkv::dist::UlyssesAttentionOptions>(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
+    tq = tensor_arg(q, kOp, "q"), tk = tensor_arg(k, kOp, "k"), tv = tensor_arg(v, kOp, "v");
+  });
   qkv::Tensor out;
   {
     nb::gil_scoped_release release;
@@ -100,11 +135,15 @@ nb::object ring_backward(nb::handle q, nb::handle k, nb::handle v, nb::handle ou
                          nb::handle logsumexp, uint64_t comm, nb::handle is_causal, nb::handle layout, nb::handle scale,
                          nb::handle enable_gqa, nb::handle attn_mask) {
   constexpr const char* kOp = "ring_attention_backward";
-  const auto o = scheme_options<qkv::dist::RingAttentionOptions>(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
-  const qkv::Tensor tq = tensor_arg(q, kOp, "q"), tk = tensor_arg(k, kOp, "k"), tv = tensor_arg(v, kOp, "v"),
-                    to = tensor_arg(out, kOp, "out"), tg = tensor_arg(grad_out, kOp, "grad_out"),
-                    tl = tensor_arg(logsumexp, kOp, "logsumexp");
   const qkv::dist::Communicator world = communicator(comm);
+  qkv::dist::RingAttentionOptions o;
+  qkv::Tensor tq, tk, tv, to, tg, tl;
+  converting(kOp, world, [&] {
+    o = scheme_options<qkv::dist::RingAttentionOptions>(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
+    tq = tensor_arg(q, kOp, "q"), tk = tensor_arg(k, kOp, "k"), tv = tensor_arg(v, kOp, "v");
+    to = tensor_arg(out, kOp, "out"), tg = tensor_arg(grad_out, kOp, "grad_out");
+    tl = tensor_arg(logsumexp, kOp, "logsumexp");
+  });
   qkv::AttentionGradients g;
   {
     nb::gil_scoped_release release;
@@ -117,11 +156,14 @@ nb::object ulysses_backward(nb::handle q, nb::handle k, nb::handle v, nb::handle
                             nb::handle is_causal, nb::handle layout, nb::handle scale, nb::handle enable_gqa,
                             nb::handle attn_mask) {
   constexpr const char* kOp = "ulysses_attention_backward";
-  const auto o =
-      scheme_options<qkv::dist::UlyssesAttentionOptions>(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
-  const qkv::Tensor tq = tensor_arg(q, kOp, "q"), tk = tensor_arg(k, kOp, "k"), tv = tensor_arg(v, kOp, "v"),
-                    tg = tensor_arg(grad_out, kOp, "grad_out");
   const qkv::dist::Communicator world = communicator(comm);
+  qkv::dist::UlyssesAttentionOptions o;
+  qkv::Tensor tq, tk, tv, tg;
+  converting(kOp, world, [&] {
+    o = scheme_options<qkv::dist::UlyssesAttentionOptions>(kOp, is_causal, layout, scale, enable_gqa, attn_mask);
+    tq = tensor_arg(q, kOp, "q"), tk = tensor_arg(k, kOp, "k"), tv = tensor_arg(v, kOp, "v");
+    tg = tensor_arg(grad_out, kOp, "grad_out");
+  });
   qkv::AttentionGradients g;
   {
     nb::gil_scoped_release release;
@@ -147,17 +189,23 @@ void bind_tensor_parallel(nb::module_& m) {
           [](nb::handle state, int64_t embed_dim, int64_t num_heads, bool batch_first, uint64_t comm) {
             qkv::nn::MultiheadAttentionConfig c;
             c.embed_dim = embed_dim, c.num_heads = num_heads, c.batch_first = batch_first;
-            return TensorParallelAttention::from_torch_mha(c, to_tensor_map(state, "TensorParallelAttention"),
-                                                           communicator(comm));
+            const qkv::dist::Communicator world = communicator(comm);
+            std::map<std::string, qkv::Tensor> sd;
+            converting("TensorParallelAttention::from_torch_mha", world,
+                       [&] { sd = to_tensor_map(state, "TensorParallelAttention"); });
+            return TensorParallelAttention::from_torch_mha(c, sd, world);
           },
           nb::arg("state_dict"), nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("batch_first"), nb::arg("comm"))
       .def_static(
           "from_projections",
           [](nb::handle state, int64_t embed_dim, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
              bool batch_first, uint64_t comm) {
+            const qkv::dist::Communicator world = communicator(comm);
+            std::map<std::string, qkv::Tensor> sd;
+            converting("TensorParallelAttention::from_projections", world,
+                       [&] { sd = to_tensor_map(state, "TensorParallelAttention"); });
             return TensorParallelAttention::from_projections(
-                {embed_dim, num_heads, num_kv_heads, head_dim, batch_first},
-                to_tensor_map(state, "TensorParallelAttention"), communicator(comm));
+                {embed_dim, num_heads, num_kv_heads, head_dim, batch_first}, sd, world);
           },
           nb::arg("state_dict"), nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("num_kv_heads"),
           nb::arg("head_dim"), nb::arg("batch_first"), nb::arg("comm"))
@@ -165,21 +213,28 @@ void bind_tensor_parallel(nb::module_& m) {
           "from_shard",
           [](nb::handle shard, int64_t embed_dim, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
              bool batch_first, uint64_t comm) {
-            return TensorParallelAttention::from_shard({embed_dim, num_heads, num_kv_heads, head_dim, batch_first},
-                                                       to_tensor_map(shard, "TensorParallelAttention.from_shard"),
-                                                       communicator(comm));
+            const qkv::dist::Communicator world = communicator(comm);
+            std::map<std::string, qkv::Tensor> sd;
+            converting("TensorParallelAttention::from_shard", world,
+                       [&] { sd = to_tensor_map(shard, "TensorParallelAttention.from_shard"); });
+            return TensorParallelAttention::from_shard({embed_dim, num_heads, num_kv_heads, head_dim, batch_first}, sd,
+                                                       world);
           },
           nb::arg("shard"), nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"),
           nb::arg("batch_first"), nb::arg("comm"))
       .def("shard_state_dict", [](const TensorParallelAttention& layer) { return to_dict(layer.shard_state_dict()); })
       .def(
           "forward",
-          [](const TensorParallelAttention& layer, nb::handle query, nb::handle key, nb::handle value, bool is_causal) {
-            const qkv::Tensor q = to_tensor(query, "TensorParallelAttention.forward: query");
-            const qkv::Tensor k = to_tensor(key, "TensorParallelAttention.forward: key");
-            const qkv::Tensor v = to_tensor(value, "TensorParallelAttention.forward: value");
+          [](const TensorParallelAttention& layer, nb::handle query, nb::handle key, nb::handle value,
+             nb::handle is_causal) {
+            qkv::Tensor q, k, v;
             qkv::dist::TensorParallelOptions o;
-            o.is_causal = is_causal;
+            converting("TensorParallelAttention.forward", layer.communicator(), [&] {
+              o.is_causal = bool_arg(is_causal, "TensorParallelAttention.forward: is_causal");
+              q = to_tensor(query, "TensorParallelAttention.forward: query");
+              k = to_tensor(key, "TensorParallelAttention.forward: key");
+              v = to_tensor(value, "TensorParallelAttention.forward: value");
+            });
             qkv::Tensor out;
             {
               nb::gil_scoped_release release;
@@ -187,7 +242,7 @@ void bind_tensor_parallel(nb::module_& m) {
             }
             return to_array_like(out, query);
           },
-          nb::arg("query"), nb::arg("key"), nb::arg("value"), nb::arg("is_causal") = false)
+          nb::arg("query"), nb::arg("key"), nb::arg("value"), nb::arg("is_causal").none() = false)
       .def_prop_ro("first_head", &TensorParallelAttention::first_head)
       .def_prop_ro("local_heads", &TensorParallelAttention::local_heads);
 }

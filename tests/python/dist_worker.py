@@ -85,5 +85,39 @@ def main():
         json.dump({"ranks": p, "errors": worst}, sys.stdout)
 
 
+def refusals():
+    """Rank 1 passes arguments that fail to convert (they never reach the C++ call): every rank
+    must raise at once, the others naming rank 1 and quoting its error. Rank 0 prints
+    [[exception class, message] per rank] for each case as JSON."""
+    comm = MPI.COMM_WORLD
+    r = comm.Get_rank()
+    q = np.ones((1, 1, 4, 2), np.float32)
+    e, h = 4, 2
+    sd = {n: np.ones(s, np.float32) for n, s in [("q_proj.weight", (e, e)), ("k_proj.weight", (e, e)),
+                                                  ("v_proj.weight", (e, e)), ("o_proj.weight", (e, e))]}
+    layer = qkv.dist.TensorParallelAttention.from_projections(sd, e, h, h, comm)
+    x = np.ones((3, 1, e), np.float32)
+    odd = r == 1
+    cases = {
+        "ring": lambda: qkv.dist.ring_attention("not an array" if odd else q, q, q, comm),
+        "ulysses": lambda: qkv.dist.ulysses_attention(q, q, q, comm, layout="zigag" if odd else "zigzag"),
+        "from_projections": lambda: qkv.dist.TensorParallelAttention.from_projections(
+            dict(sd, **{"o_proj.weight": "oops"}) if odd else sd, e, h, h, comm),
+        "forward": lambda: layer.forward(x, x, x, is_causal="yes" if odd else False),
+    }
+    got = {}
+    for name, call in cases.items():
+        try:
+            call()
+            outcome = ["returned", ""]
+        except Exception as err:  # noqa: BLE001 - the class is what is checked
+            outcome = [type(err).__name__, str(err)]
+        got[name] = comm.gather(outcome)
+    ok = layer.forward(x, x, x)  # still in step
+    got["in_step"] = comm.gather(float(np.abs(np.asarray(ok)).max()))
+    if r == 0:
+        json.dump(got, sys.stdout)
+
+
 if __name__ == "__main__":
-    main()
+    refusals() if sys.argv[1:] == ["refusals"] else main()

@@ -36,6 +36,30 @@ def test_every_scheme_matches_numpy_float64(ranks):
         assert err <= 1e-5, f"{name}: {err}"
 
 
+def test_arguments_one_rank_cannot_convert_fail_every_rank_at_once():
+    # Rank 1's arguments fail to convert before the C++ call (not an array, a misspelt layout, a
+    # state_dict entry that is not an array, is_causal not a bool): it used to raise alone while
+    # rank 0 waited QKV_DIST_TIMEOUT in the call's first collective. Now every rank raises the
+    # same class at once, rank 0 naming rank 1 and quoting its error (QKV_DIST_TIMEOUT is 30 s
+    # here, so a rank 0 left waiting reports "no completion" instead).
+    env = _mpi_env()
+    env["QKV_DIST_TIMEOUT"] = "30"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(Path(qkv.__file__).parent.parent), env.get("PYTHONPATH")] if p)
+    run = subprocess.run(["mpiexec", "-n", "2", sys.executable, str(WORKER), "refusals"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    reasons = {"ring": ("TypeError", "expected an array"), "ulysses": ("ValueError", "'zigag'"),
+               "from_projections": ("TypeError", "o_proj.weight"), "forward": ("TypeError", "is_causal")}
+    for name, (cls, reason) in reasons.items():
+        (cls0, msg0), (cls1, msg1) = got[name]
+        assert cls1 == cls and reason in msg1, (name, got[name])
+        assert cls0 == cls, (name, got[name])
+        assert "rank 1 of 2 refused the call, so rank 0 stops too; rank 1 said: " in msg0, (name, msg0)
+        assert reason in msg0, (name, msg0)
+    assert got["in_step"][0] > 0 and got["in_step"][0] == got["in_step"][1]
+
+
 def test_a_non_mpi4py_communicator_is_a_type_error():
     with pytest.raises(TypeError, match="mpi4py"):
         qkv.dist.ring_attention([[[1.0]]], [[[1.0]]], [[[1.0]]], comm=object())
