@@ -75,6 +75,14 @@ Sgd::Sgd(const SgdOptions& options) : o_(options) {
   check_nonnegative("SGD", "lr", o_.lr);
   check_nonnegative("SGD", "momentum", o_.momentum);
   check_nonnegative("SGD", "weight_decay", o_.weight_decay);
+  if (o_.convention == Convention::keras) {
+    // keras.optimizers.SGD: "`momentum` must be a float between [0, 1]"; it has no dampening (one
+    // set here was ignored without a word), and nesterov without momentum is its plain step
+    // (Keras 3.15.1 takes it; the torch rule below refused it).
+    if (o_.momentum > 1.0) fail<ValueError>("SGD: momentum must be in [0, 1] (Keras), got ", o_.momentum);
+    if (o_.dampening != 0.0) fail<ValueError>("SGD: Keras' SGD has no dampening, got ", o_.dampening);
+    return;
+  }
   // torch.optim.SGD refuses both: "Nesterov momentum requires a momentum and zero dampening".
   if (o_.nesterov && (o_.momentum == 0.0 || o_.dampening != 0.0)) {
     fail<ValueError>("SGD: nesterov needs a momentum and zero dampening, got momentum ", o_.momentum, " and dampening ",

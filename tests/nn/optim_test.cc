@@ -86,6 +86,24 @@ TEST(Optimizers, MatchTorchAndKerasStepByStep) {
   EXPECT_EQ(checked, 13);
 }
 
+// keras.optimizers.SGD (3.15.1, checked live) takes nesterov=True without momentum (its plain step:
+// 1 - 0.1 * 0.5 = 0.95) and refuses a momentum past 1; it has no dampening. qkv applied torch's
+// rule to both conventions: it refused the first and took the others (dampening then ignored).
+TEST(Optimizers, KerasSgdTakesKerasArguments) {
+  const io::SafetensorsFile f = io::load_safetensors(sdpa_fixtures::fixture_dir("optim") / "keras_sgd.safetensors");
+  Sgd opt(SgdOptions{.lr = 0.1, .nesterov = true, .convention = Convention::keras});  // keras_sgd: lr 0.1, plain
+  NamedTensors params{{"w", f.tensors.at("w0").clone()}};
+  for (int64_t t = 0; t < f.tensors.at("gw").size(0); ++t) {
+    opt.step(params, {{"w", f.tensors.at("gw").select(0, t)}});
+    EXPECT_LE(max_diff(params.at("w"), f.tensors.at("w").select(0, t)), 2e-6) << "step " << t + 1;
+  }
+  EXPECT_THROW_WITH(Sgd(SgdOptions{.momentum = 1.5, .convention = Convention::keras}), ValueError,
+                    "SGD: momentum must be in [0, 1] (Keras), got 1.5");
+  EXPECT_THROW_WITH(Sgd(SgdOptions{.momentum = 0.9, .dampening = 0.1, .convention = Convention::keras}), ValueError,
+                    "SGD: Keras' SGD has no dampening");
+  EXPECT_NO_THROW(Sgd(SgdOptions{.momentum = 1.5}));  // torch takes it
+}
+
 TEST(Optimizers, AdamStateRoundTripsAndBadInputsAreErrors) {
   AdamOptions ao;
   ao.lr = 0.1;

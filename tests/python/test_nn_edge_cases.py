@@ -86,3 +86,15 @@ def test_keras_layer_takes_an_empty_batch():
     z = np.zeros((0, 5, 8), np.float32)
     out, scores = layer(z, z, return_attention_scores=True)
     assert out.shape == (0, 5, 8) and scores.shape == (0, 2, 5, 5)
+
+
+def test_keras_sgd_takes_keras_arguments():
+    """keras.optimizers.SGD (3.15.1, checked live): nesterov without momentum is its plain step,
+    momentum past 1 a ValueError; qkv refused the first and took the second."""
+    w = {"w": np.ones(3, np.float32)}
+    g = {"w": np.full(3, 0.5, np.float32)}
+    np.testing.assert_allclose(qkv.nn.SGD(lr=0.1, nesterov=True, convention="keras").step(w, g)["w"], 0.95, rtol=1e-7)
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\]"):
+        qkv.nn.SGD(momentum=1.5, convention="keras")
+    with pytest.raises(ValueError, match="no dampening"):
+        qkv.nn.SGD(momentum=0.9, dampening=0.1, convention="keras")

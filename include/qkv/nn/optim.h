@@ -33,7 +33,9 @@ struct SgdOptions {
   double momentum = 0.0;
   double dampening = 0.0;     // torch only
   double weight_decay = 0.0;  // torch: L2 added to the gradient; keras: decoupled
-  bool nesterov = false;      // needs momentum > 0 and dampening 0 (ValueError otherwise, as torch)
+  bool nesterov = false;      // torch: needs momentum > 0 and dampening 0 (ValueError otherwise, as torch);
+                              // keras: momentum in [0, 1], no dampening (ValueError), nesterov with
+                              // momentum 0 the plain step (as keras.optimizers.SGD)
   Convention convention = Convention::torch;
 };
 
