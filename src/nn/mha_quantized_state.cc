@@ -73,6 +73,13 @@ MultiheadAttention MultiheadAttention::from_quantized_state_dict(const Multihead
     Tensor w = t.to(DType::f32).contiguous();                                 // [out, in]
     for (int64_t r = 0; r < w.size(0); ++r) {
       const float sr = s.data<float>()[r];
+      // max|w_n| / 127 (1 for an all-zero row; NaN for a row holding a NaN or an inf, as the
+      // saved layer computed it) is never negative or infinite: a negative scale loaded that
+      // channel's weights negated without a word
+      if (sr < 0.0f || std::isinf(sr)) {
+        fail<ValueError>(kOp, ".from_quantized_state_dict: '", name, ".scale'[", r,
+                         "] must be >= 0 and finite (max|w| / 127), got ", sr);
+      }
       float* row = w.data<float>() + r * w.size(1);
       for (int64_t c = 0; c < w.size(1); ++c) {
         seven_bit = seven_bit && std::fabs(row[c]) <= 63.0f;  // the int8 value, before its scale
@@ -87,6 +94,11 @@ MultiheadAttention MultiheadAttention::from_quantized_state_dict(const Multihead
   if (const auto a = state_dict.find("activation_scales"); a != state_dict.end()) {
     const auto v = a->second.to_vector<float>();
     if (v.size() != 4) fail<ValueError>(kOp, ".from_quantized_state_dict: activation_scales must hold 4 values");
+    for (float x : v) {  // else Linear's "quantize_static needs a positive finite activation scale", naming no key
+      if (!(x > 0.0f) || !std::isfinite(x)) {
+        fail<ValueError>(kOp, ".from_quantized_state_dict: activation_scales must be positive and finite, got ", x);
+      }
+    }
     layer.static_scales_ = std::array<float, 4>{v[0], v[1], v[2], v[3]};
   }
   layer.rebuild();  // re-quantizing int8 * scale gives back the same int8 weights and scales

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <vector>
 
 #include "common/expect.h"
@@ -128,6 +129,21 @@ TEST(MultiheadAttentionQuantizedState, Errors) {
     EXPECT_THROW_WITH(MultiheadAttention::from_quantized_state_dict(c, extra), ValueError,
                       std::string("MultiheadAttention.from_quantized_state_dict: unexpected key '") + stray + "'");
   }
+  // Scales that quantization never makes (max|w_n| / 127 is never negative or infinite): a negative
+  // one loaded its channel's weights negated without a word.
+  for (const float bad : {-0.01f, std::numeric_limits<float>::infinity()}) {
+    auto corrupt = layer.quantize_dynamic().quantized_state_dict();
+    corrupt.at("out_proj.weight.scale").data<float>()[3] = bad;
+    EXPECT_THROW_WITH(MultiheadAttention::from_quantized_state_dict(c, corrupt), ValueError,
+                      "MultiheadAttention.from_quantized_state_dict: 'out_proj.weight.scale'[3] must be >= 0 and "
+                      "finite");
+  }
+  auto acts = layer.quantize_static({{Tensor::randn({3, 2, 8}, 1), Tensor::randn({3, 2, 8}, 1),
+                                      Tensor::randn({3, 2, 8}, 1)}})
+                  .quantized_state_dict();
+  acts.at("activation_scales") = Tensor::from_vector<float>({1, 1, -1, 1}, {4});
+  EXPECT_THROW_WITH(MultiheadAttention::from_quantized_state_dict(c, acts), ValueError,
+                    "from_quantized_state_dict: activation_scales must be positive and finite, got -1");
   // A whole model's keys ("enc.in_proj_weight"): named for what is wrong, where the int8
   // weights went on to from_state_dict as float parameters ("in_proj_weight: expected a
   // floating-point tensor").
