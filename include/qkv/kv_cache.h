@@ -66,7 +66,7 @@ struct KVCacheConfig {
   // [pages, Hk, page_size, D], and each sequence has a block table (its pages in order); append
   // takes pages from the pool as sequences grow (ValueError when it is exhausted), set_length /
   // reset give them back. capacity stays the per-sequence limit; with a `window`, capacity is the
-  // positions kept, and the pages a window leaves behind go back to the pool (block table entry -1).
+  // positions kept, and the pages a window leaves behind go back to the pool (and leave the block table).
   int64_t page_size = 0;
   int64_t pages = 0;  // paged: the pool; 0: enough for every sequence at capacity (> 0 needs page_size)
   std::optional<CacheRotary> rotary = std::nullopt;
@@ -108,8 +108,11 @@ class KVCache {
   // dtype (positions first_kept(b) .. length(b) - 1), copies.
   Tensor sequence_keys(int64_t b) const;
   Tensor sequence_values(int64_t b) const;
-  // Paged caches: sequence b's pages in order, and the pages left in the pool.
+  // Paged caches: sequence b's pages in order from block first_block(b) (entry i holds positions
+  // [(first_block(b) + i) page_size, + page_size)), and the pages left in the pool. A window's
+  // evicted pages leave the table (first_block(b) grows: the table stays ~capacity / page_size + 1 long).
   const std::vector<int64_t>& block_table(int64_t b) const;
+  int64_t first_block(int64_t b) const;
   int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
 
   // int8 caches (dtype i8): each key is stored as round((k - c) / (r s_k)) with c and r per
@@ -162,7 +165,8 @@ class KVCache {
   Tensor k_scale_, v_scale_, k_offset_, k_spread_;  // i8 caches only
   std::vector<int64_t> lengths_;
   std::vector<int64_t> kept_;                 // windowed: each sequence's first stored position
-  std::vector<std::vector<int64_t>> blocks_;  // paged: block table per sequence
+  std::vector<std::vector<int64_t>> blocks_;  // paged: block table per sequence, from block dropped_[b]
+  std::vector<int64_t> dropped_;              // paged: each sequence's evicted leading blocks, out of its table
   std::vector<int64_t> free_;                 // paged: free pages (a stack)
 };
 

@@ -127,7 +127,10 @@ void bind_decode(nb::module_& m) {
       .def_prop_ro("page_size", [](const qkv::KVCache& c) { return c.config().page_size; })
       .def_prop_ro("pages", [](const qkv::KVCache& c) { return c.config().pages; })
       .def_prop_ro("free_pages", &qkv::KVCache::free_pages)
-      .def("block_table", &qkv::KVCache::block_table, nb::arg("sequence"), "A paged cache's pages of the sequence.")
+      .def("block_table", &qkv::KVCache::block_table, nb::arg("sequence"),
+           "A paged cache's pages of the sequence in order, from block first_block(sequence).")
+      .def("first_block", &qkv::KVCache::first_block, nb::arg("sequence"),
+           "The block of block_table(sequence)[0]: a window's evicted pages leave the table.")
       .def("first_kept", &qkv::KVCache::first_kept, nb::arg("sequence"), "The first position still stored.")
       .def(
           "sequence_keys", [](const qkv::KVCache& c, int64_t b) { return qkv::python::to_numpy(c.sequence_keys(b)); },

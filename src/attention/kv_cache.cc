@@ -88,12 +88,14 @@ KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
   lengths_.assign(static_cast<size_t>(c.batch), 0);
   kept_.assign(static_cast<size_t>(c.batch), 0);
   blocks_.assign(static_cast<size_t>(c.batch), {});
+  dropped_.assign(static_cast<size_t>(c.batch), 0);
 }
 
 int64_t KVCache::row(int64_t b, int64_t hk, int64_t position) const {
   const KVCacheConfig& c = config_;
   if (c.page_size > 0) {
-    const int64_t page = blocks_[static_cast<size_t>(b)][static_cast<size_t>(position / c.page_size)];
+    const auto i = static_cast<size_t>(b);
+    const int64_t page = blocks_[i][static_cast<size_t>(position / c.page_size - dropped_[i])];
     return (page * c.kv_heads + hk) * c.page_size + position % c.page_size;
   }
   return (b * c.kv_heads + hk) * c.capacity + (c.window > 0 ? position % c.capacity : position);
@@ -124,6 +126,11 @@ const std::vector<int64_t>& KVCache::block_table(int64_t b) const {
   return blocks_[static_cast<size_t>(b)];
 }
 
+int64_t KVCache::first_block(int64_t b) const {
+  check_sequence(b, "KVCache.first_block");
+  return dropped_[static_cast<size_t>(b)];
+}
+
 int64_t KVCache::pages_for(int64_t first, int64_t length) const {
   return first < length ? ceil_div(length, config_.page_size) - first / config_.page_size : 0;
 }
@@ -133,13 +140,14 @@ int64_t KVCache::held_pages(int64_t b) const {
   return static_cast<int64_t>(std::count_if(blocks.begin(), blocks.end(), [](int64_t p) { return p >= 0; }));
 }
 
+// The block table holds pages from block dropped_[b] on: a window's evicted blocks leave it (they
+// were entries -1, one per page_size positions a ring ever held: a table of 2^38 entries after
+// set_length(b, 2^40) with pages of 4, std::bad_alloc or the machine's memory).
 void KVCache::reserve_pages(int64_t b, int64_t length, int64_t first) {
   auto& blocks = blocks_[static_cast<size_t>(b)];
-  while (static_cast<int64_t>(blocks.size()) * config_.page_size < length) {
-    if (static_cast<int64_t>(blocks.size() + 1) * config_.page_size <= first) {
-      blocks.push_back(-1);  // all its positions are evicted already
-      continue;
-    }
+  int64_t& dropped = dropped_[static_cast<size_t>(b)];
+  if (blocks.empty()) dropped = std::max(dropped, first / config_.page_size);  // evict_pages ran before
+  while (dropped + static_cast<int64_t>(blocks.size()) < ceil_div(length, config_.page_size)) {
     blocks.push_back(free_.back());  // the caller checked that the pool has enough
     free_.pop_back();
   }
@@ -147,18 +155,23 @@ void KVCache::reserve_pages(int64_t b, int64_t length, int64_t first) {
 
 void KVCache::release_pages(int64_t b, int64_t length) {
   auto& blocks = blocks_[static_cast<size_t>(b)];
-  while (!blocks.empty() && static_cast<int64_t>(blocks.size() - 1) * config_.page_size >= length) {
-    if (blocks.back() >= 0) free_.push_back(blocks.back());
+  const int64_t dropped = dropped_[static_cast<size_t>(b)];
+  while (!blocks.empty() && dropped + static_cast<int64_t>(blocks.size()) - 1 >= ceil_div(length, config_.page_size)) {
+    free_.push_back(blocks.back());
     blocks.pop_back();
   }
+  if (length == 0) dropped_[static_cast<size_t>(b)] = 0;  // reset: a fresh sequence
 }
 
 void KVCache::evict_pages(int64_t b, int64_t first) {
   auto& blocks = blocks_[static_cast<size_t>(b)];
-  for (size_t i = 0; i < blocks.size() && static_cast<int64_t>(i + 1) * config_.page_size <= first; ++i) {
-    if (blocks[i] >= 0) free_.push_back(blocks[i]);
-    blocks[i] = -1;
+  int64_t& dropped = dropped_[static_cast<size_t>(b)];
+  size_t gone = 0;  // the leading blocks wholly before `first`
+  while (gone < blocks.size() && dropped + static_cast<int64_t>(gone) + 1 <= first / config_.page_size) {
+    free_.push_back(blocks[gone++]);
   }
+  blocks.erase(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(gone));
+  dropped += static_cast<int64_t>(gone);
 }
 
 void KVCache::write_rows(int64_t b, int64_t at, const Tensor& k, const Tensor& v, const Tensor* ks, const Tensor* vs) {

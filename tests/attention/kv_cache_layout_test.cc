@@ -438,5 +438,35 @@ TEST(KVCacheErrors, PagesWithoutAPageSizeAndCapacitiesNearTheInt64Limit) {
   EXPECT_THROW_WITH(KVCache{c}, ValueError, "KVCache: batch 1 x capacity 9223372036854775807 is too large");
 }
 
+// A window's evicted pages leave the block table: it had an entry -1 for every page a sequence ever
+// passed (262143 of them after set_length(0, 2^20) with pages of 4; std::bad_alloc, or the machine's
+// memory, at 2^40), and it stays ~capacity / page_size + 1 long, decoding as the ring does.
+TEST(KVCachePaged, EvictedPagesLeaveTheBlockTable) {
+  KVCacheConfig pc = config(2, 8, DType::f32, 6);
+  pc.page_size = 4;
+  KVCache paged(pc), ring(config(2, 8, DType::f32, 6));
+  feed({&paged, &ring}, 3, 5, 1);
+  for (KVCache* c : {&paged, &ring}) c->set_length(0, int64_t{1} << 20);
+  feed({&paged, &ring}, 40, 5, 2);
+  for (int64_t b = 0; b < 2; ++b) {
+    const auto& blocks = paged.block_table(b);
+    EXPECT_LE(static_cast<int64_t>(blocks.size()), 3) << b;
+    EXPECT_GE(*std::min_element(blocks.begin(), blocks.end()), 0) << b;
+    EXPECT_EQ(paged.first_block(b), paged.first_kept(b) / 4) << b;
+  }
+  const Tensor q = Tensor::randn({2, 4, 2, 16}, 3);
+  EXPECT_EQ(max_abs_diff(decode_attention(q, paged).output, decode_attention(q, ring).output), 0.0);
+  EXPECT_LE(max_abs_diff(decode_attention(q, paged).output, decode_attention_reference(q, ring).output), 2e-6);
+  paged.set_length(1, int64_t{1} << 40);  // 2^38 entries before
+  EXPECT_LE(static_cast<int64_t>(paged.block_table(1).size()), 3);
+  EXPECT_EQ(paged.first_block(1), ((int64_t{1} << 40) - 8) / 4);
+  const KVCache back = KVCache::from_state(paged.state());
+  EXPECT_EQ(back.first_block(1), paged.first_block(1));
+  EXPECT_EQ(max_abs_diff(decode_attention(q, back).output, decode_attention(q, paged).output), 0.0);
+  paged.reset();
+  EXPECT_EQ(paged.first_block(1), 0);
+  EXPECT_EQ(paged.free_pages(), paged.config().pages);
+}
+
 }  // namespace
 }  // namespace qkv

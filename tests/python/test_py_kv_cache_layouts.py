@@ -99,6 +99,12 @@ def test_cli_bench_decode_paged_and_windowed(run):
         assert out.returncode == 0, out.stderr
         row = json.loads(out.stdout)
         assert row[key] == value and row["ms"] > 0 and row["gb_per_s"] > 0
+    # a ring starts at its last `capacity` positions: filling 2^63 - 1 of them never ended, and the
+    # slices' ends overflowed
+    out = run("bench", "decode", "--cache-len", 2**63 - 1, "--window", "4", "--page-size", "2", "--heads", "2",
+              "--kv-heads", "1", "--head-dim", "8", "--min-time", "0", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["cache_len"] == 2**63 - 1
 
 
 def test_windowed_pages_return_to_the_pool_and_decode_as_the_ring():
@@ -107,8 +113,14 @@ def test_windowed_pages_return_to_the_pool_and_decode_as_the_ring():
     feed([paged, ring], 25, 9)
     q = rng.standard_normal((3, 4, 2, 16)).astype(np.float32)
     np.testing.assert_array_equal(qkv.decode_attention(q, paged), qkv.decode_attention(q, ring))
-    assert all(sum(p >= 0 for p in paged.block_table(b)) <= 4 for b in range(3))
-    assert -1 in paged.block_table(0) and paged.pages == 12
+    assert all(len(paged.block_table(b)) <= 4 and min(paged.block_table(b)) >= 0 for b in range(3))
+    assert paged.first_block(0) > 0 and paged.pages == 12
+    # evicted pages leave the table: a ring at 2^40 positions holds a table of ~capacity / page_size + 1 entries
+    paged.set_length(1, 2**40)
+    assert len(paged.block_table(1)) <= 4 and paged.first_block(1) == (2**40 - 20) // 7
+    keys, values = paged.sequence_keys(1)[None], paged.sequence_values(1)[None]  # the 20 kept positions
+    want = numpy_decode(q[1:2], keys, values, [20], window=16)
+    np.testing.assert_allclose(qkv.decode_attention(q, paged)[1:2], want, atol=1e-5)
 
 
 def test_from_state_rejects_a_first_kept_the_cache_cannot_have(tmp_path):
