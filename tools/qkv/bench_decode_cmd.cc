@@ -8,6 +8,7 @@
 //                    [--window W] [--page-size P] [--min-time 1] [--json]
 #include <algorithm>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "commands.h"
@@ -33,8 +34,12 @@ void bench_one(const DecodeArgs& a, int64_t len) {
   c.page_size = a.page_size;
   if (a.window > 0) c.window = a.window, c.capacity = a.window;  // a ring of the window
   KVCache cache(c);
-  for (int64_t at = 0; at < len; at += 4096) {  // filled in slices: the random tensors stay small
-    const int64_t n = std::min<int64_t>(4096, len - at);
+  // A ring keeps only its last `capacity` positions: it starts there (filling all of them took
+  // len / 4096 appends, forever at --cache-len 2^63 - 1, to keep the last `window`).
+  const int64_t from = a.window > 0 ? std::max<int64_t>(0, len - c.capacity) : 0;
+  for (int64_t b = 0; b < a.batch && from > 0; ++b) cache.set_length(b, from);
+  for (int64_t at = from, n = 0; at < len; at += n) {  // filled in slices: the random tensors stay small
+    n = std::min<int64_t>(4096, len - at);  // at + n <= len: no overflow at --cache-len 2^63 - 1
     cache.append(Tensor::randn({a.batch, a.kv_heads, n, a.head_dim}, static_cast<uint64_t>(at)),
                  Tensor::randn({a.batch, a.kv_heads, n, a.head_dim}, static_cast<uint64_t>(at) + 1));
   }
@@ -92,6 +97,10 @@ void register_bench_decode(CLI::App* bench) {
       ->check(real_in(0.0, 86400.0));
   cmd->add_flag("--json", a->json, "one JSON object per line");
   cmd->callback([a] {
+    if (a->heads % a->kv_heads != 0) {  // else an error from decode_attention after the whole cache was filled
+      throw CLI::ValidationError("--heads", "--heads " + std::to_string(a->heads) +
+                                                " must be a multiple of --kv-heads " + std::to_string(a->kv_heads));
+    }
     if (a->threads > 0) set_num_threads(a->threads);
     print_machine_line(a->json);
     if (a->lengths.empty()) a->lengths = {8192};
