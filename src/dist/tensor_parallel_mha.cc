@@ -60,7 +60,7 @@ TensorParallelAttention::TensorParallelAttention(const TensorParallelAttentionCo
   TensorParallelAttentionConfig& c = config_;
   if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
   if (c.head_dim == 0 && c.num_heads > 0) c.head_dim = c.embed_dim / c.num_heads;
-  if (c.embed_dim < 1 || c.num_heads < 1 || c.head_dim < 1 || c.num_heads % c.num_kv_heads != 0) {
+  if (c.embed_dim < 1 || c.num_heads < 1 || c.num_kv_heads < 1 || c.head_dim < 1 || c.num_heads % c.num_kv_heads != 0) {
     fail<ValueError>("TensorParallelAttention: embed_dim ", c.embed_dim, ", num_heads ", c.num_heads, ", num_kv_heads ",
                      c.num_kv_heads, ", head_dim ", c.head_dim, " (positive; num_heads a multiple of num_kv_heads)");
   }

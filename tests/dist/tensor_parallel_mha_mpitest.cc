@@ -200,6 +200,9 @@ TEST(TensorParallelAttention, WrongWeightShapesAreAShapeError) {
                                    {"v_proj.weight", Tensor::zeros({8, 8})},
                                    {"o_proj.weight", Tensor::zeros({8, 4})}};
   EXPECT_THROW((void)TensorParallelAttention::from_projections({8, 2, 2, 4, false}, sd, comm), ShapeError);
+  // A negative key/value head count (4 % -2 == 0 passed) was reported as weights of the wrong shape.
+  EXPECT_THROW_WITH(TensorParallelAttention::from_projections({8, 4, -2, 2, false}, sd, comm), ValueError,
+                    "TensorParallelAttention: embed_dim 8, num_heads 4, num_kv_heads -2, head_dim 2 (positive;");
 }
 
 // Ranks called differently used to sum mismatched partial outputs silently (is_causal on one
