@@ -55,6 +55,13 @@ attention::VarlenProblem make_varlen(const Tensor& q, const Tensor& k, const Ten
     fail<ShapeError>(kOp, ": k and v must share [Tk, Hk] and q, k Dk, got q ", shape_str(q.shape()), ", k ",
                      shape_str(k.shape()), ", v ", shape_str(v.shape()));
   }
+  // checked here, not by each sequence's call: those errors named scaled_dot_product_attention, and
+  // a batch of empty sequences took any dtypes
+  if (!is_floating(q.dtype()) || q.dtype() != k.dtype() || q.dtype() != v.dtype()) {
+    fail<DTypeError>(kOp, ": q, k and v must share one floating dtype, got ", dtype_name(q.dtype()), ", ",
+                     dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
+  }
+  if (o.scale && !std::isfinite(*o.scale)) fail<ValueError>(kOp, ": scale must be finite, got ", *o.scale);
   const int64_t hq = q.size(1), hk = k.size(1);
   if (hk == 0 || hq % hk != 0 || (hq != hk && !o.enable_gqa)) {
     fail<ShapeError>(kOp, ": q heads (", hq, ") must equal k/v heads (", hk,
@@ -86,7 +93,8 @@ attention::VarlenProblem make_varlen(const Tensor& q, const Tensor& k, const Ten
   p.dk = q.size(2);
   p.dv = v.size(2);
   for (size_t s = 0; s + 1 < p.cu_q.size(); ++s) p.max_lq = std::max<int64_t>(p.max_lq, p.cu_q[s + 1] - p.cu_q[s]);
-  p.scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(p.dk));
+  // Dk = 0: every score is the empty sum 0 whatever the scale (1/sqrt(0) = inf failed every sequence's call)
+  p.scale = o.scale ? *o.scale : p.dk > 0 ? 1.0 / std::sqrt(static_cast<double>(p.dk)) : 1.0;
   return p;
 }
 

@@ -77,6 +77,38 @@ TEST(AttentionVarlen, BadPackingIsAClearError) {
                     "attn_mask, dropout_p, return_weights and mods are not supported");
 }
 
+// Errors name the varlen call (they named scaled_dot_product_attention, from a sequence's call, and
+// a batch of empty sequences took mixed dtypes); Dk = 0 is the plain call's uniform average (the
+// default scale 1/sqrt(0) = inf failed every sequence).
+TEST(AttentionVarlen, DtypesScalesAndAnEmptyHeadSize) {
+  const Tensor q = Tensor::randn({6, 2, 8}, 1), k = Tensor::randn({5, 2, 8}, 2);
+  EXPECT_THROW_WITH(scaled_dot_product_attention_varlen(q.to(DType::f16), k, k, starts({0, 6}), starts({0, 5})),
+                    DTypeError,
+                    "scaled_dot_product_attention_varlen: q, k and v must share one floating dtype, got float16, "
+                    "float32, float32");
+  EXPECT_THROW_WITH(scaled_dot_product_attention_varlen(q.slice(0, 0, 0).to(DType::f64), k.slice(0, 0, 0),
+                                                        k.slice(0, 0, 0), starts({0, 0}), starts({0, 0})),
+                    DTypeError, "got float64, float32, float32");
+  EXPECT_THROW_WITH(scaled_dot_product_attention_varlen(q.to(DType::i32), k.to(DType::i32), k.to(DType::i32),
+                                                        starts({0, 6}), starts({0, 5})),
+                    DTypeError, "must share one floating dtype, got int32");
+  AttentionOptions nan;
+  nan.scale = std::nan("");
+  EXPECT_THROW_WITH(scaled_dot_product_attention_varlen(q, k, k, starts({0, 6}), starts({0, 5}), nan), ValueError,
+                    "scaled_dot_product_attention_varlen: scale must be finite, got nan");
+  const Tensor q0 = q.slice(2, 0, 0), k0 = k.slice(2, 0, 0), v = Tensor::randn({5, 2, 4}, 3);
+  for (bool causal : {false, true}) {
+    AttentionOptions o;
+    o.is_causal = causal;
+    const Tensor got = scaled_dot_product_attention_varlen(q0, k0, v, starts({0, 2, 6}), starts({0, 3, 5}), o).output;
+    for (int64_t s = 0; s < 2; ++s) {  // the plain call over each sequence, itself against attention_reference
+      const int64_t a = s == 0 ? 0 : 2, b = s == 0 ? 2 : 6, c = s == 0 ? 0 : 3, d = s == 0 ? 3 : 5;
+      const AttentionResult want = attention_reference(sequence(q0, a, b), sequence(k0, c, d), sequence(v, c, d), o);
+      EXPECT_LE(max_abs_error(sequence(got, a, b), want.output), 1e-6) << causal << s;
+    }
+  }
+}
+
 // Without a GPU (CI; this build may or may not have the CUDA backend): no devices, and
 // a tensor on cuda:0 is a DeviceError naming the operation, never a crash. With one,
 // the same calls work (tests/cuda cover the GPU itself).

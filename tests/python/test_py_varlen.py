@@ -50,3 +50,18 @@ def test_bad_packing_is_a_clear_error():
         qkv.scaled_dot_product_attention_varlen(q, k, k, np.array([0.0, 6.0]), np.array([0, 5]))
     with pytest.raises(ValueError, match=r"must be \[T, H, D\]"):
         qkv.scaled_dot_product_attention_varlen(q[None], k, k, np.array([0, 6]), np.array([0, 5]))
+
+
+def test_errors_name_the_varlen_call_and_an_empty_head_size_works():
+    rng = np.random.default_rng(3)
+    q, k = _packed([2, 4], 2, 8, rng), _packed([3, 2], 2, 8, rng)
+    cq, ck = np.array([0, 2, 6]), np.array([0, 3, 5])
+    with pytest.raises(TypeError, match=r"scaled_dot_product_attention_varlen: q, k and v must share one floating"):
+        qkv.scaled_dot_product_attention_varlen(q.astype(np.float16), k, k, cq, ck)
+    with pytest.raises(ValueError, match=r"scaled_dot_product_attention_varlen: scale must be finite"):
+        qkv.scaled_dot_product_attention_varlen(q, k, k, cq, ck, scale=float("inf"))
+    # head size 0: every score is 0, each query the mean of its sequence's values (the plain call's answer)
+    v = _packed([3, 2], 2, 4, rng)
+    out = qkv.scaled_dot_product_attention_varlen(q[:, :, :0], k[:, :, :0], v, cq, ck)
+    np.testing.assert_allclose(out[:2], np.broadcast_to(v[:3].mean(0), (2, 2, 4)), atol=1e-6)
+    np.testing.assert_allclose(out[2:], np.broadcast_to(v[3:].mean(0), (4, 2, 4)), atol=1e-6)
