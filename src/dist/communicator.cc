@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dist/internal.h"
+#include "qkv/device.h"
 #include "qkv/error.h"
 
 namespace qkv::dist {
@@ -93,6 +94,7 @@ void Communicator::recv(const Tensor& into, int source, int tag) const { irecv(i
 
 Request Communicator::isend(const Tensor& tensor, int dest, int tag) const {
   const std::string what = detail::concat("isend of ", describe(tensor), " from rank ", rank_, " to rank ", dest);
+  require_cpu(what, {&tensor});          // MPI reads host memory (no CUDA-aware transport here)
   const Tensor c = tensor.contiguous();  // a view of `tensor` when it is contiguous
   MPI_Request r = MPI_REQUEST_NULL;
   check_mpi(MPI_Isend(c.raw_data(), byte_count(c.nbytes(), what), MPI_BYTE, dest, tag, handle_->comm, &r), what);
@@ -101,6 +103,7 @@ Request Communicator::isend(const Tensor& tensor, int dest, int tag) const {
 
 Request Communicator::irecv(const Tensor& into, int source, int tag) const {
   const std::string what = detail::concat("irecv of ", describe(into), " on rank ", rank_, " from rank ", source);
+  require_cpu(what, {&into});
   if (!into.is_contiguous()) fail<ValueError>(what, ": the receiving tensor must be contiguous");
   if (into.is_read_only()) fail<ValueError>(what, ": the receiving tensor is read-only");
   MPI_Request r = MPI_REQUEST_NULL;
@@ -111,6 +114,7 @@ Request Communicator::irecv(const Tensor& into, int source, int tag) const {
 
 void Communicator::all_reduce_sum(const Tensor& tensor) const {
   const std::string what = detail::concat("all_reduce_sum of ", describe(tensor), " on rank ", rank_);
+  require_cpu(what, {&tensor});
   MPI_Datatype type = MPI_DATATYPE_NULL;
   switch (tensor.dtype()) {
     case DType::f32: type = MPI_FLOAT; break;
@@ -175,6 +179,7 @@ Tensor view_in(const Tensor& buffer, size_t at, const Shape& shape, DType dtype)
 
 Tensor Communicator::all_gather(const Tensor& tensor, int64_t dim) const {
   const std::string what = detail::concat("all_gather of ", describe(tensor), " along dim ", dim, " on rank ", rank_);
+  require_cpu(what, {&tensor});
   const int64_t axis = dim < 0 ? dim + tensor.dim() : dim;
   if (axis < 0 || axis >= tensor.dim()) fail<IndexError>(what, ": dim out of range");
   const ShapeRecord mine = shape_record(tensor, what);
@@ -240,6 +245,7 @@ std::vector<Tensor> Communicator::all_to_all(const std::vector<Tensor>& parts,
     fail<ValueError>(what, ": needs one part and one receive shape per rank, got ", parts.size(), " and ",
                      recv_shapes.size());
   }
+  require_cpu(what, parts);
   const DType dtype = parts[0].dtype();
   const size_t p = static_cast<size_t>(size_);
   std::vector<int> scount(p), sdispl(p), rcount(p), rdispl(p);
@@ -414,6 +420,8 @@ std::string refusal_text(const std::exception_ptr& e) {
     kind = 'V', what = x.what();
   } catch (const IndexError& x) {
     kind = 'I', what = x.what();
+  } catch (const DeviceError& x) {
+    kind = 'X', what = x.what();
   } catch (const std::exception& x) {
     what = x.what();
   } catch (...) {
@@ -429,6 +437,7 @@ std::string refusal_text(const std::exception_ptr& e) {
     case 'D': throw DTypeError(message);
     case 'V': throw ValueError(message);
     case 'I': throw IndexError(message);
+    case 'X': throw DeviceError(message);
     default: throw CommunicationError(message);
   }
 }

@@ -86,7 +86,7 @@ void add_options(CallSignature& sig, const Options& o) {
 // fingerprints (one int64 per rank: the whole cost when the ranks agree). A check that throws on
 // one rank makes every other rank fail at once with an error naming that rank and quoting its
 // error (instead of waiting QKV_DIST_TIMEOUT for a peer that never posts): the same class for an
-// argument error (ShapeError, DTypeError, ValueError, IndexError), a CommunicationError for any
+// argument error (ShapeError, DTypeError, ValueError, IndexError, DeviceError), a CommunicationError for any
 // other failure; the refusing rank throws its own error. Ranks called with different options or
 // shapes fail with a ValueError naming the fields that differ, instead of computing with
 // mismatched options or overrunning a receive. Only on failure is a second all-gather (the

@@ -13,6 +13,7 @@
 #include "dist/ring_plan.h"
 #include "nn/heads.h"
 #include "qkv/attention_backward.h"
+#include "qkv/device.h"
 #include "qkv/dist/ring_attention.h"
 #include "qkv/error.h"
 
@@ -49,6 +50,7 @@ void backward_block(const RingPlan& plan, const Saved& s, const Tensor& k, const
 }
 
 void check_saved(const Tensor& q, const Tensor& v, const Tensor& out, const Tensor& grad_out, const Tensor& lse) {
+  require_cpu("ring_attention_backward", {&out, &grad_out, &lse});
   Shape ls = q.shape();
   ls.pop_back();
   const Shape os = with_last2(q, q.size(-2), v.size(-1));

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "dist/internal.h"
+#include "qkv/device.h"
 #include "qkv/error.h"
 
 namespace qkv::dist {
@@ -55,6 +56,7 @@ namespace {
 
 void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                   const RingAttentionOptions& options) {
+  require_cpu(op, {&q, &k, &v, options.attn_mask ? &*options.attn_mask : nullptr});  // MPI moves host memory
   for (const Tensor* t : {&q, &k, &v}) {
     if (t->dtype() != DType::f32) {
       fail<DTypeError>(op, ": q, k and v must be float32, got q ", dtype_name(q.dtype()), ", k ", dtype_name(k.dtype()),

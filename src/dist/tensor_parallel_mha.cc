@@ -10,6 +10,7 @@
 #include "dist/internal.h"
 #include "nn/heads.h"
 #include "qkv/attention.h"
+#include "qkv/device.h"
 #include "qkv/dist/shard.h"
 #include "qkv/error.h"
 
@@ -222,6 +223,8 @@ void TensorParallelAttention::check_inputs(const char* op, const Tensor& query, 
   // with different inputs, options or layer configurations fail instead of summing mismatched
   // partial outputs (a rank without heads would otherwise wait in the all-reduce).
   agree_on_call(op, comm_, [&] {
+    // MPI moves host memory, and a rank with heads would refuse alone (Linear's kernels are CPU ones).
+    require_cpu(op, {&query, &key, &value, options.attn_mask ? &*options.attn_mask : nullptr});
     if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3) {
       fail<ShapeError>(
           op, ": query, key, value must be [L, N, E] (or [N, L, E] with batch_first, or unbatched [L, E]), got ",

@@ -9,6 +9,7 @@
 
 #include "nn/heads.h"
 #include "qkv/attention_backward.h"
+#include "qkv/device.h"
 #include "qkv/dist/tensor_parallel_mha.h"
 #include "qkv/error.h"
 
@@ -38,6 +39,7 @@ TensorParallelGradients TensorParallelAttention::backward(const Tensor& query, c
     return g;
   }
   check_inputs("TensorParallelAttention.backward", query, key, value, options, [&] {
+    require_cpu("TensorParallelAttention.backward", {&grad_output});
     Shape out_shape = query.shape();
     out_shape.back() = config_.embed_dim;
     if (grad_output.shape() != out_shape || !is_floating(grad_output.dtype())) {

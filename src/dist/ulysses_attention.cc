@@ -7,6 +7,7 @@
 
 #include "dist/internal.h"
 #include "qkv/attention_backward.h"
+#include "qkv/device.h"
 #include "qkv/einops.h"
 #include "qkv/error.h"
 
@@ -62,6 +63,7 @@ Tensor repeat_heads(const Tensor& k, int64_t g) {
 }
 
 void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const UlyssesAttentionOptions& options) {
+  require_cpu("ulysses_attention", {&q, &k, &v, options.attn_mask ? &*options.attn_mask : nullptr});  // host memory
   for (const Tensor* t : {&q, &k, &v}) {
     if (t->dim() != 4 || t->dtype() != DType::f32) {
       fail<ShapeError>("ulysses_attention: q, k, v must be [B, H, L_local, D] float32, got q ", shape_str(q.shape()),
@@ -165,6 +167,7 @@ AttentionGradients run_backward(const Tensor& q, const Tensor& k, const Tensor& 
                                 const Communicator& comm, const UlyssesAttentionOptions& options) {
   agree_on_inputs("ulysses_attention_backward", q, k, v, comm, options, [&] {
     const Shape out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
+    require_cpu("ulysses_attention_backward", {&grad_out});
     if (grad_out.shape() != out_shape || grad_out.dtype() != DType::f32) {
       fail<ShapeError>("ulysses_attention_backward: grad_out is ", shape_str(grad_out.shape()), " ",
                        dtype_name(grad_out.dtype()), ", the output ", shape_str(out_shape), " float32");

@@ -13,6 +13,7 @@
 #include "common/expect.h"
 #include "dist/dist_test_util.h"
 #include "qkv/attention.h"
+#include "qkv/cuda.h"
 #include "qkv/dist/ring_attention.h"
 #include "qkv/dist/ulysses_attention.h"
 #include "qkv/error.h"
@@ -115,6 +116,23 @@ TEST(Agreement, ShardLengthsOffTheLayoutFailOnEveryRank) {
   EXPECT_THROW_WITH(ulysses_attention(q, q, q, comm), ShapeError, "rank 0 holds 3 queries");
   const Tensor good = shard(2, l, 4, 1, comm);
   EXPECT_EQ(ulysses_attention(good, k, k, comm).shape(), good.shape());  // still in step
+}
+
+// MPI here moves host memory: a GPU tensor reached MPI as a device pointer read as host memory
+// (ring, Ulysses, the Communicator), and tensor parallelism's Linear refused it on the ranks with
+// heads only. Now a DeviceError on every rank, before any transfer. Runs where a GPU is.
+TEST(Agreement, TensorsOnAGpuAreADeviceErrorOnEveryRank) {
+  if (!cuda::available()) GTEST_SKIP() << "no GPU";
+  const Communicator comm = world();
+  const Tensor q = shard(2, 8, 4, 1, comm), g = q.to(Device::cuda(0));
+  EXPECT_THROW_WITH(ring_attention(g, q, q, comm), DeviceError, "no kernel for tensors on cuda:0");
+  EXPECT_THROW_WITH(ulysses_attention(q, q, g, comm), DeviceError, "every input must be on one device");
+  if (comm.size() > 1) {  // on one rank only: the others name it
+    const Tensor mine = comm.rank() == 1 ? g : q;
+    EXPECT_THROW_WITH(ring_attention(mine, q, q, comm), DeviceError, "rank 1 of ");
+  }
+  EXPECT_THROW((void)comm.all_gather(g, 0), DeviceError);
+  EXPECT_LE(relative_error(ring_attention(q, q, q, comm).output, ring_attention(q, q, q, comm).output), 0.0);
 }
 
 }  // namespace
