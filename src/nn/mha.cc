@@ -8,6 +8,7 @@
 #include "nn/heads.h"
 #include "nn/layer_attention.h"
 #include "qkv/attention.h"
+#include "qkv/size.h"
 
 namespace qkv::nn {
 
@@ -53,6 +54,10 @@ MultiheadAttention::MultiheadAttention(const MultiheadAttentionConfig& config, u
     fail<ValueError>(kOp, ": dropout must be in [0, 1], got ", config.dropout);
   }
   const int64_t kd = config.kdim.value_or(e), vd = config.vdim.value_or(e);
+  if (kd < 0 || vd < 0) fail<ValueError>(kOp, ": kdim and vdim must be >= 0, got ", kd, " and ", vd);
+  // 3 * embed_dim (in_proj rows) overflowed int64 (undefined) for huge sizes and reached the
+  // allocator as a negative dimension
+  if (!checked_mul(3, e)) fail<ValueError>(kOp, ": embed_dim ", e, " is too large (3 * embed_dim passes 2^62)");
   if (packed()) {
     params_["in_proj_weight"] = xavier({3 * e, e}, e, 3 * e, seed);
   } else {

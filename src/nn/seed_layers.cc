@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "nn/heads.h"
 #include "nn/seed_layers_internal.h"
 #include "qkv/attention.h"
+#include "qkv/size.h"
 
 namespace qkv::nn {
 
@@ -32,6 +34,15 @@ Tensor load(const std::map<std::string, Tensor>& sd, const std::string& layer, c
   return parameter(it->second, shape, (layer + ": " + name).c_str()).contiguous();
 }
 
+// a * b * c, ValueError naming the layer when it passes 2^62 (it overflowed int64, undefined, for
+// huge head counts and sizes, and reached the allocator as 0 or a negative dimension).
+int64_t sizes_product(const char* layer, const char* what, int64_t a, int64_t b, int64_t c = 1) {
+  const std::optional<int64_t> ab = checked_mul(a, b);
+  const std::optional<int64_t> abc = ab ? checked_mul(*ab, c) : std::nullopt;
+  if (!abc) fail<ValueError>(layer, ": ", what, " (", a, " * ", b, c == 1 ? "" : " * " + std::to_string(c), ") passes 2^62");
+  return *abc;
+}
+
 // torch's load_state_dict (strict=True) refuses keys the module does not have: a bias-free
 // layer given "W_q.bias" dropped it without a word and computed other numbers than its source.
 void no_unexpected_keys(const std::map<std::string, Tensor>& sd, const char* layer,
@@ -52,6 +63,7 @@ void no_unexpected_keys(const std::map<std::string, Tensor>& sd, const char* lay
 SelfAttention::SelfAttention(int64_t dim, uint64_t seed) : dim_(dim) {
   const AllocationScope scope("SelfAttention");  // names the layer in out-of-memory errors (qkv/size.h)
   if (dim <= 0) fail<ValueError>("SelfAttention: dim must be positive, got ", dim);
+  (void)sizes_product("SelfAttention", "3 * dim", 3, dim);
   load_state_dict({{"to_qvk.weight", torch_init({3 * dim, dim}, seed)}});
 }
 
@@ -84,7 +96,7 @@ MultiHeadSelfAttention::MultiHeadSelfAttention(int64_t dim, int64_t heads, std::
     fail<ValueError>("MultiHeadSelfAttention: dim, heads and dim_head must be positive, got ", dim, ", ", heads, ", ",
                      dim_head_);
   }
-  const int64_t inner = heads_ * dim_head_;
+  const int64_t inner = sizes_product("MultiHeadSelfAttention", "3 * heads * dim_head", 3, heads_, dim_head_) / 3;
   load_state_dict(
       {{"to_qvk.weight", torch_init({3 * inner, dim}, seed)}, {"W_0.weight", torch_init({dim, inner}, seed + 1)}});
 }
@@ -136,6 +148,8 @@ SeparateHeadsAttention::SeparateHeadsAttention(int64_t embed_dim, int64_t n_head
   dkq_ = d_kq.value_or(embed_dim / n_heads);
   dv_ = d_v.value_or(embed_dim / n_heads);
   if (dkq_ <= 0 || dv_ <= 0) fail<ValueError>("SeparateHeadsAttention: d_kq and d_v must be positive");
+  (void)sizes_product("SeparateHeadsAttention", "n_heads * d_kq", h_, dkq_);
+  (void)sizes_product("SeparateHeadsAttention", "n_heads * d_v", h_, dv_);
   params_ = {{"W_q.weight", torch_init({h_ * dkq_, e_}, seed)},
              {"W_k.weight", torch_init({h_ * dkq_, e_}, seed + 1)},
              {"W_v.weight", torch_init({h_ * dv_, e_}, seed + 2)},

@@ -117,6 +117,19 @@ TEST(MhaTorch, ErrorsNameTheProblem) {
   EXPECT_THROW_WITH(m.backward(x, xi, x, x), qkv::DTypeError, "MultiheadAttention: key must be float32");
 }
 
+// 3 * embed_dim overflowed int64 (undefined) for embed_dim 2^62 and reached the allocator as
+// "output [-4611686018427387904, ...] has a negative dimension"; a negative kdim likewise.
+TEST(MhaTorch, SizesThatOverflowOrAreNegativeAreValueErrors) {
+  MultiheadAttentionConfig c;
+  c.embed_dim = int64_t{1} << 62;
+  c.num_heads = 2;
+  EXPECT_THROW_WITH(MultiheadAttention(c), qkv::ValueError,
+                    "MultiheadAttention: embed_dim 4611686018427387904 is too large (3 * embed_dim passes 2^62)");
+  c.embed_dim = 8;
+  c.kdim = -3;
+  EXPECT_THROW_WITH(MultiheadAttention(c), qkv::ValueError, "MultiheadAttention: kdim and vdim must be >= 0, got -3");
+}
+
 TEST(MhaTorch, DropoutOnlyWhenTraining) {
   MultiheadAttentionConfig c;
   c.embed_dim = 8;

@@ -121,4 +121,17 @@ TEST(SeedLayers, LoadStateDictRefusesUnexpectedKeysAndKeepsTheLayerOnErrors) {
   EXPECT_EQ(m.forward(x).to_vector<float>(), before);
 }
 
+// Sizes whose products pass 2^62 overflowed int64 (undefined behaviour) before any check:
+// MultiHeadSelfAttention(2^33, 2^31, 2^33) reached a view of "[0, 8589934592]", SelfAttention(2^62)
+// and SeparateHeadsAttention(.., 2^31 heads, 2^33) likewise. Now a ValueError naming the layer.
+TEST(SeedLayers, SizesWhoseProductsOverflowAreValueErrors) {
+  const int64_t big = int64_t{1} << 33, heads = int64_t{1} << 31;
+  EXPECT_THROW_WITH(MultiHeadSelfAttention(big, heads, big), qkv::ValueError,
+                    "MultiHeadSelfAttention: 3 * heads * dim_head (3 * 2147483648 * 8589934592) passes 2^62");
+  EXPECT_THROW_WITH(SelfAttention(int64_t{1} << 62), qkv::ValueError,
+                    "SelfAttention: 3 * dim (3 * 4611686018427387904) passes 2^62");
+  EXPECT_THROW_WITH(SeparateHeadsAttention(8, heads, big, 4), qkv::ValueError,
+                    "SeparateHeadsAttention: n_heads * d_kq");
+}
+
 }  // namespace
