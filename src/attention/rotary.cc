@@ -21,7 +21,10 @@ struct Plan {
 };
 
 Plan plan(const Tensor& x, const RotaryOptions& o, const char* op) {
-  if (x.dim() < 2 || !is_floating(x.dtype())) {
+  if (!is_floating(x.dtype())) {  // a DTypeError (Python TypeError), not the shape's ShapeError
+    fail<DTypeError>(op, ": x must be floating [..., T, D], got ", dtype_name(x.dtype()), " ", shape_str(x.shape()));
+  }
+  if (x.dim() < 2) {
     fail<ShapeError>(op, ": x must be floating [..., T, D], got ", dtype_name(x.dtype()), " ", shape_str(x.shape()));
   }
   Plan p;
@@ -45,7 +48,11 @@ Plan plan(const Tensor& x, const RotaryOptions& o, const char* op) {
   p.per_batch = pos.dim() == 2;
   const bool fits = (pos.dim() == 1 && pos.size(0) == p.t) ||
                     (p.per_batch && x.dim() == 4 && pos.size(0) == x.size(0) && pos.size(1) == p.t);
-  if (!integer || !fits) {
+  if (!integer) {
+    fail<DTypeError>(op, ": positions must be integer (int32 or int64) [T] or [B, T], got ", dtype_name(pos.dtype()),
+                     " ", shape_str(pos.shape()));
+  }
+  if (!fits) {
     fail<ShapeError>(op, ": positions must be integer [T] or [B, T] (x [B, H, T, D]) for x ", shape_str(x.shape()),
                      ", got ", dtype_name(pos.dtype()), " ", shape_str(pos.shape()));
   }

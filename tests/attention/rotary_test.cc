@@ -79,6 +79,13 @@ TEST(Rotary, PositionsPerSequenceAndErrors) {
   EXPECT_LE(max_abs_diff(got.select(0, 0), apply_rotary(x.select(0, 0), {})), 1e-12);
   o.positions = Tensor::zeros({4}, DType::i64);
   EXPECT_THROW_WITH(apply_rotary(x, o), ShapeError, "apply_rotary: positions must be integer [T] or [B, T]");
+  // dtypes are DTypeErrors (Python TypeError); they were ShapeErrors (ValueError)
+  o.positions = Tensor::zeros({3}, DType::f32);
+  EXPECT_THROW_WITH(apply_rotary(x, o), DTypeError,
+                    "apply_rotary: positions must be integer (int32 or int64) [T] or [B, T], got float32 [3]");
+  EXPECT_THROW_WITH(apply_rotary(Tensor::zeros({3, 8}, DType::i32), {}), DTypeError,
+                    "apply_rotary: x must be floating [..., T, D], got int32 [3, 8]");
+  EXPECT_THROW_WITH(apply_rotary(Tensor::zeros({8}), {}), ShapeError, "apply_rotary: x must be floating [..., T, D]");
   RotaryOptions odd;
   odd.rotary_dim = 5;
   EXPECT_THROW_WITH(apply_rotary(x, odd), ValueError, "apply_rotary: rotary_dim must be even and <= D = 8");
