@@ -167,6 +167,11 @@ class MultiheadAttention:
     def training(self) -> bool:
         return self._layer.training
 
+    @training.setter
+    def training(self, mode: bool) -> None:
+        """`mha.training = True` as on a torch module (and qkv's Keras flavour); it had no setter."""
+        self._layer.training = bool(mode)
+
     def train(self, mode: bool = True) -> "MultiheadAttention":
         self._layer.training = mode
         return self

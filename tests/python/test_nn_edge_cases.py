@@ -49,7 +49,8 @@ def test_static_layer_refuses_new_float_weights_dynamic_requantizes():
     np.testing.assert_array_equal(after, before)
     d = f.quantize_dynamic()
     d.load_state_dict(g.state_dict())
-    np.testing.assert_array_equal(d(x, x, x, need_weights=False)[0], g.quantize_dynamic()(x, x, x, need_weights=False)[0])
+    want, _ = g.quantize_dynamic()(x, x, x, need_weights=False)
+    np.testing.assert_array_equal(d(x, x, x, need_weights=False)[0], want)
 
 
 def test_keras_quantized_layer_stays_quantized_with_new_weights():
@@ -98,3 +99,16 @@ def test_keras_sgd_takes_keras_arguments():
         qkv.nn.SGD(momentum=1.5, convention="keras")
     with pytest.raises(ValueError, match="no dampening"):
         qkv.nn.SGD(momentum=0.9, dampening=0.1, convention="keras")
+
+
+def test_torch_flavour_training_flag_is_settable_as_on_a_torch_module():
+    """torch modules take `m.training = True` (the flag train() sets); qkv's had no setter."""
+    m = qkv.nn.MultiheadAttention(8, 2, dropout=0.5)
+    x = np.random.default_rng(0).standard_normal((3, 2, 8)).astype(np.float32)
+    inference, _ = m(x, x, x, need_weights=False)
+    m.training = True
+    assert m.training
+    trained, _ = m(x, x, x, need_weights=False)
+    assert np.abs(trained - inference).max() > 1e-3  # dropout on
+    m.training = False
+    np.testing.assert_array_equal(m(x, x, x, need_weights=False)[0], inference)
