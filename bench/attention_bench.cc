@@ -7,7 +7,7 @@
 //   QKV_NUM_THREADS=2 build/release/attention_bench --benchmark_min_time=1
 //
 // "flops" (G/s = GFLOP/s) counts the two products: 4 * B * H * Lq * Lk * D
-// non-causal; causal counts only the unmasked half, 4 * B * H * D * L(L+1)/2,
+// non-causal; causal counts only the unmasked part, 4 * B * H * D * L(L+1)/2 where Lq = Lk,
 // so causal GFLOP/s are those of useful work (the masked part of diagonal
 // tiles is computed but not counted). Peers: bench/peers/attention_peers.py.
 #include <benchmark/benchmark.h>
@@ -71,6 +71,32 @@ void issue6_shapes(benchmark::internal::Benchmark* bm) {
 BENCHMARK(BM_Flash)->Apply(issue6_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_FlashBf16)->Apply(issue6_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_FlashF16)->Apply(issue6_shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// A query block over long keys (a prefill chunk against a long cache): B H ceil(Lq / Br) work
+// items, fewer than the workers or not a multiple of them, so that each item's keys are cut
+// into parts (attention_cpu_split.h). state.range: B, H, Lq, Lk, D, causal.
+void BM_FlashLongKeys(benchmark::State& state) {
+  const int64_t b = state.range(0), h = state.range(1), lq = state.range(2), lk = state.range(3), d = state.range(4);
+  const bool causal = state.range(5) != 0;
+  const qkv::Tensor q = qkv::Tensor::randn({b, h, lq, d}, 1);  // [B, H, Lq, D]
+  const qkv::Tensor k = qkv::Tensor::randn({b, h, lk, d}, 2), v = qkv::Tensor::randn({b, h, lk, d}, 3);
+  qkv::AttentionOptions o;
+  o.is_causal = causal;
+  for (auto _ : state) {
+    qkv::AttentionResult r = qkv::scaled_dot_product_attention(q, k, v, o);
+    benchmark::DoNotOptimize(r.output.raw_data());
+  }
+  state.counters["flops"] =
+      benchmark::Counter(attention_flops(b, h, lq, lk, d, causal), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_FlashLongKeys)
+    ->ArgNames({"B", "H", "Lq", "Lk", "D", "causal"})
+    ->Args({1, 1, 128, 16384, 64, 0})
+    ->Args({1, 1, 256, 65536, 128, 0})
+    ->Args({1, 3, 256, 8192, 64, 0})
+    ->Args({1, 8, 128, 32768, 128, 0})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // Backward (scaled_dot_product_attention_backward from the forward's saved output and
 // logsumexp), f32 and f64; "flops" counts its five products, 2.5x the forward's.

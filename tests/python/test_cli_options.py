@@ -53,11 +53,12 @@ def test_runtime_error_exits_1(run, tmp_path):
 
 BENCH = ["bench", "attention", "--min-time", "0", "--shape", "1,1,4,4"]
 BAD_NUMBERS = [
-    (["bench", "attention", "--shape", "a,b,c,d"], "--shape: expected B,H,L,D (four integers >= 1), got 'a,b,c,d'"),
-    (["bench", "attention", "--shape", "1,2,3"], "--shape: expected B,H,L,D (four integers >= 1), got '1,2,3'"),
-    (["bench", "attention", "--shape", "1,2,3,0"], "--shape: expected B,H,L,D (four integers >= 1), got '1,2,3,0'"),
-    (["bench", "attention", "--shape", "1,2,3,4,"], "--shape: expected B,H,L,D (four integers >= 1), got '1,2,3,4,'"),
-    (["bench", "attention", "--shape", "1,2,3,99999999999999999999"], "--shape: expected B,H,L,D (four integers >= 1), got '1,2,3,99999999999999999999'"),
+    (["bench", "attention", "--shape", "a,b,c,d"], "--shape: expected B,H,L,D or B,H,Lq,Lk,D (integers >= 1), got 'a,b,c,d'"),
+    (["bench", "attention", "--shape", "1,2,3"], "--shape: expected B,H,L,D or B,H,Lq,Lk,D (integers >= 1), got '1,2,3'"),
+    (["bench", "attention", "--shape", "1,2,3,0"], "--shape: expected B,H,L,D or B,H,Lq,Lk,D (integers >= 1), got '1,2,3,0'"),
+    (["bench", "attention", "--shape", "1,2,3,4,"], "--shape: expected B,H,L,D or B,H,Lq,Lk,D (integers >= 1), got '1,2,3,4,'"),
+    (["bench", "attention", "--shape", "1,2,3,4,5,6"], "--shape: expected B,H,L,D or B,H,Lq,Lk,D (integers >= 1), got '1,2,3,4,5,6'"),
+    (["bench", "attention", "--shape", "1,2,3,99999999999999999999"], "--shape: expected B,H,L,D or B,H,Lq,Lk,D (integers >= 1), got '1,2,3,99999999999999999999'"),
     (BENCH + ["--threads", "0"], "--threads: expected an integer in [1, 4096], got '0'"),
     (BENCH + ["--threads", "-3"], "--threads: expected an integer in [1, 4096], got '-3'"),
     (BENCH + ["--threads", "2.5"], "--threads: expected an integer in [1, 4096], got '2.5'"),
@@ -157,6 +158,20 @@ def test_bench_reports_the_dtype_of_attention_and_gemm(qkv_cli, dtype):
     gemm, attention = (json.loads(line) for line in result.stdout.splitlines())
     assert (gemm["op"], gemm["dtype"], attention["op"], attention["dtype"]) == ("gemm", dtype, "attention", dtype)
     assert attention["shape"] == [1, 2, 128, 32] and attention["gflops"] > 0 and gemm["gflops"] > 0
+
+
+def test_bench_shape_with_lq_and_lk(qkv_cli):
+    # B,H,Lq,Lk,D: a query block over longer keys; causal GFLOP/s count sum_i min(i + 1, Lk) pairs.
+    result = subprocess.run([qkv_cli, "bench", "attention", "--min-time", "0", "--shape", "1,2,16,96,8", "--shape",
+                             "1,2,16,16,8", "--causal"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    long_keys, square = result.stdout.splitlines()[1:]
+    assert long_keys.startswith("attention (B,H,Lq,Lk,D)=(1,2,16,96,8) causal, "), long_keys
+    assert square.startswith("attention (B,H,L,D)=(1,2,16,8) causal, "), square
+    result = subprocess.run([qkv_cli, "bench", "attention", "--json", "--min-time", "0", "--shape", "1,2,16,96,8"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["shape"] == [1, 2, 16, 96, 8]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -7,11 +7,13 @@
 //                       [--min-time 1] [--gemm 2048] [--json] [--matmul-precision medium]
 //                       [--qk-quantization int8]
 //
-// GFLOP/s count 4*B*H*L*L*D (non-causal) or 4*B*H*D*L(L+1)/2 (causal: the
-// unmasked half only). Time per call is the fastest of the timed calls. A progress
-// line goes out before each measurement: to stdout on a terminal, to stderr when
-// stdout is a pipe or file (which then holds only the results). First of all goes the
-// machine, "Machine: <qkv info's line>": on stdout, or on stderr with --json.
+// --shape B,H,L,D, or B,H,Lq,Lk,D for queries and keys of different lengths (a prefill
+// chunk over a long cache: 1,8,128,32768,128). GFLOP/s count 4*B*H*Lq*Lk*D (non-causal)
+// or 4*B*H*D*L(L+1)/2 (causal: the unmasked half only; qkv/attention_flops.h where Lq !=
+// Lk). Time per call is the fastest of the timed calls. A progress line goes out before
+// each measurement: to stdout on a terminal, to stderr when stdout is a pipe or file
+// (which then holds only the results). First of all goes the machine, "Machine: <qkv
+// info's line>": on stdout, or on stderr with --json.
 #include <unistd.h>
 
 #include <cstdio>
@@ -32,7 +34,7 @@ namespace qkv::cli {
 namespace {
 
 struct BenchArgs {
-  std::vector<std::string> shapes;    // "B,H,L,D"
+  std::vector<std::string> shapes;    // "B,H,L,D" or "B,H,Lq,Lk,D"
   std::string dtype = "float32";      // of q, k, v and the gemm's operands
   std::string precision = "highest";  // AttentionOptions::matmul_precision
   std::string qk = "none";            // AttentionOptions::qk_quantization (float32 inputs)
@@ -42,7 +44,8 @@ struct BenchArgs {
   int64_t gemm_n = 0;
 };
 
-// "B,H,L,D" -> {B, H, L, D}, each a positive integer (a usage error otherwise).
+// "B,H,L,D" -> {B, H, L, L, D} and "B,H,Lq,Lk,D" -> {B, H, Lq, Lk, D}, each a positive
+// integer (a usage error otherwise).
 std::vector<int64_t> parse_shape(const std::string& text) {
   std::vector<int64_t> dims;
   std::stringstream in(text);
@@ -52,9 +55,10 @@ std::vector<int64_t> parse_shape(const std::string& text) {
     ok = d.has_value();
     dims.push_back(d.value_or(0));
   }
-  if (!ok || dims.size() != 4) {
-    throw CLI::ValidationError("expected B,H,L,D (four integers >= 1), got '" + text + "'");
+  if (!ok || (dims.size() != 4 && dims.size() != 5)) {
+    throw CLI::ValidationError("expected B,H,L,D or B,H,Lq,Lk,D (integers >= 1), got '" + text + "'");
   }
+  if (dims.size() == 4) dims.insert(dims.begin() + 2, dims[2]);  // Lk = Lq
   return dims;
 }
 
@@ -104,6 +108,19 @@ double bench_gemm(DType dt, int64_t n, double min_time) {
   }
 }
 
+// The shape as given: "B, H, L, D" where Lq = Lk, else "B, H, Lq, Lk, D" (sep between).
+std::string dims_text(const std::vector<int64_t>& d, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (i == 3 && d[2] == d[3]) continue;
+    s += (s.empty() ? "" : sep) + std::to_string(d[i]);
+  }
+  return s;
+}
+
+// "(B,H,L,D)" or "(B,H,Lq,Lk,D)".
+const char* shape_names(const std::vector<int64_t>& d) { return d[2] == d[3] ? "(B,H,L,D)" : "(B,H,Lq,Lk,D)"; }
+
 // --backward: the backward from the forward's saved output and logsumexp, and forward
 // plus backward together; GFLOP/s of the backward count its five products (2.5x the
 // forward's two).
@@ -114,7 +131,7 @@ void bench_backward(const BenchArgs& a, const std::vector<int64_t>& d, const Ten
   o.matmul_precision = matmul_precision_from_name(a.precision);
   o.qk_quantization = qk_quantization_from_name(a.qk);
   o.return_logsumexp = true;
-  const Tensor g = Tensor::randn(q.shape(), 4).to(q.dtype());  // dO [B, H, L, D]
+  const Tensor g = Tensor::randn(q.shape(), 4).to(q.dtype());  // dO [B, H, Lq, D]
   const AttentionResult fwd = scaled_dot_product_attention(q, k, v, o);
   const double sec = best_seconds(
       a.min_time, 1, [&] { (void)scaled_dot_product_attention_backward(q, k, v, fwd.output, g, *fwd.logsumexp, o); });
@@ -122,20 +139,18 @@ void bench_backward(const BenchArgs& a, const std::vector<int64_t>& d, const Ten
     const AttentionResult f = scaled_dot_product_attention(q, k, v, o);
     (void)scaled_dot_product_attention_backward(q, k, v, f.output, g, *f.logsumexp, o);
   });
-  const double gflops = 2.5 * attention_flops(d[0], d[1], d[2], d[3], a.causal) / sec * 1e-9;
+  const double gflops = 2.5 * attention_flops(d[0], d[1], d[2], d[3], d[4], a.causal) / sec * 1e-9;
   if (a.json) {
     std::printf(
-        "{\"op\": \"attention_backward\", \"dtype\": \"%s\", \"shape\": [%ld, %ld, %ld, %ld], \"causal\": %s, "
+        "{\"op\": \"attention_backward\", \"dtype\": \"%s\", \"shape\": [%s], \"causal\": %s, "
         "\"threads\": %d, \"ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"gflops\": %.2f}\n",
-        a.dtype.c_str(), static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]),
-        static_cast<long>(d[3]), a.causal ? "true" : "false", get_num_threads(), sec * 1e3, both * 1e3, gflops);
+        a.dtype.c_str(), dims_text(d, ", ").c_str(), a.causal ? "true" : "false", get_num_threads(), sec * 1e3,
+        both * 1e3, gflops);
     return;
   }
-  std::printf(
-      "attention backward (B,H,L,D)=(%ld,%ld,%ld,%ld)%s %s, %d thread(s): %.3f ms, %.1f GFLOP/s; forward + "
-      "backward %.3f ms",
-      static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]), static_cast<long>(d[3]),
-      dtype_note(a).c_str(), a.causal ? "causal" : "non-causal", get_num_threads(), sec * 1e3, gflops, both * 1e3);
+  std::printf("attention backward %s=(%s)%s %s, %d thread(s): %.3f ms, %.1f GFLOP/s; forward + backward %.3f ms",
+              shape_names(d), dims_text(d, ",").c_str(), dtype_note(a).c_str(), a.causal ? "causal" : "non-causal",
+              get_num_threads(), sec * 1e3, gflops, both * 1e3);
   if (gemm_gflops > 0)
     std::printf(" (backward at %.0f%% of gemm's %.1f GFLOP/s)", 100.0 * gflops / gemm_gflops, gemm_gflops);
   std::printf("\n");
@@ -143,28 +158,27 @@ void bench_backward(const BenchArgs& a, const std::vector<int64_t>& d, const Ten
 
 void bench_one(const BenchArgs& a, const std::string& shape_text, double gemm_gflops) {
   const std::vector<int64_t> d = parse_shape(shape_text);
-  const Shape shape = {d[0], d[1], d[2], d[3]};  // [B, H, L, D]
   const DType dt = dtype_from_name(a.dtype);
-  const Tensor q = Tensor::randn(shape, 1).to(dt), k = Tensor::randn(shape, 2).to(dt),
-               v = Tensor::randn(shape, 3).to(dt);
+  const Tensor q = Tensor::randn({d[0], d[1], d[2], d[4]}, 1).to(dt);  // [B, H, Lq, D]
+  const Tensor k = Tensor::randn({d[0], d[1], d[3], d[4]}, 2).to(dt),
+               v = Tensor::randn({d[0], d[1], d[3], d[4]}, 3).to(dt);
   if (a.backward) return bench_backward(a, d, q, k, v, gemm_gflops);
   AttentionOptions o;
   o.is_causal = a.causal;
   o.matmul_precision = matmul_precision_from_name(a.precision);
   o.qk_quantization = qk_quantization_from_name(a.qk);
   const double sec = best_seconds(a.min_time, 1, [&] { (void)scaled_dot_product_attention(q, k, v, o); });
-  const double gflops = attention_flops(d[0], d[1], d[2], d[3], a.causal) / sec * 1e-9;
+  const double gflops = attention_flops(d[0], d[1], d[2], d[3], d[4], a.causal) / sec * 1e-9;
   if (a.json) {
     std::printf(
-        "{\"op\": \"attention\", \"shape\": [%ld, %ld, %ld, %ld], \"causal\": %s, \"threads\": %d, "
+        "{\"op\": \"attention\", \"shape\": [%s], \"causal\": %s, \"threads\": %d, "
         "\"ms\": %.4f, \"gflops\": %.2f, \"dtype\": \"%s\", \"matmul_precision\": \"%s\", "
         "\"qk_quantization\": \"%s\"}\n",
-        static_cast<long>(d[0]), static_cast<long>(d[1]), static_cast<long>(d[2]), static_cast<long>(d[3]),
-        a.causal ? "true" : "false", get_num_threads(), sec * 1e3, gflops, a.dtype.c_str(), a.precision.c_str(),
-        a.qk.c_str());
+        dims_text(d, ", ").c_str(), a.causal ? "true" : "false", get_num_threads(), sec * 1e3, gflops, a.dtype.c_str(),
+        a.precision.c_str(), a.qk.c_str());
     return;
   }
-  std::printf("attention (B,H,L,D)=(%s)%s %s, %d thread(s): %.3f ms, %.1f GFLOP/s", shape_text.c_str(),
+  std::printf("attention %s=(%s)%s %s, %d thread(s): %.3f ms, %.1f GFLOP/s", shape_names(d), dims_text(d, ",").c_str(),
               dtype_note(a).c_str(), a.causal ? "causal" : "non-causal", get_num_threads(), sec * 1e3, gflops);
   if (gemm_gflops > 0) std::printf(" (%.0f%% of gemm's %.1f GFLOP/s)", 100.0 * gflops / gemm_gflops, gemm_gflops);
   std::printf("\n");
@@ -210,7 +224,7 @@ void register_bench(CLI::App& app) {
   bench->require_subcommand(1);
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = bench->add_subcommand("attention", "Fused attention forward (and qkv::gemm) GFLOP/s");
-  cmd->add_option("--shape", args->shapes, "B,H,L,D (repeatable; default 1,8,1024,64)")
+  cmd->add_option("--shape", args->shapes, "B,H,L,D or B,H,Lq,Lk,D (repeatable; default 1,8,1024,64)")
       ->each([](const std::string& text) { (void)parse_shape(text); });
   cmd->add_flag("--causal", args->causal, "causal attention (GFLOP/s count the unmasked half)");
   cmd->add_flag("--backward", args->backward,
