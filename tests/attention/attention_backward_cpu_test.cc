@@ -283,7 +283,8 @@ TEST(FlashAttentionBackward, InsideAParallelRegionRunsAsOneWorker) {
         parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
           for (int64_t i = lo; i < hi; ++i) got[static_cast<size_t>(i)] = backward();
         });
-      })) << "nested backward did not end, " << n << " threads";
+      })) << "nested backward did not end, "
+          << n << " threads";
       for (const AttentionGradients& g : got) {
         double worst = 0.0;
         expect_close(x, g, ref, dt == DType::f64 ? 1e-10 : 2e-5, c, &worst);

@@ -415,5 +415,38 @@ TEST_F(FlashAttention, EmptyLengthsGiveEmptyOrZeroOutputs) {
             (Shape{2, 0, 4}));
 }
 
+// ---- Calls inside a parallel region (the backward's: attention_backward_cpu_test.cc) ----
+// The forward called from each worker of parallel_for (which runs nested calls inline, on one
+// worker): three row tiles, so that a call at top level on 2 threads has fewer items than 4 a
+// worker. Its result is the one-thread result bit for bit whatever set_num_threads says: the
+// work a call divides among workers (items, and any split of an item's keys) must follow the
+// workers that really run there, one, not get_num_threads().
+TEST_F(FlashAttention, InsideAParallelRegionRunsAsOneWorker) {
+  Config c;
+  c.lq = 96, c.lk = 160, c.dk = 24, c.dv = 16, c.seed = 34;
+  for (const bool causal : {false, true}) {
+    c.causal = causal;
+    Inputs in = make_inputs(c);
+    in.options.tuning.flash_tiles = FlashTiles{32, 16};  // 3 row tiles, 10 key tiles
+    in.options.return_logsumexp = true;
+    set_num_threads(1);
+    const AttentionResult one = scaled_dot_product_attention(in.q, in.k, in.v, in.options);
+    for (const int n : {2, 3}) {
+      set_num_threads(n);
+      std::vector<AttentionResult> got(static_cast<size_t>(n));
+      parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          got[static_cast<size_t>(i)] = scaled_dot_product_attention(in.q, in.k, in.v, in.options);
+        }
+      });
+      for (const AttentionResult& r : got) {
+        EXPECT_EQ(r.output.to_vector<double>(), one.output.to_vector<double>()) << c.str() << ", " << n << " threads";
+        EXPECT_EQ(r.logsumexp->to_vector<double>(), one.logsumexp->to_vector<double>())
+            << c.str() << ", " << n << " threads";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qkv
