@@ -44,7 +44,11 @@
 // arithmetic does not depend on which worker runs it, so the results do not depend on the
 // thread count (except that a call with a single item lets oneDNN thread the tile GEMMs
 // themselves). Outputs larger than the workers' L2 are stored once per item, streamed, and
-// 16-bit outputs are rounded into place item by item (run_all).
+// 16-bit outputs are rounded into place item by item (run_all). Where the items are too few
+// for the workers (fewer than 4 a worker and not a multiple of them: one head of a prefill
+// chunk over a long cache), each item's key tiles are cut into parts run by any worker and
+// merged by logsumexp (run_split, attention_cpu_split.h); the rounding then depends on the
+// number of parts, which follows the thread count.
 #include "attention/attention_cpu.h"
 
 #include <algorithm>
@@ -59,10 +63,12 @@
 
 #include "attention/attention_cpu_gather.h"
 #include "attention/attention_cpu_panels.h"
+#include "attention/attention_cpu_split.h"
 #include "attention/attention_cpu_tiles.h"
 #include "attention/flash_tiles.h"
 #include "attention/problem.h"
 #include "kernels/cpu/copy_transpose.h"
+#include "qkv/error.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
 #include "qkv/random.h"
@@ -179,29 +185,73 @@ void weight_rows(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Scratch<K>& sc, 
   if (f.dropout_p > 0.0) dropout_tile(f, r, 0, r.kv_end, w, p.lk);
 }
 
+// The item's Q rows as the tile GEMMs read them, and on int8 where the call quantizes Q K^T
+// (once per item, or per key part: run_part); m, l and the output rows r.o zeroed.
 template <class K>
-void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
+struct RowStart {
+  Mat<typename K::G> q;
+  int8::QuantizedQuery* q8 = nullptr;
+};
+
+template <class K>
+RowStart<K> start_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
   using T = typename K::T;
   const Problem& p = *f.p;
-  const int64_t lds = f.tiles.bc;
-  const auto q = gemm_operand(r.q, r.rows, p.dk, p.q.stride(-2), sc.qg);  // [rows, Dk], once per item
-  int8::QuantizedQuery* q8 = nullptr;  // the same rows on int8, once per item (qk_quantization)
+  RowStart<K> st{gemm_operand(r.q, r.rows, p.dk, p.q.stride(-2), sc.qg), nullptr};  // [rows, Dk]
   if constexpr (std::is_same_v<typename K::S, float>) {
     if (f.k8) {
       int8::quantize_query(r.q, r.rows, p.q.stride(-2), *f.k8, r.b, sc.q8);
-      q8 = &sc.q8;
+      st.q8 = &sc.q8;
     }
   }
   std::fill(sc.m.begin(), sc.m.begin() + r.rows, kNegInf<T>);
   std::fill(sc.l.begin(), sc.l.begin() + r.rows, T(0));
   std::fill(r.o, r.o + r.rows * p.dv, T(0));
-  auto tile = [&](int64_t j0, int64_t cols) {
-    if (empty_tile(f, r, j0, cols)) return;  // no key of the tile is allowed: nothing to add
-    score_tile(f, r, q, j0, cols, sc.s.data(), lds, sc.kg, kNegInf<T>, static_cast<T*>(nullptr), q8);
-    softmax_tile(sc.s.data(), lds, r.rows, cols, sc.m.data(), sc.l.data(), r.o, p.dv);
-    if (f.dropout_p > 0.0) dropout_tile(f, r, j0, cols, sc.s.data(), lds);
-    value_tile(f, r, j0, cols, sc.s.data(), lds, sc);
-  };
+  return st;
+}
+
+// One online-softmax step of rows r over keys [j0, j0 + cols) (none where no key of them is allowed).
+template <class K>
+void key_tile(const Flash<K>& f, const Rows<K>& r, const RowStart<K>& st, Scratch<K>& sc, int64_t j0, int64_t cols) {
+  using T = typename K::T;
+  if (empty_tile(f, r, j0, cols)) return;  // no key of the tile is allowed: nothing to add
+  const int64_t lds = f.tiles.bc;
+  score_tile(f, r, st.q, j0, cols, sc.s.data(), lds, sc.kg, kNegInf<T>, static_cast<T*>(nullptr), st.q8);
+  softmax_tile(sc.s.data(), lds, r.rows, cols, sc.m.data(), sc.l.data(), r.o, f.p->dv);
+  if (f.dropout_p > 0.0) dropout_tile(f, r, j0, cols, sc.s.data(), lds);
+  value_tile(f, r, j0, cols, sc.s.data(), lds, sc);
+}
+
+// The plain key walk (no mask modifier listing the tiles): key tiles end at kv_end and go
+// backwards, tile t ending at walk_end - t Bc: only the tile at the first keys may be partial
+// (with causal masking, a multiple of Br wide), and the masked part of the diagonal stays
+// within the last Br columns. Under mask modifiers, or on packed keys (Rows::kp: whole
+// panels) without causal masking, they start at multiples of Bc instead.
+template <class K>
+int64_t walk_end(const Flash<K>& f, const Rows<K>& r) {
+  const bool aligned = (f.mods.masking || (r.kp && !f.causal)) && r.kv_end > 0;
+  return aligned ? (r.kv_end - 1) / f.tiles.bc * f.tiles.bc + f.tiles.bc : r.kv_end;
+}
+
+template <class K>
+int64_t walk_tiles(const Flash<K>& f, const Rows<K>& r) {
+  return (walk_end(f, r) + f.tiles.bc - 1) / f.tiles.bc;
+}
+
+// Tiles [t0, t1) of the plain walk.
+template <class K>
+void plain_tiles(const Flash<K>& f, const Rows<K>& r, const RowStart<K>& st, Scratch<K>& sc, int64_t t0, int64_t t1) {
+  const int64_t end = walk_end(f, r);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t hi = end - t * f.tiles.bc, j0 = std::max<int64_t>(0, hi - f.tiles.bc);
+    key_tile(f, r, st, sc, j0, std::min(hi, r.kv_end) - j0);
+  }
+}
+
+template <class K>
+void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
+  const RowStart<K> st = start_rows(f, r, sc);
+  auto tile = [&](int64_t j0, int64_t cols) { key_tile(f, r, st, sc, j0, cols); };
   // Under mask modifiers: the tiles the mask may leave keys in (aligned at multiples of Bc).
   thread_local std::vector<int64_t> candidates;
   if (f.mods.interval) {  // the rows' keys are one run [lo, hi): its tiles, backwards from hi
@@ -218,25 +268,16 @@ void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
       candidates.clear();
       for (int64_t j0 = 0; j0 < r.kv_end; j0 += f.tiles.bc) candidates.push_back(j0);
     }
-    if constexpr (!K::kWiden) gathered_tiles(f, r, q, candidates, width, sc);  // K and V as the GEMM reads them
+    if constexpr (!K::kWiden) gathered_tiles(f, r, st.q, candidates, width, sc);  // K and V as the GEMM reads them
   } else if (f.mods.masking && f.mods.candidate_tiles(r.i0, r.i0 + r.rows, f.tiles.bc, candidates)) {
     for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
       if (*it < r.kv_end) tile(*it, std::min(f.tiles.bc, r.kv_end - *it));
     }
   } else {
-    // Key tiles end at kv_end and go backwards: only the tile at the first keys may be
-    // partial (with causal masking, a multiple of Br wide), and the masked part of the
-    // diagonal stays within the last Br columns. Under mask modifiers, or on packed keys
-    // (Rows::kp: whole panels) without causal masking, they start at multiples of Bc instead.
-    const bool aligned = (f.mods.masking || (r.kp && !f.causal)) && r.kv_end > 0;
-    const int64_t first_end = aligned ? (r.kv_end - 1) / f.tiles.bc * f.tiles.bc + f.tiles.bc : r.kv_end;
-    for (int64_t hi = first_end; hi > 0; hi -= f.tiles.bc) {
-      const int64_t j0 = std::max<int64_t>(0, hi - f.tiles.bc);
-      tile(j0, std::min(hi, r.kv_end) - j0);
-    }
+    plain_tiles(f, r, st, sc, 0, walk_tiles(f, r));
   }
   finish_rows(f, r, sc.m.data(), sc.l.data());
-  if (f.weights) weight_rows(f, r, q, sc, q8);
+  if (f.weights) weight_rows(f, r, st.q, sc, st.q8);
 }
 
 // The order in which items are handed out (empty: as numbered). In each batch entry, row
@@ -334,6 +375,86 @@ class ItemQueue {
   std::vector<std::atomic<int64_t>> tile_;  // [entries]: the next row tile of each entry
 };
 
+// Item `item` (numbered as rows_of takes them) on the call's packed keys, if any.
+template <class K>
+Rows<K> item_rows(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t item) {
+  Rows<K> r = rows_of(f, item);
+  if constexpr (std::is_same_v<typename K::G, float>) r.kp = panels ? panels->of(r.k - f.k) : nullptr;
+  return r;
+}
+
+// P, the key parts of each item (forward_key_parts; attention_cpu_split.h). 1 under mask
+// modifiers that list the tiles (a window's one run of keys in tiles cut to multiples of 16;
+// block masks' candidate tiles, gathered in groups), whose walks the parts would have to cut
+// as well, and where the weights are returned: their second pass recomputes every score of
+// the item's rows and normalises whole rows, so an item stays whole there.
+template <class K>
+int64_t key_parts(const Flash<K>& f, int64_t items) {
+  const Problem& p = *f.p;
+  if (f.mods.masking || f.weights) return 1;
+  const int64_t longest = f.causal ? std::min(p.lk, p.lq) : p.lk;  // keys of the longest item
+  return forward_key_parts(items, get_num_threads(), (longest + f.tiles.bc - 1) / f.tiles.bc);
+}
+
+// Key part `u` of the call's split items: its tiles of the item's plain walk into its partial.
+template <class K, class T = typename K::T>
+void run_part(const Flash<K>& f, Rows<K> r, Scratch<K>& sc, tiles::Partials<T>& pa, size_t u) {
+  const tiles::KeyPart& part = pa.units[u];
+  r.o = pa.o_of(u);
+  const RowStart<K> st = start_rows(f, r, sc);
+  const int64_t tiles = walk_tiles(f, r);
+  plain_tiles(f, r, st, sc, part.first(tiles), part.last(tiles));
+  std::copy_n(sc.m.begin(), r.rows, pa.m_of(u));
+  std::copy_n(sc.l.begin(), r.rows, pa.l_of(u));
+}
+
+// Item `item` of the call's split items from its parts' partials (merged in part order, so
+// the bits do not depend on which worker ran which part or merges), its rows finished as
+// unsplit ones (finish_rows: fully masked and NaN rows alike) and rounded into a 16-bit output.
+template <class K, class T = typename K::T>
+void merge_rows(const Flash<K>& f, tiles::Partials<T>& pa, int64_t item, Scratch<K>& sc, typename K::S* narrow_out) {
+  const Problem& p = *f.p;
+  Rows<K> r = rows_of(f, item);
+  if (narrow_out) r.o = sc.o.data();  // [rows, Dv], then rounded into the output
+  tiles::merge_item(pa, item, r.rows, r.o, sc.m.data(), sc.l.data());
+  finish_rows(f, r, sc.m.data(), sc.l.data());
+  if constexpr (!std::is_same_v<typename K::S, T>) {
+    if (narrow_out) kernels::convert_rows(r.o, r.rows, p.dv, p.dv, narrow_out + (r.b * p.lq + r.i0) * p.dv, p.dv);
+  }
+}
+
+// Every item cut into key parts (split-KV, attention_cpu_split.h): the parts go to
+// get_num_threads() workers from one counter (an item's parts in order, items as run_all
+// numbers them: causal, longest first), and the worker that ends an item's last part merges
+// it (merge_rows): one parallel region, no wait between parts and merges. Whole K and V are
+// not widened per worker (widen_head): a worker reads a part of them. Not streamed: too few
+// items to outgrow the workers' L2.
+template <class K>
+void run_split(const Flash<K>& f, const tiles::KeyPanels* panels, typename K::S* narrow_out, int64_t items,
+               int64_t parts) {
+  using T = typename K::T;
+  const Problem& p = *f.p;
+  auto tiles_of = [&](int64_t item) { return walk_tiles(f, item_rows(f, panels, item)); };
+  tiles::Partials<T> pa = tiles::make_partials<T>(items, parts, f.tiles.br, p.dv, tiles_of);
+  const auto units = static_cast<int64_t>(pa.units.size());
+  forward_key_parts_run() += units;
+  std::vector<std::atomic<int64_t>> left(static_cast<size_t>(items));  // [items]: parts not yet run
+  for (int64_t i = 0; i < items; ++i) left[static_cast<size_t>(i)] = pa.first[i + 1] - pa.first[i];
+  std::atomic<int64_t> next{0}, done{0};
+  parallel_for(0, std::min<int64_t>(get_num_threads(), units), 1, [&](int64_t, int64_t) {
+    Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, 0, panels != nullptr, narrow_out != nullptr);
+    for (int64_t u = next++; u < units && !interrupt_requested(); u = next++, ++done) {
+      const int64_t item = pa.units[static_cast<size_t>(u)].item;
+      run_part(f, item_rows(f, panels, item), sc, pa, static_cast<size_t>(u));
+      if (left[static_cast<size_t>(item)].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        merge_rows(f, pa, item, sc, narrow_out);  // the item's last part: every partial is written
+      }
+    }
+  });
+  // Parts left undone without an error: an interrupt that was cleared before parallel_for's check.
+  if (done.load() < units) fail<Interrupted>(p.op, ": interrupted");
+}
+
 // Every item, on get_num_threads() workers taking items from an ItemQueue.
 //
 // An output larger than the workers' L2 is accumulated item by item in the scratch and
@@ -350,6 +471,7 @@ void run_all(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t widen_he
   const int64_t tiles_q = (p.lq + f.tiles.br - 1) / f.tiles.br;
   const int64_t items = p.batch_size * tiles_q;
   if (items == 0) return;
+  if (const int64_t parts = key_parts(f, items); parts > 1) return run_split(f, panels, narrow_out, items, parts);
   const int64_t workers = std::min<int64_t>(get_num_threads(), items);
   ItemQueue queue(p.batch_size, tiles_q, widens_heads<K>(p, widen_budget) && p.batch_size >= workers);
   const std::vector<int64_t> order = item_order(f, items);
@@ -359,8 +481,7 @@ void run_all(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t widen_he
     Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, gather_keys(f), panels != nullptr, stream || narrow_out);
     int64_t entry = -1;
     for (int64_t item = queue.next(entry); item >= 0 && !interrupt_requested(); item = queue.next(entry)) {
-      Rows<K> r = rows_of(f, order.empty() ? item : order[static_cast<size_t>(item)]);
-      if constexpr (std::is_same_v<typename K::G, float>) r.kp = panels ? panels->of(r.k - f.k) : nullptr;
+      Rows<K> r = item_rows(f, panels, order.empty() ? item : order[static_cast<size_t>(item)]);
       if constexpr (K::kWiden) widen_head(f, r, sc, widen_budget);
       T* const out = r.o;  // [rows, Dv], dense (null where narrow_out)
       if (stream || narrow_out) r.o = sc.o.data();
