@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect.h"
 #include "common/relative_error.h"
 #include "kernels/cpu/gemm_internal.h"
 #include "qkv/gemm.h"
@@ -307,6 +308,18 @@ TEST(MultiheadAttentionQuantized, DynamicOfAStaticLayerIsDynamic) {
             f.quantize_dynamic().forward(x, x, x).output.to_vector<float>());
   EXPECT_EQ(d.quantized_state_dict().count("activation_scales"), 0u);
   EXPECT_EQ(s.quantized_state_dict().count("activation_scales"), 1u);
+}
+
+// An int8 GEMM takes K <= 131071 (qkv/gemm.h): a deeper Linear quantized without a word, then
+// every call failed with gemm's "k=131072 is more than 131071". Refused when quantizing now;
+// 131071 itself quantizes and runs.
+TEST(LinearQuantized, InFeaturesPastTheInt8DepthAreRefusedWhenQuantizing) {
+  const Linear deep = Linear::torch(Tensor::ones({1, 131072}), std::nullopt);
+  EXPECT_THROW_WITH(deep.quantize_dynamic(), ValueError,
+                    "Linear.quantize_dynamic: in_features 131072 is more than 131071, the depth of the int8 GEMM");
+  EXPECT_THROW_WITH(deep.quantize_static(1.0f), ValueError, "Linear.quantize_dynamic: in_features 131072");
+  const Linear ok = Linear::torch(Tensor::ones({1, 131071}), std::nullopt);
+  EXPECT_FLOAT_EQ(ok.quantize_dynamic(8).forward(Tensor::ones({1, 131071})).to_vector<float>()[0], 131071.0f);
 }
 
 }  // namespace

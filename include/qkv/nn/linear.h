@@ -87,7 +87,8 @@ class Linear {
   // int8 kernel multiplies exactly without VNNI (8-bit weights there take the exact float32
   // path, no faster than a float32 layer: docs/nn.md). ValueError for other values. On a
   // quantized layer: itself if its bits are those, else quantized again from its float32 weight;
-  // a static layer (quantize_static) becomes dynamic either way.
+  // a static layer (quantize_static) becomes dynamic either way. ValueError for in_features >
+  // 131071, the int8 GEMM's depth limit (qkv/gemm.h: int32 sums could overflow).
   Linear quantize_dynamic(int weight_bits = 0) const;
   // Static int8 quantization: weights as quantize_dynamic, activations with one fixed scale
   // for every token (from calibration: ActivationObserver::scale()), values beyond it
