@@ -82,6 +82,14 @@ Communicator Communicator::borrow(MPI_Comm comm) {
 MPI_Comm Communicator::handle() const { return handle_->comm; }
 
 Communicator Communicator::split(int color, int key) const {
+  // MPI_Comm_split blocks with no deadline, so a rank that never calls split used to hang the
+  // others for good. An all-gather first (whose wait polls QKV_DIST_TIMEOUT) makes that a
+  // CommunicationError; once every rank has arrived, the split itself does not wait long.
+  try {
+    (void)all_gather_values(color);
+  } catch (const CommunicationError& e) {
+    fail<CommunicationError>("Communicator::split (rank ", rank_, " of ", size_, "): ", e.what());
+  }
   auto h = std::make_shared<Handle>();
   check_mpi(MPI_Comm_split(handle_->comm, color, key, &h->comm), "Communicator::split");
   h->owned = true;

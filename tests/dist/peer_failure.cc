@@ -3,6 +3,8 @@
 //   dies:   rank 1 is killed (SIGKILL) before it posts its side; mpiexec ends the job.
 //   silent: rank 1 stays alive but never posts its side; rank 0's wait runs past
 //           QKV_DIST_TIMEOUT and fails with a CommunicationError, which aborts the job.
+//   silent_split: as silent, rank 0 in Communicator::split (MPI_Comm_split has no deadline of
+//           its own: rank 0 used to wait for good).
 //   refuses: rank 1's tensor-parallel weights do not fit (q_proj.weight one column too wide);
 //           every rank must fail at once, rank 0 naming rank 1 and quoting its error (it used to
 //           build its layer and wait QKV_DIST_TIMEOUT in forward's first collective). Each rank
@@ -23,8 +25,8 @@ int main(int argc, char** argv) {
   qkv::dist::MpiSession mpi(&argc, &argv);
   const std::string mode = argc > 1 ? argv[1] : "";
   const qkv::dist::Communicator comm = qkv::dist::Communicator::world();
-  if (comm.size() < 2 || (mode != "dies" && mode != "silent" && mode != "refuses")) {
-    std::fprintf(stderr, "usage: mpiexec -np 2 qkv_dist_failure dies|silent|refuses\n");
+  if (comm.size() < 2 || (mode != "dies" && mode != "silent" && mode != "silent_split" && mode != "refuses")) {
+    std::fprintf(stderr, "usage: mpiexec -np 2 qkv_dist_failure dies|silent|silent_split|refuses\n");
     return 2;
   }
   if (mode == "refuses") {
@@ -51,11 +53,14 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    (void)qkv::dist::ring_attention(q, q, q, comm);
+    if (mode == "silent_split")
+      (void)comm.split(0, 0);
+    else
+      (void)qkv::dist::ring_attention(q, q, q, comm);
   } catch (const qkv::Error& e) {
     std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());
     MPI_Abort(MPI_COMM_WORLD, 3);
   }
-  std::fprintf(stderr, "rank %d: ring_attention returned without its peer\n", comm.rank());
+  std::fprintf(stderr, "rank %d: %s returned without its peer\n", comm.rank(), mode.c_str());
   return 1;
 }

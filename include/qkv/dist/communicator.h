@@ -96,6 +96,7 @@ class Communicator {
   MPI_Comm handle() const;
 
   // Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split).
+  // Collective; a rank that never calls it is a CommunicationError after the deadline.
   Communicator split(int color, int key) const;
 
   // Point to point. `tensor` of recv must be contiguous and writable, with the sender's
