@@ -190,8 +190,11 @@ TensorParallelAttention TensorParallelAttention::from_shard(const TensorParallel
                                                             const std::map<std::string, Tensor>& shard,
                                                             const Communicator& comm) {
   const char* op = "TensorParallelAttention::from_shard";
-  // Only the configuration and o_proj.bias (signature()) are the same on every rank.
-  return agreed_layer<TensorParallelAttention>(op, comm, nullptr, [&] {
+  // Only the configuration and o_proj.bias (added once, after the all-reduce) are the same on every
+  // rank: its values are sampled too.
+  std::map<std::string, Tensor> common;
+  if (const auto bias = optional_entry(shard, "o_proj.bias")) common.emplace("o_proj.bias", *bias);
+  return agreed_layer<TensorParallelAttention>(op, comm, &common, [&] {
     TensorParallelAttention layer(config, comm);
     layer.o_bias_ = optional_entry(shard, "o_proj.bias");
     if (layer.hq_local_ == 0) return std::pair(layer, layer.signature());

@@ -190,6 +190,12 @@ TEST(TensorParallelAttention, PreShardedSafetensorsLoadBackPerRank) {
     std::map<std::string, Tensor> bad = split.shard_state_dict();
     if (split.local_heads() > 0) bad["q_proj.weight"] = Tensor::zeros({12, 12});
     EXPECT_THROW((void)TensorParallelAttention::from_shard(other, bad, comm), ShapeError);
+    // o_proj.bias is added once after the all-reduce: another one on one rank gave that rank
+    // another output, silently; now the ranks are told they differ.
+    std::map<std::string, Tensor> odd = split.shard_state_dict();
+    if (comm.rank() == comm.size() - 1) odd["o_proj.bias"] = Tensor::randn({12}, 99);
+    EXPECT_THROW_WITH(TensorParallelAttention::from_shard(other, odd, comm), ValueError,
+                      "o_proj.bias [12] float32 (sampled values #");
   }
 }
 
