@@ -506,11 +506,19 @@ void agree_on_call(const char* op, const Communicator& comm, const std::function
   } catch (...) {  // any exception (std::bad_alloc too): the others must not wait for this rank
     refused = std::current_exception();
   }
-  const int64_t mine = sig ? sig->fingerprint() : kRefused;
+  // The operation's name counts too: ranks in different operations (ring_attention on one,
+  // ulysses_attention or ring_attention_backward on another) would otherwise agree on equal
+  // fields and pair up their later transfers wrongly.
+  int64_t mine = kRefused;
+  if (sig) {
+    auto h = static_cast<uint64_t>(sig->fingerprint());
+    for (const char* c = op; *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ULL;
+    mine = static_cast<int64_t>(h >> 1);
+  }
   const std::vector<int64_t> all = comm.all_gather_values(mine);
   if (std::all_of(all.begin(), all.end(), [mine](int64_t f) { return f == mine; }) && !refused) return;
   // The failure path: every rank sees the same `all`, so every rank is here. The texts say why.
-  std::string text = refused ? "R" + refusal_text(refused) : "F";
+  std::string text = refused ? "R" + refusal_text(refused) : std::string("Foperation ") + op + "\n";
   if (sig) {
     for (const std::string& f : sig->fields()) text += f + "\n";
   }

@@ -98,6 +98,22 @@ TEST(Agreement, RanksCalledDifferentlyAreToldWhatDiffers) {
                                            " has v [1, 2, *, 4] float32");
 }
 
+// Ranks in different operations with equal fields (ring on rank 0, Ulysses on the others) used to
+// agree and then pair up their transfers wrongly (waiting QKV_DIST_TIMEOUT).
+TEST(Agreement, RanksInDifferentOperationsAreToldSo) {
+  const Communicator comm = world();
+  if (comm.size() == 1) return;
+  const Tensor q = shard(2, 8, 4, 1, comm);
+  const std::string me = std::to_string(comm.rank());
+  if (comm.rank() == 0) {
+    EXPECT_THROW_WITH(ring_attention(q, q, q, comm), ValueError,
+                      "rank 1 has operation ulysses_attention; rank 0 has operation ring_attention");
+  } else {
+    EXPECT_THROW_WITH(ulysses_attention(q, q, q, comm), ValueError,
+                      "rank 0 has operation ring_attention; rank " + me + " has operation ulysses_attention");
+  }
+}
+
 // Shards whose lengths the layout does not give. Ring checked every rank's keys but only its own
 // queries, so with 3 or more ranks a rank whose queries fit went on into the ring and waited
 // QKV_DIST_TIMEOUT for the ranks that had failed alone; Ulysses checked no lengths: the first
