@@ -122,23 +122,36 @@ Request Communicator::irecv(const Tensor& into, int source, int tag) const {
 
 void Communicator::all_reduce_sum(const Tensor& tensor) const {
   const std::string what = detail::concat("all_reduce_sum of ", describe(tensor), " on rank ", rank_);
-  require_cpu(what, {&tensor});
+  // Each rank checks its tensor, then the ranks exchange (element count, dtype), -1 for a refusal:
+  // a tensor refused on one rank is an error on every rank (not a wait for the refusing one), and
+  // another count or dtype is an error instead of MPI reading past a shorter buffer or summing
+  // one rank's float64 bytes as another's float32.
   MPI_Datatype type = MPI_DATATYPE_NULL;
-  switch (tensor.dtype()) {
-    case DType::f32: type = MPI_FLOAT; break;
-    case DType::f64: type = MPI_DOUBLE; break;
-    case DType::i32: type = MPI_INT32_T; break;
-    case DType::i64: type = MPI_INT64_T; break;
-    default: fail<DTypeError>(what, ": sums f32, f64, i32 and i64 tensors");
+  std::exception_ptr refused;
+  try {
+    require_cpu(what, {&tensor});
+    switch (tensor.dtype()) {
+      case DType::f32: type = MPI_FLOAT; break;
+      case DType::f64: type = MPI_DOUBLE; break;
+      case DType::i32: type = MPI_INT32_T; break;
+      case DType::i64: type = MPI_INT64_T; break;
+      default: fail<DTypeError>(what, ": sums f32, f64, i32 and i64 tensors");
+    }
+    if (!tensor.is_contiguous()) fail<ValueError>(what, ": the tensor must be contiguous (it is summed in place)");
+    if (tensor.is_read_only()) fail<ValueError>(what, ": the tensor is read-only (it is summed in place)");
+  } catch (const Error&) {
+    refused = std::current_exception();
   }
-  if (!tensor.is_contiguous()) fail<ValueError>(what, ": the tensor must be contiguous (it is summed in place)");
-  if (tensor.is_read_only()) fail<ValueError>(what, ": the tensor is read-only (it is summed in place)");
-  // Every rank must pass the same element count, or MPI reads past the shorter buffers.
-  const std::vector<int64_t> counts = all_gather_values(tensor.numel());
+  const int64_t mine = refused ? -1 : tensor.numel() * 8 + static_cast<int64_t>(tensor.dtype());  // 8 dtypes
+  const std::vector<int64_t> all = all_gather_values(mine);
+  if (refused) std::rethrow_exception(refused);
   for (int r = 0; r < size_; ++r) {
-    if (counts[static_cast<size_t>(r)] != tensor.numel()) {
-      fail<CommunicationError>(what, ": rank ", r, " has ", counts[static_cast<size_t>(r)], " elements, this rank ",
-                               tensor.numel());
+    const int64_t theirs = all[static_cast<size_t>(r)];
+    if (theirs == -1) fail<CommunicationError>(what, ": rank ", r, " refused its tensor (its error says why)");
+    if (theirs != mine) {
+      fail<CommunicationError>(what, ": rank ", r, " has ", theirs / 8, " elements of ",
+                               dtype_name(static_cast<DType>(theirs % 8)), ", this rank ", tensor.numel(), " of ",
+                               dtype_name(tensor.dtype()));
     }
   }
   MPI_Request req = MPI_REQUEST_NULL;
@@ -187,10 +200,18 @@ Tensor view_in(const Tensor& buffer, size_t at, const Shape& shape, DType dtype)
 
 Tensor Communicator::all_gather(const Tensor& tensor, int64_t dim) const {
   const std::string what = detail::concat("all_gather of ", describe(tensor), " along dim ", dim, " on rank ", rank_);
-  require_cpu(what, {&tensor});
+  // A refusal here (its record's dim -1) is an error on every rank, not a wait for this one.
   const int64_t axis = dim < 0 ? dim + tensor.dim() : dim;
-  if (axis < 0 || axis >= tensor.dim()) fail<IndexError>(what, ": dim out of range");
-  const ShapeRecord mine = shape_record(tensor, what);
+  std::exception_ptr refused;
+  ShapeRecord mine{};
+  try {
+    require_cpu(what, {&tensor});
+    if (axis < 0 || axis >= tensor.dim()) fail<IndexError>(what, ": dim out of range");
+    mine = shape_record(tensor, what);
+  } catch (const Error&) {
+    refused = std::current_exception();
+    mine[0] = -1;
+  }
   const Tensor mine_t = host_array(std::vector<int64_t>(mine.begin(), mine.end()));
   const Tensor all_t = Tensor::empty({size_ * static_cast<int64_t>(mine.size())}, DType::i64);
   MPI_Request req = MPI_REQUEST_NULL;
@@ -198,6 +219,7 @@ Tensor Communicator::all_gather(const Tensor& tensor, int64_t dim) const {
                            static_cast<int>(mine.size()), MPI_INT64_T, handle_->comm, &req),
             what);
   Request(req, what, {mine_t, all_t}).wait();
+  if (refused) std::rethrow_exception(refused);
   std::vector<ShapeRecord> all(static_cast<size_t>(size_));
   const std::vector<int64_t> flat = all_t.to_vector<int64_t>();
   for (size_t r = 0; r < all.size(); ++r)
@@ -208,6 +230,7 @@ Tensor Communicator::all_gather(const Tensor& tensor, int64_t dim) const {
   size_t bytes = 0;
   for (int r = 0; r < size_; ++r) {
     ShapeRecord other = all[static_cast<size_t>(r)];
+    if (other[0] == -1) fail<CommunicationError>(what, ": rank ", r, " refused its tensor (its error says why)");
     const int64_t n = other[static_cast<size_t>(axis) + 2];
     other[static_cast<size_t>(axis) + 2] = mine[static_cast<size_t>(axis) + 2];
     if (other != mine) {
@@ -249,27 +272,34 @@ Tensor Communicator::all_gather(const Tensor& tensor, int64_t dim) const {
 std::vector<Tensor> Communicator::all_to_all(const std::vector<Tensor>& parts,
                                              const std::vector<Shape>& recv_shapes) const {
   const std::string what = detail::concat("all_to_all on rank ", rank_, " of ", size_);
-  if (parts.size() != static_cast<size_t>(size_) || recv_shapes.size() != static_cast<size_t>(size_)) {
-    fail<ValueError>(what, ": needs one part and one receive shape per rank, got ", parts.size(), " and ",
-                     recv_shapes.size());
-  }
-  require_cpu(what, parts);
-  const DType dtype = parts[0].dtype();
   const size_t p = static_cast<size_t>(size_);
   std::vector<int> scount(p), sdispl(p), rcount(p), rdispl(p);
   std::vector<int64_t> sent(p), expected(p);
   size_t sbytes = 0, rbytes = 0;
-  for (size_t r = 0; r < p; ++r) {
-    if (parts[r].dtype() != dtype)
-      fail<DTypeError>(what, ": part ", r, " is ", describe(parts[r]), ", part 0 ", describe(parts[0]));
-    sent[r] = static_cast<int64_t>(parts[r].nbytes());
-    expected[r] = shape_numel(recv_shapes[r]) * static_cast<int64_t>(itemsize(dtype));
-    sdispl[r] = byte_count(sbytes, what);
-    scount[r] = byte_count(static_cast<size_t>(sent[r]), what);
-    rdispl[r] = byte_count(rbytes, what);
-    rcount[r] = byte_count(static_cast<size_t>(expected[r]), what);
-    sbytes += static_cast<size_t>(sent[r]);
-    rbytes += static_cast<size_t>(expected[r]);
+  DType dtype = DType::f32;
+  std::exception_ptr refused;  // announced as -1 bytes to every rank: an error there, not a wait
+  try {
+    if (parts.size() != p || recv_shapes.size() != p) {
+      fail<ValueError>(what, ": needs one part and one receive shape per rank, got ", parts.size(), " and ",
+                       recv_shapes.size());
+    }
+    require_cpu(what, parts);
+    dtype = parts[0].dtype();
+    for (size_t r = 0; r < p; ++r) {
+      if (parts[r].dtype() != dtype)
+        fail<DTypeError>(what, ": part ", r, " is ", describe(parts[r]), ", part 0 ", describe(parts[0]));
+      sent[r] = static_cast<int64_t>(parts[r].nbytes());
+      expected[r] = shape_numel(recv_shapes[r]) * static_cast<int64_t>(itemsize(dtype));
+      sdispl[r] = byte_count(sbytes, what);
+      scount[r] = byte_count(static_cast<size_t>(sent[r]), what);
+      rdispl[r] = byte_count(rbytes, what);
+      rcount[r] = byte_count(static_cast<size_t>(expected[r]), what);
+      sbytes += static_cast<size_t>(sent[r]);
+      rbytes += static_cast<size_t>(expected[r]);
+    }
+  } catch (const Error&) {
+    refused = std::current_exception();
+    sent.assign(p, -1);
   }
   // Each rank tells each other how many bytes it sends, so a shape disagreement is an error
   // naming both ranks rather than a truncated or overrun buffer.
@@ -279,8 +309,10 @@ std::vector<Tensor> Communicator::all_to_all(const std::vector<Tensor>& parts,
       MPI_Ialltoall(sent_t.raw_data(), 1, MPI_INT64_T, announced_t.raw_data(), 1, MPI_INT64_T, handle_->comm, &req),
       what);
   Request(req, what, {sent_t, announced_t}).wait();
+  if (refused) std::rethrow_exception(refused);
   const std::vector<int64_t> announced = announced_t.to_vector<int64_t>();
   for (size_t r = 0; r < p; ++r) {
+    if (announced[r] == -1) fail<CommunicationError>(what, ": rank ", r, " refused its parts (its error says why)");
     if (announced[r] != expected[r]) {
       fail<CommunicationError>(what, ": rank ", r, " sends ", announced[r], " bytes, this rank expects ",
                                shape_str(recv_shapes[r]), " ", dtype_name(dtype), " (", expected[r], " bytes)");

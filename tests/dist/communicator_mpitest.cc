@@ -2,6 +2,7 @@
 // tensors (uneven sizes too) and the errors of mismatched ranks.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "common/expect.h"
@@ -104,6 +105,41 @@ TEST(Communicator, AllToAllWithAWrongReceiveShapeIsAnErrorNotAnOverrun) {
   std::vector<Tensor> parts(static_cast<size_t>(c.size()), Tensor::zeros({2, 2}));
   std::vector<Shape> shapes(static_cast<size_t>(c.size()), Shape{2, 3});
   EXPECT_THROW((void)c.all_to_all(parts, shapes), CommunicationError);
+}
+
+// A tensor refused on one rank (not contiguous, a dim out of range, parts of two dtypes) left the
+// other ranks waiting QKV_DIST_TIMEOUT in the collective, and ranks summing tensors of one element
+// count but different dtypes summed one rank's float64 bytes as another's float32. Now an error
+// on every rank at once, and the ranks are still in step.
+TEST(Communicator, ATensorRefusedOnOneRankFailsTheCollectiveOnEveryRank) {
+  const Communicator c = world();
+  if (c.size() == 1) return;
+  const bool odd = c.rank() == c.size() - 1;
+  const std::string last = "rank " + std::to_string(c.size() - 1);
+  const Tensor good = Tensor::ones({4, 2});
+  if (odd) {
+    EXPECT_THROW_WITH(c.all_reduce_sum(Tensor::ones({2, 4}).transpose(0, 1)), ValueError, "must be contiguous");
+  } else {
+    EXPECT_THROW_WITH(c.all_reduce_sum(good.clone()), CommunicationError, last + " refused its tensor");
+  }
+  const Tensor mixed = odd ? Tensor::ones({4, 2}, DType::f64) : Tensor::ones({4, 2});
+  EXPECT_THROW_WITH(c.all_reduce_sum(mixed), CommunicationError, odd ? "elements of float32" : "elements of float64");
+  if (odd) {
+    EXPECT_THROW((void)c.all_gather(good, 5), IndexError);
+  } else {
+    EXPECT_THROW_WITH(c.all_gather(good, 0), CommunicationError, last + " refused its tensor");
+  }
+  std::vector<Tensor> parts(static_cast<size_t>(c.size()), Tensor::zeros({2, 2}));
+  const std::vector<Shape> shapes(static_cast<size_t>(c.size()), Shape{2, 2});
+  if (odd) {
+    parts[0] = Tensor::zeros({2, 2}, DType::f64);
+    EXPECT_THROW((void)c.all_to_all(parts, shapes), DTypeError);
+  } else {
+    EXPECT_THROW_WITH(c.all_to_all(parts, shapes), CommunicationError, last + " refused its parts");
+  }
+  const Tensor t = Tensor::ones({3});
+  c.all_reduce_sum(t);  // still in step
+  EXPECT_EQ(t.item({0}), c.size());
 }
 
 TEST(Communicator, SplitGroupsRanksByColor) {
