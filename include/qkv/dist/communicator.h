@@ -106,7 +106,10 @@ class Communicator {
   Request isend(const Tensor& tensor, int dest, int tag = 0) const;
   Request irecv(const Tensor& into, int source, int tag = 0) const;
 
-  // In place sum over ranks (f32, f64, i32, i64); the same shape on every rank.
+  // The collectives below check each rank's tensor before their first exchange and send a
+  // refusal through it: a tensor refused on one rank is a CommunicationError on the others at
+  // once ("rank 1 refused its tensor"), not a wait for QKV_DIST_TIMEOUT.
+  // In place sum over ranks (f32, f64, i32, i64); the same element count and dtype on every rank.
   void all_reduce_sum(const Tensor& tensor) const;
   // Every rank's tensor concatenated along `dim` (the other dimensions equal; sizes along
   // `dim` may differ between ranks). A new contiguous tensor.
