@@ -68,6 +68,7 @@
 #include "attention/flash_tiles.h"
 #include "attention/problem.h"
 #include "kernels/cpu/copy_transpose.h"
+#include "kernels/cpu/parallel_internal.h"
 #include "qkv/error.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
@@ -222,29 +223,41 @@ void key_tile(const Flash<K>& f, const Rows<K>& r, const RowStart<K>& st, Scratc
   value_tile(f, r, j0, cols, sc.s.data(), lds, sc);
 }
 
-// The plain key walk (no mask modifier listing the tiles): key tiles end at kv_end and go
-// backwards, tile t ending at walk_end - t Bc: only the tile at the first keys may be partial
-// (with causal masking, a multiple of Br wide), and the masked part of the diagonal stays
-// within the last Br columns. Under mask modifiers, or on packed keys (Rows::kp: whole
-// panels) without causal masking, they start at multiples of Bc instead.
+// The key walk that key parts cut: tile t of walk_tiles ends at hi - t Bc, backwards from the
+// range's end. Plain (no mask modifier listing the tiles): [0, kv_end), so that only the tile at
+// the first keys may be partial (with causal masking, a multiple of Br wide) and the masked part
+// of the diagonal stays within the last Br columns; under mask modifiers, or on packed keys
+// (Rows::kp: whole panels) without causal masking, the tiles start at multiples of Bc instead.
+// A window alone (ModPlan::interval): the rows' one run of keys [lo, hi).
 template <class K>
-int64_t walk_end(const Flash<K>& f, const Rows<K>& r) {
+std::pair<int64_t, int64_t> walk_range(const Flash<K>& f, const Rows<K>& r) {
+  if (f.mods.interval) return {f.mods.key_lo(r.i0), std::min(f.mods.key_hi(r.i0 + r.rows - 1), r.kv_end)};
   const bool aligned = (f.mods.masking || (r.kp && !f.causal)) && r.kv_end > 0;
-  return aligned ? (r.kv_end - 1) / f.tiles.bc * f.tiles.bc + f.tiles.bc : r.kv_end;
+  return {0, aligned ? (r.kv_end - 1) / f.tiles.bc * f.tiles.bc + f.tiles.bc : r.kv_end};
 }
 
 template <class K>
 int64_t walk_tiles(const Flash<K>& f, const Rows<K>& r) {
-  return (walk_end(f, r) + f.tiles.bc - 1) / f.tiles.bc;
+  const auto [lo, hi] = walk_range(f, r);
+  return hi > lo ? (hi - lo + f.tiles.bc - 1) / f.tiles.bc : 0;
 }
 
-// Tiles [t0, t1) of the plain walk.
+// Tiles [t0, t1) of the walk.
 template <class K>
-void plain_tiles(const Flash<K>& f, const Rows<K>& r, const RowStart<K>& st, Scratch<K>& sc, int64_t t0, int64_t t1) {
-  const int64_t end = walk_end(f, r);
+void walk(const Flash<K>& f, const Rows<K>& r, const RowStart<K>& st, Scratch<K>& sc, int64_t t0, int64_t t1) {
+  const auto [lo, end] = walk_range(f, r);
   for (int64_t t = t0; t < t1; ++t) {
-    const int64_t hi = end - t * f.tiles.bc, j0 = std::max<int64_t>(0, hi - f.tiles.bc);
-    key_tile(f, r, st, sc, j0, std::min(hi, r.kv_end) - j0);
+    const int64_t hi = end - t * f.tiles.bc;
+    if (f.mods.interval) {
+      // Widths a multiple of 16, reaching back before the run (keys every row masks): oneDNN
+      // ran a window of 512's 575-key tiles 10% slower than 576 (127 vs 115 ms, L = 16384).
+      const int64_t cols = std::min(f.tiles.bc, (hi - std::max(lo, hi - f.tiles.bc) + 15) / 16 * 16);
+      const int64_t j0 = std::max<int64_t>(0, hi - cols);
+      key_tile(f, r, st, sc, j0, hi - j0);
+    } else {
+      const int64_t j0 = std::max<int64_t>(0, hi - f.tiles.bc);
+      key_tile(f, r, st, sc, j0, std::min(hi, r.kv_end) - j0);
+    }
   }
 }
 
@@ -255,14 +268,7 @@ void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
   // Under mask modifiers: the tiles the mask may leave keys in (aligned at multiples of Bc).
   thread_local std::vector<int64_t> candidates;
   if (f.mods.interval) {  // the rows' keys are one run [lo, hi): its tiles, backwards from hi
-    const int64_t lo = f.mods.key_lo(r.i0), hi = std::min(f.mods.key_hi(r.i0 + r.rows - 1), r.kv_end);
-    for (int64_t end = hi; end > lo; end -= f.tiles.bc) {
-      // Widths a multiple of 16, reaching back before the run (keys every row masks): oneDNN
-      // ran a window of 512's 575-key tiles 10% slower than 576 (127 vs 115 ms, L = 16384).
-      const int64_t cols = std::min(f.tiles.bc, (end - std::max(lo, end - f.tiles.bc) + 15) / 16 * 16);
-      const int64_t j0 = std::max<int64_t>(0, end - cols);
-      tile(j0, end - j0);
-    }
+    walk(f, r, st, sc, 0, walk_tiles(f, r));
   } else if (const int64_t width = gather_keys(f); width > 0) {
     if (!f.mods.candidate_tiles(r.i0, r.i0 + r.rows, f.tiles.bc, candidates)) {  // every tile (a global query)
       candidates.clear();
@@ -274,7 +280,7 @@ void run_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
       if (*it < r.kv_end) tile(*it, std::min(f.tiles.bc, r.kv_end - *it));
     }
   } else {
-    plain_tiles(f, r, st, sc, 0, walk_tiles(f, r));
+    walk(f, r, st, sc, 0, walk_tiles(f, r));
   }
   finish_rows(f, r, sc.m.data(), sc.l.data());
   if (f.weights) weight_rows(f, r, st.q, sc, st.q8);
@@ -384,26 +390,29 @@ Rows<K> item_rows(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t ite
 }
 
 // P, the key parts of each item (forward_key_parts; attention_cpu_split.h). 1 under mask
-// modifiers that list the tiles (a window's one run of keys in tiles cut to multiples of 16;
-// block masks' candidate tiles, gathered in groups), whose walks the parts would have to cut
-// as well, and where the weights are returned: their second pass recomputes every score of
-// the item's rows and normalises whole rows, so an item stays whole there.
+// modifiers that list the tiles (block masks' candidate tiles, gathered in groups), whose walks
+// the parts would have to cut as well (a window alone is one run of keys: walk, cut), and where
+// the weights are returned: their second pass recomputes every score of the item's rows and
+// normalises whole rows, so an item stays whole there.
+// The workers are those that really run the call: one inside a parallel region (a caller's
+// parallel_for or OpenMP region runs nested work inline), whatever set_num_threads says.
 template <class K>
-int64_t key_parts(const Flash<K>& f, int64_t items) {
-  const Problem& p = *f.p;
-  if (f.mods.masking || f.weights) return 1;
-  const int64_t longest = f.causal ? std::min(p.lk, p.lq) : p.lk;  // keys of the longest item
-  return forward_key_parts(items, get_num_threads(), (longest + f.tiles.bc - 1) / f.tiles.bc);
+int64_t key_parts(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t items) {
+  const int64_t workers = detail::in_parallel_region() ? 1 : get_num_threads();
+  if ((f.mods.masking && !f.mods.interval) || f.weights || items >= 4 * workers) return 1;
+  int64_t longest = 0;  // key tiles of the longest item
+  for (int64_t item = 0; item < items; ++item) longest = std::max(longest, walk_tiles(f, item_rows(f, panels, item)));
+  return forward_key_parts(items, workers, longest);
 }
 
-// Key part `u` of the call's split items: its tiles of the item's plain walk into its partial.
+// Key part `u` of the call's split items: its tiles of the item's walk into its partial.
 template <class K, class T = typename K::T>
 void run_part(const Flash<K>& f, Rows<K> r, Scratch<K>& sc, tiles::Partials<T>& pa, size_t u) {
   const tiles::KeyPart& part = pa.units[u];
   r.o = pa.o_of(u);
   const RowStart<K> st = start_rows(f, r, sc);
   const int64_t tiles = walk_tiles(f, r);
-  plain_tiles(f, r, st, sc, part.first(tiles), part.last(tiles));
+  walk(f, r, st, sc, part.first(tiles), part.last(tiles));
   std::copy_n(sc.m.begin(), r.rows, pa.m_of(u));
   std::copy_n(sc.l.begin(), r.rows, pa.l_of(u));
 }
@@ -471,7 +480,8 @@ void run_all(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t widen_he
   const int64_t tiles_q = (p.lq + f.tiles.br - 1) / f.tiles.br;
   const int64_t items = p.batch_size * tiles_q;
   if (items == 0) return;
-  if (const int64_t parts = key_parts(f, items); parts > 1) return run_split(f, panels, narrow_out, items, parts);
+  if (const int64_t parts = key_parts(f, panels, items); parts > 1)
+    return run_split(f, panels, narrow_out, items, parts);
   const int64_t workers = std::min<int64_t>(get_num_threads(), items);
   ItemQueue queue(p.batch_size, tiles_q, widens_heads<K>(p, widen_budget) && p.batch_size >= workers);
   const std::vector<int64_t> order = item_order(f, items);

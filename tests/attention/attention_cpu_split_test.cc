@@ -4,8 +4,8 @@
 // threads over the random configurations of the forward's tests cut down to few items (every
 // mask kind, causal with Lq != Lk, GQA, Dk != Dv, dropout, scale, x1000 logits), in f64, f32
 // and bf16/f16 (the narrow output path), with the logsumexp; NaN, Inf and fully masked rows as
-// the reference has them and as the unsplit call does; int8 Q K^T and score modifiers; the
-// paths that stay whole (weights, mask modifiers); that the split happens where the rule says
+// the reference has them and as the unsplit call does; int8 Q K^T, score modifiers and windows;
+// the paths that stay whole (weights, listed tiles); that the split happens where the rule says
 // (forward_key_parts, and the count of parts run), bit-for-bit repeatability, and interrupts.
 #include <gtest/gtest.h>
 
@@ -281,16 +281,45 @@ TEST(ForwardKeyParts, Int8AndScoreModifiersSplit) {
   }
 }
 
-// The weights' second pass and mask modifiers keep items whole (attention_cpu.cc key_parts):
-// no parts run, and the call matches the reference.
-TEST(ForwardKeyParts, WeightsAndMaskModifiersKeepItemsWhole) {
+// A window alone (one run of keys per row tile: bottom-right causal, a sliding window, both
+// sides; one with masked_fill) splits its run; against the float64 reference and against one
+// worker (whole items).
+TEST(ForwardKeyParts, WindowsSplitTheirRun) {
   const test::ThreadCountGuard guard;
   Split in;
-  AttentionOptions weights = in.o, window = in.o;
+  std::vector<AttentionOptions> cases(4, in.o);
+  cases[0].mods = AttentionMods::causal(AttentionMods::Align::bottom_right);  // a prefill chunk's causal mask
+  cases[1].mods = AttentionMods::sliding_window(300, 0, AttentionMods::Align::bottom_right);
+  cases[2].mods = AttentionMods::sliding_window(200, 150);
+  cases[3].mods = AttentionMods::sliding_window(500, 0, AttentionMods::Align::bottom_right);
+  cases[3].mods.masked_fill = -1e9;
+  for (const AttentionOptions& o : cases) {
+    const AttentionResult ref = attention_reference(in.q, in.k, in.v, o);
+    set_num_threads(1);
+    const AttentionResult whole = scaled_dot_product_attention(in.q, in.k, in.v, o);
+    for (int threads : {2, 4}) {
+      set_num_threads(threads);
+      const int64_t before = parts_run();
+      const AttentionResult got = scaled_dot_product_attention(in.q, in.k, in.v, o);
+      EXPECT_GT(parts_run(), before) << threads;
+      const double v_max = max_abs(in.v);
+      EXPECT_TRUE(close_like("output", got.output, ref.output, 1e-5 * v_max)) << threads;
+      EXPECT_TRUE(close_like("output", got.output, whole.output, 1e-5 * v_max)) << threads;
+      EXPECT_TRUE(close_like("logsumexp", *got.logsumexp, *ref.logsumexp, 1e-5 * finite_max(*ref.logsumexp)));
+    }
+  }
+}
+
+// The weights' second pass and mask modifiers that list tiles (a prefix LM's, block masks')
+// keep items whole (attention_cpu.cc key_parts): no parts run, and the call matches the reference.
+TEST(ForwardKeyParts, WeightsAndListedTilesKeepItemsWhole) {
+  const test::ThreadCountGuard guard;
+  Split in;
+  AttentionOptions weights = in.o, prefix = in.o;
   weights.return_weights = true;
-  window.mods = AttentionMods::sliding_window(300, 0);
+  prefix.mods = AttentionMods::prefix_lm(100);
   set_num_threads(2);
-  for (const AttentionOptions& o : {weights, window}) {
+  for (const AttentionOptions& o : {weights, prefix}) {
     const int64_t before = parts_run();
     const AttentionResult got = scaled_dot_product_attention(in.q, in.k, in.v, o);
     EXPECT_EQ(parts_run(), before);
