@@ -5,6 +5,8 @@
 
 #include <map>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "common/expect.h"
 #include "dist/dist_test_util.h"
@@ -305,6 +307,52 @@ TEST(TensorParallelAttention, WhatTheKernelRefusesFailsOnRanksWithoutHeadsToo) {
   const TensorParallelAttention one =
       TensorParallelAttention::from_projections({e, h, h, e, false}, sd, comm.split(comm.rank(), 0));
   EXPECT_LE(relative_error(layer.forward(x, x, x), one.forward(x, x, x)), kTolerance);  // still in step
+}
+
+// Hostile inputs against the same layer on a one-rank communicator (the whole computation in one
+// process): strided and float64 inputs, no positions, no batch, S != L with is_causal, masks in
+// both layouts, over head splits that leave ranks without heads or replicate key/value heads.
+TEST(TensorParallelAttention, EdgeInputsEqualTheOneRankLayer) {
+  const Communicator comm = world();
+  const Communicator self = comm.split(comm.rank(), 0);
+  const int64_t e = 12;
+  for (const auto& [hq, hk, d] : {std::tuple<int64_t, int64_t, int64_t>{6, 2, 2}, {3, 3, 4}, {4, 1, 3}, {1, 1, 12}}) {
+    const std::map<std::string, Tensor> sd{
+        {"q_proj.weight", Tensor::randn({hq * d, e}, 1)}, {"q_proj.bias", Tensor::randn({hq * d}, 2)},
+        {"k_proj.weight", Tensor::randn({hk * d, e}, 3)}, {"v_proj.weight", Tensor::randn({hk * d, e}, 5)},
+        {"o_proj.weight", Tensor::randn({e, hq * d}, 7)}, {"o_proj.bias", Tensor::randn({e}, 8)}};
+    for (const bool bf : {false, true}) {
+      SCOPED_TRACE(detail::concat("Hq ", hq, " Hk ", hk, bf ? " batch_first" : ""));
+      const TensorParallelAttentionConfig c{e, hq, hk, d, bf};
+      const auto split = TensorParallelAttention::from_projections(c, sd, comm);
+      const auto one = TensorParallelAttention::from_projections(c, sd, self);
+      const Tensor x = Tensor::randn({5, 3, e}, 9).transpose(0, 1);                               // strided [3, 5, e]
+      const Tensor kv = Tensor::randn(bf ? Shape{4, 3, e} : Shape{5, 4, e}, 10).transpose(0, 1);  // S = 4
+      TensorParallelOptions o;
+      o.is_causal = !bf;
+      for (const auto& [q, k] : {std::pair{x, kv}, std::pair{x.to(DType::f64), kv.to(DType::f64)},
+                                 std::pair{Tensor::randn({0, 3, e}, 1), Tensor::randn({0, 3, e}, 1)},
+                                 std::pair{Tensor::randn({3, 0, e}, 1), Tensor::randn({3, 0, e}, 1)}}) {
+        const Tensor want = one.forward(q, k, k, o), dy = Tensor::randn(want.shape(), 11);
+        const Tensor got = split.forward(q, k, k, o);
+        EXPECT_EQ(got.shape(), want.shape());
+        const TensorParallelGradients gs = split.backward(q, k, k, dy, o), gw = one.backward(q, k, k, dy, o);
+        EXPECT_EQ(gs.query.shape(), q.shape());
+        if (want.numel() > 0) {
+          EXPECT_LE(relative_error(got, want), kTolerance) << shape_str(q.shape());
+          EXPECT_LE(relative_error(gs.query, gw.query), kTolerance);
+          EXPECT_LE(relative_error(gs.key, gw.key), kTolerance);
+        }
+      }
+      const Tensor y = Tensor::randn({3, 2, e}, 12);  // [L 3, N 2] or, batch_first, [N 3, L 2]
+      const int64_t l = bf ? 2 : 3, n = bf ? 3 : 2;
+      for (const Tensor& m : {Tensor::randn({l, l}, 13), Tensor::randn({n, hq, l, l}, 14)}) {
+        TensorParallelOptions masked;
+        masked.attn_mask = m;
+        EXPECT_LE(relative_error(split.forward(y, y, y, masked), one.forward(y, y, y, masked)), kTolerance);
+      }
+    }
+  }
 }
 
 }  // namespace
