@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "attention/attention_cpu_tiles.h"
+#include "kernels/cpu/aligned_vector.h"
 #include "kernels/cpu/parallel_internal.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
@@ -87,14 +88,15 @@ struct Part {
 // A worker's buffers, reused across its entries.
 template <class T>
 struct Scratch {
-  std::vector<T> s;           // [Br, Bc] scores, then P
-  std::vector<T> w;           // [Br, Bc] P o M (dropout only)
-  std::vector<T> ds;          // [Br, Bc] dP, then dS
-  std::vector<T> d;           // [Lq] D_i
-  std::vector<T> dq, dk, dv;  // [Lq, Dk] of the entry, [Lp, Dk] and [Lp, Dv] of its part's key tiles
-  std::vector<T> unused;      // score_tile's widening buffer (T operands: never used)
-  std::vector<T> cap;         // [Br, Bc] softcap's derivative (mods.softcap only)
-  std::vector<T> kp, vp;      // K_j and V_j packed in gemm panels (packed_tiles) or empty
+  // Cache-line aligned (kernels::AlignedVector): the tile products' operands and results.
+  kernels::AlignedVector<T> s;           // [Br, Bc] scores, then P
+  kernels::AlignedVector<T> w;           // [Br, Bc] P o M (dropout only)
+  kernels::AlignedVector<T> ds;          // [Br, Bc] dP, then dS
+  kernels::AlignedVector<T> d;           // [Lq] D_i
+  kernels::AlignedVector<T> dq, dk, dv;  // [Lq, Dk] of the entry, [Lp, Dk] and [Lp, Dv] of its part's key tiles
+  kernels::AlignedVector<T> unused;      // score_tile's widening buffer (T operands: never used)
+  kernels::AlignedVector<T> cap;         // [Br, Bc] softcap's derivative (mods.softcap only)
+  kernels::AlignedVector<T> kp, vp;      // K_j and V_j packed in gemm panels (packed_tiles) or empty
   Scratch(const FlashTiles& t, const Problem& p, int64_t parts, bool dropout, bool softcap, bool packed)
       : s(n(t.br * t.bc)),
         w(n(dropout ? t.br * t.bc : 0)),

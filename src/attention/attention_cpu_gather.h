@@ -14,32 +14,34 @@
 #include "attention/attention_cpu_tiles.h"
 #include "attention/flash_tiles.h"
 #include "attention/problem.h"
+#include "kernels/cpu/aligned_vector.h"
 #include "qkv/gemm.h"
 #include "qkv/softmax.h"
 
 namespace qkv::attention::tiles {
 
-// A worker's buffers, reused across its items.
+// A worker's buffers, reused across its items; cache-line aligned as tensors are
+// (kernels/cpu/aligned_vector.h): std::vector's large buffers start 16 bytes into a line here.
 template <class K>
 struct Scratch {
   using T = typename K::T;
   using G = typename K::G;
-  std::vector<T> s;         // [Br, Bc] scores, then probabilities
-  std::vector<T> m;         // [Br] running row max
-  std::vector<T> l;         // [Br] running row sum of exp(s - m)
-  std::vector<G> pg;        // [Br, Bc] P rounded for P V (kRoundP)
-  std::vector<G> qg;        // [Br, Dk] the item's Q rows widened (kWiden)
-  std::vector<G> kg;        // [Bc, Dk] a K tile widened (kWiden)
-  std::vector<G> vg;        // [Bc, Dv] a V tile widened (kWiden)
-  std::vector<G> kx;        // [gather, Dk] the K rows of gathered tiles (gather_keys), Bc a slot; or their panels
-  std::vector<G> vx;        // [gather, Dv] their V rows
-  int8::QuantizedQuery q8;  // the item's Q rows on int8 (qk_quantization; empty otherwise)
+  kernels::AlignedVector<T> s;   // [Br, Bc] scores, then probabilities
+  kernels::AlignedVector<T> m;   // [Br] running row max
+  kernels::AlignedVector<T> l;   // [Br] running row sum of exp(s - m)
+  kernels::AlignedVector<G> pg;  // [Br, Bc] P rounded for P V (kRoundP)
+  kernels::AlignedVector<G> qg;  // [Br, Dk] the item's Q rows widened (kWiden)
+  kernels::AlignedVector<G> kg;  // [Bc, Dk] a K tile widened (kWiden)
+  kernels::AlignedVector<G> vg;  // [Bc, Dv] a V tile widened (kWiden)
+  kernels::AlignedVector<G> kx;  // [gather, Dk] the K rows of gathered tiles (gather_keys), Bc a slot; or their panels
+  kernels::AlignedVector<G> vx;  // [gather, Dv] their V rows
+  int8::QuantizedQuery q8;       // the item's Q rows on int8 (qk_quantization; empty otherwise)
   // [gather / Bc] the K and V rows each slot of kx and vx holds (null: none; place_gathered).
   // Both: a k broadcast over the batch (zero stride) meets different v rows.
   std::vector<std::pair<const G*, const G*>> held;
-  std::vector<T> o;  // [Br, Dv] the item's output rows, where they are stored once (run_all: streamed)
+  kernels::AlignedVector<T> o;  // [Br, Dv] the item's output rows, where they are stored once (run_all: streamed)
   // [Lk, Dk] and [Lk, Dv]: the K and V rows at `widened` (k, v of an entry) widened whole (widen_head).
-  std::vector<G> kw, vw;
+  kernels::AlignedVector<G> kw, vw;
   std::pair<const void*, const void*> widened{nullptr, nullptr};
   // s and pg hold [Br, max(Bc, gather)] (gathered tiles are up to `gather` keys wide).
   Scratch(const FlashTiles& t, int64_t dk, int64_t dv, bool int8, int64_t gather, bool panels, bool own_output)

@@ -17,6 +17,7 @@
 #include "attention/flash_tiles.h"
 #include "attention/mods.h"
 #include "attention/problem.h"
+#include "kernels/cpu/aligned_vector.h"
 #include "kernels/cpu/convert.h"
 #include "qkv/gemm.h"
 #include "qkv/random.h"
@@ -134,7 +135,7 @@ struct Rows {
 // `rows` rows of n elements (ld apart) as the tile GEMMs read them: in place, or
 // converted into `buffer` (dense rows) when the GEMM's type G differs from X.
 template <class G, class X>
-Mat<G> gemm_operand(const X* x, int64_t rows, int64_t n, int64_t ld, std::vector<G>& buffer) {
+Mat<G> gemm_operand(const X* x, int64_t rows, int64_t n, int64_t ld, kernels::AlignedVector<G>& buffer) {
   if constexpr (std::is_same_v<G, X>) {
     return {x, ld};
   } else {
@@ -246,7 +247,7 @@ void product(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Mat<G> k, int64_t co
 // s [rows, cols] = scale * Q K[j0:j0+cols]^T on the tile GEMM of type G.
 template <class K, class T = typename K::T, class G = typename K::G>
 void product_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
-                  std::vector<G>& k_buffer) {
+                  kernels::AlignedVector<G>& k_buffer) {
   const Problem& p = *f.p;
   // The tile's keys packed (Rows::kp) where they start a panel and fill the score rows with
   // whole panels. Narrower tiles (a causal row block's 128-key first tile in 256-wide scores;
@@ -285,7 +286,7 @@ void modify_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, 
 // int8 (attention_int8.h) when the call quantizes Q K^T, else null.
 template <class K, class T = typename K::T, class G = typename K::G>
 void score_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
-                std::vector<G>& k_buffer, T masked = kNegInf<T>, T* cap_grad = nullptr,
+                kernels::AlignedVector<G>& k_buffer, T masked = kNegInf<T>, T* cap_grad = nullptr,
                 int8::QuantizedQuery* q8 = nullptr) {
   const Problem& p = *f.p;
   if (q8 == nullptr || !q8->ok) {
