@@ -39,7 +39,7 @@ inline std::atomic<int64_t>& forward_key_parts_run() {
 
 namespace tiles {
 
-// Part s of n of an item whose plain key walk has `tiles` key tiles (tile 0 at the item's
+// Part s of n of an item whose key walk has `tiles` key tiles (tile 0 at the item's
 // last keys, then backwards): tiles [s tiles / n, (s + 1) tiles / n), near-equal counts; under
 // causal masking every tile but the diagonal's and the first keys' is a full [Br, Bc] product,
 // so near-equal counts are near-equal work.
