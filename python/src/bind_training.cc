@@ -35,10 +35,14 @@ qkv::nn::Convention convention_arg(const std::string& name, const char* op) {
 
 // Functional steps: the parameters are copied, stepped and returned (an in-place update of a
 // NumPy array could be lost silently where the binding reads a copy, e.g. a misaligned one).
+// float64 parameters step and come back in float64, as torch keeps a parameter's dtype (they
+// came back as float32 copies); any other dtype steps in float32.
 template <class Opt>
 nb::dict step_copy(Opt& opt, nb::handle params, nb::handle grads, const char* op) {
   std::map<std::string, Tensor> p = to_tensor_map(params, (std::string(op) + ".step: params").c_str());
-  for (auto& [name, t] : p) t = t.to(qkv::DType::f32).contiguous().clone();
+  for (auto& [name, t] : p) {
+    t = t.to(t.dtype() == qkv::DType::f64 ? qkv::DType::f64 : qkv::DType::f32).contiguous().clone();
+  }
   const std::map<std::string, Tensor> g = to_tensor_map(grads, (std::string(op) + ".step: grads").c_str());
   {
     qkv::python::InterruptibleRelease release;
@@ -127,11 +131,13 @@ void bind_training(nb::module_& nn) {
       nb::arg("input"), nb::arg("target"), "(mean loss, d loss / d input), PyTorch's definition.");
   nn.def(
       "cross_entropy",
-      [](nb::handle x, nb::handle y) {
-        return loss_tuple(
-            qkv::nn::cross_entropy(to_tensor(x, "cross_entropy: input"), to_tensor(y, "cross_entropy: target")));
+      [](nb::handle x, nb::handle y, int64_t ignore_index) {
+        return loss_tuple(qkv::nn::cross_entropy(to_tensor(x, "cross_entropy: input"),
+                                                 to_tensor(y, "cross_entropy: target"), ignore_index));
       },
-      nb::arg("input"), nb::arg("target"), "(mean loss, d loss / d input) for logits [N, C] and classes [N].");
+      nb::arg("input"), nb::arg("target"), nb::arg("ignore_index") = -100,
+      "(mean loss, d loss / d input) for logits [N, C] and classes [N]; rows whose class is ignore_index\n"
+      "(torch's default -100, Hugging Face's label padding) count in neither the sum nor the mean.");
   nn.def(
       "mse_loss",
       [](nb::handle x, nb::handle y) {

@@ -1,5 +1,5 @@
 // qkv::nn optimizers (qkv/nn/optim.h): PyTorch's and Keras 3's update rules, written in
-// float32 in the order the frameworks compute them (torch.optim.SGD/Adam/AdamW's
+// the parameter's type (float32 or float64) in the order the frameworks compute them (torch.optim.SGD/Adam/AdamW's
 // single-tensor paths; keras.optimizers' update_step), so that steps agree to rounding.
 #include "qkv/nn/optim.h"
 
@@ -13,35 +13,34 @@ namespace qkv::nn {
 
 namespace {
 
-// The parameter's f32 data and its gradient's (checked: present, same shape, f32 param).
+// A parameter and its gradient, converted to the parameter's dtype (checked: present, same
+// shape, a contiguous float32 or float64 parameter: float64 steps in float64, as torch's).
 struct Pair {
-  float* p;
-  const float* g;
-  int64_t n;
+  Tensor* param;
+  Tensor grad;
 };
 
-Pair pair_of(const char* op, const std::string& name, Tensor& param, const NamedTensors& grads,
-             std::vector<Tensor>& keep) {
+Pair pair_of(const char* op, const std::string& name, Tensor& param, const NamedTensors& grads) {
   const auto it = grads.find(name);
   if (it == grads.end()) fail<ValueError>(op, ".step: no gradient for parameter '", name, "'");
   if (it->second.shape() != param.shape()) {
     fail<ShapeError>(op, ".step: gradient of '", name, "' has shape ", shape_str(it->second.shape()),
                      ", the parameter ", shape_str(param.shape()));
   }
-  if (param.dtype() != DType::f32 || !param.is_contiguous()) {
-    fail<DTypeError>(op, ".step: parameter '", name, "' must be a contiguous float32 tensor (updated in place)");
+  if ((param.dtype() != DType::f32 && param.dtype() != DType::f64) || !param.is_contiguous()) {
+    fail<DTypeError>(op, ".step: parameter '", name, "' must be a contiguous float32 or float64 tensor, got ",
+                     dtype_name(param.dtype()), " (updated in place)");
   }
   if (param.is_read_only()) fail<ValueError>(op, ".step: parameter '", name, "' is read-only (updated in place)");
-  keep.push_back(it->second.to(DType::f32).contiguous());
-  return {param.data<float>(), keep.back().data<float>(), param.numel()};
+  return {&param, it->second.to(param.dtype()).contiguous()};
 }
 
 // Every parameter's pair, all checked before any parameter is written: a missing or misshapen
 // gradient leaves the parameters, the state and the step count as they were.
-std::vector<Pair> pairs_of(const char* op, NamedTensors& params, const NamedTensors& grads, std::vector<Tensor>& keep) {
+std::vector<Pair> pairs_of(const char* op, NamedTensors& params, const NamedTensors& grads) {
   std::vector<Pair> pairs;
-  keep.reserve(params.size());
-  for (auto& [name, param] : params) pairs.push_back(pair_of(op, name, param, grads, keep));
+  pairs.reserve(params.size());
+  for (auto& [name, param] : params) pairs.push_back(pair_of(op, name, param, grads));
   return pairs;
 }
 
@@ -57,12 +56,69 @@ void check_state(const char* op, const NamedTensors& state, const char* prefix, 
   }
 }
 
-// The state buffer `name` of `state` (zeros of the parameter's shape on first use).
-float* buffer(NamedTensors& state, const std::string& name, const Tensor& like, bool* fresh = nullptr) {
+// The state buffer `name` of `state` in the parameter's dtype (zeros of its shape on first use;
+// a loaded buffer of another dtype converted, as torch's load_state_dict casts to the parameter's).
+template <class T>
+T* buffer(NamedTensors& state, const std::string& name, const Tensor& like, bool* fresh = nullptr) {
   auto it = state.find(name);
   if (fresh) *fresh = it == state.end();
-  if (it == state.end()) it = state.emplace(name, Tensor::zeros(like.shape())).first;
-  return it->second.data<float>();
+  if (it == state.end()) {
+    it = state.emplace(name, Tensor::zeros(like.shape(), like.dtype())).first;
+  } else if (it->second.dtype() != like.dtype()) {
+    it->second = it->second.to(like.dtype()).contiguous();
+  }
+  return it->second.data<T>();
+}
+
+template <class T>
+void sgd_update(const SgdOptions& o, T* p, const T* g, T* buf, bool fresh, int64_t n) {
+  const auto lr = static_cast<T>(o.lr), mu = static_cast<T>(o.momentum);
+  const auto wd = static_cast<T>(o.weight_decay), damp = static_cast<T>(1.0 - o.dampening);
+  for (int64_t i = 0; i < n; ++i) {
+    if (o.convention == Convention::keras) {
+      if (wd != T(0)) p[i] -= p[i] * wd * lr;  // keras' _apply_weight_decay, before the step
+      if (!buf) {
+        p[i] -= g[i] * lr;
+        continue;
+      }
+      buf[i] = buf[i] * mu - g[i] * lr;
+      p[i] += o.nesterov ? buf[i] * mu - g[i] * lr : buf[i];
+      continue;
+    }
+    T d = wd != T(0) ? g[i] + wd * p[i] : g[i];  // torch: L2 in the gradient
+    if (buf) {
+      buf[i] = fresh ? d : buf[i] * mu + damp * d;
+      d = o.nesterov ? d + mu * buf[i] : buf[i];
+    }
+    p[i] += -lr * d;
+  }
+}
+
+template <class T>
+void adam_update(const AdamOptions& o, int64_t t, T* p, const T* g, T* m, T* v, int64_t n) {
+  const auto b1 = static_cast<T>(o.beta1), b2 = static_cast<T>(o.beta2);
+  const auto lr = static_cast<T>(o.lr), wd = static_cast<T>(o.weight_decay), eps = static_cast<T>(o.eps);
+  const bool keras = o.convention == Convention::keras, decoupled = keras || o.decoupled_weight_decay;
+  // torch: bias corrections in double (Python floats), step size lr / bc1, denominator
+  // sqrt(v) / sqrt(bc2) + eps. keras: alpha = lr sqrt(1 - b2^t) / (1 - b1^t) in the variable's type.
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
+  const auto step_size = static_cast<T>(o.lr / bc1), bc2_sqrt = static_cast<T>(std::sqrt(bc2));
+  const auto tf = static_cast<T>(t);
+  const T alpha = lr * std::sqrt(T(1) - std::pow(b2, tf)) / (T(1) - std::pow(b1, tf));
+  for (int64_t i = 0; i < n; ++i) {
+    if (decoupled && wd != T(0)) p[i] = keras ? p[i] - p[i] * wd * lr : p[i] * (T(1) - lr * wd);  // AdamW / keras
+    const T gi = !decoupled && wd != T(0) ? g[i] + wd * p[i] : g[i];                              // torch Adam: L2
+    if (keras) {
+      m[i] += (gi - m[i]) * (T(1) - b1);
+      v[i] += (gi * gi - v[i]) * (T(1) - b2);
+      p[i] -= m[i] * alpha / (std::sqrt(v[i]) + eps);
+    } else {
+      m[i] += (T(1) - b1) * (gi - m[i]);  // torch's lerp
+      v[i] = v[i] * b2 + (T(1) - b2) * gi * gi;
+      p[i] += -step_size * (m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps));
+    }
+  }
 }
 
 void check_nonnegative(const char* op, const char* what, double x) {
@@ -91,33 +147,19 @@ Sgd::Sgd(const SgdOptions& options) : o_(options) {
 }
 
 void Sgd::step(NamedTensors& params, const NamedTensors& grads) {
-  const auto lr = static_cast<float>(o_.lr), mu = static_cast<float>(o_.momentum);
-  const auto wd = static_cast<float>(o_.weight_decay), damp = static_cast<float>(1.0 - o_.dampening);
-  std::vector<Tensor> keep;
-  const std::vector<Pair> pairs = pairs_of("SGD", params, grads, keep);
+  const std::vector<Pair> pairs = pairs_of("SGD", params, grads);
   check_state("SGD", momentum_, "momentum/", params);
   size_t k = 0;
   for (auto& [name, param] : params) {
     const Pair& x = pairs[k++];
     bool fresh = false;
-    float* buf = mu != 0.0f ? buffer(momentum_, name, param, &fresh) : nullptr;
-    for (int64_t i = 0; i < x.n; ++i) {
-      if (o_.convention == Convention::keras) {
-        if (wd != 0.0f) x.p[i] -= x.p[i] * wd * lr;  // keras' _apply_weight_decay, before the step
-        if (!buf) {
-          x.p[i] -= x.g[i] * lr;
-          continue;
-        }
-        buf[i] = buf[i] * mu - x.g[i] * lr;
-        x.p[i] += o_.nesterov ? buf[i] * mu - x.g[i] * lr : buf[i];
-        continue;
-      }
-      float d = wd != 0.0f ? x.g[i] + wd * x.p[i] : x.g[i];  // torch: L2 in the gradient
-      if (buf) {
-        buf[i] = fresh ? d : buf[i] * mu + damp * d;
-        d = o_.nesterov ? d + mu * buf[i] : buf[i];
-      }
-      x.p[i] += -lr * d;
+    const bool has_buf = o_.momentum != 0.0;
+    if (param.dtype() == DType::f64) {
+      double* buf = has_buf ? buffer<double>(momentum_, name, param, &fresh) : nullptr;
+      sgd_update(o_, param.data<double>(), x.grad.data<double>(), buf, fresh, param.numel());
+    } else {
+      float* buf = has_buf ? buffer<float>(momentum_, name, param, &fresh) : nullptr;
+      sgd_update(o_, param.data<float>(), x.grad.data<float>(), buf, fresh, param.numel());
     }
   }
 }
@@ -132,41 +174,19 @@ Adam::Adam(const AdamOptions& options) : o_(options) {
 }
 
 void Adam::step(NamedTensors& params, const NamedTensors& grads) {
-  std::vector<Tensor> keep;
-  const std::vector<Pair> pairs = pairs_of("Adam", params, grads, keep);
+  const std::vector<Pair> pairs = pairs_of("Adam", params, grads);
   check_state("Adam", m_, "m/", params);
   check_state("Adam", v_, "v/", params);
   ++t_;
-  const auto b1 = static_cast<float>(o_.beta1), b2 = static_cast<float>(o_.beta2);
-  const auto lr = static_cast<float>(o_.lr), wd = static_cast<float>(o_.weight_decay);
-  const auto eps = static_cast<float>(o_.eps);
-  const bool keras = o_.convention == Convention::keras, decoupled = keras || o_.decoupled_weight_decay;
-  // torch: bias corrections in double (Python floats), step size lr / bc1, denominator
-  // sqrt(v) / sqrt(bc2) + eps. keras: alpha = lr sqrt(1 - b2^t) / (1 - b1^t) in float32.
-  const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t_));
-  const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t_));
-  const auto step_size = static_cast<float>(o_.lr / bc1), bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float tf = static_cast<float>(t_);
-  const float alpha = lr * std::sqrt(1.0f - std::pow(b2, tf)) / (1.0f - std::pow(b1, tf));
   size_t k = 0;
   for (auto& [name, param] : params) {
     const Pair& x = pairs[k++];
-    float* m = buffer(m_, name, param);
-    float* v = buffer(v_, name, param);
-    for (int64_t i = 0; i < x.n; ++i) {
-      if (decoupled && wd != 0.0f) {
-        x.p[i] = keras ? x.p[i] - x.p[i] * wd * lr : x.p[i] * (1.0f - lr * wd);  // AdamW / keras
-      }
-      const float g = !decoupled && wd != 0.0f ? x.g[i] + wd * x.p[i] : x.g[i];  // torch Adam: L2
-      if (keras) {
-        m[i] += (g - m[i]) * (1.0f - b1);
-        v[i] += (g * g - v[i]) * (1.0f - b2);
-        x.p[i] -= m[i] * alpha / (std::sqrt(v[i]) + eps);
-      } else {
-        m[i] += (1.0f - b1) * (g - m[i]);  // torch's lerp
-        v[i] = v[i] * b2 + (1.0f - b2) * g * g;
-        x.p[i] += -step_size * (m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps));
-      }
+    if (param.dtype() == DType::f64) {
+      adam_update(o_, t_, param.data<double>(), x.grad.data<double>(), buffer<double>(m_, name, param),
+                  buffer<double>(v_, name, param), param.numel());
+    } else {
+      adam_update(o_, t_, param.data<float>(), x.grad.data<float>(), buffer<float>(m_, name, param),
+                  buffer<float>(v_, name, param), param.numel());
     }
   }
 }
@@ -184,7 +204,8 @@ void Adam::load_state(const NamedTensors& state, int64_t steps) {
   for (const auto& [key, t] : state) {
     const bool is_m = key.rfind("m/", 0) == 0, is_v = key.rfind("v/", 0) == 0;
     if (!is_m && !is_v) fail<ValueError>("Adam.load_state: unknown key '", key, "' (expected m/<name> or v/<name>)");
-    (is_m ? m : v).emplace(key.substr(2), t.to(DType::f32).contiguous().clone());
+    // float64 moments stay float64 (a float64 run's); each is cast to its parameter's dtype at the step
+    (is_m ? m : v).emplace(key.substr(2), t.to(t.dtype() == DType::f64 ? DType::f64 : DType::f32).contiguous().clone());
   }
   // Each parameter's two moments come together: an m without its v stepped from v = 0, which
   // moves an element whose gradient is 0 by lr m / eps (1e5 lr for m = 1e-3).

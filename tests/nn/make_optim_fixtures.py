@@ -9,13 +9,18 @@ holds w0, b0, the gradients gw [5, 4, 3], gb [5, 3], and the parameters after ea
 step, w [5, 4, 3], b [5, 3], as PyTorch's torch.optim (p.grad set, opt.step()) or Keras
 3's keras.optimizers (apply_gradients) computed them. `__metadata__` "options" (one key:
 safetensors orders several differently per run) names the framework and its arguments.
+The *_f64 files (TORCH_F64) are torch's steps of the same values as float64 parameters and
+gradients (torch keeps a parameter's dtype; their options name "dtype": "float64").
 
 Losses: losses.safetensors holds, per loss, the inputs, PyTorch's value (mean reduction)
 and its autograd gradient with respect to the first input: bce_* (binary_cross_entropy_with
 _logits), ce_* (cross_entropy over [N, C] logits and int64 targets), mse_* (mse_loss), and
 clip_* (torch.nn.utils.clip_grad_norm_ of two gradients with max_norm 1.0: their total norm
-before clipping and the clipped gradients), and <loss>_empty_loss / _grad for inputs with no
-element (NaN and an empty gradient). A rerun writes byte-identical files.
+before clipping and the clipped gradients), <loss>_empty_loss / _grad for inputs with no
+element (NaN and an empty gradient), ce_ignore_* (targets with torch's default ignore_index
+-100 among them) and ce_all_ignored_* (every target -100: NaN, gradient 0), and bce_inf_*:
+logits {-inf, +inf, nan} x targets {0, 0.5, 1}, each element's loss and gradient as a loss of
+its own (reduction='none'). A rerun writes byte-identical files.
 """
 import json
 import os
@@ -34,6 +39,10 @@ TORCH = [
     ("torch_adam", "Adam", dict(lr=0.01)),
     ("torch_adam_wd", "Adam", dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.01)),
     ("torch_adamw", "AdamW", dict(lr=0.01, weight_decay=0.01)),
+]
+TORCH_F64 = [
+    ("torch_sgd_nesterov_f64", "SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    ("torch_adam_wd_f64", "Adam", dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.01)),
 ]
 KERAS = [
     ("keras_sgd", "SGD", dict(learning_rate=0.1)),
@@ -55,6 +64,7 @@ def inputs():
 
 
 def run_torch(kind, kwargs, w0, b0, gw, gb):
+    """Steps in w0's dtype (float32, or float64 for TORCH_F64), as torch steps any parameter."""
     w, b = torch.nn.Parameter(torch.from_numpy(w0.copy())), torch.nn.Parameter(torch.from_numpy(b0.copy()))
     opt = getattr(torch.optim, kind)([w, b], **kwargs)
     ws, bs = [], []
@@ -89,6 +99,13 @@ def write_optimizers(out_dir):
             save_file({"w0": w0, "b0": b0, "gw": gw, "gb": gb, "w": ws, "b": bs},
                       os.path.join(out_dir, name + ".safetensors"), metadata={"options": json.dumps(options)})
             rows.append((name, framework, kind, kwargs))
+    f64 = [x.astype(np.float64) for x in (w0, b0, gw, gb)]
+    for name, kind, kwargs in TORCH_F64:
+        ws, bs = run_torch(kind, kwargs, *f64)
+        options = {"framework": "torch", "optimizer": kind, "args": kwargs, "dtype": "float64"}
+        save_file({"w0": f64[0], "b0": f64[1], "gw": f64[2], "gb": f64[3], "w": ws, "b": bs},
+                  os.path.join(out_dir, name + ".safetensors"), metadata={"options": json.dumps(options)})
+        rows.append((name, "torch (float64)", kind, kwargs))
     return rows
 
 
@@ -129,7 +146,26 @@ def write_losses(out_dir):
                            ("mse", F.mse_loss, np.zeros(0, np.float32), np.zeros(0, np.float32))):
         value, grad = grad_of(fn, x, y)
         t[f"{name}_empty_loss"], t[f"{name}_empty_grad"] = np.array([value]), grad
+    write_ignore_and_inf(t)
     save_file(t, os.path.join(out_dir, "losses.safetensors"))
+
+
+def write_ignore_and_inf(t):
+    """cross_entropy's ignore_index (default -100) and BCE with logits at infinite logits."""
+    import torch.nn.functional as F
+
+    rng = np.random.default_rng(8)  # its own stream: the keys above keep their values
+    x = (2 * rng.standard_normal((6, 4))).astype(np.float32)
+    y = np.array([2, -100, 0, 3, -100, 1], np.int64)
+    value, grad = grad_of(lambda a, b: F.cross_entropy(a, b), x, y)
+    t.update(ce_ignore_logits=x, ce_ignore_targets=y, ce_ignore_loss=np.array([value]), ce_ignore_grad=grad)
+    value, grad = grad_of(lambda a, b: F.cross_entropy(a, b), x[:3], np.full(3, -100, np.int64))
+    t.update(ce_all_ignored_loss=np.array([value]), ce_all_ignored_grad=grad)
+    xs = np.repeat(np.array([-np.inf, np.inf, np.nan], np.float32), 3)
+    ys = np.tile(np.array([0.0, 0.5, 1.0], np.float32), 3)
+    losses, grads = zip(*(grad_of(F.binary_cross_entropy_with_logits, xs[i:i + 1], ys[i:i + 1]) for i in range(9)))
+    t.update(bce_inf_logits=xs, bce_inf_targets=ys, bce_inf_loss=np.array(losses),
+             bce_inf_grad=np.concatenate(grads))
 
 
 def main():
@@ -145,7 +181,8 @@ def main():
                 f"keras {keras.__version__})\n\n| file | framework | optimizer | arguments |\n|---|---|---|---|\n")
         for name, framework, kind, kwargs in rows:
             f.write(f"| {name} | {framework} | {kind} | {kwargs} |\n")
-        f.write("| losses | torch | — | bce / cross_entropy / mse values and gradients, clip_grad_norm_ |\n")
+        f.write("| losses | torch | — | bce / cross_entropy / mse values and gradients, clip_grad_norm_, "
+                "ignore_index -100, BCE at infinite logits |\n")
     print(f"wrote {len(rows)} optimizer fixtures and losses.safetensors to {out_dir}")
 
 

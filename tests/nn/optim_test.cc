@@ -76,14 +76,47 @@ TEST(Optimizers, MatchTorchAndKerasStepByStep) {
     Stepper opt = make_stepper(o);
     NamedTensors params{{"w", f.tensors.at("w0").clone()}, {"b", f.tensors.at("b0").clone()}};
     const Tensor &gw = f.tensors.at("gw"), &gb = f.tensors.at("gb"), &ws = f.tensors.at("w"), &bs = f.tensors.at("b");
+    // torch steps float64 parameters in float64 (*_f64: 1.4e-7 and 1.7e-7 from the float32 runs by
+    // step 5); the steps of a float32 copy would miss 1e-12 from the first.
+    const DType dtype = f.tensors.at("w0").dtype();
+    const double tol = dtype == DType::f64 ? 1e-12 : 2e-6;
     for (int64_t t = 0; t < gw.size(0); ++t) {
       opt.step(params, {{"w", gw.select(0, t)}, {"b", gb.select(0, t)}});
-      EXPECT_LE(max_diff(params.at("w"), ws.select(0, t)), 2e-6) << path.stem() << " step " << t + 1;
-      EXPECT_LE(max_diff(params.at("b"), bs.select(0, t)), 2e-6) << path.stem() << " step " << t + 1;
+      EXPECT_EQ(params.at("w").dtype(), dtype) << path.stem();
+      EXPECT_LE(max_diff(params.at("w"), ws.select(0, t)), tol) << path.stem() << " step " << t + 1;
+      EXPECT_LE(max_diff(params.at("b"), bs.select(0, t)), tol) << path.stem() << " step " << t + 1;
     }
-    ++checked;
+    checked += dtype == DType::f64 ? 100 : 1;
   }
-  EXPECT_EQ(checked, 13);
+  EXPECT_EQ(checked, 13 + 2 * 100);  // 13 float32 fixtures, 2 float64
+}
+
+// float64 parameters keep float64 state (torch's exp_avg / momentum_buffer have the parameter's
+// dtype); state loaded in another dtype is cast to the parameter's at the step, as torch's
+// load_state_dict casts it; other dtypes are refused, naming the parameter and its dtype.
+TEST(Optimizers, Float64ParametersKeepFloat64State) {
+  Adam a(AdamOptions{.lr = 0.1});
+  NamedTensors p{{"w", Tensor::randn({3}, 1).to(DType::f64)}};
+  const NamedTensors g{{"w", Tensor::randn({3}, 2).to(DType::f64)}};
+  a.step(p, g);
+  EXPECT_EQ(p.at("w").dtype(), DType::f64);
+  EXPECT_EQ(a.state().at("m/w").dtype(), DType::f64);
+  Adam b(AdamOptions{.lr = 0.1});  // resumed from a's float64 state: the same steps, bit for bit
+  b.load_state(a.state(), a.steps());
+  NamedTensors q{{"w", p.at("w").clone()}};
+  a.step(p, g), b.step(q, g);
+  EXPECT_EQ(max_diff(p.at("w"), q.at("w")), 0.0);
+  EXPECT_EQ(b.state().at("v/w").dtype(), DType::f64);
+  NamedTensors f{{"w", p.at("w").to(DType::f32)}};  // float32 parameters take the float64 state as float32
+  b.step(f, g);
+  EXPECT_EQ(b.state().at("m/w").dtype(), DType::f32);
+  EXPECT_LE(max_diff(f.at("w"), q.at("w")), 0.2);  // one more step of about lr
+  Sgd s(SgdOptions{.lr = 0.1, .momentum = 0.9});
+  s.step(p, g);
+  EXPECT_EQ(s.state().at("w").dtype(), DType::f64);
+  NamedTensors h{{"w", Tensor::zeros({3}, DType::f16)}};
+  EXPECT_THROW_WITH(s.step(h, g), DTypeError,
+                    "SGD.step: parameter 'w' must be a contiguous float32 or float64 tensor, got float16");
 }
 
 // keras.optimizers.SGD (3.15.1, checked live) takes nesterov=True without momentum (its plain step:
@@ -153,7 +186,7 @@ TEST(Optimizers, AFailedStepChangesNothingAndMisshapenStateIsRefused) {
   // moments of two shapes are refused as they load (the step refused them before)
   EXPECT_THROW(a.load_state({{"m/w", Tensor::zeros({4})}, {"v/w", Tensor::zeros({2, 2})}}, 1), ShapeError);
   EXPECT_THROW(a.step(w, g), ShapeError);  // the [1] state loaded above is still there
-  s.step(w, g);  // momentum buffer [4]; the same name with another shape is refused
+  s.step(w, g);                            // momentum buffer [4]; the same name with another shape is refused
   NamedTensors w2{{"w", Tensor::randn({8}, 6)}};
   EXPECT_THROW(s.step(w2, {{"w", Tensor::randn({8}, 7)}}), ShapeError);
 }
@@ -242,6 +275,61 @@ TEST(Losses, EmptyInputsGiveNaNAsTorch) {
     EXPECT_TRUE(std::isnan(r.loss)) << r.loss;
     EXPECT_EQ(r.grad.shape(), t((name + "_empty_grad").c_str()).shape());
     EXPECT_EQ(r.grad.dtype(), DType::f32);
+  }
+}
+
+// torch's F.cross_entropy ignores rows whose target is ignore_index (-100 by default, the label
+// padding of Hugging Face's collators): they count in neither the sum nor the mean's count and get
+// gradient 0; every row ignored is NaN with a zero gradient. qkv refused -100 as a class out of range.
+TEST(Losses, CrossEntropyIgnoresIgnoreIndexAsTorch) {
+  const io::SafetensorsFile f = io::load_safetensors(sdpa_fixtures::fixture_dir("optim") / "losses.safetensors");
+  auto t = [&](const char* k) { return f.tensors.at(k); };
+  const Tensor x = t("ce_ignore_logits"), y = t("ce_ignore_targets");  // [6, 4], rows 1 and 4 are -100
+  const double expected = t("ce_ignore_loss").to_vector<double>()[0];
+  const LossResult r = cross_entropy(x, y);
+  EXPECT_NEAR(r.loss, expected, 1e-6 * expected);
+  EXPECT_LE(max_diff(r.grad, t("ce_ignore_grad")), 1e-7);
+  const LossResult all = cross_entropy(x.slice(0, 0, 3), Tensor::full({3}, -100.0, DType::i64));
+  ASSERT_TRUE(std::isnan(t("ce_all_ignored_loss").to_vector<double>()[0]));
+  EXPECT_TRUE(std::isnan(all.loss)) << all.loss;
+  EXPECT_EQ(max_diff(all.grad, t("ce_all_ignored_grad")), 0.0);  // zeros
+  // another label out of range is still an error naming it and its row
+  const std::vector<int64_t> bad{2, -100, 7, 0, -100, 1}, minus1{2, -1, 0, 3, -100, 1};
+  EXPECT_THROW_WITH(cross_entropy(x, Tensor::from_vector(bad, {6})), ValueError,
+                    "cross_entropy: target 7 of row 2 is not in [0, 4) nor ignore_index -100");
+  EXPECT_THROW_WITH(cross_entropy(x, Tensor::from_vector(minus1, {6})), ValueError, "target -1 of row 1");
+  // ignore_index -1: rows labelled -1 are ignored (torch's value for -100 there), -100 is out of range
+  const std::vector<int64_t> ignore_minus1{2, -1, 0, 3, -1, 1};
+  EXPECT_NEAR(cross_entropy(x, Tensor::from_vector(ignore_minus1, {6}), -1).loss, expected, 1e-6 * expected);
+  EXPECT_THROW_WITH(cross_entropy(x, Tensor::from_vector(minus1, {6}), -1), ValueError, "target -100 of row 4");
+}
+
+// binary_cross_entropy_with_logits at infinite and NaN logits, element by element, against torch
+// (bce_inf_*: x in {-inf, +inf, nan} x y in {0, 0.5, 1}): torch computes (1 - y) x - log_sigmoid(x),
+// NaN at x = -inf for every y and at x = +inf, y = 1, inf at x = +inf, y < 1. qkv's
+// max(x, 0) - x y + log1p(e^-|x|) gave inf at x = -inf, y = 0.5 and 1, NaN at x = +inf, y = 0.5.
+TEST(Losses, BceWithLogitsAtInfiniteLogitsAsTorch) {
+  const io::SafetensorsFile f = io::load_safetensors(sdpa_fixtures::fixture_dir("optim") / "losses.safetensors");
+  const auto x = f.tensors.at("bce_inf_logits").to_vector<float>(),
+             y = f.tensors.at("bce_inf_targets").to_vector<float>();
+  const auto loss = f.tensors.at("bce_inf_loss").to_vector<double>();
+  const auto grad = f.tensors.at("bce_inf_grad").to_vector<float>();
+  ASSERT_EQ(x.size(), 9u);
+  for (size_t i = 0; i < x.size(); ++i) {
+    SCOPED_TRACE(testing::Message() << "x " << x[i] << " y " << y[i]);
+    const LossResult r = binary_cross_entropy_with_logits(Tensor::from_vector(std::vector<float>{x[i]}, {1}),
+                                                          Tensor::from_vector(std::vector<float>{y[i]}, {1}));
+    if (std::isnan(loss[i])) {
+      EXPECT_TRUE(std::isnan(r.loss)) << r.loss;
+    } else {
+      EXPECT_EQ(r.loss, loss[i]);  // inf
+    }
+    const float g = r.grad.to_vector<float>()[0];
+    if (std::isnan(grad[i])) {
+      EXPECT_TRUE(std::isnan(g)) << g;
+    } else {
+      EXPECT_EQ(g, grad[i]);
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // Optimizers with PyTorch's and Keras 3's exact update rules (seed 001 trains with Adam),
-// gradient clipping, and their state. Parameters are float32 tensors updated in place,
-// by name (a layer's state_dict() names); gradients have the parameters' shapes.
+// gradient clipping, and their state. Parameters are float32 or float64 tensors updated in
+// place, by name (a layer's state_dict() names), each stepped in its own dtype with state of that
+// dtype (as torch's); gradients have the parameters' shapes and are converted to their dtype.
 //
 // The conventions differ, and both are here (Convention::torch / Convention::keras):
 //   SGD   torch: g += wd p; buf = g (first step) else momentum buf + (1 - dampening) g;
@@ -54,8 +55,8 @@ using NamedTensors = std::map<std::string, Tensor>;
 class Sgd {
  public:
   explicit Sgd(const SgdOptions& options);  // ValueError for a negative lr/momentum/weight decay
-  // One step: every params[name] (f32) updated in place from grads[name] (same shape;
-  // ValueError naming the parameter when missing or of another shape).
+  // One step: every params[name] (f32 or f64; DTypeError for another) updated in place from
+  // grads[name] (same shape; ValueError naming the parameter when missing or of another shape).
   void step(NamedTensors& params, const NamedTensors& grads);
   const NamedTensors& state() const { return momentum_; }  // the momentum buffers, by name
 
