@@ -1,10 +1,12 @@
 // Arrays <-> qkv::Tensor; see tensor_convert.h for the rules.
 #include "tensor_convert.h"
 #include "args.h"
+#include "array_like.h"
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -38,9 +40,30 @@ DType dtype_from_dlpack(dlpack::dtype t, const char* what) {
     if (code == dtype_code::Int && t.bits == 64) return DType::i64;
     if (code == dtype_code::Bool && t.bits == 8) return DType::b8;
   }
-  static constexpr const char* kNames[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
-  const std::string name = t.code < std::size(kNames) ? kNames[t.code] : "code " + std::to_string(t.code);
-  fail<DTypeError>(what, ": dtype ", name, static_cast<int>(t.bits),
+  // DLPack's type codes (dlpack.h, 1.1); the narrow floats' names hold their width.
+  static constexpr const char* kNames[] = {"int",
+                                           "uint",
+                                           "float",
+                                           "opaque",
+                                           "bfloat",
+                                           "complex",
+                                           "bool",
+                                           "float8_e3m4",
+                                           "float8_e4m3",
+                                           "float8_e4m3b11fnuz",
+                                           "float8_e4m3fn",
+                                           "float8_e4m3fnuz",
+                                           "float8_e5m2",
+                                           "float8_e5m2fnuz",
+                                           "float8_e8m0fnu",
+                                           "float6_e2m3fn",
+                                           "float6_e3m2fn",
+                                           "float4_e2m1fn"};
+  std::string name =
+      t.code < std::size(kNames) ? kNames[t.code] : "of DLPack type code " + std::to_string(t.code) + " ";
+  if (t.code <= static_cast<uint8_t>(dtype_code::Bool) || t.code >= std::size(kNames)) name += std::to_string(t.bits);
+  if (t.lanes != 1) name += "x" + std::to_string(t.lanes);
+  fail<DTypeError>(what, ": dtype ", name,
                    " is not supported (qkv has float32, float64, float16, bfloat16, int8, int32, int64, bool)");
 }
 
@@ -127,7 +150,9 @@ nb::object consumer_stream() {
 // capsule, which carries the read-only flag, and let nanobind import that; a
 // producer without max_version (or that refuses) is left to nanobind as before.
 // A CUDA producer is always asked here, with the stream (nanobind would pass none).
-nb::object dlpack_capsule_of(nb::object src) {
+// `refusal` gets the producer's own error, e.g. numpy's "BufferError: DLPack only
+// supports native byte order.", for the message if nanobind cannot import it either.
+nb::object dlpack_capsule_of(nb::object src, std::string& refusal) {
   const bool cuda = dlpack_device_type(src) == nb::device::cuda::value;
   nb::object dlpack = src.attr("__dlpack__");
   try {
@@ -135,7 +160,10 @@ nb::object dlpack_capsule_of(nb::object src) {
         cuda ? dlpack(nb::arg("stream") = consumer_stream(), nb::arg("max_version") = nb::make_tuple(1, 0))
              : dlpack(nb::arg("max_version") = nb::make_tuple(1, 0));
     if (PyCapsule_CheckExact(capsule.ptr())) return capsule;
-  } catch (nb::python_error&) {
+  } catch (nb::python_error& e) {
+    if (!e.matches(PyExc_TypeError)) {
+      refusal = python_type_name(e.value()) + ": " + nb::cast<std::string>(nb::str(e.value()));
+    }  // TypeError: no max_version before DLPack 1.0
   }
   if (!cuda) return src;
   return dlpack(nb::arg("stream") = consumer_stream());  // a producer before DLPack 1.0: its error, if any
@@ -208,6 +236,60 @@ void check_numpy_size(const Tensor& t) {
   }
 }
 
+// A torch tensor with its negative bit set (a lazy negation: x.conj().imag, x._neg_view())
+// exports its memory through DLPack without the negation, so torch.from_dlpack and
+// np.from_dlpack read the values negated back; qkv takes torch's resolved copy instead.
+nb::object resolve_torch_negation(nb::object src) {
+  if (is_torch(src) && nb::hasattr(src, "is_neg") && nb::cast<bool>(src.attr("is_neg")())) {
+    return src.attr("resolve_neg")();
+  }
+  return src;
+}
+
+// A CPU tensor over an imported array's memory, keeping the array (and so the Python
+// object) alive; nanobind takes the GIL itself when the last reference goes.
+Tensor host_tensor(InArray array, DType dtype, bool read_only) {
+  Shape shape(array.ndim());
+  Strides strides(array.ndim());
+  for (size_t i = 0; i < array.ndim(); ++i) {
+    shape[i] = static_cast<int64_t>(array.shape(i));
+    strides[i] = array.stride(i);
+  }
+  void* data = const_cast<void*>(array.data());
+  auto keep_alive = std::make_shared<InArray>(std::move(array));
+  return Tensor::from_blob(data, shape, dtype, strides, std::move(keep_alive), read_only);
+}
+
+bool needs_copy(const InArray& array, DType dtype) {
+  if (reinterpret_cast<uintptr_t>(array.data()) % qkv::itemsize(dtype) != 0) return true;
+  for (size_t i = 0; i < array.ndim(); ++i) {
+    if (array.stride(i) < 0) return true;
+  }
+  return false;
+}
+
+// A C-contiguous, aligned copy of a CPU array, made by NumPy from a view of its memory
+// (which works for any producer, a bare capsule too; bfloat16 travels as its uint16 bits).
+InArray aligned_copy(InArray array, DType dtype) {
+  std::vector<size_t> shape(array.ndim());
+  std::vector<int64_t> strides(array.ndim());
+  for (size_t i = 0; i < array.ndim(); ++i) {
+    shape[i] = array.shape(i);
+    strides[i] = array.stride(i);
+  }
+  const void* data = array.data();
+  auto* holder = new InArray(std::move(array));
+  nb::capsule owner(holder, [](void* p) noexcept { delete static_cast<InArray*>(p); });
+  const nb::object view = nb::ndarray<nb::numpy, nb::ro>(data, shape.size(), shape.data(), owner, strides.data(),
+                                                         dtype_to_dlpack(dtype), nb::device::cpu::value)
+                              .cast();
+  InArray copy;
+  if (!nb::try_cast(numpy().attr("array")(view, nb::arg("order") = "C"), copy, /*convert=*/false)) {
+    fail<DTypeError>("to_tensor: NumPy's copy of a ", dtype_name(dtype), " array could not be read back");
+  }
+  return copy;
+}
+
 }  // namespace
 
 nb::module_ numpy() {
@@ -220,10 +302,11 @@ Tensor to_tensor(nb::handle obj, const char* what) {
   nb::module_ np = numpy();
   nb::object src = nb::borrow(obj);
   bool bf16 = false;
+  std::string refusal;  // a DLPack producer's own error
   if (nb::isinstance(src, np.attr("ndarray"))) {
     src = normalize_numpy(std::move(src), bf16);
   } else if (nb::hasattr(src, "__dlpack__")) {
-    src = dlpack_capsule_of(std::move(src));
+    src = dlpack_capsule_of(resolve_torch_negation(std::move(src)), refusal);
   } else if (!PyCapsule_CheckExact(src.ptr())) {
     // Lists, scalars, objects with __array__ or the buffer protocol: numpy's rules.
     nb::object converted;
@@ -246,25 +329,15 @@ Tensor to_tensor(nb::handle obj, const char* what) {
       const nb::object dtype = src.attr("dtype");
       detail += " of dtype " + nb::cast<std::string>(nb::str(nb::handle(dtype)));  // str(), not a cast
     }
+    if (!refusal.empty()) detail += " (its __dlpack__ refused: " + refusal + ")";
     fail<DTypeError>(what, ": expected an array (NumPy or DLPack, CPU or CUDA) of a dtype qkv supports, got ", detail);
   }
   if (array.device_type() != nb::device::cpu::value) return device_tensor(std::move(array), read_only, what);
   const DType dtype = bf16 ? DType::bf16 : dtype_from_dlpack(array.dtype(), what);
-  Shape shape(array.ndim());
-  Strides strides(array.ndim());
-  for (size_t i = 0; i < array.ndim(); ++i) {
-    shape[i] = static_cast<int64_t>(array.shape(i));
-    strides[i] = array.stride(i);
-  }
-  // DLPack producers (torch) may export negative strides NumPy never gives here.
-  for (int64_t s : strides) {
-    if (s < 0) return to_tensor(np.attr("array")(PyCapsule_CheckExact(src.ptr()) ? nb::borrow(obj) : src), what);
-  }
-  void* data = const_cast<void*>(array.data());
-  // The Tensor holds a reference to the array (and so to the Python object);
-  // nanobind takes the GIL itself when the last reference goes.
-  auto keep_alive = std::make_shared<InArray>(std::move(array));
-  return Tensor::from_blob(data, shape, dtype, strides, std::move(keep_alive), read_only);
+  // DLPack producers may export what NumPy arrays never reach here with: negative
+  // strides, or data not aligned to the itemsize (torch.frombuffer at an odd offset).
+  if (needs_copy(array, dtype)) return host_tensor(aligned_copy(std::move(array), dtype), dtype, false);
+  return host_tensor(std::move(array), dtype, read_only);
 }
 
 std::optional<Tensor> to_optional_tensor(nb::handle obj, const char* what) {

@@ -3,9 +3,12 @@
 // Python -> C++: a NumPy array, a DLPack capsule or any object with __dlpack__
 // (a torch tensor, ...) on the CPU becomes a Tensor over the same memory
 // (Tensor::from_blob); the Tensor keeps the Python object alive. Copied instead:
-// NumPy arrays with negative strides, strides that are not a multiple of the
-// itemsize, or non-native byte order. Other objects (lists, scalars) go
-// through numpy.asarray. ml_dtypes.bfloat16 arrays are read as bf16.
+// arrays (NumPy or DLPack) with negative strides or data not aligned to the
+// itemsize, NumPy arrays with strides that are not a multiple of the itemsize or
+// non-native byte order, and torch tensors with the negative bit set (torch's DLPack
+// export leaves the negation out). Other objects (lists, scalars) go through
+// numpy.asarray. ml_dtypes.bfloat16 arrays are read as bf16. A producer whose
+// __dlpack__ refuses (numpy: big-endian data) is a TypeError that quotes its refusal.
 //
 // C++ -> Python: a NumPy array over the Tensor's storage (same strides, no
 // copy) that keeps the storage alive; bf16 gives an ml_dtypes.bfloat16 array.

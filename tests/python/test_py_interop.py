@@ -153,3 +153,86 @@ def test_torch_tensors_cross_without_copy_and_match_torch(monkeypatch):
     out = qkv.scaled_dot_product_attention(t, k, v, attn_mask=f["mask"])
     assert isinstance(out, FakeTensor)
     np.testing.assert_allclose(out.array, f["out_mask"], rtol=0, atol=1e-12)
+
+
+def _misaligned(dtype):
+    """A writable array whose data start one byte past an itemsize boundary."""
+    x = np.arange(1, 7, dtype=dtype)
+    raw = bytearray(b"\0" + x.tobytes())
+    return np.frombuffer(raw, dtype=dtype, offset=1)
+
+
+def _negative_capsule():
+    x = np.arange(12.0, dtype=np.float32).reshape(3, 4)[:, ::-1]
+    return x.__dlpack__(), x
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: DLPackOnly(np.arange(12.0).reshape(3, 4)[::-1, ::-2]), id="negative_strides_producer"),
+        pytest.param(_negative_capsule, id="negative_strides_capsule"),
+        pytest.param(lambda: DLPackOnly(_misaligned(np.float32)), id="misaligned_float32"),
+        pytest.param(lambda: DLPackOnly(_misaligned(np.float64)[::2]), id="misaligned_float64_strided"),
+        pytest.param(lambda: DLPackOnly(_misaligned(np.int32).reshape(2, 3)[:, ::-1]), id="misaligned_negative"),
+    ],
+)
+def test_dlpack_layouts_numpy_never_passes_are_copied(make):
+    """Negative strides and data off the itemsize's alignment, from a DLPack producer that is
+    not a NumPy array (torch.frombuffer at an odd offset is one): qkv's kernels take neither,
+    so they cross as an aligned C-order copy with the same values. Before, a negative stride
+    was copied with np.array(producer), an object array ('got ndarray of dtype object'), and
+    misaligned data crossed as they were."""
+    made = make()
+    src, source = made if isinstance(made, tuple) else (made, made.array)
+    expected = source.copy()
+    y = roundtrip(src)
+    assert y.dtype == expected.dtype and y.shape == expected.shape
+    assert y.flags.c_contiguous and y.flags.aligned and y.flags.writeable
+    np.testing.assert_array_equal(y, expected)
+    assert data_ptr(y) != data_ptr(source)
+    y[...] = 0  # a copy: the producer's memory keeps its values
+    np.testing.assert_array_equal(source, expected)
+
+
+def test_a_dlpack_producers_refusal_is_quoted():
+    """numpy's __dlpack__ refuses big-endian data; the TypeError says so instead of only
+    'expected an array ... of a dtype qkv supports, got fake_torch.DLPackOnly'."""
+    with pytest.raises(TypeError, match=r"_roundtrip: .*DLPackOnly \(its __dlpack__ refused: BufferError: .*byte order"):
+        roundtrip(DLPackOnly(np.arange(3, dtype=">f4")))
+
+
+class _FakeNegView(FakeTensor):
+    """torch's lazy negation (x.conj().imag, x._neg_view()): the values are minus the memory's,
+    and torch's __dlpack__ exports the memory without the negation (torch 2.x)."""
+
+    __module__ = "torch"
+
+    def is_neg(self):
+        return True
+
+    def resolve_neg(self):
+        return FakeTensor(-self.array)
+
+
+def test_torch_negative_bit_views_are_resolved(monkeypatch):
+    install_fake_torch(monkeypatch)
+    x = np.arange(1.0, 7.0).reshape(2, 3)
+    out = qkv.einsum("ij->ji", _FakeNegView(x))
+    np.testing.assert_array_equal(out.array, -x.T)
+
+
+def test_real_torch_negative_bit_views_are_resolved():
+    torch = pytest.importorskip("torch", reason="torch is optional: run with .venv-fixtures (docs/testing.md)")
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    imag = z.conj().imag  # a view with torch's negative bit: [-2, 4]
+    assert imag.is_neg()
+    out = qkv.rearrange(imag, "n -> n")
+    assert torch.equal(out, torch.tensor([-2.0, 4.0]))
+
+
+def test_real_torch_float8_is_refused_by_its_name():
+    """DLPack 1.1's float8 codes were printed as 'dtype code 108' (code 10, then the bits)."""
+    torch = pytest.importorskip("torch", reason="torch is optional: run with .venv-fixtures (docs/testing.md)")
+    with pytest.raises(TypeError, match=r"_roundtrip: dtype float8_e4m3fn is not supported"):
+        roundtrip(torch.ones(3).to(torch.float8_e4m3fn))
