@@ -52,6 +52,12 @@ auto read_file(const fs::path& path, Fn&& read) {
 nb::dict load(nb::handle path_arg) {
   const fs::path path = qkv::python::path_arg(path_arg, "load: path");
   const std::map<std::string, qkv::Tensor> tensors = read_file(path, [&] { return qkv::io::load(path); });
+  for (const auto& [name, tensor] : tensors) {
+    if (tensor.dim() > qkv::python::numpy_max_dims()) {
+      qkv::fail<qkv::ShapeError>("load: ", path.string(), ": tensor '", name, "' has ", tensor.dim(),
+                                 " dims; a NumPy array has at most ", qkv::python::numpy_max_dims());
+    }
+  }
   nb::dict out;
   for (const auto& [name, tensor] : tensors) out[name_str(name)] = to_numpy(tensor);
   return out;

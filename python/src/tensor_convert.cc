@@ -290,7 +290,27 @@ InArray aligned_copy(InArray array, DType dtype) {
   return copy;
 }
 
+// More dims than NumPy takes: nanobind's export then made a 0-d array of a 65-dim
+// result (and aborted the interpreter on a 10,000-dim .safetensors entry).
+void check_numpy_dims(const Tensor& t) {
+  const int64_t max_dims = numpy_max_dims();
+  if (t.dim() > max_dims) {
+    fail<ShapeError>("to_numpy: a ", dtype_name(t.dtype()), " result with ", t.dim(),
+                     " dims cannot become a NumPy array (NumPy ", nb::cast<std::string>(numpy().attr("__version__")),
+                     " takes at most ", max_dims, ")");
+  }
+}
+
 }  // namespace
+
+int64_t numpy_max_dims() {
+  static int64_t max_dims = 0;  // NPY_MAXDIMS: 32 before NumPy 2.0, 64 since
+  if (max_dims == 0) {
+    const std::string version = nb::cast<std::string>(numpy().attr("__version__"));
+    max_dims = version.rfind("1.", 0) == 0 ? 32 : 64;
+  }
+  return max_dims;
+}
 
 nb::module_ numpy() {
   static nb::module_* np = nullptr;  // leaked on purpose: outlives the interpreter's teardown order
@@ -407,6 +427,7 @@ nb::object to_numpy(const Tensor& t) {
                       " cannot become a NumPy array (NumPy reads host memory); this function returns NumPy "
                       "arrays, so it takes CPU inputs only");
   }
+  check_numpy_dims(t);
   check_numpy_size(t);
   // The capsule owns a reference to the storage; NumPy keeps the capsule.
   nb::capsule owner = storage_owner(t);

@@ -51,7 +51,8 @@ Tensor to_tensor(nb::handle obj, const char* what);
 std::optional<Tensor> to_optional_tensor(nb::handle obj, const char* what);
 
 // A NumPy array viewing `t` (shares memory; writeable=False when t is read-only).
-// DeviceError for a tensor that is not on the CPU.
+// DeviceError for a tensor that is not on the CPU; ShapeError for one with more dims
+// than NumPy takes (numpy_max_dims) or more bytes than it can address.
 nb::object to_numpy(const Tensor& t);
 
 // A tensor on cuda:N as a DLPack array on the device, sharing its memory and keeping
@@ -63,6 +64,9 @@ nb::object to_cuda_array(const Tensor& t, bool torch);
 // A dict {name: array} as tensors (errors name `op` and the key), and back as NumPy arrays.
 std::map<std::string, Tensor> to_tensor_map(nb::handle d, const std::string& op);
 nb::dict to_dict(const std::map<std::string, Tensor>& tensors);
+
+// NumPy's most dims per array (NPY_MAXDIMS: 32 before NumPy 2.0, 64 since).
+int64_t numpy_max_dims();
 
 // numpy, imported once (lazily: importing _qkv does not import numpy).
 nb::module_ numpy();

@@ -290,3 +290,45 @@ class TestErrors:
     def test_unwritable_path_is_os_error(self, tmp_path):
         with pytest.raises(OSError):
             qkv.save(tmp_path / "no" / "such" / "dir.npy", np.zeros(3))
+
+
+def _safetensors_with_dims(path, ndim):
+    header = json.dumps({"x": {"dtype": "F32", "shape": [1] * ndim, "data_offsets": [0, 4]}}).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + np.float32(7).tobytes())
+
+
+def test_a_tensor_with_more_dims_than_numpy_takes_is_a_value_error(tmp_path):
+    """NumPy 2 arrays have at most 64 dims. A 65-dim tensor came back as a 0-d array (shape ()),
+    silently; qkv.inspect still lists it, as it reads no data."""
+    path = tmp_path / "dims65.safetensors"
+    _safetensors_with_dims(path, 65)
+    assert qkv.inspect(path) == [("x", "float32", (1,) * 65)]
+    with pytest.raises(ValueError, match=r"load: .*dims65.safetensors: tensor 'x' has 65 dims; a NumPy array has at most 64"):
+        qkv.load(path)
+    _safetensors_with_dims(path, 64)
+    assert qkv.load(path)["x"].shape == (1,) * 64
+
+
+def test_a_hostile_dim_count_does_not_abort_the_interpreter(tmp_path):
+    """10,000 dims of 1 in a .safetensors header: nanobind's export aborted the process
+    ('Critical nanobind error'); run in a child so that a regression fails this test only."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "dims10000.safetensors"
+    _safetensors_with_dims(path, 10_000)
+    code = (
+        "import sys, qkv\n"
+        "try:\n    qkv.load(sys.argv[1])\nexcept ValueError as e:\n    print(e)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "tensor 'x' has 10000 dims" in result.stdout
+
+
+def test_results_with_more_dims_than_numpy_takes_are_refused():
+    x = np.arange(2.0).reshape((2,) + (1,) * 63)
+    pattern = " ".join(f"a{i}" for i in range(64))
+    assert qkv.rearrange(x, f"{pattern} -> {pattern}").shape == x.shape
+    with pytest.raises(ValueError, match=r"to_numpy: a float64 result with 65 dims cannot become a NumPy array"):
+        qkv.repeat(x, f"{pattern} -> {pattern} z", z=3)
