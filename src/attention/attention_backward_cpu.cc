@@ -16,7 +16,7 @@
 //
 // Threads: a work item is one part of a batch entry: the entry's key tiles dealt round
 // robin to its P parts (part s takes key tiles s, s + P, ...; near-equal work under
-// causal masking too). P is 1 where the entries alone keep the workers busy (backward_parts).
+// causal masking too). P is 1 where the entries alone keep the workers busy (key_tile_parts).
 // An item's worker accumulates its dQ, and the dK and dV of its key tiles, in its own
 // buffers (so no element is written by two threads while the tiles run) and adds them,
 // under one lock, to the gradients once per item: entries that share a k/v head (GQA) or
@@ -267,15 +267,9 @@ void run_item(const Backward<T>& bw, int64_t b, const Part& part, Scratch<T>& sc
   add_item(bw, b, part, sc);
 }
 
-// P, the parts of each entry: 1 where the entries alone keep the workers evenly busy (a
-// multiple of them, or at least 4 entries a worker), else workers / gcd(entries, workers)
-// (one entry on 2 workers: 2 parts; 3 entries: 2 parts, 6 items), at most the key tiles.
-// A part costs its worker a zeroed [Lq, Dk] dQ and the entry's D_i again, and the call
-// (P - 1) [Lq, Dk] additions: small beside its 5 Lq (Lk / P) D tile products.
-inline int64_t backward_parts(int64_t entries, int64_t workers, int64_t key_tiles) {
-  if (workers <= 1 || entries == 0 || entries % workers == 0 || entries >= 4 * workers) return 1;
-  return std::max<int64_t>(1, std::min(workers / std::gcd(entries, workers), key_tiles));
-}
+// P, the parts of each entry: key_tile_parts (flash_tiles.h) over the entries. A part costs
+// its worker a zeroed [Lq, Dk] dQ and the entry's D_i again, and the call (P - 1) [Lq, Dk]
+// additions: small beside its 5 Lq (Lk / P) D tile products.
 
 // The tiles of the backward: the call's own (options.tuning), else QKV_FLASH_TILES,
 // else 256 x 256 (causal: below). Measured with BM_FlashBackward (2 threads, AMD EPYC Zen 4, D = 64,
@@ -330,7 +324,7 @@ AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tenso
   // splits no entry into parts it would only run one after the other (and its result is
   // the one-thread result, whatever set_num_threads says).
   const int64_t threads = detail::in_parallel_region() ? 1 : get_num_threads();
-  const int64_t parts = backward_parts(p.batch_size, threads, (p.lk + f.tiles.bc - 1) / f.tiles.bc);
+  const int64_t parts = key_tile_parts(p.batch_size, threads, (p.lk + f.tiles.bc - 1) / f.tiles.bc);
   std::vector<std::atomic<int64_t>> turn(static_cast<size_t>(parts > 1 ? p.batch_size : 0));
   for (auto& t : turn) t.store(0, std::memory_order_relaxed);
   std::atomic<bool> stop{false};

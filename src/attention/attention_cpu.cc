@@ -389,7 +389,7 @@ Rows<K> item_rows(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t ite
   return r;
 }
 
-// P, the key parts of each item (forward_key_parts; attention_cpu_split.h). 1 under mask
+// P, the key parts of each item (key_tile_parts; flash_tiles.h). 1 under mask
 // modifiers that list the tiles (block masks' candidate tiles, gathered in groups), whose walks
 // the parts would have to cut as well (a window alone is one run of keys: walk, cut), and where
 // the weights are returned: their second pass recomputes every score of the item's rows and
@@ -402,7 +402,7 @@ int64_t key_parts(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t ite
   if ((f.mods.masking && !f.mods.interval) || f.weights || items >= 4 * workers) return 1;
   int64_t longest = 0;  // key tiles of the longest item
   for (int64_t item = 0; item < items; ++item) longest = std::max(longest, walk_tiles(f, item_rows(f, panels, item)));
-  return forward_key_parts(items, workers, longest);
+  return key_tile_parts(items, workers, longest);
 }
 
 // Key part `u` of the call's split items: its tiles of the item's walk into its partial.

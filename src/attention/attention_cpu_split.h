@@ -20,16 +20,6 @@
 
 namespace qkv::attention {
 
-// P, the key parts of each item: 1 where the items alone keep the workers evenly busy (a
-// multiple of them, or at least 4 items a worker), else workers / gcd(items, workers) (one
-// item on 2 workers: 2 parts; 3 items on 2: 2 parts, 6 units; 8 items on 16: 2 parts), at
-// most the key tiles of the longest item (a part is whole key tiles). The backward's rule
-// (attention_backward_cpu.cc, backward_parts) on the forward's items.
-inline int64_t forward_key_parts(int64_t items, int64_t workers, int64_t key_tiles) {
-  if (workers <= 1 || items == 0 || items % workers == 0 || items >= 4 * workers || key_tiles < 2) return 1;
-  return std::min(workers / std::gcd(items, workers), key_tiles);
-}
-
 // Key parts run by the forward so far in this process (a count for the tests: that a call
 // meant to split did).
 inline std::atomic<int64_t>& forward_key_parts_run() {

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <optional>
 
 #include "qkv/attention.h"
@@ -36,6 +37,17 @@ inline int64_t l2_cache_bytes() {
 // Floats of one worker's tiles: q [br, dk], k [bc, dk], v [bc, dv], s [br, bc], o [br, dv].
 inline int64_t flash_working_set(int64_t br, int64_t bc, int64_t dk, int64_t dv) {
   return br * dk + bc * dk + bc * dv + br * bc + br * dv;
+}
+
+// P, the key-tile parts each work item is cut into, for the forward's items (query row tiles
+// of an entry: attention_cpu_split.h) and the backward's (whole entries: attention_backward_cpu.cc):
+// 1 where the items alone keep the workers evenly busy (a multiple of them, or at least 4 items
+// a worker), else workers / gcd(items, workers), so that items * P is a multiple of the workers
+// (one item on 2 workers: 2 parts; 3 items on 2: 2 parts, 6 units; 8 items on 16: 2 parts);
+// at most the key tiles (a part is whole key tiles).
+inline int64_t key_tile_parts(int64_t items, int64_t workers, int64_t key_tiles) {
+  if (workers <= 1 || items == 0 || items % workers == 0 || items >= 4 * workers || key_tiles < 2) return 1;
+  return std::min(workers / std::gcd(items, workers), key_tiles);
 }
 
 // "BRxBC" with both positive, else nullopt (also for null).

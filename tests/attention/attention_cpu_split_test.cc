@@ -6,7 +6,7 @@
 // and bf16/f16 (the narrow output path), with the logsumexp; NaN, Inf and fully masked rows as
 // the reference has them and as the unsplit call does; int8 Q K^T, score modifiers and windows;
 // the paths that stay whole (weights, listed tiles); that the split happens where the rule says
-// (forward_key_parts, and the count of parts run), bit-for-bit repeatability, and interrupts.
+// (key_tile_parts, and the count of parts run), bit-for-bit repeatability, and interrupts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -39,7 +39,7 @@ using test::max_abs_diff;
 int64_t expected_parts(const Config& c, FlashTiles t, int threads) {
   const int64_t br = std::min(t.br, c.lq), bc = std::min(t.bc, c.lk);
   const int64_t longest = c.causal ? std::min(c.lq, c.lk) : c.lk;
-  return attention::forward_key_parts(c.b * c.hq * ((c.lq + br - 1) / br), threads, (longest + bc - 1) / bc);
+  return attention::key_tile_parts(c.b * c.hq * ((c.lq + br - 1) / br), threads, (longest + bc - 1) / bc);
 }
 
 // Few items over several key tiles: one batch entry of 1-3 key heads (GQA groups of 1-2), a
@@ -98,18 +98,18 @@ double finite_max(const Tensor& t) {
 int64_t parts_run() { return attention::forward_key_parts_run().load(); }
 
 TEST(ForwardKeyParts, RuleSplitsOnlyWhereItemsLeaveWorkersIdle) {
-  using attention::forward_key_parts;
-  EXPECT_EQ(forward_key_parts(1, 2, 32), 2);    // one item on 2 workers
-  EXPECT_EQ(forward_key_parts(3, 2, 32), 2);    // 3 on 2: 6 parts, 3 each
-  EXPECT_EQ(forward_key_parts(8, 16, 64), 2);   // chunked prefill: H = 8, one row tile, 16 cores
-  EXPECT_EQ(forward_key_parts(5, 16, 64), 16);  // 80 parts, 5 each
-  EXPECT_EQ(forward_key_parts(6, 4, 64), 2);    // 12 parts, 3 each
-  EXPECT_EQ(forward_key_parts(1, 16, 4), 4);    // at most the key tiles
-  EXPECT_EQ(forward_key_parts(1, 2, 1), 1);     // one key tile: nothing to cut
-  EXPECT_EQ(forward_key_parts(4, 2, 32), 1);    // a multiple of the workers
-  EXPECT_EQ(forward_key_parts(9, 2, 32), 1);    // 4 or more items a worker
-  EXPECT_EQ(forward_key_parts(1, 1, 32), 1);    // one worker
-  EXPECT_EQ(forward_key_parts(0, 2, 32), 1);    // no items
+  using attention::key_tile_parts;
+  EXPECT_EQ(key_tile_parts(1, 2, 32), 2);    // one item on 2 workers
+  EXPECT_EQ(key_tile_parts(3, 2, 32), 2);    // 3 on 2: 6 parts, 3 each
+  EXPECT_EQ(key_tile_parts(8, 16, 64), 2);   // chunked prefill: H = 8, one row tile, 16 cores
+  EXPECT_EQ(key_tile_parts(5, 16, 64), 16);  // 80 parts, 5 each
+  EXPECT_EQ(key_tile_parts(6, 4, 64), 2);    // 12 parts, 3 each
+  EXPECT_EQ(key_tile_parts(1, 16, 4), 4);    // at most the key tiles
+  EXPECT_EQ(key_tile_parts(1, 2, 1), 1);     // one key tile: nothing to cut
+  EXPECT_EQ(key_tile_parts(4, 2, 32), 1);    // a multiple of the workers
+  EXPECT_EQ(key_tile_parts(9, 2, 32), 1);    // 4 or more items a worker
+  EXPECT_EQ(key_tile_parts(1, 1, 32), 1);    // one worker
+  EXPECT_EQ(key_tile_parts(0, 2, 32), 1);    // no items
 }
 
 // Random configurations on 2-4 threads and three tile shapes, each dtype against the float64
