@@ -230,10 +230,12 @@ void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t
   }
   Tensor kr = k;  // [B, Hk, T, D], rotated at each sequence's positions
   if (c.rotary) {
-    std::vector<int64_t> positions;  // [B, T]; rows past counts[b] are not stored: the last stored one's position
+    // [B, T]; rows past counts[b] are not stored: the last stored one's position, or 0 for a
+    // sequence that stores none (its length may lie past the rotary limit: it is not checked then).
+    std::vector<int64_t> positions;
     for (int64_t b = 0; b < c.batch; ++b) {
       const int64_t n = counts.empty() ? t : counts[static_cast<size_t>(b)];
-      for (int64_t j = 0; j < t; ++j) positions.push_back(length(b) + std::min(j, std::max<int64_t>(n - 1, 0)));
+      for (int64_t j = 0; j < t; ++j) positions.push_back(n == 0 ? 0 : length(b) + std::min(j, n - 1));
     }
     const Tensor wide = k.dtype() == DType::f64 ? k : k.to(DType::f32);  // rotated before any rounding
     kr = apply_rotary(wide, rotary_at(*c.rotary, positions, c.batch, t));

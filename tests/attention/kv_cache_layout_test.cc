@@ -409,6 +409,21 @@ TEST(KVCacheWindow, LengthsNearTheInt64LimitAreCheckedNotWrapped) {
                     "decode_attention: sequence 0's queries reach position 9007199254740993, past the rotary limit");
 }
 
+// A sequence that stores no row of an append (counts[b] = 0) has no position to check: its
+// length past the rotary limit did not make another sequence's append fail (the unstored rows
+// were rotated at its length, and apply_rotary refused 2^53 + 5).
+TEST(KVCacheWindow, ASequenceStoringNothingIsNotCheckedForRotaryPositions) {
+  KVCacheConfig rc = config(2, 6, DType::f32, 4);
+  rc.rotary = CacheRotary{};
+  KVCache rotary(rc);
+  rotary.set_length(0, kMaxRotaryPosition + 5);
+  const Tensor k = Tensor::randn({2, 2, 1, 16}, 8), v = Tensor::randn({2, 2, 1, 8}, 9);
+  rotary.append(k, v, {0, 1});
+  EXPECT_EQ(rotary.length(0), kMaxRotaryPosition + 5);
+  EXPECT_EQ(rotary.length(1), 1);
+  EXPECT_THROW_WITH(rotary.append(k, v, {1, 1}), ValueError, "KVCache.append: sequence 0's rotary positions");
+}
+
 // A window wider than any sequence on a cache without one is no window: pos - window overflowed for
 // the queries before a short sequence's first key (pos < 0), and the reference dropped every key.
 TEST(KVCacheWindow, AWindowNearTheInt64LimitIsNoWindow) {
