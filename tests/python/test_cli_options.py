@@ -119,12 +119,32 @@ def test_good_numbers_still_pass(run, tmp_path):
 
 
 def test_name_length_that_is_no_integer(run, tmp_path):
+    """A malformed NAME=LENGTH is a usage error (exit 2), as a malformed --shapes or any
+    numeric option (it exited 1, a runtime error); a length einops rejects stays exit 1."""
     import numpy as np
     np.save(tmp_path / "x.npy", np.ones((2, 2), np.float32))
     for value in ("abc", "99999999999999999999", "2.0"):
         result = run("repeat", "h w -> h w c", tmp_path / "x.npy", "-o", tmp_path / "y.npy", f"c={value}")
-        assert result.returncode == 1
-        assert f"expected NAME=LENGTH with an integer length, got 'c={value}'" in result.stderr
+        assert result.returncode == 2, result.stderr
+        assert f"qkv: usage error: expected NAME=LENGTH with an integer length, got 'c={value}'" in result.stderr
+    result = run("repeat", "h w -> h w c", tmp_path / "x.npy", "-o", tmp_path / "y.npy", "c=-1")
+    assert result.returncode == 1 and "Axis c has a negative length -1" in result.stderr
+    result = run("repeat", "h w -> h w c", "-o", tmp_path / "y.npy", "c=3")
+    assert result.returncode == 2 and "usage error: no input file given" in result.stderr
+
+
+def test_input_paths_with_an_equals_sign_are_files(run, tmp_path):
+    """A sweep's directory such as lr=0.1/ was read as NAME=LENGTH ('expected NAME=LENGTH
+    with an integer length, got .../lr=0.1/x.npy'): an argument whose value is no integer is
+    an input file when that file exists."""
+    import numpy as np
+    (tmp_path / "lr=0.1").mkdir()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.save(tmp_path / "lr=0.1" / "x.npy", x)
+    out = tmp_path / "y.npy"
+    result = run("repeat", "h w -> h w c", tmp_path / "lr=0.1" / "x.npy", "-o", out, "c=2")
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_array_equal(np.load(out), np.repeat(x[..., None], 2, axis=2))
 
 
 def test_inspect_directory_lists_candidates(run, tmp_path):

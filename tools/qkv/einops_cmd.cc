@@ -6,7 +6,9 @@
 //   qkv unpack PATTERN in.npy --shapes '2;3,4;-1' -o a.npy -o b.npy -o c.npy
 //   qkv parse-shape PATTERN in.npy                   (prints {"name": length, ...})
 // Several inputs are stacked on a new first axis (einops' list inputs).
+#include <filesystem>
 #include <iostream>
+#include <system_error>
 
 #include "commands.h"
 #include "qkv/einops.h"
@@ -22,21 +24,32 @@ struct EinopsArgs {
   std::vector<std::string> outs;
 };
 
-// Splits positional arguments into input files and name=length pairs.
+// Whether `a` names an input file: a .npy, .safetensors[:NAME], ... or a TF checkpoint prefix.
+bool is_input_file(const std::string& a) {
+  std::error_code ec;
+  const std::string path = a.find(".safetensors:") != std::string::npos ? a.substr(0, a.rfind(':')) : a;
+  return std::filesystem::exists(path, ec) || std::filesystem::exists(path + ".index", ec);
+}
+
+// Splits positional arguments into input files and name=length pairs. An argument with
+// '=' is NAME=LENGTH when its value is an integer, else an input file when one of that
+// name exists (run=1/x.npy), else a usage error (exit 2, as every malformed number).
 void split_args(const std::vector<std::string>& rest, std::vector<Tensor>* inputs, einops::AxisLengths* lengths) {
   for (const std::string& a : rest) {
     const auto eq = a.find('=');
-    if (eq == std::string::npos) {
-      inputs->push_back(load_tensor(a));
-      continue;
-    }
-    const std::string value = a.substr(eq + 1);
     // Any integer: einops itself judges the length (and says so as einops does).
-    const std::optional<int64_t> n = to_integer(value, std::numeric_limits<int64_t>::min());
-    if (!n) fail<ValueError>("expected NAME=LENGTH with an integer length, got '", a, "'");
-    lengths->emplace_back(a.substr(0, eq), *n);
+    const std::optional<int64_t> n =
+        eq == std::string::npos ? std::nullopt : to_integer(a.substr(eq + 1), std::numeric_limits<int64_t>::min());
+    if (n) {
+      lengths->emplace_back(a.substr(0, eq), *n);
+    } else if (eq == std::string::npos || is_input_file(a)) {
+      inputs->push_back(load_tensor(a));
+    } else {
+      throw CLI::ValidationError("expected NAME=LENGTH with an integer length, got '" + a +
+                                 "' (and no input file has that name)");
+    }
   }
-  if (inputs->empty()) fail<ValueError>("no input file given");
+  if (inputs->empty()) throw CLI::ValidationError("no input file given");
 }
 
 void save_one(const std::string& path, const Tensor& t) { io::save(path, {{"out", einops::materialize(t)}}); }
