@@ -71,9 +71,11 @@ void gemm_reference(const GemmShape& s, float alpha, const float16* a, const flo
 
 // int8 A and B, int32 C = op(A) op(B) exactly (no alpha/beta: quantized callers scale the
 // int32 result themselves, e.g. per token and per channel): oneDNN's s8 matmul (VNNI or
-// AMX where present, AVX2 int8 elsewhere). K <= 131071 so that int32 cannot overflow
-// (ValueError otherwise); other checks as above.
+// AMX where present, AVX2 int8 elsewhere). K <= kGemmInt8MaxDepth so that int32 cannot
+// overflow (ValueError otherwise); other checks as above.
 void gemm(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch = {});
+// The int8 gemm's largest K: 131071 * 128 * 128 < 2^31, no int32 overflow even for -128 * -128.
+inline constexpr int64_t kGemmInt8MaxDepth = 131071;
 // Its oracle: int64 accumulation.
 void gemm_reference(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, const GemmBatch& batch = {});
 // Whether that gemm runs at int8 speed for any int8 B on this CPU (VNNI, AMX). Where false

@@ -142,7 +142,9 @@ void Communicator::all_reduce_sum(const Tensor& tensor) const {
   } catch (const Error&) {
     refused = std::current_exception();
   }
-  const int64_t mine = refused ? -1 : tensor.numel() * 8 + static_cast<int64_t>(tensor.dtype());  // 8 dtypes
+  // The count and the dtype in one int64: the dtype in the low 3 bits (DType has 8 values).
+  static_assert(static_cast<int>(DType::b8) == 7, "a ninth DType needs more bits here");
+  const int64_t mine = refused ? -1 : tensor.numel() * 8 + static_cast<int64_t>(tensor.dtype());
   const std::vector<int64_t> all = all_gather_values(mine);
   if (refused) std::rethrow_exception(refused);
   for (int r = 0; r < size_; ++r) {

@@ -42,9 +42,13 @@ TensorParallelGradients TensorParallelAttention::backward(const Tensor& query, c
     require_cpu("TensorParallelAttention.backward", {&grad_output});
     Shape out_shape = query.shape();
     out_shape.back() = config_.embed_dim;
-    if (grad_output.shape() != out_shape || !is_floating(grad_output.dtype())) {
-      fail<ShapeError>("TensorParallelAttention.backward: grad_output is ", shape_str(grad_output.shape()), " ",
-                       dtype_name(grad_output.dtype()), ", the output ", shape_str(out_shape), " (floating point)");
+    if (!is_floating(grad_output.dtype())) {  // a dtype error, as check_inputs reports query's
+      fail<DTypeError>("TensorParallelAttention.backward: grad_output is ", dtype_name(grad_output.dtype()), " ",
+                       shape_str(grad_output.shape()), "; it must be floating point, as the output");
+    }
+    if (grad_output.shape() != out_shape) {
+      fail<ShapeError>("TensorParallelAttention.backward: grad_output is ", shape_str(grad_output.shape()),
+                       ", the output ", shape_str(out_shape));
     }
   });
   TensorParallelGradients g;

@@ -44,12 +44,11 @@ int int8_weight_bits(int requested, const char* op) {
 
 Linear Linear::quantize_dynamic(int weight_bits) const {
   const int bits = int8_weight_bits(weight_bits, "Linear.quantize_dynamic");
-  // qkv/gemm.h's int8 GEMM takes K <= 131071 (its int32 products cannot overflow): a deeper
-  // layer quantized without a word and then failed at every call with gemm's "k=... is more
-  // than 131071", naming neither the layer nor a way out.
-  constexpr int64_t kMaxInt8Depth = 131071;
-  if (in_ > kMaxInt8Depth) {
-    fail<ValueError>("Linear.quantize_dynamic: in_features ", in_, " is more than ", kMaxInt8Depth,
+  // qkv/gemm.h's int8 GEMM takes K <= kGemmInt8MaxDepth (its int32 products cannot overflow): a
+  // deeper layer quantized without a word and then failed at every call with gemm's "k=... is
+  // more than 131071", naming neither the layer nor a way out.
+  if (in_ > kGemmInt8MaxDepth) {
+    fail<ValueError>("Linear.quantize_dynamic: in_features ", in_, " is more than ", kGemmInt8MaxDepth,
                      ", the depth of the int8 GEMM (its int32 sums could overflow); keep this projection float32");
   }
   // A dynamic layer of these bits is this one; a static one keeps its int8 weights but

@@ -303,7 +303,10 @@ TEST(TensorParallelAttention, WhatTheKernelRefusesFailsOnRanksWithoutHeadsToo) {
   EXPECT_THROW_WITH(layer.forward(x, x, x.slice(0, 0, 4), {}), ShapeError, "key and value of one length");
   EXPECT_THROW_WITH(layer.forward(x, x, x.slice(1, 0, 1), {}), ShapeError, "one batch size");
   EXPECT_THROW_WITH(layer.forward(x, x.slice(1, 0, 1), x.slice(1, 0, 1), {}), ShapeError, "one batch size");
-  EXPECT_THROW_WITH(layer.backward(x, x, x, x.to(DType::i32)), ShapeError, "(floating point)");
+  EXPECT_THROW_WITH(layer.backward(x, x, x, x.to(DType::i32)), DTypeError,
+                    "grad_output is int32 [5, 2, 4]; it must be floating point");
+  EXPECT_THROW_WITH(layer.backward(x, x, x, x.slice(0, 0, 4)), ShapeError,
+                    "grad_output is [4, 2, 4], the output [5, 2, 4]");
   const TensorParallelAttention one =
       TensorParallelAttention::from_projections({e, h, h, e, false}, sd, comm.split(comm.rank(), 0));
   EXPECT_LE(relative_error(layer.forward(x, x, x), one.forward(x, x, x)), kTolerance);  // still in step

@@ -84,10 +84,9 @@ int64_t check_gemm_args(const char* op, const GemmShape& s, double alpha, const 
 }
 
 void check_int8_depth(const char* op, const GemmShape& s, const GemmBatch& batch) {
-  constexpr int64_t kMaxDepth = 131071;  // 131071 * 128 * 128 < 2^31: no int32 overflow, even for -128 * -128
-  if (s.k > kMaxDepth) {
-    fail<ValueError>(op, ": k=", s.k, " is more than ", kMaxDepth, " for int8 operands (int32 C could overflow) for ",
-                     gemm_args_str(s, batch));
+  if (s.k > kGemmInt8MaxDepth) {
+    fail<ValueError>(op, ": k=", s.k, " is more than ", kGemmInt8MaxDepth,
+                     " for int8 operands (int32 C could overflow) for ", gemm_args_str(s, batch));
   }
 }
 
