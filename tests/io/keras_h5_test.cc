@@ -113,6 +113,43 @@ TEST(KerasH5, WriterRoundTripsEveryDtypeHdf5Holds) {
   EXPECT_THROW(save_keras_weights_h5(temp_path("b.weights.h5"), {{"x", Tensor::zeros({2}, DType::bf16)}}), DTypeError);
 }
 
+// A refused save leaves an existing file as it was: the refusal comes before the file is
+// created. A bfloat16 tensor, a dataset that another path needs as a group, '.' and NUL in
+// a path were refused by libhdf5 (or not at all) after the file was truncated, which left
+// the tensors before the refusal in it ('a/b' after 'a': an IOError and a file with 'a'
+// alone); 'a/./b' was written as 'a/b' and 'a\0b' as 'a'.
+TEST(KerasH5, WriterRefusesBeforeTouchingTheFile) {
+  const auto path = temp_path("keep.weights.h5");
+  const Tensor kept = Tensor::arange(3, DType::f32);
+  save_keras_weights_h5(path, {{"w", kept}});
+  const auto refused = [&](const std::map<std::string, Tensor>& tensors) {
+    SCOPED_TRACE(tensors.rbegin()->first);
+    const auto before = read_bytes(path);
+    try {
+      save_keras_weights_h5(path, tensors);
+      ADD_FAILURE() << "not refused";
+    } catch (const Error& e) {  // ValueError, DTypeError for bfloat16
+      EXPECT_TRUE(dynamic_cast<const ValueError*>(&e) || dynamic_cast<const DTypeError*>(&e)) << e.what();
+      EXPECT_NE(std::string(e.what()).find("keep.weights.h5"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(read_bytes(path) == before) << "the existing file changed";
+    EXPECT_THROW((void)serialize_keras_weights_h5(tensors), Error);
+  };
+  const Tensor x = Tensor::ones({2});
+  refused({{"a", x}, {"b", Tensor::zeros({2}, DType::bf16)}});
+  refused({{"a", x}, {"a/b", x}});
+  refused({{"a", x}, {"a/b/c", x}, {"a-b", x}});
+  refused({{"a", x}, {"a/./b", x}});
+  refused({{"a", x}, {".", x}});
+  refused({{"a", x}, {std::string("b\0c", 3), x}});
+  refused({{"a", x}, {"b//c", x}});
+  // '..' is a plain name to HDF5 (no parent links): written and read back as it is.
+  save_keras_weights_h5(path, {{"a/../b", x}, {"a-b", x}});
+  const WeightFile back = load_keras_h5(path);
+  EXPECT_EQ(back.tensors.size(), 2u);
+  EXPECT_EQ(back.tensors.count("a/../b"), 1u);
+}
+
 TEST(KerasH5, RejectsFilesThatAreNotHdf5OrAreTruncated) {
   EXPECT_THROW((void)parse_keras_h5(read_bytes(fixture("seed001", "probe_inputs.npy")), "x.h5"), FormatError);
   const auto h5 = read_bytes(fixture("seed001", "model.weights.h5"));

@@ -68,6 +68,21 @@ TEST(KerasLegacyH5Writer, RoundTripsDtypesScalarsAndEmptyTensors) {
   EXPECT_THROW(save_keras_legacy_h5(path, {{"x/y", {{"kernel", Tensor::ones({1})}}}}), ValueError);
 }
 
+// A refused layer list leaves an existing file as it was (checked before the file is
+// created; a bfloat16 weight truncated the file, then failed in libhdf5's hands).
+TEST(KerasLegacyH5Writer, RefusesBeforeTouchingTheFile) {
+  const auto path = temp_path("keep_legacy.h5");
+  save_keras_legacy_h5(path, {{"a", {{"kernel", Tensor::ones({2})}}}});
+  const auto before = testing::read_bytes(path);
+  const Tensor x = Tensor::ones({2});
+  EXPECT_THROW(save_keras_legacy_h5(path, {{"a", {{"kernel", x}}}, {"b", {{"k", Tensor::ones({2}, DType::bf16)}}}}),
+               DTypeError);
+  EXPECT_THROW(io::save_keras_legacy_h5(path, {{"a", {{"k", x}}}, {"a", {{"k", x}}}}), ValueError);
+  EXPECT_THROW(io::save_keras_legacy_h5(path, {{"a", {{"k", x}, {"k", x}}}}), ValueError);
+  EXPECT_THROW(io::save_keras_legacy_h5(path, {{".", {{"k", x}}}}), ValueError);
+  EXPECT_TRUE(testing::read_bytes(path) == before) << "the existing file changed";
+}
+
 TEST(KerasArchiveWriter, ConfigHasTheLayersKerasWroteForSeed001) {
   const KerasArchive keras = load_keras_archive(fixture("seed001", "model.keras"));
   const LayerWeights layers = keras_layer_weights(keras.weights);

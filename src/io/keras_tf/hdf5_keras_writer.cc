@@ -5,6 +5,8 @@
 // the .keras zip writer.
 #include <algorithm>
 #include <cstring>
+#include <set>
+#include <string_view>
 
 #include "io/keras_tf/hdf5_internal.h"
 #include "qkv/io_keras.h"
@@ -16,6 +18,11 @@ namespace {
 // The tf_keras release whose save_weights layout this follows. tf_keras reads the
 // attribute only to convert files of Keras 1 (a leading "1").
 constexpr const char* kLegacyKerasVersion = "2.21.0";
+
+bool hdf5_holds(DType dt) {
+  return dt == DType::f32 || dt == DType::f64 || dt == DType::i8 || dt == DType::i32 || dt == DType::i64 ||
+         dt == DType::f16 || dt == DType::b8;
+}
 
 hid_t h5_file_type(DType dt, H5Id& owned, const Context& ctx, const std::string& name) {
   switch (dt) {
@@ -63,12 +70,40 @@ void write_dataset(hid_t file, hid_t lcpl, const std::string& name, const Tensor
   }
 }
 
-void check_paths(const std::map<std::string, Tensor>& tensors, const Context& ctx) {
+// Whether HDF5 stores `name` as that path: no empty component ('/a', 'a/', 'a//b'), no
+// '.' component (libhdf5 reads 'a/./b' as 'a/b' and cannot create '.') and no NUL
+// (libhdf5 ends the name there: 'a\0b' was written as 'a').
+bool valid_dataset_path(const std::string& name) {
+  if (name.find('\0') != std::string::npos) return false;
+  size_t begin = 0;
+  while (true) {
+    const size_t end = std::min(name.find('/', begin), name.size());
+    const std::string_view part(name.data() + begin, end - begin);
+    if (part.empty() || part == ".") return false;
+    if (end == name.size()) return true;
+    begin = end + 1;
+  }
+}
+
+// Everything the writer can refuse, before the file is created: a refused save used to
+// truncate an existing file and leave the tensors written before the refusal in it.
+void check_tensors(const std::map<std::string, Tensor>& tensors, const Context& ctx) {
+  std::set<std::string> groups;  // every proper prefix of a path: a group, which no dataset may be
   for (const auto& [name, t] : tensors) {
-    if (name.empty() || name.front() == '/' || name.back() == '/' || name.find("//") != std::string::npos) {
-      fail_at<ValueError>(ctx, "invalid dataset path ", quote_name(name));
+    if (!valid_dataset_path(name)) fail_at<ValueError>(ctx, "invalid dataset path ", quote_name(name));
+    if (!hdf5_holds(t.dtype())) {
+      fail_at<DTypeError>(ctx, "tensor ", quote_name(name), " is ", dtype_name(t.dtype()),
+                          ", which HDF5 weight files cannot hold");
     }
-    (void)t;
+    for (size_t slash = name.find('/'); slash != std::string::npos; slash = name.find('/', slash + 1)) {
+      groups.insert(name.substr(0, slash));
+    }
+  }
+  for (const auto& [name, t] : tensors) {
+    if (groups.count(name) != 0) {
+      fail_at<ValueError>(ctx, "tensor ", quote_name(name), " is a dataset, but another tensor's path (",
+                          quote_name(name + "/..."), ") needs it as a group");
+    }
   }
 }
 
@@ -136,16 +171,30 @@ H5Id create_group(hid_t parent, const std::string& name, const Context& ctx) {
   return g;
 }
 
+// What write_legacy can refuse, checked before the file is created (as check_tensors).
+void check_legacy(const std::vector<LegacyH5Layer>& layers, const Context& ctx) {
+  std::set<std::string> seen;
+  for (const LegacyH5Layer& layer : layers) {
+    if (layer.name.empty() || layer.name.find('/') != std::string::npos || layer.name == "top_level_model_weights" ||
+        !valid_dataset_path(layer.name)) {
+      fail_at<ValueError>(ctx, "invalid layer name ", quote_name(layer.name));
+    }
+    if (!seen.insert(layer.name).second) fail_at<ValueError>(ctx, "two layers are named ", quote_name(layer.name));
+    std::map<std::string, Tensor> weights;  // at their paths in the layer's group
+    for (const auto& [w, t] : layer.weights) {
+      if (!weights.emplace(layer.name + "/" + w + ":0", t).second) {
+        fail_at<ValueError>(ctx, "layer ", quote_name(layer.name), " has two weights named ", quote_name(w));
+      }
+    }
+    check_tensors(weights, ctx);
+  }
+}
+
 // tf_keras' save_weights_to_hdf5_group: root attributes, then one group per layer
 // holding weight_names and the datasets, then an empty top_level_model_weights.
 void write_legacy(hid_t file, const std::vector<LegacyH5Layer>& layers, const Context& ctx) {
   std::vector<std::string> names;
-  for (const LegacyH5Layer& layer : layers) {
-    if (layer.name.empty() || layer.name.find('/') != std::string::npos || layer.name == "top_level_model_weights") {
-      fail_at<ValueError>(ctx, "invalid layer name ", quote_name(layer.name));
-    }
-    names.push_back(layer.name);
-  }
+  for (const LegacyH5Layer& layer : layers) names.push_back(layer.name);
   H5Id root(h5_check(H5Gopen2(file, "/", H5P_DEFAULT), ctx, "root group"));
   write_string_attr(root.get(), "layer_names", names, true, ctx);
   write_string_attr(root.get(), "backend", {"tensorflow"}, false, ctx);
@@ -170,7 +219,7 @@ void write_legacy(hid_t file, const std::vector<LegacyH5Layer>& layers, const Co
 
 void save_keras_weights_h5(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors) {
   const detail::Context ctx{"save_keras_weights_h5", path.string()};
-  detail::check_paths(tensors, ctx);
+  detail::check_tensors(tensors, ctx);
   auto lock = detail::hdf5_lock();
   detail::H5Id file = detail::create_file(path, ctx);
   detail::write_weights(file.get(), tensors, ctx);
@@ -179,7 +228,7 @@ void save_keras_weights_h5(const std::filesystem::path& path, const std::map<std
 
 std::vector<std::byte> serialize_keras_weights_h5(const std::map<std::string, Tensor>& tensors) {
   const detail::Context ctx{"serialize_keras_weights_h5", "<memory>"};
-  detail::check_paths(tensors, ctx);
+  detail::check_tensors(tensors, ctx);
   auto lock = detail::hdf5_lock();
   detail::H5Id file = detail::create_file({}, ctx);
   detail::write_weights(file.get(), tensors, ctx);
@@ -188,6 +237,7 @@ std::vector<std::byte> serialize_keras_weights_h5(const std::map<std::string, Te
 
 void save_keras_legacy_h5(const std::filesystem::path& path, const std::vector<LegacyH5Layer>& layers) {
   const detail::Context ctx{"save_keras_legacy_h5", path.string()};
+  detail::check_legacy(layers, ctx);
   auto lock = detail::hdf5_lock();
   detail::H5Id file = detail::create_file(path, ctx);
   detail::write_legacy(file.get(), layers, ctx);
