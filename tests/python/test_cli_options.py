@@ -281,3 +281,22 @@ def test_convert_layer_order_must_name_the_inputs_layers(run, tmp_path):
     result = run("convert", fixture, out, "--to", "keras", "--format", "tf-keras-h5",
                  "--layer-order", "multi_head_attention")
     assert result.returncode == 0, result.stderr
+
+
+def test_names_from_a_file_reach_the_terminal_without_control_characters(run, tmp_path):
+    """A hostile file's tensor names held ESC sequences and newlines that `qkv inspect` and the
+    'pick one' message printed raw (a recoloured screen, a broken table); now they show as
+    \\xNN, C1 controls (U+009B, CSI) too, while other UTF-8 stays as it is."""
+    names = ["a\nb\x1b[31mRED", "csi\u009b2J", "caf\u00e9"]
+    header = {n: {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]} for i, n in enumerate(names)}
+    raw = json.dumps(header).encode()
+    path = tmp_path / "evil.safetensors"
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(12))
+    listing = run("inspect", path)
+    assert listing.returncode == 0, listing.stderr
+    picked = run("rearrange", "a -> a", path, "-o", tmp_path / "o.npy")
+    assert picked.returncode == 1
+    for text in (listing.stdout, picked.stderr):
+        assert "\x1b" not in text and "\u009b" not in text
+        assert "a\\x0ab\\x1b[31mRED" in text and "csi\\xc2\\x9b2J" in text and "caf\u00e9" in text
+    assert len(listing.stdout.splitlines()) == 2 + len(names)

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <string>
+#include <string_view>
 
 #include "qkv/tensor.h"
 
@@ -51,6 +53,11 @@ std::optional<int64_t> to_integer(const std::string& text, int64_t lo,
                                   int64_t hi = std::numeric_limits<int64_t>::max());
 int64_t parse_integer(const std::string& text, const std::string& what, int64_t lo,
                       int64_t hi = std::numeric_limits<int64_t>::max());
+
+// `text` (a tensor name read from a file) for the terminal: control characters (C0, DEL,
+// and C1 as UTF-8 encodes them) as \xNN, so a hostile file's names cannot move the
+// cursor, recolour the screen or break a table's lines; other UTF-8 is kept (main.cc).
+std::string terminal_safe(std::string_view text);
 
 // The single tensor of a .npy file, or of a .safetensors file holding exactly one
 // (name it as FILE:NAME to pick one of several). FormatError otherwise.

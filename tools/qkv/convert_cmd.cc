@@ -76,7 +76,7 @@ void check_layer_order(const ConvertArgs& a, const std::vector<std::string>& ord
   for (const std::string& name : order) {
     if (layers.count(name)) continue;
     std::string known;
-    for (const auto& [layer, w] : layers) known += (known.empty() ? "" : ", ") + layer;
+    for (const auto& [layer, w] : layers) known += (known.empty() ? "" : ", ") + terminal_safe(layer);
     fail<ValueError>("convert: --layer-order names '", name, "', which is not a layer of ", a.in,
                      " (its layers: ", known, ")");
   }
@@ -170,7 +170,7 @@ std::map<std::string, Tensor> write_same(const ConvertArgs& a, const std::string
     const bool aliased = !e.optimizer && e.key.starts_with("optimizer/") && !e.name.empty() && e.name != e.key;
     const std::string key = aliased ? e.name : e.key;
     if (!out.emplace(key, t->second).second)
-      fail<ValueError>("convert --to same: ", a.in, ": two variables named ", key);
+      fail<ValueError>("convert --to same: ", a.in, ": two variables named ", terminal_safe(key));
     names[key] = e.name;
   }
   // A model_weights group makes any .h5 a tf.keras model file to Keras and to qkv's reader.
@@ -230,7 +230,7 @@ void run_convert(const ConvertArgs& a) {
   }
   std::cout << a.in << " -> " << a.out << " (" << a.to << " layout, " << format << "): " << out.size() << " tensors\n";
   for (const auto& [k, t] : out)
-    std::cout << "  " << k << "  " << dtype_name(t.dtype()) << "  " << shape_str(t.shape()) << "\n";
+    std::cout << "  " << terminal_safe(k) << "  " << dtype_name(t.dtype()) << "  " << shape_str(t.shape()) << "\n";
 }
 
 }  // namespace

@@ -50,9 +50,12 @@ bool is_plain_tensor_file(const std::string& path) {
 
 // key, dtype, shape, the variable's name where it differs from the key, "optimizer" marks.
 void run_inspect_weights(const std::string& path) {
-  const auto entries = io::inspect_weights(path);
+  auto entries = io::inspect_weights(path);
   size_t key_width = 3, dtype_width = 5, shape_width = 5, optimizer = 0;
-  for (const auto& e : entries) {
+  for (auto& e : entries) {  // names from the file, shown without their control characters
+    e.key = terminal_safe(e.key);
+    e.name = terminal_safe(e.name);
+    e.dtype = terminal_safe(e.dtype);
     key_width = std::max(key_width, e.key.size());
     dtype_width = std::max(dtype_width, e.dtype.size());
     shape_width = std::max(shape_width, shape_str(e.shape).size());
@@ -75,9 +78,11 @@ void run_inspect(const std::string& path) {
     run_inspect_weights(path);
     return;
   }
-  const auto infos = io::inspect(path);
+  auto infos = io::inspect(path);
   size_t name_width = 4, dtype_width = 5;
-  for (const auto& t : infos) {
+  for (auto& t : infos) {  // names from the file, shown without their control characters
+    t.name = terminal_safe(t.name);
+    t.dtype = terminal_safe(t.dtype);
     name_width = std::max(name_width, t.name.size());
     dtype_width = std::max(dtype_width, t.dtype.size());
   }

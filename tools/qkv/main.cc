@@ -16,6 +16,24 @@
 
 namespace qkv::cli {
 
+std::string terminal_safe(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    // C1 controls U+0080..U+009F are 0xc2 0x80..0x9f in UTF-8.
+    const bool c1 = c == 0xc2 && i + 1 < text.size() && (static_cast<unsigned char>(text[i + 1]) & 0xe0) == 0x80;
+    if (c >= 0x20 && c != 0x7f && !c1) {
+      out += text[i];
+      continue;
+    }
+    const auto escape = [&](unsigned char b) { out += {'\\', 'x', kHex[b >> 4], kHex[b & 15]}; };
+    escape(c);
+    if (c1) escape(static_cast<unsigned char>(text[++i]));
+  }
+  return out;
+}
+
 namespace {
 
 // FILE or FILE.safetensors:NAME -> {path, name}.
@@ -31,12 +49,12 @@ std::pair<std::string, std::string> split_spec(const std::string& spec) {
 size_t pick(const std::string& path, const std::string& name, const std::vector<std::string>& names) {
   if (!name.empty()) {
     const auto it = std::find(names.begin(), names.end(), name);
-    if (it == names.end()) fail<ValueError>(path, ": no tensor named '", name, "'");
+    if (it == names.end()) fail<ValueError>(path, ": no tensor named '", terminal_safe(name), "'");
     return static_cast<size_t>(it - names.begin());
   }
   if (names.size() != 1) {
     std::string list;
-    for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+    for (const std::string& n : names) list += (list.empty() ? "" : ", ") + terminal_safe(n);
     fail<ValueError>(path, ": holds ", names.size(), " tensors (", list, "); pick one as ", path, ":NAME");
   }
   return 0;
