@@ -36,7 +36,9 @@ struct Image {
   std::array<uint8_t, 3> pixel(int64_t x, int64_t y) const;
 };
 
-// Weights [..., Lq, Lk] (any floating or bool dtype) as an image.
+// Weights [..., Lq, Lk] (any floating or bool dtype) as an image. ValueError for an image
+// more than 10^6 pixels wide or tall (libpng's limit: a smaller cell), OutOfMemoryError
+// for one past the allocation limit (qkv/size.h), both before any pixel is allocated.
 Image render_heatmap(const Tensor& weights, const HeatmapOptions& options = {});
 // render_heatmap, written as an 8-bit RGB PNG.
 void write_heatmap_png(const std::filesystem::path& path, const Tensor& weights, const HeatmapOptions& options = {});

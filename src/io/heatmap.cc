@@ -5,6 +5,7 @@
 
 #include "qkv/error.h"
 #include "qkv/heatmap.h"
+#include "qkv/size.h"
 
 namespace qkv::io {
 
@@ -112,6 +113,24 @@ std::array<uint8_t, 3> viridis(double t) {
   return c;
 }
 
+namespace {
+
+// One side of the image: the labels' margin plus n cells, at most libpng's 10^6 pixels
+// (its default user limit; above it png_set_IHDR failed with 'Invalid IHDR data', and
+// a larger --cell ran out of memory first, 'std::bad_alloc').
+int64_t image_side(int64_t margin, int64_t n, int64_t cell, const char* side, int64_t lq, int64_t lk) {
+  constexpr int64_t kMaxSide = 1'000'000;
+  int64_t pixels = 0;
+  if (__builtin_mul_overflow(n, cell, &pixels) || __builtin_add_overflow(pixels, margin, &pixels) ||
+      pixels > kMaxSide) {
+    fail<ValueError>("heatmap: ", lq, " x ", lk, " cells of ", cell, " pixels make an image more than ", kMaxSide,
+                     " pixels ", side, " (PNG writers' limit); give a smaller cell size (--cell)");
+  }
+  return std::max<int64_t>(pixels, 1);
+}
+
+}  // namespace
+
 Image render_heatmap(const Tensor& weights, const HeatmapOptions& o) {
   int64_t lq = 0, lk = 0;
   const std::vector<double> v = slice_values(weights, o, lq, lk);
@@ -127,8 +146,13 @@ Image render_heatmap(const Tensor& weights, const HeatmapOptions& o) {
   }
   if (vmax <= 0.0) vmax = 1.0;
   Image im;
-  im.width = std::max<int64_t>(left + lk * cell, 1), im.height = std::max<int64_t>(top + lq * cell, 1);
-  im.rgb.assign(static_cast<size_t>(im.width * im.height * 3), 255);
+  im.width = image_side(left, lk, cell, "wide", lq, lk);
+  im.height = image_side(top, lq, cell, "tall", lq, lk);
+  const auto nbytes = static_cast<size_t>(im.width) * static_cast<size_t>(im.height) * 3;  // each side <= 10^6
+  check_alloc_bytes(nbytes,
+                    "image of " + std::to_string(im.width) + " x " + std::to_string(im.height) + " pixels (RGB)",
+                    "render_heatmap");
+  im.rgb.assign(nbytes, 255);
   Canvas cv{im};
   for (int64_t i = 0; i < lq; ++i) {
     for (int64_t j = 0; j < lk; ++j) {

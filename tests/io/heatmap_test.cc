@@ -8,6 +8,7 @@
 
 #include "common/expect.h"
 #include "qkv/heatmap.h"
+#include "qkv/size.h"
 
 namespace qkv::io {
 namespace {
@@ -86,6 +87,27 @@ TEST(Heatmap, PngRoundTripsThroughLibpng) {
   std::filesystem::remove(path);
   EXPECT_THROW_WITH(write_heatmap_png("/nonexistent-dir/x.png", w), IOError, "write_png: cannot write");
   EXPECT_THROW_WITH(read_png("/nonexistent-dir/x.png"), IOError, "read_png: cannot read");
+}
+
+// An image wider or taller than libpng writes (10^6 pixels) is a ValueError naming the
+// cells and --cell, before any pixel is allocated: 1 x 200000 cells of 6 pixels failed in
+// libpng ('write_png: ... Invalid IHDR data'), of 256 pixels with std::bad_alloc.
+TEST(Heatmap, ImagesPastPngsLimitAreRefusedByTheirSize) {
+  const Tensor wide = Tensor::ones({1, 200000});
+  HeatmapOptions o;
+  o.labels = false;
+  o.cell = 5;  // 10^6 pixels exactly: written
+  EXPECT_EQ(render_heatmap(wide, o).width, 1'000'000);
+  for (const int64_t cell : {6, 256}) {
+    o.cell = cell;
+    EXPECT_THROW_WITH((void)render_heatmap(wide, o), ValueError, "heatmap: 1 x 200000 cells of");
+    EXPECT_THROW_WITH((void)render_heatmap(wide.reshape({200000, 1}), o), ValueError, "pixels tall");
+  }
+  o.cell = 256;  // 2000 x 2000 cells: sides within the limit, bytes past the allocation limit
+  set_max_alloc_bytes(size_t{1} << 30);
+  EXPECT_THROW_WITH((void)render_heatmap(Tensor::ones({2000, 2000}), o), OutOfMemoryError,
+                    "render_heatmap: image of 512000 x 512000 pixels");
+  set_max_alloc_bytes(std::nullopt);
 }
 
 }  // namespace
