@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is optional for qkv: `make test-torch` runs these tests")
 qt = pytest.importorskip("qkv.torch")
+import qkv  # noqa: E402  (after the optional torch)
 
 F = torch.nn.functional
 
@@ -301,3 +302,18 @@ def test_training_with_qkv_gives_torchs_loss_curve(kind):
     assert ref_losses[-1] < 0.7 * ref_losses[0]  # the model learns
     for step, (a, b) in enumerate(zip(losses, ref_losses)):
         assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: qkv {a} vs torch {b}"
+
+
+# Moved from test_py_interop.py (DLPack input from real torch tensors; make test-torch runs them).
+def test_real_torch_negative_bit_views_are_resolved():
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    imag = z.conj().imag  # a view with torch's negative bit: [-2, 4]
+    assert imag.is_neg()
+    out = qkv.rearrange(imag, "n -> n")
+    assert torch.equal(out, torch.tensor([-2.0, 4.0]))
+
+
+def test_real_torch_float8_is_refused_by_its_name():
+    """DLPack 1.1's float8 codes were printed as 'dtype code 108' (code 10, then the bits)."""
+    with pytest.raises(TypeError, match=r"_roundtrip: dtype float8_e4m3fn is not supported"):
+        qkv._qkv._roundtrip(torch.ones(3).to(torch.float8_e4m3fn))
