@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <type_traits>
 #include <vector>
 
 #include "dist/internal.h"
@@ -142,17 +143,18 @@ void Communicator::all_reduce_sum(const Tensor& tensor) const {
   } catch (const Error&) {
     refused = std::current_exception();
   }
-  // The count and the dtype in one int64: the dtype in the low 3 bits (DType has 8 values).
-  static_assert(static_cast<int>(DType::b8) == 7, "a ninth DType needs more bits here");
-  const int64_t mine = refused ? -1 : tensor.numel() * 8 + static_cast<int64_t>(tensor.dtype());
+  // The count and the dtype in one int64: the dtype in the low 8 bits, which hold any DType (its
+  // underlying type is uint8_t); a count fits the other 55 (the allocation limit keeps it far below).
+  static_assert(std::is_same_v<std::underlying_type_t<DType>, uint8_t>, "the dtype needs more bits here");
+  const int64_t mine = refused ? -1 : tensor.numel() * 256 + static_cast<int64_t>(tensor.dtype());
   const std::vector<int64_t> all = all_gather_values(mine);
   if (refused) std::rethrow_exception(refused);
   for (int r = 0; r < size_; ++r) {
     const int64_t theirs = all[static_cast<size_t>(r)];
     if (theirs == -1) fail<CommunicationError>(what, ": rank ", r, " refused its tensor (its error says why)");
     if (theirs != mine) {
-      fail<CommunicationError>(what, ": rank ", r, " has ", theirs / 8, " elements of ",
-                               dtype_name(static_cast<DType>(theirs % 8)), ", this rank ", tensor.numel(), " of ",
+      fail<CommunicationError>(what, ": rank ", r, " has ", theirs / 256, " elements of ",
+                               dtype_name(static_cast<DType>(theirs % 256)), ", this rank ", tensor.numel(), " of ",
                                dtype_name(tensor.dtype()));
     }
   }
