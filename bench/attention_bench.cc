@@ -30,12 +30,12 @@ using qkv::attention_flops;
 
 // state.range: B, H, L, D, causal; BM_Flash64 / BM_FlashBf16 / BM_FlashF16 run the
 // same in float64 / bfloat16 / float16.
-void flash(benchmark::State& state, qkv::DType dtype) {
-  const int64_t b = state.range(0), h = state.range(1), l = state.range(2), d = state.range(3);
-  const bool causal = state.range(4) != 0;
-  const qkv::Tensor q = qkv::Tensor::randn({b, h, l, d}, 1).to(dtype);  // [B, H, L, D]
-  const qkv::Tensor k = qkv::Tensor::randn({b, h, l, d}, 2).to(dtype);
-  const qkv::Tensor v = qkv::Tensor::randn({b, h, l, d}, 3).to(dtype);
+// The timed loop of the fused forward over q [B, H, Lq, D] and k, v [B, H, Lk, D] in `dtype`.
+void flash_loop(benchmark::State& state, int64_t b, int64_t h, int64_t lq, int64_t lk, int64_t d, bool causal,
+                qkv::DType dtype) {
+  const qkv::Tensor q = qkv::Tensor::randn({b, h, lq, d}, 1).to(dtype);  // [B, H, Lq, D]
+  const qkv::Tensor k = qkv::Tensor::randn({b, h, lk, d}, 2).to(dtype);  // [B, H, Lk, D]
+  const qkv::Tensor v = qkv::Tensor::randn({b, h, lk, d}, 3).to(dtype);
   qkv::AttentionOptions o;
   o.is_causal = causal;
   for (auto _ : state) {
@@ -43,7 +43,11 @@ void flash(benchmark::State& state, qkv::DType dtype) {
     benchmark::DoNotOptimize(r.output.raw_data());
   }
   state.counters["flops"] =
-      benchmark::Counter(attention_flops(b, h, l, d, causal), benchmark::Counter::kIsIterationInvariantRate);
+      benchmark::Counter(attention_flops(b, h, lq, lk, d, causal), benchmark::Counter::kIsIterationInvariantRate);
+}
+void flash(benchmark::State& state, qkv::DType dtype) {
+  const int64_t b = state.range(0), h = state.range(1), l = state.range(2), d = state.range(3);
+  flash_loop(state, b, h, l, l, d, state.range(4) != 0, dtype);
 }
 void BM_Flash(benchmark::State& state) { flash(state, qkv::DType::f32); }
 void BM_Flash64(benchmark::State& state) { flash(state, qkv::DType::f64); }
@@ -76,18 +80,8 @@ BENCHMARK(BM_FlashF16)->Apply(issue6_shapes)->Unit(benchmark::kMillisecond)->Use
 // items, fewer than the workers or not a multiple of them, so that each item's keys are cut
 // into parts (attention_cpu_split.h). state.range: B, H, Lq, Lk, D, causal.
 void BM_FlashLongKeys(benchmark::State& state) {
-  const int64_t b = state.range(0), h = state.range(1), lq = state.range(2), lk = state.range(3), d = state.range(4);
-  const bool causal = state.range(5) != 0;
-  const qkv::Tensor q = qkv::Tensor::randn({b, h, lq, d}, 1);  // [B, H, Lq, D]
-  const qkv::Tensor k = qkv::Tensor::randn({b, h, lk, d}, 2), v = qkv::Tensor::randn({b, h, lk, d}, 3);
-  qkv::AttentionOptions o;
-  o.is_causal = causal;
-  for (auto _ : state) {
-    qkv::AttentionResult r = qkv::scaled_dot_product_attention(q, k, v, o);
-    benchmark::DoNotOptimize(r.output.raw_data());
-  }
-  state.counters["flops"] =
-      benchmark::Counter(attention_flops(b, h, lq, lk, d, causal), benchmark::Counter::kIsIterationInvariantRate);
+  flash_loop(state, state.range(0), state.range(1), state.range(2), state.range(3), state.range(4), state.range(5) != 0,
+             qkv::DType::f32);
 }
 BENCHMARK(BM_FlashLongKeys)
     ->ArgNames({"B", "H", "Lq", "Lk", "D", "causal"})
