@@ -12,8 +12,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <utility>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dist/internal.h"

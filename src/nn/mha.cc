@@ -138,7 +138,8 @@ void MultiheadAttention::load_state_dict(const std::map<std::string, Tensor>& st
   // the attention of value_proj(v)): with new weights they clip or waste the int8 range without
   // a word. torch.ao refuses float weights into a converted module too (KeyError 'scale').
   if (static_scales_) {
-    fail<ValueError>(kOp, ".load_state_dict: the layer is statically quantized, and its activation scales were "
+    fail<ValueError>(kOp,
+                     ".load_state_dict: the layer is statically quantized, and its activation scales were "
                      "calibrated with the weights it has; new weights need new scales: load them into a float32 "
                      "layer and call quantize_static(batches) again (or quantize_dynamic, which needs no "
                      "calibration); a saved quantized layer loads with from_quantized_state_dict");

@@ -39,7 +39,8 @@ Tensor load(const std::map<std::string, Tensor>& sd, const std::string& layer, c
 int64_t sizes_product(const char* layer, const char* what, int64_t a, int64_t b, int64_t c = 1) {
   const std::optional<int64_t> ab = checked_mul(a, b);
   const std::optional<int64_t> abc = ab ? checked_mul(*ab, c) : std::nullopt;
-  if (!abc) fail<ValueError>(layer, ": ", what, " (", a, " * ", b, c == 1 ? "" : " * " + std::to_string(c), ") passes 2^62");
+  if (!abc)
+    fail<ValueError>(layer, ": ", what, " (", a, " * ", b, c == 1 ? "" : " * " + std::to_string(c), ") passes 2^62");
   return *abc;
 }
 
@@ -215,9 +216,9 @@ LazyMultiHeadAttention::LazyMultiHeadAttention(int64_t hidden, int64_t heads, ui
 }
 
 void LazyMultiHeadAttention::load_state_dict(const std::map<std::string, Tensor>& sd) {
-  no_unexpected_keys(sd, kLazy,
-                     {"W_q.weight", "W_q.bias", "W_k.weight", "W_k.bias", "W_v.weight", "W_v.bias", "W_o.weight",
-                      "W_o.bias"});
+  no_unexpected_keys(
+      sd, kLazy,
+      {"W_q.weight", "W_q.bias", "W_k.weight", "W_k.bias", "W_v.weight", "W_v.bias", "W_o.weight", "W_o.bias"});
   std::map<std::string, Tensor> next;
   for (const char* name : kLazyNames) {
     const std::string w = std::string(name) + ".weight", b = std::string(name) + ".bias";

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
@@ -12,7 +13,9 @@
 #include "attention/flash_tiles.h"
 #include "attention/problem.h"
 #include "common/expect.h"
+#include "kernels/cpu/aligned_vector.h"
 #include "qkv/attention.h"
+#include "qkv/attention_flops.h"
 
 namespace qkv {
 namespace {
@@ -22,6 +25,35 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   double m = 0;
   for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::fabs(x[i] - y[i]));
   return m;
+}
+
+// attention_flops against a brute-force count of the unmasked (query, key) pairs, top-left causal:
+// Lq < Lk, Lq = Lk and Lq > Lk (rows past Lk see every key).
+TEST(AttentionFlops, CountsTheUnmaskedPairs) {
+  for (int64_t lq : {1, 3, 7, 16}) {
+    for (int64_t lk : {1, 4, 7, 20}) {
+      for (bool causal : {false, true}) {
+        int64_t pairs = 0;
+        for (int64_t i = 0; i < lq; ++i) {
+          for (int64_t j = 0; j < lk; ++j) pairs += (!causal || j <= i) ? 1 : 0;
+        }
+        EXPECT_EQ(attention_flops(2, 3, lq, lk, 5, causal), 4.0 * 2 * 3 * 5 * static_cast<double>(pairs))
+            << lq << " x " << lk << (causal ? " causal" : "");
+      }
+    }
+  }
+  EXPECT_EQ(attention_flops(1, 2, 6, 8, true), attention_flops(1, 2, 6, 6, 8, true));  // the Lq = Lk form
+}
+
+// kernels::AlignedVector's one promise: data() on a 64-byte boundary, at sizes std::vector's
+// allocator leaves 16 or 48 bytes into a line (glibc), and after a resize.
+TEST(AlignedVector, DataIsCacheLineAligned) {
+  for (size_t n : {size_t{1}, size_t{1000}, size_t{32768}, size_t{1} << 20}) {
+    kernels::AlignedVector<float> v(n);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % 64, 0u) << n;
+    v.resize(3 * n + 1);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % 64, 0u) << n;
+  }
 }
 
 TEST(FlashTiles, ParsesBrXBcAndRejectsTheRest) {

@@ -99,7 +99,8 @@ TEST(MultiheadAttentionQuantizedState, StaticLayerRefusesNewFloatWeights) {
   MultiheadAttention s = f.quantize_static({{x, x, x}});
   const auto before = s.forward(x, x, x).output.to_vector<float>();
   const float stale = s.quantized_state_dict().at("activation_scales").to_vector<float>()[3];
-  const float fresh = g.quantize_static({{x, x, x}}).quantized_state_dict().at("activation_scales").to_vector<float>()[3];
+  const float fresh =
+      g.quantize_static({{x, x, x}}).quantized_state_dict().at("activation_scales").to_vector<float>()[3];
   EXPECT_GT(fresh, 2.0f * stale);  // why the old scales cannot stay
   EXPECT_THROW_WITH(s.load_state_dict(big), ValueError,
                     "MultiheadAttention.load_state_dict: the layer is statically quantized, and its activation "
@@ -138,9 +139,9 @@ TEST(MultiheadAttentionQuantizedState, Errors) {
                       "MultiheadAttention.from_quantized_state_dict: 'out_proj.weight.scale'[3] must be >= 0 and "
                       "finite");
   }
-  auto acts = layer.quantize_static({{Tensor::randn({3, 2, 8}, 1), Tensor::randn({3, 2, 8}, 1),
-                                      Tensor::randn({3, 2, 8}, 1)}})
-                  .quantized_state_dict();
+  auto acts =
+      layer.quantize_static({{Tensor::randn({3, 2, 8}, 1), Tensor::randn({3, 2, 8}, 1), Tensor::randn({3, 2, 8}, 1)}})
+          .quantized_state_dict();
   acts.at("activation_scales") = Tensor::from_vector<float>({1, 1, -1, 1}, {4});
   EXPECT_THROW_WITH(MultiheadAttention::from_quantized_state_dict(c, acts), ValueError,
                     "from_quantized_state_dict: activation_scales must be positive and finite, got -1");

@@ -114,9 +114,9 @@ TEST(SeedLayers, LoadStateDictRefusesUnexpectedKeysAndKeepsTheLayerOnErrors) {
   const auto old = m.state_dict();
   const Tensor x = Tensor::randn({2, 6, 16}, 1);
   const auto before = m.forward(x).to_vector<float>();
-  EXPECT_THROW_WITH(m.load_state_dict({{"to_qvk.weight", Tensor::randn({48, 16}, 2)},
-                                       {"W_0.weight", Tensor::randn({16, 15}, 3)}}),
-                    qkv::ShapeError, "W_0.weight");
+  EXPECT_THROW_WITH(
+      m.load_state_dict({{"to_qvk.weight", Tensor::randn({48, 16}, 2)}, {"W_0.weight", Tensor::randn({16, 15}, 3)}}),
+      qkv::ShapeError, "W_0.weight");
   EXPECT_EQ(m.state_dict().at("to_qvk.weight").to_vector<float>(), old.at("to_qvk.weight").to_vector<float>());
   EXPECT_EQ(m.forward(x).to_vector<float>(), before);
 }

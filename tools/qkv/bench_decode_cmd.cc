@@ -39,7 +39,7 @@ void bench_one(const DecodeArgs& a, int64_t len) {
   const int64_t from = a.window > 0 ? std::max<int64_t>(0, len - c.capacity) : 0;
   for (int64_t b = 0; b < a.batch && from > 0; ++b) cache.set_length(b, from);
   for (int64_t at = from, n = 0; at < len; at += n) {  // filled in slices: the random tensors stay small
-    n = std::min<int64_t>(4096, len - at);  // at + n <= len: no overflow at --cache-len 2^63 - 1
+    n = std::min<int64_t>(4096, len - at);             // at + n <= len: no overflow at --cache-len 2^63 - 1
     cache.append(Tensor::randn({a.batch, a.kv_heads, n, a.head_dim}, static_cast<uint64_t>(at)),
                  Tensor::randn({a.batch, a.kv_heads, n, a.head_dim}, static_cast<uint64_t>(at) + 1));
   }
