@@ -267,10 +267,6 @@ void run_item(const Backward<T>& bw, int64_t b, const Part& part, Scratch<T>& sc
   add_item(bw, b, part, sc);
 }
 
-// P, the parts of each entry: key_tile_parts (flash_tiles.h) over the entries. A part costs
-// its worker a zeroed [Lq, Dk] dQ and the entry's D_i again, and the call (P - 1) [Lq, Dk]
-// additions: small beside its 5 Lq (Lk / P) D tile products.
-
 // The tiles of the backward: the call's own (options.tuning), else QKV_FLASH_TILES,
 // else 256 x 256 (causal: below). Measured with BM_FlashBackward (2 threads, AMD EPYC Zen 4, D = 64,
 // two sweeps each, GFLOP/s): 64x128 100-104 at (4, 8, 1024, 64), 128x128 123-132,
@@ -324,6 +320,9 @@ AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tenso
   // splits no entry into parts it would only run one after the other (and its result is
   // the one-thread result, whatever set_num_threads says).
   const int64_t threads = detail::in_parallel_region() ? 1 : get_num_threads();
+  // P, the parts of each entry (key_tile_parts, flash_tiles.h). A part costs its worker a zeroed
+  // [Lq, Dk] dQ and the entry's D_i again, and the call (P - 1) [Lq, Dk] additions: small beside
+  // its 5 Lq (Lk / P) D tile products.
   const int64_t parts = key_tile_parts(p.batch_size, threads, (p.lk + f.tiles.bc - 1) / f.tiles.bc);
   std::vector<std::atomic<int64_t>> turn(static_cast<size_t>(parts > 1 ? p.batch_size : 0));
   for (auto& t : turn) t.store(0, std::memory_order_relaxed);
