@@ -42,13 +42,15 @@ int int8_weight_bits(int requested, const char* op) {
   return gemm_int8_full_range() ? 8 : 7;
 }
 
-Linear Linear::quantize_dynamic(int weight_bits) const {
-  const int bits = int8_weight_bits(weight_bits, "Linear.quantize_dynamic");
+Linear Linear::quantize_dynamic(int weight_bits) const { return quantized_as(weight_bits, "Linear.quantize_dynamic"); }
+
+Linear Linear::quantized_as(int weight_bits, const char* op) const {
+  const int bits = int8_weight_bits(weight_bits, op);
   // qkv/gemm.h's int8 GEMM takes K <= kGemmInt8MaxDepth (its int32 products cannot overflow): a
   // deeper layer quantized without a word and then failed at every call with gemm's "k=... is
   // more than 131071", naming neither the layer nor a way out.
   if (in_ > kGemmInt8MaxDepth) {
-    fail<ValueError>("Linear.quantize_dynamic: in_features ", in_, " is more than ", kGemmInt8MaxDepth,
+    fail<ValueError>(op, ": in_features ", in_, " is more than ", kGemmInt8MaxDepth,
                      ", the depth of the int8 GEMM (its int32 sums could overflow); keep this projection float32");
   }
   // A dynamic layer of these bits is this one; a static one keeps its int8 weights but
@@ -82,7 +84,7 @@ Linear Linear::quantize_static(float activation_scale, int weight_bits) const {
   if (!(activation_scale > 0.0f) || !std::isfinite(activation_scale)) {
     fail<ValueError>("Linear: quantize_static needs a positive finite activation scale, got ", activation_scale);
   }
-  Linear l = quantize_dynamic(weight_bits);
+  Linear l = quantized_as(weight_bits, "Linear.quantize_static");
   auto q = std::make_shared<Int8Weight>(*l.quant_);
   q->activation_scale = activation_scale;
   l.quant_ = std::move(q);

@@ -317,7 +317,7 @@ TEST(LinearQuantized, InFeaturesPastTheInt8DepthAreRefusedWhenQuantizing) {
   const Linear deep = Linear::torch(Tensor::ones({1, 131072}), std::nullopt);
   EXPECT_THROW_WITH(deep.quantize_dynamic(), ValueError,
                     "Linear.quantize_dynamic: in_features 131072 is more than 131071, the depth of the int8 GEMM");
-  EXPECT_THROW_WITH(deep.quantize_static(1.0f), ValueError, "Linear.quantize_dynamic: in_features 131072");
+  EXPECT_THROW_WITH(deep.quantize_static(1.0f), ValueError, "Linear.quantize_static: in_features 131072");
   const Linear ok = Linear::torch(Tensor::ones({1, 131071}), std::nullopt);
   EXPECT_FLOAT_EQ(ok.quantize_dynamic(8).forward(Tensor::ones({1, 131071})).to_vector<float>()[0], 131071.0f);
 }

@@ -116,6 +116,8 @@ class Linear {
     int bits = 8;                // 7: every value in [-63, 63] (gemm_int8_narrow_b)
   };
   Tensor forward_int8(const Tensor& x) const;
+  // quantize_dynamic's work, its errors naming `op` (quantize_dynamic or quantize_static).
+  Linear quantized_as(int weight_bits, const char* op) const;
 
   std::shared_ptr<const Int8Weight> quant_;  // set by quantize_dynamic (shared by copies)
   Tensor weight_;                            // [out, in] when transposed_, else [in, out]; rows contiguous
