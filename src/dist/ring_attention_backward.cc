@@ -54,10 +54,13 @@ void check_saved(const Tensor& q, const Tensor& v, const Tensor& out, const Tens
   Shape ls = q.shape();
   ls.pop_back();
   const Shape os = with_last2(q, q.size(-2), v.size(-1));
-  if (out.shape() != os || grad_out.shape() != os || lse.shape() != ls || out.dtype() != DType::f32 ||
-      grad_out.dtype() != DType::f32 || lse.dtype() != DType::f32) {
+  if (out.dtype() != DType::f32 || grad_out.dtype() != DType::f32 || lse.dtype() != DType::f32) {
+    fail<DTypeError>("ring_attention_backward: out, grad_out and logsumexp must be float32, got ",
+                     dtype_name(out.dtype()), ", ", dtype_name(grad_out.dtype()), ", ", dtype_name(lse.dtype()));
+  }
+  if (out.shape() != os || grad_out.shape() != os || lse.shape() != ls) {
     fail<ShapeError>("ring_attention_backward: out ", shape_str(out.shape()), ", grad_out ",
-                     shape_str(grad_out.shape()), ", logsumexp ", shape_str(lse.shape()), " (float32) for q ",
+                     shape_str(grad_out.shape()), ", logsumexp ", shape_str(lse.shape()), " for q ",
                      shape_str(q.shape()), " and v ", shape_str(v.shape()), ": want ", shape_str(os), ", ",
                      shape_str(os), ", ", shape_str(ls));
   }

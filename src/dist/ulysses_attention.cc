@@ -65,9 +65,15 @@ Tensor repeat_heads(const Tensor& k, int64_t g) {
 void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const UlyssesAttentionOptions& options) {
   require_cpu("ulysses_attention", {&q, &k, &v, options.attn_mask ? &*options.attn_mask : nullptr});  // host memory
   for (const Tensor* t : {&q, &k, &v}) {
-    if (t->dim() != 4 || t->dtype() != DType::f32) {
-      fail<ShapeError>("ulysses_attention: q, k, v must be [B, H, L_local, D] float32, got q ", shape_str(q.shape()),
-                       " ", dtype_name(q.dtype()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()));
+    if (t->dtype() != DType::f32) {  // a DTypeError, as ring attention and tensor parallelism raise
+      fail<DTypeError>("ulysses_attention: q, k and v must be float32, got q ", dtype_name(q.dtype()), ", k ",
+                       dtype_name(k.dtype()), ", v ", dtype_name(v.dtype()));
+    }
+  }
+  for (const Tensor* t : {&q, &k, &v}) {
+    if (t->dim() != 4) {
+      fail<ShapeError>("ulysses_attention: q, k, v must be [B, H, L_local, D], got q ", shape_str(q.shape()), ", k ",
+                       shape_str(k.shape()), ", v ", shape_str(v.shape()));
     }
   }
   // As scaled_dot_product_attention refuses; here on every rank (a rank without heads runs no kernel).
@@ -168,9 +174,13 @@ AttentionGradients run_backward(const Tensor& q, const Tensor& k, const Tensor& 
   agree_on_inputs("ulysses_attention_backward", q, k, v, comm, options, [&] {
     const Shape out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
     require_cpu("ulysses_attention_backward", {&grad_out});
-    if (grad_out.shape() != out_shape || grad_out.dtype() != DType::f32) {
-      fail<ShapeError>("ulysses_attention_backward: grad_out is ", shape_str(grad_out.shape()), " ",
-                       dtype_name(grad_out.dtype()), ", the output ", shape_str(out_shape), " float32");
+    if (grad_out.dtype() != DType::f32) {
+      fail<DTypeError>("ulysses_attention_backward: grad_out is ", dtype_name(grad_out.dtype()),
+                       ", the output float32");
+    }
+    if (grad_out.shape() != out_shape) {
+      fail<ShapeError>("ulysses_attention_backward: grad_out is ", shape_str(grad_out.shape()), ", the output ",
+                       shape_str(out_shape));
     }
   });
   const UlyssesPlan plan = plan_of("ulysses_attention_backward", q, k, comm, options.layout);

@@ -51,9 +51,9 @@ TEST(Agreement, ARefusalNamesTheRankAndItsReasonOnEveryRank) {
   const Tensor q1 = shard(1, 8, 4, 4, comm);
   const Tensor dout = refuses ? q1.to(DType::f64) : q1;
   const std::string uly_reason = "ulysses_attention_backward: grad_out is ";
-  EXPECT_THROW_WITH(ulysses_attention_backward(q1, q1, q1, dout, comm), ShapeError,
+  EXPECT_THROW_WITH(ulysses_attention_backward(q1, q1, q1, dout, comm), DTypeError,
                     refuses ? uly_reason : "ulysses_attention_backward: " + refused_by(comm, last, uly_reason));
-  EXPECT_THROW((void)ulysses_attention_backward(q1, q1, q1, q1.to(DType::f64), comm), ShapeError);
+  EXPECT_THROW((void)ulysses_attention_backward(q1, q1, q1, q1.to(DType::f64), comm), DTypeError);
   // refuse_call: a rank that failed before it could make the call (the Python bindings, when
   // converting an argument fails) stops the others' call too, and its own error comes back.
   if (refuses) {

@@ -218,7 +218,13 @@ TEST(RingAndUlysses, RanksCalledDifferentlyOrARefusalFailOnEveryRank) {
   EXPECT_THROW_WITH(ulysses_attention(q, k, v, comm, um), ValueError, "ulysses_attention: attn_mask and is_causal");
   if (comm.size() == 1) {  // nothing to disagree with: a refusal is the rank's own error
     EXPECT_THROW((void)ring_attention(q.to(DType::f64), k, v, comm, {}), DTypeError);
-    EXPECT_THROW((void)ulysses_attention(q.to(DType::f64), k, v, comm, {}), ShapeError);
+    EXPECT_THROW((void)ulysses_attention(q.to(DType::f64), k, v, comm, {}), DTypeError);
+    EXPECT_THROW((void)ulysses_attention_backward(q, k, v, Tensor::zeros(q.shape(), DType::f64), comm, {}), DTypeError);
+    RingAttentionOptions with_lse;
+    with_lse.return_logsumexp = true;
+    const AttentionResult r = ring_attention(q, k, v, comm, with_lse);
+    EXPECT_THROW((void)ring_attention_backward(q, k, v, r.output, r.output.to(DType::f64), *r.logsumexp, comm, {}),
+                 DTypeError);
     return;
   }
   const bool first = comm.rank() == 0;
@@ -230,13 +236,18 @@ TEST(RingAndUlysses, RanksCalledDifferentlyOrARefusalFailOnEveryRank) {
   EXPECT_THROW((void)ulysses_attention(q, k, v, comm, uo), ValueError);
   EXPECT_THROW((void)ulysses_attention_backward(q, k, v, Tensor::zeros(q.shape()), comm, uo), ValueError);
   const Tensor q64 = first ? q : q.to(DType::f64);  // refused on every rank but 0
-  EXPECT_THROW((void)ring_attention(q64, k, v, comm, {}), Error);
-  EXPECT_THROW((void)ulysses_attention(q64, k, v, comm, {}), Error);
+  // Every rank raises the refusing ranks' class: a DTypeError in both (Ulysses used to raise a
+  // ShapeError for a dtype).
+  EXPECT_THROW((void)ring_attention(q64, k, v, comm, {}), DTypeError);
+  EXPECT_THROW((void)ulysses_attention(q64, k, v, comm, {}), DTypeError);
   RingAttentionOptions with_lse;
   with_lse.return_logsumexp = true;
   const AttentionResult r = ring_attention(q, k, v, comm, with_lse);
   const Tensor lse = first ? *r.logsumexp : r.logsumexp->slice(-1, 0, 1);  // a wrong shape on ranks > 0
   EXPECT_THROW((void)ring_attention_backward(q, k, v, r.output, r.output, lse, comm, {}), Error);
+  const Tensor dout64 = first ? r.output : r.output.to(DType::f64);
+  EXPECT_THROW_WITH(ring_attention_backward(q, k, v, r.output, dout64, *r.logsumexp, comm, {}), DTypeError,
+                    "must be float32, got float32, float64, float32");
   // Still in step: the same call on every rank runs.
   EXPECT_LE(relative_error(ring_attention(q, k, v, comm, {}).output, p.want), kTolerance);
 }
