@@ -147,6 +147,24 @@ def test_input_paths_with_an_equals_sign_are_files(run, tmp_path):
     np.testing.assert_array_equal(np.load(out), np.repeat(x[..., None], 2, axis=2))
 
 
+def test_checkpoint_prefixes_that_look_like_name_length_are_files(run, tmp_path):
+    """A TF checkpoint prefix ckpt_step=1000 (a trainer's usual name) was read as the axis
+    length ckpt_step = 1000, since its value is an integer, and the files were never looked
+    at ('no input file given'): an argument that names an existing file or checkpoint
+    prefix is a file, whatever it looks like; c=2 beside it is still a length."""
+    import numpy as np
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    qkv.save(tmp_path / "ckpt_step=1000.index", {"x": x})
+    out = tmp_path / "y.npy"
+    for spec in ("ckpt_step=1000", "ckpt_step=1000.index"):
+        result = run("repeat", "h w -> h w c", tmp_path / spec, "-o", out, "c=2")
+        assert result.returncode == 0, (spec, result.stderr)
+        np.testing.assert_array_equal(np.load(out), np.repeat(x[..., None], 2, axis=2))
+    result = run("rearrange", "h (w c) -> h w c", tmp_path / "ckpt_step=1000", "-o", out, "c=3")
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_array_equal(np.load(out), x.reshape(2, 1, 3))
+
+
 def test_inspect_directory_lists_candidates(run, tmp_path):
     import numpy as np
     np.save(tmp_path / "a.npy", np.zeros((2, 3), np.float32))

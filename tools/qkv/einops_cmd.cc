@@ -31,23 +31,28 @@ bool is_input_file(const std::string& a) {
   return std::filesystem::exists(path, ec) || std::filesystem::exists(path + ".index", ec);
 }
 
-// Splits positional arguments into input files and name=length pairs. An argument with
-// '=' is NAME=LENGTH when its value is an integer, else an input file when one of that
-// name exists (run=1/x.npy), else a usage error (exit 2, as every malformed number).
+// Splits positional arguments into input files and NAME=LENGTH pairs, by one rule:
+// 1. an argument that names an existing file, a TF checkpoint prefix (PREFIX.index
+//    exists) or FILE.safetensors:NAME is an input file, whatever it looks like
+//    (ckpt_step=1000, runs/lr=0.1/x.npy);
+// 2. else an argument with '=' is NAME=LENGTH, and LENGTH must be an integer (a usage
+//    error, exit 2, otherwise, as every malformed number);
+// 3. else it is an input file (whose absence load_tensor reports).
+// ckpt_step=1000 was read as the axis length ckpt_step = 1000 before the file check.
 void split_args(const std::vector<std::string>& rest, std::vector<Tensor>* inputs, einops::AxisLengths* lengths) {
   for (const std::string& a : rest) {
     const auto eq = a.find('=');
-    // Any integer: einops itself judges the length (and says so as einops does).
-    const std::optional<int64_t> n =
-        eq == std::string::npos ? std::nullopt : to_integer(a.substr(eq + 1), std::numeric_limits<int64_t>::min());
-    if (n) {
-      lengths->emplace_back(a.substr(0, eq), *n);
-    } else if (eq == std::string::npos || is_input_file(a)) {
+    if (eq == std::string::npos || is_input_file(a)) {
       inputs->push_back(load_tensor(a));
-    } else {
+      continue;
+    }
+    // Any integer: einops itself judges the length (and says so as einops does).
+    const std::optional<int64_t> n = to_integer(a.substr(eq + 1), std::numeric_limits<int64_t>::min());
+    if (!n) {
       throw CLI::ValidationError("expected NAME=LENGTH with an integer length, got '" + a +
                                  "' (and no input file has that name)");
     }
+    lengths->emplace_back(a.substr(0, eq), *n);
   }
   if (inputs->empty()) throw CLI::ValidationError("no input file given");
 }
@@ -102,7 +107,10 @@ CLI::App* add_transform(CLI::App& app, const std::string& name, const std::strin
   if (name == "reduce") {
     cmd->add_option("reduction", args->reduction, "sum, mean, max, min, prod, any or all")->required();
   }
-  cmd->add_option("inputs", args->rest, "input files (several are stacked) and NAME=LENGTH axis lengths")->required();
+  cmd->add_option("inputs", args->rest,
+                  "input files (several are stacked) and NAME=LENGTH axis lengths; an argument that names an "
+                  "existing file or TF checkpoint prefix is a file, even with '=' in it (ckpt_step=1000)")
+      ->required();
   cmd->add_option("-o,--output", args->out, "output file (.npy or .safetensors)")->required();
   cmd->callback([args, name] { run_transform(*args, name); });
   return cmd;
