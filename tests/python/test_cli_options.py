@@ -318,3 +318,26 @@ def test_names_from_a_file_reach_the_terminal_without_control_characters(run, tm
         assert "\x1b" not in text and "\u009b" not in text
         assert "a\\x0ab\\x1b[31mRED" in text and "csi\\xc2\\x9b2J" in text and "caf\u00e9" in text
     assert len(listing.stdout.splitlines()) == 2 + len(names)
+
+
+def test_convert_names_a_bad_config_file(run, tmp_path):
+    """`convert --config bad.json` was refused as 'save_keras_archive: OUT.keras: config_json
+    is not valid JSON', naming the output: the error names the config file, and comes before
+    any output is written. A good --config goes into the archive as given."""
+    seed = ROOT / "tests" / "fixtures" / "seed001" / "model.weights.h5"
+    bad, out = tmp_path / "bad.json", tmp_path / "out.keras"
+    bad.write_text('{"class_name": "Functional", ')
+    result = run("convert", seed, out, "--to", "keras", "--config", bad)
+    assert result.returncode == 1, result.stderr
+    # column 30: where Python's json.loads stops too ("Expecting property name ...: line 1 column 30")
+    assert f"convert: --config {bad} is not valid JSON: parse error at line 1, column 30" in result.stderr
+    assert "out.keras" not in result.stderr and not out.exists()
+    result = run("convert", seed, out, "--to", "keras", "--config", tmp_path / "missing.json")
+    assert result.returncode == 1 and f"convert: --config {tmp_path / 'missing.json'}: cannot open" in result.stderr
+    good = tmp_path / "good.json"
+    good.write_text('{"class_name": "Functional", "config": {}}')
+    result = run("convert", seed, out, "--to", "keras", "--config", good)
+    assert result.returncode == 0, result.stderr
+    import zipfile
+    with zipfile.ZipFile(out) as z:
+        assert z.read("config.json") == good.read_bytes()

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.h"
@@ -54,10 +55,25 @@ std::string output_format(const ConvertArgs& a) {
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) fail<IOError>("convert: cannot open for reading: ", path);
+  if (!f) fail<IOError>("convert: --config ", path, ": cannot open for reading");
   std::ostringstream s;
   s << f.rdbuf();
   return s.str();
+}
+
+// --config's text, checked as JSON before anything is read or written, so that a bad
+// file is named as itself: it was refused by the archive writer as
+// "save_keras_archive: OUT.keras: config_json is not valid JSON", naming the output.
+std::string read_config(const std::string& path) {
+  const std::string text = read_text(path);
+  try {
+    (void)nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    std::string why = e.what();  // "[json.exception.parse_error.101] parse error at line 1, ..."
+    if (const auto at = why.find("] "); at != std::string::npos) why = why.substr(at + 2);
+    fail<ValueError>("convert: --config ", path, " is not valid JSON: ", terminal_safe(why));
+  }
+  return text;
 }
 
 std::vector<std::string> split_commas(const std::string& s) {
@@ -98,7 +114,7 @@ std::string keras_config(const nn::LayerWeights& layers, const std::vector<std::
 // Writes `layers` in Keras' layout; returns the tensors written, by their key in OUT.
 std::map<std::string, Tensor> write_keras(const ConvertArgs& a, const std::string& format,
                                           const nn::LayerWeights& layers, const std::vector<std::string>& order,
-                                          const std::string& in_config) {
+                                          const std::string& config_json) {
   if (format == "tf-keras-h5") {
     nn::save_keras_legacy_h5(a.out, layers, order);
     std::map<std::string, Tensor> listing;
@@ -114,9 +130,8 @@ std::map<std::string, Tensor> write_keras(const ConvertArgs& a, const std::strin
   }
   const std::map<std::string, Tensor> paths = nn::keras3_paths(layers);
   if (format == "keras") {
-    const std::string config = !a.config.empty()    ? read_text(a.config)
-                               : !in_config.empty() ? in_config
-                                                    : keras_config(layers, order);
+    // --config's text, else the input's config.json, else a chain of the layers.
+    const std::string config = !config_json.empty() ? config_json : keras_config(layers, order);
     io::save_keras_archive(a.out, paths, config);
   } else if (format == "keras3-h5") {
     io::save_keras_weights_h5(a.out, paths);
@@ -196,6 +211,7 @@ std::map<std::string, Tensor> write_same(const ConvertArgs& a, const std::string
 
 void run_convert(const ConvertArgs& a) {
   const std::string format = output_format(a);
+  const std::string config = a.config.empty() ? "" : read_config(a.config);
   check_output(a, format);
   const io::WeightFile in = io::load_weights(a.in);
   std::map<std::string, Tensor> out;
@@ -226,7 +242,7 @@ void run_convert(const ConvertArgs& a) {
     std::vector<std::string> order = split_commas(a.layer_order);
     check_layer_order(a, order, layers);
     if (order.empty()) order = !in_config.empty() ? nn::keras_config_layer_order(in_config) : nn::keras_layer_order(in);
-    out = write_keras(a, format, layers, nn::ordered_layers(layers, order), in_config);
+    out = write_keras(a, format, layers, nn::ordered_layers(layers, order), config.empty() ? in_config : config);
   }
   std::cout << a.in << " -> " << a.out << " (" << a.to << " layout, " << format << "): " << out.size() << " tensors\n";
   for (const auto& [k, t] : out)
