@@ -47,6 +47,13 @@ double exp_shift_sum(double* x, int64_t n, double shift);
 float exp_shift_sum_fast(float* x, int64_t n, float shift);
 double exp_shift_sum_fast(double* x, int64_t n, double shift);
 
+// The softmax's backward on one row: g[i] = y[i] * (g[i] - dot), where y is the softmax,
+// g its incoming gradient and dot = sum_j y[j] g[j] (fused attention's backward passes
+// D_i = dO_i . O_i, the same sum). IEEE subtract then multiply in every lane: the result
+// is exactly the scalar loop's.
+void softmax_backward_row(const float* y, float* g, int64_t n, float dot);
+void softmax_backward_row(const double* y, double* g, int64_t n, double dot);
+
 // x[i] *= s.
 void scale(float* x, int64_t n, float s);
 void scale(double* x, int64_t n, double s);

@@ -171,7 +171,10 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
   for (int64_t x = 0; x < r.rows; ++x) {
     T* dsx = ds + x * lds;
     const T* px = s + x * lds;
-    for (int64_t c = 0; c < cols; ++c) dsx[c] = px[c] * (dsx[c] - d[x]);
+    // On Highway (AVX-512 here) where the plain loop compiled to 4-wide SSE, the baseline ISA:
+    // (1, 2, 4096, 128), 1 thread pinned, Zen 4, four alternated pairs: backward 438-453 ms
+    // against 444-468 (1.2-3.7% less in each pair).
+    kernels::softmax_backward_row(px, dsx, cols, d[x]);  // dsx = px o (dsx - D_i)
     if (cap) {  // forward score_mods' softcap: d/ds c tanh(s / c) = 1 - tanh^2
       for (int64_t c = 0; c < cols; ++c) dsx[c] *= cap[x * lds + c];
     }

@@ -176,6 +176,19 @@ HWY_INLINE void ScaleT(T* HWY_RESTRICT x, int64_t n, T s) {
   for (; i < n; ++i) x[i] *= s;  // IEEE multiply: same result as the vector lanes
 }
 
+// g[i] = y[i] * (g[i] - dot): Sub then Mul (never contracted), as the tail's scalar code.
+template <class T>
+HWY_INLINE void SoftmaxBackwardRowT(const T* HWY_RESTRICT y, T* HWY_RESTRICT g, int64_t n, T dot) {
+  const hn::ScalableTag<T> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto vdot = hn::Set(d, dot);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::Mul(hn::LoadU(d, y + i), hn::Sub(hn::LoadU(d, g + i), vdot)), d, g + i);
+  }
+  for (; i < n; ++i) g[i] = y[i] * (g[i] - dot);
+}
+
 // x[i] = exp(x[i]).
 HWY_NOINLINE void ExpInplace(float* HWY_RESTRICT x, int64_t n) {
   const hn::ScalableTag<float> d;
@@ -218,6 +231,13 @@ HWY_NOINLINE float ExpShiftSumFast(float* HWY_RESTRICT x, int64_t n, float shift
   return ExpShiftSumT(x, n, shift, ExpShiftFast());
 }
 HWY_NOINLINE void Scale(float* HWY_RESTRICT x, int64_t n, float s) { ScaleT(x, n, s); }
+HWY_NOINLINE void SoftmaxBackwardRow(const float* HWY_RESTRICT y, float* HWY_RESTRICT g, int64_t n, float dot) {
+  SoftmaxBackwardRowT(y, g, n, dot);
+}
+HWY_NOINLINE void SoftmaxBackwardRow64(const double* HWY_RESTRICT y, double* HWY_RESTRICT g, int64_t n,
+                                       double dot) {
+  SoftmaxBackwardRowT(y, g, n, dot);
+}
 HWY_NOINLINE void Scale64(double* HWY_RESTRICT x, int64_t n, double s) { ScaleT(x, n, s); }
 HWY_NOINLINE void SoftmaxRows(float* HWY_RESTRICT x, int64_t rows, int64_t cols, int64_t row_stride) {
   SoftmaxRowsT(x, rows, cols, row_stride);

@@ -32,6 +32,8 @@ HWY_EXPORT(ExpShiftSumFast);
 HWY_EXPORT(Scale);
 HWY_EXPORT(Scale64);
 HWY_EXPORT(ExpInplace);
+HWY_EXPORT(SoftmaxBackwardRow);
+HWY_EXPORT(SoftmaxBackwardRow64);
 
 void softmax_rows(float* x, int64_t rows, int64_t cols, int64_t row_stride) {
   QKV_DYNAMIC_DISPATCH(SoftmaxRows)(x, rows, cols, row_stride);
@@ -60,6 +62,14 @@ void scale(float* x, int64_t n, float s) { QKV_DYNAMIC_DISPATCH(Scale)(x, n, s);
 void scale(double* x, int64_t n, double s) { QKV_DYNAMIC_DISPATCH(Scale64)(x, n, s); }
 
 void exp_inplace(float* x, int64_t n) { QKV_DYNAMIC_DISPATCH(ExpInplace)(x, n); }
+
+void softmax_backward_row(const float* y, float* g, int64_t n, float dot) {
+  QKV_DYNAMIC_DISPATCH(SoftmaxBackwardRow)(y, g, n, dot);
+}
+
+void softmax_backward_row(const double* y, double* g, int64_t n, double dot) {
+  QKV_DYNAMIC_DISPATCH(SoftmaxBackwardRow64)(y, g, n, dot);
+}
 
 void softmax_reference(const double* x, double* y, int64_t n) {
   constexpr double kInf = std::numeric_limits<double>::infinity();

@@ -176,6 +176,48 @@ TEST(Softmax, ExpWithinTwoUlpOfStdExp) {
   });
 }
 
+// The softmax backward row g = y o (g - dot): bitwise the scalar formula on every target
+// (every row length around the vector widths, inf and NaN included), and, as a gradient,
+// the float64 Jacobian product J^T g of softmax at the row's y (J = diag(y) - y y^T).
+TEST(Softmax, BackwardRowIsTheScalarFormulaAndTheJacobianProduct) {
+  for_each_target([] {
+    for (int64_t n : kCols) {
+      std::vector<float> x = normal_values(n, 3.0f, static_cast<uint32_t>(n) + 21);
+      std::vector<double> xd(x.begin(), x.end()), y(static_cast<size_t>(n));
+      kernels::softmax_reference(xd.data(), y.data(), n);
+      const std::vector<float> yf(y.begin(), y.end()), g0 = normal_values(n, 1.0f, static_cast<uint32_t>(n) + 5);
+      float dot = 0;
+      for (int64_t i = 0; i < n; ++i) dot += yf[i] * g0[i];
+      std::vector<float> g = g0;
+      kernels::softmax_backward_row(yf.data(), g.data(), n, dot);
+      double gdot = 0;
+      for (int64_t i = 0; i < n; ++i) gdot += y[i] * g0[i];
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(g[i], yf[i] * (g0[i] - dot)) << "element " << i << " of " << n;
+        const double want = y[i] * (g0[i] - gdot);  // (J^T g)_i, J symmetric
+        ASSERT_NEAR(g[i], want, 1e-6 * (1.0 + std::fabs(gdot))) << "element " << i << " of " << n;
+      }
+      std::vector<double> gd(g0.begin(), g0.end());
+      kernels::softmax_backward_row(y.data(), gd.data(), n, gdot);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(gd[i], y[i] * (g0[i] - gdot)) << "double, element " << i;
+    }
+    const std::vector<float> y = {0.0f, 1.0f, 0.5f, kNaN, 0.25f, 0.0f, 1.0f, 0.5f, 0.5f, 0.0f, 0.0f, 0.0f,
+                                  0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.5f};
+    std::vector<float> g = {kInf, 2.0f, kNaN, 1.0f, -kInf, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f,
+                            1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 3.0f};
+    const std::vector<float> g0 = g;
+    kernels::softmax_backward_row(y.data(), g.data(), static_cast<int64_t>(g.size()), 1.0f);
+    for (size_t i = 0; i < g.size(); ++i) {
+      const float want = y[i] * (g0[i] - 1.0f);  // 0 * inf and NaN lanes are NaN, as in the scalar loop
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(g[i])) << "element " << i;
+      } else {
+        ASSERT_EQ(g[i], want) << "element " << i;
+      }
+    }
+  });
+}
+
 TEST(Softmax, ExpEdgeCases) {
   for_each_target([] {
     std::vector<float> x = {-kInf, kInf, kNaN, -200.0f, 89.5f, 1000.0f, -1e30f, 1e30f, -100.0f};
