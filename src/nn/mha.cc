@@ -8,6 +8,7 @@
 #include "nn/heads.h"
 #include "nn/layer_attention.h"
 #include "qkv/attention.h"
+#include "qkv/gemm.h"
 #include "qkv/size.h"
 
 namespace qkv::nn {
@@ -206,6 +207,28 @@ void MultiheadAttention::rebuild() {
   }
 }
 
+namespace {
+
+// What quantizing refuses, checked before any work (quantize_static used to run every
+// calibration batch first): weight_bits (int8_weight_bits), and projections deeper than the int8
+// GEMM takes (Linear::quantized_as refused them only when the layer was rebuilt, naming Linear).
+int int8_bits_for(const MultiheadAttentionConfig& c, int weight_bits, const char* op) {
+  const int bits = int8_weight_bits(weight_bits, op);
+  const int64_t e = c.embed_dim;
+  const std::pair<const char*, int64_t> depths[] = {{"embed_dim (q_proj's and out_proj's in_features)", e},
+                                                    {"kdim (k_proj's in_features)", c.kdim.value_or(e)},
+                                                    {"vdim (v_proj's in_features)", c.vdim.value_or(e)}};
+  for (const auto& [what, depth] : depths) {
+    if (depth > kGemmInt8MaxDepth) {
+      fail<ValueError>(op, ": ", what, " ", depth, " is more than ", kGemmInt8MaxDepth,
+                       ", the depth of the int8 GEMM (its int32 sums could overflow); keep this layer float32");
+    }
+  }
+  return bits;
+}
+
+}  // namespace
+
 struct MultiheadAttention::Calibration {
   ActivationObserver q, k, v, o;  // inputs of the query/key/value projections and of out_proj
   explicit Calibration(const CalibrationOptions& c)
@@ -218,6 +241,7 @@ struct MultiheadAttention::Calibration {
 MultiheadAttention MultiheadAttention::quantize_static(const std::vector<std::array<Tensor, 3>>& batches,
                                                        const CalibrationOptions& options) const {
   if (batches.empty()) fail<ValueError>(kOp, ".quantize_static: no calibration batches");
+  const int bits = int8_bits_for(config_, options.weight_bits, "MultiheadAttention.quantize_static");
   MultiheadAttention observed = *this;
   observed.quantized_ = false;
   observed.static_scales_.reset();
@@ -230,7 +254,7 @@ MultiheadAttention MultiheadAttention::quantize_static(const std::vector<std::ar
   const Calibration& c = *observed.calibrating_;
   MultiheadAttention q = *this;
   q.quantized_ = true;
-  q.weight_bits_ = int8_weight_bits(options.weight_bits, "MultiheadAttention.quantize_static");
+  q.weight_bits_ = bits;
   q.static_scales_ = std::array<float, 4>{c.q.scale(), c.k.scale(), c.v.scale(), c.o.scale()};
   q.rebuild();
   return q;
@@ -240,7 +264,7 @@ MultiheadAttention MultiheadAttention::quantize_dynamic(int weight_bits) const {
   MultiheadAttention q = *this;
   q.quantized_ = true;
   q.static_scales_.reset();  // per-token scales at run time, also from a statically quantized layer
-  q.weight_bits_ = int8_weight_bits(weight_bits, "MultiheadAttention.quantize_dynamic");
+  q.weight_bits_ = int8_bits_for(config_, weight_bits, "MultiheadAttention.quantize_dynamic");
   q.rebuild();
   return q;
 }

@@ -322,5 +322,24 @@ TEST(LinearQuantized, InFeaturesPastTheInt8DepthAreRefusedWhenQuantizing) {
   EXPECT_FLOAT_EQ(ok.quantize_dynamic(8).forward(Tensor::ones({1, 131071})).to_vector<float>()[0], 131071.0f);
 }
 
+// MultiheadAttention.quantize_static ran every calibration batch before a projection deeper than
+// the int8 GEMM takes (or a bad weight_bits) was refused, by Linear's name. Refused first now:
+// a calibration batch that forward would refuse (query of the wrong width) is never run.
+TEST(LinearQuantized, MultiheadAttentionRefusesADeepLayerBeforeCalibrating) {
+  MultiheadAttentionConfig c;
+  c.embed_dim = 2, c.num_heads = 1, c.kdim = 131072;
+  const MultiheadAttention deep(c, 1);
+  const Tensor key = Tensor::ones({1, 1, 131072}), value = Tensor::ones({1, 1, 2});
+  const Tensor bad_query = Tensor::ones({1, 1, 3});  // forward: a ShapeError
+  EXPECT_THROW_WITH(deep.quantize_static({{bad_query, key, value}}), ValueError,
+                    "MultiheadAttention.quantize_static: kdim (k_proj's in_features) 131072 is more than 131071");
+  EXPECT_THROW_WITH(deep.quantize_dynamic(), ValueError, "MultiheadAttention.quantize_dynamic: kdim");
+  c.kdim = 2;
+  CalibrationOptions five_bits;
+  five_bits.weight_bits = 5;
+  EXPECT_THROW_WITH(MultiheadAttention(c, 1).quantize_static({{bad_query, value, value}}, five_bits), ValueError,
+                    "MultiheadAttention.quantize_static: weight_bits must be 8, 7 or 0");
+}
+
 }  // namespace
 }  // namespace qkv::nn
