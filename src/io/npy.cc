@@ -29,6 +29,7 @@ struct Descr {
   bool supported = false;  // false: a numpy dtype qkv does not hold (inspect still lists it)
   DType dtype = DType::f32;
   bool big_endian = false;
+  bool object = false;  // '|O': Python objects, pickled after the header
 };
 
 struct Preamble {
@@ -102,6 +103,9 @@ Descr parse_descr(const std::string& descr, const Context& ctx) {
   const bool has_order = !descr.empty() && std::string_view("<>|=").find(descr[0]) != std::string_view::npos;
   const char order = has_order ? descr[0] : '=';
   const std::string_view code = std::string_view(descr).substr(has_order ? 1 : 0);
+  // An object array: np.save writes '|O' (its only kind without a size) and a pickle as
+  // the data. It was refused as "descr '|O' is not a numpy dtype string".
+  if (code == "O" || code == "O8") return Descr{.object = true};
   if (code.size() < 2) {
     fail_at(ctx, "bad .npy header: descr ", quote_name(descr), " is not a numpy dtype string such as '<f4'");
   }
@@ -125,6 +129,11 @@ std::string_view listed_dtype(const Layout& layout) {
 }
 
 [[noreturn]] void fail_unsupported(const Layout& layout, const Context& ctx) {
+  if (layout.descr.object) {
+    fail_at<DTypeError>(ctx, "dtype ", quote_name(layout.header.descr),
+                        " is an object array (pickled Python objects), which qkv does not read (as "
+                        "numpy.load(allow_pickle=False) refuses it)");
+  }
   fail_at<DTypeError>(ctx, "dtype ", quote_name(layout.header.descr),
                       " is not one qkv holds (qkv reads b1, i1, i4, i8, f2, f4, f8 and V2 as bfloat16)");
 }

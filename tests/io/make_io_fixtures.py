@@ -81,6 +81,10 @@ def npy_fixtures():
     files["scalar_f64.npy"] = npy_bytes(np.float64(2.5))
     files["empty_f32.npy"] = npy_bytes(np.zeros((0, 3), np.float32))
     files["u16.npy"] = npy_bytes(np.arange(3, dtype=np.uint16))  # a dtype qkv cannot hold
+    # An object array: '|O' and a pickle as the data, which qkv does not read.
+    buf = io.BytesIO()
+    np.save(buf, np.array([1, "a", None], dtype=object), allow_pickle=True)
+    files["object.npy"] = buf.getvalue()
     return files
 
 
@@ -108,7 +112,8 @@ def npy_raw(header, data=b"", version=1):
 
 def npy_corpus(fixtures):
     seeds = {k: fixtures[k] for k in ("f32.npy", "bool.npy", "bf16_be.npy", "f32_fortran.npy", "f32_v2.npy",
-                                      "f32_v3.npy", "scalar_f64.npy", "empty_f32.npy", "u16.npy", "i8.npy")}
+                                      "f32_v3.npy", "scalar_f64.npy", "empty_f32.npy", "u16.npy", "i8.npy",
+                                      "object.npy")}
     good = fixtures["f32.npy"]
     seeds["truncated_data.npy"] = good[:-3]
     seeds["truncated_header.npy"] = good[:40]

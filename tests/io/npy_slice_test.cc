@@ -21,7 +21,8 @@ using testing::temp_path;
 TEST(NpySlice, EveryDimAndRangeOfNumpysFilesEqualsTheWholeArraySliced) {
   int checked = 0;
   for (const auto& entry : std::filesystem::directory_iterator(fixture(""))) {
-    if (entry.path().extension() != ".npy" || entry.path().stem() == "u16") continue;  // u16: no qkv dtype
+    const std::string stem = entry.path().stem().string();
+    if (entry.path().extension() != ".npy" || stem == "u16" || stem == "object") continue;  // no qkv dtype
     const Tensor whole = load_npy(entry.path());
     for (int64_t d = 0; d < whole.dim(); ++d) {
       const int64_t n = whole.size(d);

@@ -183,6 +183,24 @@ TEST(Npy, UnsupportedDtypeIsDTypeError) {
   EXPECT_THROW_WITH(parse_npy(structured, "s.npy"), DTypeError, "parse_npy: s.npy: structured dtypes");
 }
 
+// np.save(np.array([1, "a", None], dtype=object), allow_pickle=True) writes '|O' and a
+// pickle (make_io_fixtures.py). It was refused as "bad .npy header: descr '|O' is not a
+// numpy dtype string such as '<f4'": it is a dtype string, of an array qkv does not read,
+// as numpy.load(allow_pickle=False) does not ("Object arrays cannot be loaded when
+// allow_pickle=False"). inspect lists it, as other dtypes qkv does not hold.
+TEST(Npy, ObjectArraysAreRefusedAsObjectArrays) {
+  const std::string why = "dtype '|O' is an object array (pickled Python objects), which qkv does not read";
+  EXPECT_THROW_WITH(load_npy(fixture("object.npy")), DTypeError,
+                    "load_npy: " + fixture("object.npy").string() + ": " + why);
+  EXPECT_THROW_WITH(load_npy_slice(fixture("object.npy"), 0, 0, 1), DTypeError, why);
+  EXPECT_THROW_WITH(parse_npy(read_bytes(fixture("object.npy")), "o.npy"), DTypeError, "parse_npy: o.npy: " + why);
+  EXPECT_THROW_WITH(load(fixture("object.npy")), DTypeError, why);
+  const std::vector<TensorInfo> listed = inspect(fixture("object.npy"));
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].dtype, "|O");
+  EXPECT_EQ(listed[0].shape, (Shape{3}));
+}
+
 TEST(Npy, RejectsBadMagic) {
   auto bytes = read_bytes(fixture("f32.npy"));
   bytes[1] = std::byte{'X'};

@@ -107,6 +107,20 @@ def test_npy_descr_forms_load_as_numpy_loads_them(tmp_path, descr):
     assert qkv.inspect(path) == [("x", str(want), (2, 3))]
 
 
+def test_object_arrays_are_refused_as_object_arrays(tmp_path):
+    """np.save writes an object array as descr '|O' and a pickle; qkv refused it as "descr
+    '|O' is not a numpy dtype string". numpy.load(allow_pickle=False) refuses it too (the
+    oracle), and qkv now says what it is; qkv.inspect lists it as other dtypes qkv does not hold."""
+    path = tmp_path / "o.npy"
+    np.save(path, np.array([1, "a", None], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="Object arrays cannot be loaded when allow_pickle=False"):
+        np.load(path, allow_pickle=False)
+    with pytest.raises(TypeError, match=r"dtype '\|O' is an object array \(pickled Python objects\), which qkv "
+                                        r"does not read \(as numpy.load\(allow_pickle=False\) refuses it\)"):
+        qkv.load(path)
+    assert qkv.inspect(path) == [("o", "|O", (3,))]
+
+
 def test_metadata_extension_matches_in_any_case(tmp_path):
     arrays = {"w": sample("float32", (2, 3))}
     save_file(arrays, str(tmp_path / "ref.safetensors"), metadata={"format": "np"})
