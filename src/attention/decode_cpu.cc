@@ -19,6 +19,7 @@
 
 #include "attention/decode_cpu.h"
 #include "attention/decode_rows.h"
+#include "attention/lse_merge.h"
 #include "kernels/cpu/convert.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
@@ -131,6 +132,7 @@ struct Partials {
 
 struct Scratch {
   std::vector<float> k, v, s;
+  std::vector<char> keyless;        // [G Lq]: the row has no key in the item
   std::vector<int8_t> v8;           // an int8 block of values [<= kInt8ValueKeys, Dv] spanning runs, gathered
   std::vector<bfloat16> v8_scales;  // its scales [<= kInt8ValueKeys, Dv / 16]
   // int8 caches' query (decode_rows.h's Int8Query): q r as floats, then rounded: q_hat as floats
@@ -249,6 +251,7 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
   const float* qrows = q + (it.b * d.hq + it.hk * d.group) * d.lq * d.dk;  // [G Lq, D]
   const DType dtype = cache.config().dtype;
   sc.s.resize(static_cast<size_t>(rows * cols));
+  sc.keyless.resize(static_cast<size_t>(rows));
   if (dtype == DType::i8) {
     scores_int8(d, qrows, cache, it, sc);
   } else if (dtype == DType::bf16) {
@@ -270,6 +273,7 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
       for (int64_t j = 0; j < cols; ++j) s[j] = c * std::tanh(s[j] / c);
     }
     const int64_t lo = std::clamp(keys.first - it.c0, int64_t{0}, cols), hi = std::clamp(keys.last - it.c0, lo, cols);
+    sc.keyless[static_cast<size_t>(r)] = lo == hi;
     std::fill(s, s + lo, kNegInf);
     std::fill(s + hi, s + cols, kNegInf);
     m[r] = lo < hi ? kernels::max_value(s + lo, hi - lo) : kNegInf;
@@ -292,9 +296,18 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
     pv.m = rows, pv.n = d.dv, pv.k = cols, pv.lda = cols, pv.ldb = d.dv, pv.ldc = d.dv;
     gemm(pv, 1.0f, sc.s.data(), v, 0.0f, o_part);
   }
+  // A row with no key in this item takes no value from it: its P row of zeros times a NaN or inf
+  // value made O_c NaN, which the merge's weight 0 kept (0 NaN): a row that never attends that key
+  // came out NaN, and a row without keys too (docs/decode.md: 0). Keys outside a row's range in an
+  // item where it has others: docs/decode.md, "Decode attention".
+  for (int64_t r = 0; r < rows; ++r) {
+    if (sc.keyless[static_cast<size_t>(r)]) std::fill(o_part + r * d.dv, o_part + (r + 1) * d.dv, 0.0f);
+  }
 }
 
-// out [B, Hq, Lq, Dv] and lse [B, Hq, Lq] from the partials of each (b, hk)'s chunks.
+// out [B, Hq, Lq, Dv] and lse [B, Hq, Lq] from the partials of each (b, hk)'s chunks, merged by
+// merge_row (lse_merge.h, the fused forward's key parts' merge too): a NaN row is NaN; a row
+// with no key (M = -inf) gets sum_c 0 O_c = 0, its O_c being 0 in every item (run_item).
 void merge(const DecodeCall& d, const std::vector<Item>& items, const Partials& p, float* out, float* lse) {
   const int64_t rows = d.group * d.lq;
   std::vector<double> acc(static_cast<size_t>(d.dv));
@@ -303,24 +316,15 @@ void merge(const DecodeCall& d, const std::vector<Item>& items, const Partials& 
     size_t last = first;
     while (last < items.size() && items[last].b == items[first].b && items[last].hk == items[first].hk) ++last;
     for (int64_t r = 0; r < rows; ++r) {
-      float big = kNegInf;
-      bool nan = false;  // a NaN score (a NaN key, or +inf - +inf): the row is NaN, as softmax makes it
-      for (size_t x = first; x < last; ++x) {
-        big = std::max(big, p.m[items[x].slot * rows + r]);
-        nan = nan || std::isnan(p.m[items[x].slot * rows + r]) || std::isnan(p.l[items[x].slot * rows + r]);
-      }
-      std::fill(acc.begin(), acc.end(), nan ? std::numeric_limits<double>::quiet_NaN() : 0.0);
-      double total = nan ? std::numeric_limits<double>::quiet_NaN() : 0.0;  // not 0, which gave a row of zeros
-      for (size_t x = first; x < last && big != kNegInf && !nan; ++x) {
-        const double w = std::exp(static_cast<double>(p.m[items[x].slot * rows + r]) - big);
-        total += w * p.l[items[x].slot * rows + r];
-        const float* o = p.o.data() + (items[x].slot * rows + r) * d.dv;
-        for (int64_t c = 0; c < d.dv; ++c) acc[c] += w * o[c];
-      }
+      const auto part = [&](size_t c) {
+        const int64_t at = items[first + c].slot * rows + r;
+        return RowPart<float>{p.m[at], p.l[at], p.o.data() + at * d.dv};
+      };
+      const MergedRow m = merge_row(last - first, part, d.dv, acc.data());
       const int64_t row = (items[first].b * d.hq + items[first].hk * d.group) * d.lq + r;  // in [B, Hq, Lq]
-      const bool keys = total > 0 || nan;
-      for (int64_t c = 0; c < d.dv; ++c) out[row * d.dv + c] = keys ? static_cast<float>(acc[c] / total) : 0.0f;
-      if (lse) lse[row] = keys ? static_cast<float>(big + std::log(total)) : kNegInf;
+      const double total = m.sum > 0 ? m.sum : 1.0;  // NaN: acc is NaN already; 0: no key, acc = sum_c 0 O_c
+      for (int64_t c = 0; c < d.dv; ++c) out[row * d.dv + c] = static_cast<float>(acc[c] / total);
+      if (lse) lse[row] = static_cast<float>(m.nan ? m.sum : m.max + std::log(m.sum));  // -inf + log 0: -inf
     }
     first = last;
   }

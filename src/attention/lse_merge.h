@@ -1,7 +1,7 @@
 // Partial attention rows over disjoint sets of keys, merged by logsumexp, for the fused
-// forward's key parts (attention_cpu_split.h: an item's key tiles cut among workers). The
-// rules are those of the split-KV decode's merge (decode_cpu.cc, merge: the same NaN rule,
-// double sums in part order), which still has its own loop and could call merge_row; ring
+// forward's key parts (attention_cpu_split.h: an item's key tiles cut among workers) and for
+// the split-KV decode's chunks (decode_cpu.cc, merge; its parts where a row has no key hold
+// O_c = 0, so such a row gives 0 whatever the values: decode's rule, docs/decode.md). Ring
 // attention's merge_partial (src/dist/merge.cc, the layer above) merges normalised outputs two
 // at a time with their logsumexp.
 //

@@ -232,6 +232,61 @@ TEST(Decode, NaNKeysGiveNaNRowsOnlyWhereTheyAreAttended) {
   }
 }
 
+// A NaN value reaches only the rows that attend its key. Sequence 0 holds 1 key and takes 3
+// queries: the first two (positions -2, -1) have no key and give 0 (lse -inf) though its value
+// holds a NaN; the third attends it. Sequence 1's key 5 holds a NaN value only its last query
+// attends: with a chunk of 1 or 2 keys, it sits in an item where the first query (and, chunk 1,
+// the second) has no key. Its P row of zeros times the NaN made that item's partial NaN, which
+// the merge's weight 0 kept: rows that never attend key 5 came out NaN. Oracle: the float64
+// reference, which sums each row's keys only.
+TEST(Decode, NaNValuesReachOnlyTheRowsThatAttendThem) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::i8}) {
+    for (int64_t page : {0, 4}) {
+      for (int64_t chunk : {1, 2}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " page " + std::to_string(page) + " chunk " + std::to_string(chunk));
+        KVCacheConfig c{2, 1, 32, 16, 32, dt};
+        c.page_size = page;
+        KVCache cache(c);
+        std::vector<float> v = Tensor::randn({2, 1, 6, 32}, 72).to_vector<float>();  // [B, Hk, T, Dv]
+        v[(0 * 6 + 0) * 32 + 3] = nan;                                               // sequence 0, key 0
+        v[(1 * 6 + 5) * 32 + 7] = nan;                                               // sequence 1, key 5
+        cache.append(Tensor::randn({2, 1, 6, 32}, 71), Tensor::from_vector(v, {2, 1, 6, 32}), {1, 6});
+        const Tensor q = Tensor::randn({2, 2, 3, 32}, 73);  // [B, Hq, Lq, D]
+        for (int64_t window : {0, 2}) {
+          DecodeOptions o;
+          o.chunk = chunk, o.window = window, o.return_logsumexp = true;
+          const AttentionResult r = decode_attention(q, cache, o), want = decode_attention_reference(q, cache, o);
+          const std::vector<float> out = r.output.to_vector<float>(), lse = r.logsumexp->to_vector<float>();
+          const std::vector<float> ref = want.output.to_vector<float>(), ref_lse = want.logsumexp->to_vector<float>();
+          const double tol = dt == DType::i8 ? 1e-2 : 2e-5;
+          for (int64_t h = 0; h < 2; ++h) {
+            for (int64_t t = 0; t < 3; ++t) {
+              const int64_t row0 = (0 * 2 + h) * 3 + t, row1 = (1 * 2 + h) * 3 + t;  // sequence 0, 1
+              if (t < 2) {
+                EXPECT_EQ(lse[row0], -std::numeric_limits<float>::infinity()) << "window " << window << " t " << t;
+                for (int64_t x = 0; x < 32; ++x) EXPECT_EQ(out[row0 * 32 + x], 0.0f) << "t " << t << " column " << x;
+              }
+              // sequence 1's rows without a key in key 5's item: t 0, and t 1 with chunk 1
+              for (int64_t row : {row0, row1}) {
+                if (row == row1 && t == 2) continue;                // attends key 5: NaN in column 7, as the reference
+                if (row == row1 && t == 1 && chunk == 2) continue;  // shares key 5's item: docs/decode.md
+                if (lse[row] != ref_lse[row]) EXPECT_NEAR(lse[row], ref_lse[row], tol) << "window " << window;
+                for (int64_t x = 0; x < 32; ++x) {
+                  EXPECT_EQ(std::isnan(out[row * 32 + x]), std::isnan(ref[row * 32 + x])) << "row " << row << " " << x;
+                  if (!std::isnan(ref[row * 32 + x])) EXPECT_NEAR(out[row * 32 + x], ref[row * 32 + x], tol);
+                }
+              }
+              if (t != 1 || chunk == 1)
+                EXPECT_EQ(std::isnan(out[row1 * 32 + 7]), t == 2) << "window " << window << " t " << t;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // An int8 cache whose sequence began with a short append (a 2- or 3-token prompt): the key
 // spreads from so few keys were near 0 in some channels by chance, and later keys' groups lost
 // their other channels (10-46% relative error with 2 keys). The oracle: softmax in double over the
