@@ -1,6 +1,7 @@
 // render_heatmap (qkv/heatmap.h): cells in viridis, labels in a 3x5 pixel font.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "qkv/error.h"
@@ -118,15 +119,16 @@ namespace {
 // One side of the image: the labels' margin plus n cells, at most libpng's 10^6 pixels
 // (its default user limit; above it png_set_IHDR failed with 'Invalid IHDR data', and
 // a larger --cell ran out of memory first, 'std::bad_alloc').
+// n * cell through checked_mul (qkv/size.h), nullopt past 2^62; the margin (label text,
+// a few pixels a character) is then compared, not added, so nothing can overflow.
 int64_t image_side(int64_t margin, int64_t n, int64_t cell, const char* side, int64_t lq, int64_t lk) {
   constexpr int64_t kMaxSide = 1'000'000;
-  int64_t pixels = 0;
-  if (__builtin_mul_overflow(n, cell, &pixels) || __builtin_add_overflow(pixels, margin, &pixels) ||
-      pixels > kMaxSide) {
+  const std::optional<int64_t> cells = checked_mul(n, cell);
+  if (!cells || *cells > kMaxSide - margin) {
     fail<ValueError>("heatmap: ", lq, " x ", lk, " cells of ", cell, " pixels make an image more than ", kMaxSide,
                      " pixels ", side, " (PNG writers' limit); give a smaller cell size (--cell)");
   }
-  return std::max<int64_t>(pixels, 1);
+  return std::max<int64_t>(*cells + margin, 1);
 }
 
 }  // namespace

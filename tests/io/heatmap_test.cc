@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <vector>
 
 #include "common/expect.h"
@@ -103,6 +104,19 @@ TEST(Heatmap, ImagesPastPngsLimitAreRefusedByTheirSize) {
     EXPECT_THROW_WITH((void)render_heatmap(wide, o), ValueError, "heatmap: 1 x 200000 cells of");
     EXPECT_THROW_WITH((void)render_heatmap(wide.reshape({200000, 1}), o), ValueError, "pixels tall");
   }
+  // 2 key cells whose product passes int64, or checked_mul's 2^62; and one cell that fits
+  // but passes the limit with the query labels' margin (10 pixels): the same refusal.
+  o.labels = true;
+  for (const int64_t cell : {std::numeric_limits<int64_t>::max(), (int64_t{1} << 61) + 1}) {
+    o.cell = cell;
+    EXPECT_THROW_WITH(
+        (void)render_heatmap(Tensor::ones({1, 2}), o), ValueError,
+        "heatmap: 1 x 2 cells of " + std::to_string(cell) + " pixels make an image more than 1000000 pixels wide");
+  }
+  o.cell = 999'995;
+  EXPECT_THROW_WITH((void)render_heatmap(Tensor::ones({2, 1}), o), ValueError,
+                    "heatmap: 2 x 1 cells of 999995 pixels make an image more than 1000000 pixels wide");
+  o.labels = false;
   o.cell = 256;  // 2000 x 2000 cells: sides within the limit, bytes past the allocation limit
   set_max_alloc_bytes(size_t{1} << 30);
   EXPECT_THROW_WITH((void)render_heatmap(Tensor::ones({2000, 2000}), o), OutOfMemoryError,
