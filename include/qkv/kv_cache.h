@@ -74,7 +74,9 @@ struct KVCacheConfig {
 
 class KVCache {
  public:
-  explicit KVCache(const KVCacheConfig& config);  // ValueError / DTypeError for bad sizes or dtypes
+  // ValueError / DTypeError for bad sizes or dtypes; OutOfMemoryError (Python: MemoryError) naming
+  // KVCache, the storage or bookkeeping and its bytes for a cache past the allocation limit (qkv/size.h).
+  explicit KVCache(const KVCacheConfig& config);
 
   // Writes k [B, Hk, T, D] and v [B, Hk, T, Dv] (any float dtype, converted to the cache's)
   // after each sequence's length; `counts` (B values in [0, T]) appends only the first
@@ -149,6 +151,8 @@ class KVCache {
   static KVCache from_state(const std::map<std::string, Tensor>& state);
 
  private:
+  KVCache(const KVCacheConfig& config, const char* op);  // errors name `op` (from_state: KVCache.from_state)
+  void check_sizes(int64_t slots, int64_t span) const;   // OutOfMemoryError before any allocation
   KVCacheConfig config_;
   // Writes [Hk, n, D] rows already in the storage dtype (and int8 scales [Hk, n]) at positions
   // at .. at + n - 1 of sequence b, run by run; pages must have been reserved.

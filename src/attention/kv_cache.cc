@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -19,28 +20,28 @@ namespace {
 constexpr const char* kAppend = "KVCache.append";
 constexpr const char* kDecode = "decode_attention";
 
-void check_config(const KVCacheConfig& c) {
+void check_config(const KVCacheConfig& c, const char* op) {
   if (c.batch < 0 || c.kv_heads < 1 || c.head_dim < 1 || c.capacity < 0 || c.value_dim < 1) {
-    fail<ValueError>("KVCache: batch and capacity must be >= 0, kv_heads, head_dim and value_dim >= 1; got batch ",
+    fail<ValueError>(op, ": batch and capacity must be >= 0, kv_heads, head_dim and value_dim >= 1; got batch ",
                      c.batch, ", kv_heads ", c.kv_heads, ", head_dim ", c.head_dim, ", capacity ", c.capacity,
                      ", value_dim ", c.value_dim);
   }
   if (c.dtype != DType::f32 && c.dtype != DType::bf16 && c.dtype != DType::f16 && c.dtype != DType::i8) {
-    fail<DTypeError>("KVCache: dtype must be float32, bfloat16, float16 or int8, got ", dtype_name(c.dtype));
+    fail<DTypeError>(op, ": dtype must be float32, bfloat16, float16 or int8, got ", dtype_name(c.dtype));
   }
   if (c.window < 0 || c.page_size < 0 || c.pages < 0 || (c.window > 0 && c.capacity < c.window)) {
-    fail<ValueError>("KVCache: window, page_size and pages must be >= 0 and capacity >= window; got window ", c.window,
+    fail<ValueError>(op, ": window, page_size and pages must be >= 0 and capacity >= window; got window ", c.window,
                      ", page_size ", c.page_size, ", pages ", c.pages, ", capacity ", c.capacity);
   }
   if (c.pages > 0 && c.page_size == 0) {  // was ignored: a contiguous cache of batch x capacity positions
-    fail<ValueError>("KVCache: pages = ", c.pages, " needs page_size > 0 (a paged cache); got page_size 0");
+    fail<ValueError>(op, ": pages = ", c.pages, " needs page_size > 0 (a paged cache); got page_size 0");
   }
   if (c.rotary) {
     const int64_t rd = c.rotary->rotary_dim;
     // rotary_dim 0 rotates all head_dim features: an odd head_dim failed only at the first append
     if (rd < 0 || rd > c.head_dim || (rd == 0 ? c.head_dim : rd) % 2 != 0 || !(c.rotary->base > 0.0) ||
         !std::isfinite(c.rotary->base)) {
-      fail<ValueError>("KVCache: rotary_dim must be even and <= head_dim = ", c.head_dim, " (got ", rd,
+      fail<ValueError>(op, ": rotary_dim must be even and <= head_dim = ", c.head_dim, " (got ", rd,
                        rd == 0 ? ": all of head_dim" : "", "), the rotary base positive and finite (got ",
                        c.rotary->base, ")");
     }
@@ -60,21 +61,33 @@ RotaryOptions rotary_at(const CacheRotary& r, std::vector<int64_t> positions, in
 
 }  // namespace
 
-KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
+KVCache::KVCache(const KVCacheConfig& config) : KVCache(config, "KVCache") {}
+
+KVCache::KVCache(const KVCacheConfig& config, const char* op) : config_(config) {
   if (config_.value_dim == 0) config_.value_dim = config_.head_dim;
   KVCacheConfig& c = config_;
-  check_config(c);
+  check_config(c, op);
+  const AllocationScope scope(op);             // names the cache in out-of-memory errors (qkv/size.h)
   int64_t slots = c.batch, span = c.capacity;  // [slots, Hk, span, D]
   if (c.page_size > 0) {
     if (c.pages == 0) {
       // a window's `capacity` positions may straddle one page more
       const int64_t per = std::min(ceil_div(c.capacity, c.page_size), kMaxElements);  // + 1 below: no overflow
       const auto all = checked_mul(c.batch, per + (c.window > 0 ? 1 : 0));
-      if (!all) fail<ValueError>("KVCache: batch ", c.batch, " x capacity ", c.capacity, " is too large");
+      if (!all) fail<ValueError>(op, ": batch ", c.batch, " x capacity ", c.capacity, " is too large");
       c.pages = *all;
     }
     slots = c.pages, span = c.page_size;
+  }
+  check_sizes(slots, span);
+  try {
     for (int64_t p = c.pages - 1; p >= 0; --p) free_.push_back(p);  // page 0 is taken first
+    lengths_.assign(static_cast<size_t>(c.batch), 0);
+    kept_.assign(static_cast<size_t>(c.batch), 0);
+    blocks_.assign(static_cast<size_t>(c.batch), {});
+    dropped_.assign(static_cast<size_t>(c.batch), 0);
+  } catch (const std::bad_alloc&) {
+    scope.fail_bad_alloc();
   }
   k_ = Tensor::zeros({slots, c.kv_heads, span, c.head_dim}, c.dtype);  // [B, Hk, capacity, D] or pages
   v_ = Tensor::zeros({slots, c.kv_heads, span, c.value_dim}, c.dtype);
@@ -85,10 +98,31 @@ KVCache::KVCache(const KVCacheConfig& config) : config_(config) {
     k_offset_ = Tensor::zeros({c.batch, c.kv_heads, c.head_dim});  // [B, Hk, D]
     k_spread_ = Tensor::ones({c.batch, c.kv_heads, c.head_dim});
   }
-  lengths_.assign(static_cast<size_t>(c.batch), 0);
-  kept_.assign(static_cast<size_t>(c.batch), 0);
-  blocks_.assign(static_cast<size_t>(c.batch), {});
-  dropped_.assign(static_cast<size_t>(c.batch), 0);
+}
+
+// Every allocation of a cache of [slots, Hk, span, ...] storage checked before the first: the
+// storage's (OutOfMemoryError naming the cache, the role, the shape and the bytes) and the
+// per-sequence and page bookkeeping's (KVCache(2^40, 1, 8, 0) holds no key, and its lengths and
+// block tables ended in a bare std::bad_alloc).
+void KVCache::check_sizes(int64_t slots, int64_t span) const {
+  const KVCacheConfig& c = config_;
+  checked_alloc_bytes(Shape{slots, c.kv_heads, span, c.head_dim}, c.dtype, "keys");
+  checked_alloc_bytes(Shape{slots, c.kv_heads, span, c.value_dim}, c.dtype, "values");
+  if (c.dtype == DType::i8) {
+    checked_alloc_bytes(Shape{slots, c.kv_heads, span, ceil_div(c.head_dim, kInt8Group)}, DType::bf16, "key scales");
+    checked_alloc_bytes(Shape{slots, c.kv_heads, span, ceil_div(c.value_dim, kInt8Group)}, DType::bf16, "value scales");
+    checked_alloc_bytes(Shape{c.batch, c.kv_heads, c.head_dim}, DType::f32, "key offsets");
+  }
+  // lengths_, kept_, dropped_ and an empty block table per sequence; a free list of `pages`
+  constexpr int64_t kPerSequence = 3 * sizeof(int64_t) + sizeof(std::vector<int64_t>);
+  const auto state = checked_mul(c.batch, kPerSequence), pool = checked_mul(c.pages, sizeof(int64_t));
+  const std::string what = "per-sequence state of " + std::to_string(c.batch) + " sequences (" +
+                           std::to_string(kPerSequence) + " bytes each)";
+  if (!state) fail<OutOfMemoryError>(AllocationScope::describe("KVCache"), ": ", what, " overflows");
+  check_alloc_bytes(static_cast<size_t>(*state), what, "KVCache");
+  if (!pool)
+    fail<OutOfMemoryError>(AllocationScope::describe("KVCache"), ": the free list of ", c.pages, " pages overflows");
+  check_alloc_bytes(static_cast<size_t>(*pool), "the free list of " + std::to_string(c.pages) + " pages", "KVCache");
 }
 
 int64_t KVCache::row(int64_t b, int64_t hk, int64_t position) const {

@@ -453,6 +453,23 @@ TEST(KVCacheErrors, PagesWithoutAPageSizeAndCapacitiesNearTheInt64Limit) {
   EXPECT_THROW_WITH(KVCache{c}, ValueError, "KVCache: batch 1 x capacity 9223372036854775807 is too large");
 }
 
+// A cache past the allocation limit is an OutOfMemoryError naming KVCache, what it would hold
+// and the bytes, before any allocation: 2^40 sequences of capacity 0 hold no key, and their
+// lengths and block tables ended in a bare std::bad_alloc ("qkv: out of memory" in Python).
+TEST(KVCacheErrors, ACacheTooLargeNamesKVCacheAndTheBytes) {
+  EXPECT_THROW_WITH(
+      KVCache(KVCacheConfig{int64_t{1} << 40, 1, 8, 0}), OutOfMemoryError,
+      "KVCache: per-sequence state of 1099511627776 sequences (48 bytes each) needs 52776558133248 bytes");
+  EXPECT_THROW_WITH(KVCache(KVCacheConfig{1, 1, 8, int64_t{1} << 40}), OutOfMemoryError,
+                    "KVCache: keys [1, 1, 1099511627776, 8] float32 needs 35184372088832 bytes");
+  EXPECT_THROW_WITH(KVCache(KVCacheConfig{1, 1, 8, 1, int64_t{1} << 60, DType::bf16}), OutOfMemoryError,
+                    "KVCache: values [1, 1, 1, 1152921504606846976] bfloat16 needs 2305843009213693952 bytes");
+  KVCacheConfig paged{1, 1, 8, 16};
+  paged.page_size = 4, paged.pages = int64_t{1} << 61;
+  EXPECT_THROW_WITH(KVCache{paged}, OutOfMemoryError, "KVCache: keys [2305843009213693952, 1, 4, 8] float32 needs 2^");
+  EXPECT_EQ(KVCache(KVCacheConfig{1 << 16, 1, 8, 0}).lengths().size(), size_t{1} << 16);  // small enough: fine
+}
+
 // A window's evicted pages leave the block table: it had an entry -1 for every page a sequence ever
 // passed (262143 of them after set_length(0, 2^20) with pages of 4; std::bad_alloc, or the machine's
 // memory, at 2^40), and it stays ~capacity / page_size + 1 long, decoding as the ring does.

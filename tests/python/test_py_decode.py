@@ -184,3 +184,12 @@ def test_cache_state_saves_and_loads(tmp_path):
     assert back.lengths == [9, 4] and back.capacity == 50
     q = rng.standard_normal((2, 4, 1, 8)).astype(np.float32)
     np.testing.assert_array_equal(qkv.decode_attention(q, back), qkv.decode_attention(q, cache))
+
+
+def test_a_cache_too_large_is_a_memory_error_naming_kvcache():
+    # 2^40 sequences of capacity 0: their lengths and block tables ended in a bare std::bad_alloc
+    # ("qkv: out of memory (std::bad_alloc)"), without the op or the size
+    with pytest.raises(MemoryError, match=r"^KVCache: per-sequence state of 1099511627776 sequences .* bytes"):
+        qkv.KVCache(2**40, 1, 8, 0)
+    with pytest.raises(MemoryError, match=r"^KVCache: keys \[1, 1, 1099511627776, 8\] float32 needs 35184372088832 bytes"):
+        qkv.KVCache(1, 1, 8, 2**40)
