@@ -35,14 +35,14 @@ qkv::nn::Convention convention_arg(const std::string& name, const char* op) {
 
 // Functional steps: the parameters are copied, stepped and returned (an in-place update of a
 // NumPy array could be lost silently where the binding reads a copy, e.g. a misaligned one).
-// float64 parameters step and come back in float64, as torch keeps a parameter's dtype (they
-// came back as float32 copies); any other dtype steps in float32.
+// Each comes back in its own dtype, as torch keeps a parameter's: float16 and bfloat16 step in
+// float32 and are rounded back (they came back as float32 copies, as float64 ones once did);
+// integer and bool parameters are a TypeError (the C++ step's DTypeError: torch trains only
+// floating point tensors; they were stepped as float32 copies).
 template <class Opt>
 nb::dict step_copy(Opt& opt, nb::handle params, nb::handle grads, const char* op) {
   std::map<std::string, Tensor> p = to_tensor_map(params, (std::string(op) + ".step: params").c_str());
-  for (auto& [name, t] : p) {
-    t = t.to(t.dtype() == qkv::DType::f64 ? qkv::DType::f64 : qkv::DType::f32).contiguous().clone();
-  }
+  for (auto& [name, t] : p) t = t.contiguous().clone();
   const std::map<std::string, Tensor> g = to_tensor_map(grads, (std::string(op) + ".step: grads").c_str());
   {
     qkv::python::InterruptibleRelease release;

@@ -1,10 +1,11 @@
 // qkv::nn optimizers (qkv/nn/optim.h): PyTorch's and Keras 3's update rules, written in
-// the parameter's type (float32 or float64) in the order the frameworks compute them (torch.optim.SGD/Adam/AdamW's
-// single-tensor paths; keras.optimizers' update_step), so that steps agree to rounding.
+// the parameter's type (float32 or float64; float16 and bfloat16 in float32) in the order the frameworks compute them
+// (torch.optim.SGD/Adam/AdamW's single-tensor paths; keras.optimizers' update_step), so that steps agree to rounding.
 #include "qkv/nn/optim.h"
 
 #include <cmath>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "qkv/error.h"
@@ -13,12 +14,19 @@ namespace qkv::nn {
 
 namespace {
 
-// A parameter and its gradient, converted to the parameter's dtype (checked: present, same
-// shape, a contiguous float32 or float64 parameter: float64 steps in float64, as torch's).
+// A parameter, the tensor its step writes (`work`) and its gradient in work's dtype (checked:
+// present, same shape, a contiguous floating point parameter). float32 and float64 parameters
+// step in place in their own dtype, as torch's; float16 and bfloat16 ones step a float32 copy
+// (state float32 too) that is rounded back into the parameter after the step (torch steps them
+// in their dtype, each operation computed in float32). Integer and bool parameters are refused:
+// torch trains only floating point tensors (only they can require gradients).
 struct Pair {
   Tensor* param;
+  Tensor work;
   Tensor grad;
 };
+
+bool is_half(DType d) { return d == DType::f16 || d == DType::bf16; }
 
 Pair pair_of(const char* op, const std::string& name, Tensor& param, const NamedTensors& grads) {
   const auto it = grads.find(name);
@@ -27,12 +35,23 @@ Pair pair_of(const char* op, const std::string& name, Tensor& param, const Named
     fail<ShapeError>(op, ".step: gradient of '", name, "' has shape ", shape_str(it->second.shape()),
                      ", the parameter ", shape_str(param.shape()));
   }
-  if ((param.dtype() != DType::f32 && param.dtype() != DType::f64) || !param.is_contiguous()) {
-    fail<DTypeError>(op, ".step: parameter '", name, "' must be a contiguous float32 or float64 tensor, got ",
-                     dtype_name(param.dtype()), " (updated in place)");
+  const DType d = param.dtype();
+  if (d != DType::f32 && d != DType::f64 && !is_half(d)) {
+    fail<DTypeError>(op, ".step: parameter '", name, "' is ", dtype_name(d),
+                     "; only floating point parameters (float32, float64, float16, bfloat16) are trained, as "
+                     "torch's optimizers train only tensors that can require gradients");
   }
+  if (!param.is_contiguous())
+    fail<ValueError>(op, ".step: parameter '", name, "' must be contiguous (updated in place)");
   if (param.is_read_only()) fail<ValueError>(op, ".step: parameter '", name, "' is read-only (updated in place)");
-  return {&param, it->second.to(param.dtype()).contiguous()};
+  Tensor work = is_half(d) ? param.to(DType::f32).contiguous().clone() : param;
+  Tensor grad = it->second.to(work.dtype()).contiguous();
+  return {&param, std::move(work), std::move(grad)};
+}
+
+// A float16 / bfloat16 parameter's stepped float32 copy, rounded back into it.
+void write_back(const Pair& x) {
+  if (is_half(x.param->dtype())) x.param->copy_from(x.work);
 }
 
 // Every parameter's pair, all checked before any parameter is written: a missing or misshapen
@@ -150,17 +169,18 @@ void Sgd::step(NamedTensors& params, const NamedTensors& grads) {
   const std::vector<Pair> pairs = pairs_of("SGD", params, grads);
   check_state("SGD", momentum_, "momentum/", params);
   size_t k = 0;
-  for (auto& [name, param] : params) {
+  for (const auto& [name, param] : params) {
     const Pair& x = pairs[k++];
     bool fresh = false;
     const bool has_buf = o_.momentum != 0.0;
-    if (param.dtype() == DType::f64) {
-      double* buf = has_buf ? buffer<double>(momentum_, name, param, &fresh) : nullptr;
-      sgd_update(o_, param.data<double>(), x.grad.data<double>(), buf, fresh, param.numel());
+    if (x.work.dtype() == DType::f64) {
+      double* buf = has_buf ? buffer<double>(momentum_, name, x.work, &fresh) : nullptr;
+      sgd_update(o_, x.work.data<double>(), x.grad.data<double>(), buf, fresh, param.numel());
     } else {
-      float* buf = has_buf ? buffer<float>(momentum_, name, param, &fresh) : nullptr;
-      sgd_update(o_, param.data<float>(), x.grad.data<float>(), buf, fresh, param.numel());
+      float* buf = has_buf ? buffer<float>(momentum_, name, x.work, &fresh) : nullptr;
+      sgd_update(o_, x.work.data<float>(), x.grad.data<float>(), buf, fresh, param.numel());
     }
+    write_back(x);
   }
 }
 
@@ -179,15 +199,16 @@ void Adam::step(NamedTensors& params, const NamedTensors& grads) {
   check_state("Adam", v_, "v/", params);
   ++t_;
   size_t k = 0;
-  for (auto& [name, param] : params) {
+  for (const auto& [name, param] : params) {
     const Pair& x = pairs[k++];
-    if (param.dtype() == DType::f64) {
-      adam_update(o_, t_, param.data<double>(), x.grad.data<double>(), buffer<double>(m_, name, param),
-                  buffer<double>(v_, name, param), param.numel());
+    if (x.work.dtype() == DType::f64) {
+      adam_update(o_, t_, x.work.data<double>(), x.grad.data<double>(), buffer<double>(m_, name, x.work),
+                  buffer<double>(v_, name, x.work), param.numel());
     } else {
-      adam_update(o_, t_, param.data<float>(), x.grad.data<float>(), buffer<float>(m_, name, param),
-                  buffer<float>(v_, name, param), param.numel());
+      adam_update(o_, t_, x.work.data<float>(), x.grad.data<float>(), buffer<float>(m_, name, x.work),
+                  buffer<float>(v_, name, x.work), param.numel());
     }
+    write_back(x);
   }
 }
 

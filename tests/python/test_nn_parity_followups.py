@@ -1,10 +1,12 @@
 """qkv.nn's training pieces against torch where a bug bash found them apart: cross_entropy's
-ignore_index, float64 parameters in SGD / Adam, BCE with logits at infinite logits.
-Oracle: torch 2.15's values in committed fixtures (tests/nn/make_optim_fixtures.py)."""
+ignore_index, float64, float16, bfloat16 and integer parameters in SGD / Adam, BCE with logits at
+infinite logits. Oracle: torch 2.15's values in committed fixtures (tests/nn/make_optim_fixtures.py);
+for float16 / bfloat16 parameters a float64 NumPy version of torch's update rule."""
 
 import json
 import pathlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors import safe_open
@@ -74,3 +76,52 @@ def test_bce_with_logits_at_infinite_logits_as_torch():
         loss, grad = qkv.nn.binary_cross_entropy_with_logits(np.array([x]), np.array([y]))
         np.testing.assert_equal(loss, want, err_msg=f"x {x} y {y}")  # NaN equals NaN here
         np.testing.assert_equal(grad[0], want_grad, err_msg=f"x {x} y {y}")
+
+
+def _reference_step(kind, p, g, state, t):
+    """One step of torch's rule in float64 (SGD nesterov with L2, Adam with L2, AdamW), `state`
+    updated in place: the oracle for parameters stored in float16 / bfloat16."""
+    if kind == "SGD":
+        d = g + 0.01 * p
+        state["buf"] = d if "buf" not in state else 0.9 * state["buf"] + d
+        return p - 0.1 * (d + 0.9 * state["buf"])
+    m, v = state.get("m", np.zeros_like(p)), state.get("v", np.zeros_like(p))
+    if kind == "AdamW":
+        p = p * (1 - 0.01 * 0.01)
+    gi = g if kind == "AdamW" else g + 0.01 * p
+    state["m"], state["v"] = 0.8 * m + 0.2 * gi, 0.95 * v + 0.05 * gi * gi
+    bc1, bc2 = 1 - 0.8**t, 1 - 0.95**t
+    return p - 0.01 / bc1 * state["m"] / (np.sqrt(state["v"]) / np.sqrt(bc2) + 1e-6)
+
+
+@pytest.mark.parametrize("kind", ["SGD", "Adam", "AdamW"])
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_half_parameters_step_in_their_dtype_as_torch(kind, dtype):
+    """torch steps float16 / bfloat16 parameters in their own dtype; qkv's step returned float32
+    copies. Now each step comes back in the parameter's dtype, computed in float32 and rounded to
+    nearest: within half a unit in the last place of the float64 rule applied to the stored values."""
+    if kind == "SGD":
+        opt = qkv.nn.SGD(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True)
+    else:
+        opt = qkv.nn.Adam(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.01,
+                          decoupled_weight_decay=kind == "AdamW")
+    rng = np.random.default_rng(3)
+    params, state = {"w": rng.standard_normal(64).astype(dtype)}, {}
+    mantissa = 10 if dtype == np.float16 else 7
+    for t in range(1, 6):
+        g = rng.standard_normal(64).astype(np.float32)
+        want = _reference_step(kind, params["w"].astype(np.float64), g.astype(np.float64), state, t)
+        params = opt.step(params, {"w": g})
+        assert params["w"].dtype == dtype
+        got = params["w"].astype(np.float64)
+        half_ulp = np.ldexp(0.5, np.floor(np.log2(np.minimum(abs(got), abs(want)))).astype(int) - mantissa)
+        assert (abs(got - want) <= half_ulp * 1.001).all(), f"step {t}: {got - want}"
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_])
+def test_integer_parameters_are_refused_as_torch(dtype):
+    """torch trains only floating point tensors (an integer one cannot require gradients); qkv
+    stepped integer parameters as float32 copies."""
+    for opt in (qkv.nn.SGD(lr=0.1), qkv.nn.Adam()):
+        with pytest.raises(TypeError, match="parameter 'w' is .*; only floating point parameters"):
+            opt.step({"w": np.ones(3, dtype)}, {"w": np.ones(3, np.float32)})

@@ -1,7 +1,9 @@
 // Optimizers with PyTorch's and Keras 3's exact update rules (seed 001 trains with Adam),
-// gradient clipping, and their state. Parameters are float32 or float64 tensors updated in
-// place, by name (a layer's state_dict() names), each stepped in its own dtype with state of that
-// dtype (as torch's); gradients have the parameters' shapes and are converted to their dtype.
+// gradient clipping, and their state. Parameters are floating point tensors updated in place, by
+// name (a layer's state_dict() names), each stepped in its own dtype (as torch's): float32 and
+// float64 with state of that dtype, float16 and bfloat16 computed in float32 (float32 state) and
+// rounded to nearest into the parameter. Integer and bool parameters are a DTypeError (torch trains
+// only floating point tensors). Gradients have the parameters' shapes and are converted.
 //
 // The conventions differ, and both are here (Convention::torch / Convention::keras):
 //   SGD   torch: g += wd p; buf = g (first step) else momentum buf + (1 - dampening) g;
@@ -55,7 +57,7 @@ using NamedTensors = std::map<std::string, Tensor>;
 class Sgd {
  public:
   explicit Sgd(const SgdOptions& options);  // ValueError for a negative lr/momentum/weight decay
-  // One step: every params[name] (f32 or f64; DTypeError for another) updated in place from
+  // One step: every params[name] (f32, f64, f16, bf16; DTypeError for another) updated in place from
   // grads[name] (same shape; ValueError naming the parameter when missing or of another shape).
   void step(NamedTensors& params, const NamedTensors& grads);
   const NamedTensors& state() const { return momentum_; }  // the momentum buffers, by name
