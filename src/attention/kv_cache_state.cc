@@ -44,9 +44,20 @@ int64_t scalar_or_zero(const std::map<std::string, Tensor>& s, const std::string
 // dequantizes to the same values. float32 scales (files written before bfloat16 scales) are
 // rounded to bfloat16: such a cache decodes within 2^-9 of each group's values of before.
 // Their [B, Hk, n] must be the keys' (copy_from would broadcast a scale of one head to all).
+// A floating-point entry (state() writes bfloat16 scales, float32 offsets and spreads, a float64
+// rotary entry): integer scales were converted as they were (an int8 scale of 1 for 0.0079).
+const Tensor& floating(const std::map<std::string, Tensor>& s, const std::string& name) {
+  const Tensor& t = need(s, name);
+  if (!is_floating(t.dtype())) {
+    fail<DTypeError>(kOp, ": '", name, "' must be floating point, got ", dtype_name(t.dtype()), " ",
+                     shape_str(t.shape()));
+  }
+  return t;
+}
+
 Tensor int8_scales(const std::map<std::string, Tensor>& s, const std::string& name, const Tensor& keys,
                    int64_t groups) {
-  const Tensor t = need(s, name).to(DType::bf16);  // float32 in files written before bfloat16 scales
+  const Tensor t = floating(s, name).to(DType::bf16);  // float32 in files written before bfloat16 scales
   const bool rows = (t.dim() == 3 || t.dim() == 4) && t.size(0) == keys.size(0) && t.size(1) == keys.size(1) &&
                     t.size(2) == keys.size(2);
   if (rows && t.dim() == 3) return t.unsqueeze(3).expand({t.size(0), t.size(1), t.size(2), groups});
@@ -60,8 +71,11 @@ Tensor int8_scales(const std::map<std::string, Tensor>& s, const std::string& na
 // The "rotary" entry [base, layout (0 neox, 1 gptj), rotary_dim], if any (the base is checked by KVCache).
 std::optional<CacheRotary> rotary_of(const std::map<std::string, Tensor>& s) {
   if (!s.count("rotary")) return std::nullopt;
-  const auto r = s.at("rotary").to_vector<double>();
-  if (r.size() != 3) fail<ShapeError>(kOp, ": 'rotary' must be [base, layout, rotary_dim], got ", r.size(), " values");
+  const Tensor& t = floating(s, "rotary");
+  if (t.dim() != 1 || t.size(0) != 3) {  // a [1, 3] was read as its 3 values
+    fail<ShapeError>(kOp, ": 'rotary' must be 1-D [base, layout, rotary_dim], got ", shape_str(t.shape()));
+  }
+  const auto r = t.to_vector<double>();
   if (!(std::abs(r[2]) < 1e15) || r[2] != std::floor(r[2])) {  // the cast of 1e30 or NaN is undefined
     fail<ValueError>(kOp, ": 'rotary' rotary_dim must be an integer, got ", r[2]);
   }
@@ -189,12 +203,12 @@ KVCache KVCache::from_state(const std::map<std::string, Tensor>& s) {
   config.window = scalar_or_zero(s, "window"), config.page_size = scalar_or_zero(s, "page_size");
   config.pages = scalar_or_zero(s, "pages");
   config.rotary = rotary_of(s);
-  KVCache cache(config);
+  KVCache cache(config, kOp);  // its errors name from_state
   const bool int8 = k.dtype() == DType::i8;
   Tensor key_scales, value_scales;  // [B, Hk, n, groups]
   if (int8) {
     for (const char* name : {"key_offsets", "key_spreads"}) {  // copy_from would broadcast a [B, Hk, 1]
-      if (need(s, name).shape() != cache.k_offset_.shape()) {
+      if (floating(s, name).shape() != cache.k_offset_.shape()) {
         fail<ShapeError>(kOp, ": '", name, "' must be ", shape_str(cache.k_offset_.shape()), " for keys ",
                          shape_str(k.shape()), ", got ", shape_str(need(s, name).shape()));
       }

@@ -139,5 +139,43 @@ TEST(KVCacheState, RotaryLayoutsAndInt8SpreadsACacheCannotHaveAreErrors) {
   EXPECT_THROW_WITH(KVCache::from_state(s), ValueError, "at flat index 0 of [1, 2, 8]");
 }
 
+// Entries of a dtype or rank no cache writes: integer int8 scales were converted as they were (an
+// int8 scale 1 for 0.0079: every key and value of the file ~127x too large), a [1, 3] rotary entry
+// read as its 3 values; and errors of the cache's own checks while loading named "KVCache:".
+TEST(KVCacheState, EntriesOfAnotherDtypeOrRankAndTheCachesChecksNameFromState) {
+  KVCache int8({2, 2, 32, 8, 32, DType::i8});
+  fill(int8, {3, 2}, 5);
+  const std::map<std::string, Tensor> good = int8.state();
+  for (const char* name : {"key_scales", "value_scales", "key_offsets", "key_spreads"}) {
+    std::map<std::string, Tensor> s = good;
+    s[name] = good.at(name).to(DType::i8);
+    EXPECT_THROW_WITH(KVCache::from_state(s), DTypeError,
+                      "KVCache.from_state: '" + std::string(name) + "' must be floating point, got int8 [2, 2, ");
+  }
+  KVCacheConfig rc = config(1, 8);
+  rc.rotary = CacheRotary{};
+  KVCache rotary(rc);
+  fill(rotary, {3}, 6);
+  std::map<std::string, Tensor> s = rotary.state();
+  s["rotary"] = rotary.state().at("rotary").reshape({1, 3});
+  EXPECT_THROW_WITH(KVCache::from_state(s), ShapeError,
+                    "KVCache.from_state: 'rotary' must be 1-D [base, layout, rotary_dim], got [1, 3]");
+  s["rotary"] = Tensor::from_vector<int64_t>({10000, 0, 8}, {3});
+  EXPECT_THROW_WITH(KVCache::from_state(s), DTypeError,
+                    "KVCache.from_state: 'rotary' must be floating point, got int64");
+  s["rotary"] = Tensor::from_vector<double>({10000.0, 0.0, 3.0}, {3});
+  EXPECT_THROW_WITH(KVCache::from_state(s), ValueError, "KVCache.from_state: rotary_dim must be even and <= head_dim");
+  s["rotary"] = rotary.state().at("rotary");
+  EXPECT_EQ(max_abs_diff(KVCache::from_state(s).keys(), rotary.keys()), 0.0);  // the good state still loads
+  s["window"] = Tensor::from_vector<int64_t>({20}, {1});
+  EXPECT_THROW_WITH(
+      KVCache::from_state(s), ValueError,
+      "KVCache.from_state: window, page_size and pages must be >= 0 and capacity >= window; got window 20");
+  s.erase("window");
+  s["keys"] = rotary.state().at("keys").to(DType::f64), s["values"] = rotary.state().at("values").to(DType::f64);
+  EXPECT_THROW_WITH(KVCache::from_state(s), DTypeError,
+                    "KVCache.from_state: dtype must be float32, bfloat16, float16 or int8, got float64");
+}
+
 }  // namespace
 }  // namespace qkv

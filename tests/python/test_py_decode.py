@@ -193,3 +193,17 @@ def test_a_cache_too_large_is_a_memory_error_naming_kvcache():
         qkv.KVCache(2**40, 1, 8, 0)
     with pytest.raises(MemoryError, match=r"^KVCache: keys \[1, 1, 1099511627776, 8\] float32 needs 35184372088832 bytes"):
         qkv.KVCache(1, 1, 8, 2**40)
+
+
+def test_from_state_refuses_integer_scales_and_a_2d_rotary_entry_naming_from_state():
+    cache = qkv.KVCache(1, 1, 16, 4, dtype="int8", rotary=True)
+    cache.append(rng.standard_normal((1, 1, 2, 16)).astype(np.float32), rng.standard_normal((1, 1, 2, 16)).astype(np.float32))
+    state = cache.state()
+    bad = dict(state, key_scales=np.ones(state["key_scales"].shape, np.int8))  # was read as scale 1.0
+    with pytest.raises(TypeError, match=r"^KVCache.from_state: 'key_scales' must be floating point, got int8"):
+        qkv.KVCache.from_state(bad)
+    with pytest.raises(ValueError, match=r"^KVCache.from_state: 'rotary' must be 1-D \[base, layout, rotary_dim\]"):
+        qkv.KVCache.from_state(dict(state, rotary=state["rotary"].reshape(1, 3)))
+    with pytest.raises(ValueError, match=r"^KVCache.from_state: window, page_size and pages must be >= 0"):
+        qkv.KVCache.from_state(dict(state, window=np.array([9], np.int64)))
+    assert qkv.KVCache.from_state(state).lengths == [2]
