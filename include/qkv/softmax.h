@@ -54,6 +54,12 @@ double exp_shift_sum_fast(double* x, int64_t n, double shift);
 void softmax_backward_row(const float* y, float* g, int64_t n, float dot);
 void softmax_backward_row(const double* y, double* g, int64_t n, double dot);
 
+// Masks on a score row (fused attention's tiles): x[i] += keep[i] ? 0 : -inf, PyTorch's bool
+// mask (so a NaN or +inf score that is masked out becomes NaN, as it does there: inf - inf),
+// and x[i] += bias[i], a float mask row. keep holds bools (0 or 1 bytes), read as bytes.
+void add_bool_mask(float* x, const bool* keep, int64_t n);
+void add_row(float* x, const float* bias, int64_t n);
+
 // x[i] *= s.
 void scale(float* x, int64_t n, float s);
 void scale(double* x, int64_t n, double s);

@@ -189,6 +189,33 @@ HWY_INLINE void SoftmaxBackwardRowT(const T* HWY_RESTRICT y, T* HWY_RESTRICT g, 
   for (; i < n; ++i) g[i] = y[i] * (g[i] - dot);
 }
 
+// x[i] += keep[i] ? 0 : -inf: the masked lanes add -inf (never a select of -inf: a NaN or +inf
+// score stays NaN, as the scalar tail and PyTorch give).
+HWY_NOINLINE void AddBoolMask(float* HWY_RESTRICT x, const bool* HWY_RESTRICT keep, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto* bytes = reinterpret_cast<const uint8_t*>(keep);
+  const auto minus_inf = hn::Set(d, -kInf<float>);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto k = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<decltype(d)>(), hn::LoadU(d8, bytes + i)));
+    const auto masked = hn::RebindMask(d, hn::Eq(k, hn::Zero(di)));
+    hn::StoreU(hn::Add(hn::LoadU(d, x + i), hn::IfThenElseZero(masked, minus_inf)), d, x + i);
+  }
+  for (; i < n; ++i) x[i] += bytes[i] != 0 ? 0.0f : -kInf<float>;
+}
+
+// x[i] += y[i].
+HWY_NOINLINE void AddRow(float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::Add(hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, x + i);
+  for (; i < n; ++i) x[i] += y[i];
+}
+
 // x[i] = exp(x[i]).
 HWY_NOINLINE void ExpInplace(float* HWY_RESTRICT x, int64_t n) {
   const hn::ScalableTag<float> d;

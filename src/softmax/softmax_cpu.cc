@@ -34,6 +34,8 @@ HWY_EXPORT(Scale64);
 HWY_EXPORT(ExpInplace);
 HWY_EXPORT(SoftmaxBackwardRow);
 HWY_EXPORT(SoftmaxBackwardRow64);
+HWY_EXPORT(AddBoolMask);
+HWY_EXPORT(AddRow);
 
 void softmax_rows(float* x, int64_t rows, int64_t cols, int64_t row_stride) {
   QKV_DYNAMIC_DISPATCH(SoftmaxRows)(x, rows, cols, row_stride);
@@ -62,6 +64,10 @@ void scale(float* x, int64_t n, float s) { QKV_DYNAMIC_DISPATCH(Scale)(x, n, s);
 void scale(double* x, int64_t n, double s) { QKV_DYNAMIC_DISPATCH(Scale64)(x, n, s); }
 
 void exp_inplace(float* x, int64_t n) { QKV_DYNAMIC_DISPATCH(ExpInplace)(x, n); }
+
+void add_bool_mask(float* x, const bool* keep, int64_t n) { QKV_DYNAMIC_DISPATCH(AddBoolMask)(x, keep, n); }
+
+void add_row(float* x, const float* bias, int64_t n) { QKV_DYNAMIC_DISPATCH(AddRow)(x, bias, n); }
 
 void softmax_backward_row(const float* y, float* g, int64_t n, float dot) {
   QKV_DYNAMIC_DISPATCH(SoftmaxBackwardRow)(y, g, n, dot);

@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/simd_targets.h"
@@ -213,6 +215,41 @@ TEST(Softmax, BackwardRowIsTheScalarFormulaAndTheJacobianProduct) {
         ASSERT_TRUE(std::isnan(g[i])) << "element " << i;
       } else {
         ASSERT_EQ(g[i], want) << "element " << i;
+      }
+    }
+  });
+}
+
+// The mask rows of fused attention: x += keep ? 0 : -inf and x += bias, bitwise the scalar
+// formulas on every target, at every length around the vector widths and at odd offsets
+// (unaligned), with NaN, +-inf and finite scores under kept and masked keys.
+TEST(Softmax, MaskRowsAreTheScalarFormulas) {
+  for_each_target([] {
+    const std::vector<float> specials = {kNaN, kInf, -kInf, 0.0f, -0.0f, 1e30f, -3.5f};
+    for (int64_t n : kCols) {
+      for (int64_t offset : {0, 3}) {
+        std::vector<float> x = normal_values(static_cast<size_t>(n + offset), 4.0f, static_cast<uint32_t>(n) + 2);
+        for (size_t i = 0; i < x.size(); i += 5) x[i] = specials[(i / 5) % specials.size()];
+        std::vector<float> bias = normal_values(static_cast<size_t>(n + offset), 1.0f, static_cast<uint32_t>(n) + 3);
+        for (size_t i = 1; i < bias.size(); i += 7) bias[i] = specials[(i / 7) % specials.size()];
+        std::unique_ptr<bool[]> keep(new bool[static_cast<size_t>(n + offset)]);
+        for (int64_t i = 0; i < n + offset; ++i) keep[static_cast<size_t>(i)] = (i * 7 + n) % 3 != 0;
+        std::vector<float> got_mask = x, got_bias = x;
+        kernels::add_bool_mask(got_mask.data() + offset, keep.get() + offset, n);
+        kernels::add_row(got_bias.data() + offset, bias.data() + offset, n);
+        for (int64_t i = 0; i < n + offset; ++i) {
+          const size_t u = static_cast<size_t>(i);
+          const float want_mask = i < offset ? x[u] : x[u] + (keep[u] ? 0.0f : -kInf);
+          const float want_bias = i < offset ? x[u] : x[u] + bias[u];
+          for (auto [got, want, what] : {std::tuple{got_mask[u], want_mask, "bool mask"},
+                                         std::tuple{got_bias[u], want_bias, "float mask"}}) {
+            if (std::isnan(want)) {
+              ASSERT_TRUE(std::isnan(got)) << what << ", element " << i << " of " << n << " + " << offset;
+            } else {
+              ASSERT_EQ(got, want) << what << ", element " << i << " of " << n << " + " << offset;
+            }
+          }
+        }
       }
     }
   });
