@@ -1,4 +1,4 @@
-// Helpers shared by the .npy and .safetensors readers and writers (not public API).
+// Helpers shared by the file readers and writers of src/io (not public API).
 #pragma once
 
 #include <cstddef>
@@ -51,7 +51,39 @@ std::shared_ptr<Storage> read_file(const std::filesystem::path& path, const Cont
 // Up to `n` bytes of the file from `offset` (fewer when the file ends first).
 std::vector<std::byte> read_range(const std::filesystem::path& path, uint64_t offset, size_t n, const Context& ctx);
 uint64_t file_size(const std::filesystem::path& path, const Context& ctx);
-// Writes the chunks one after the other, replacing the file (IOError on failure).
+
+// A file written whole or not at all; every writer of src/io and src/io/keras_tf goes
+// through one (write_file below, the HDF5 writers, write_png). The constructor creates
+// an empty temporary file beside `path`, in its directory so that rename(2) replaces
+// `path` in one step: ".NAME.qkv-XXXXXXXXXXXX", with the mode of the file it replaces,
+// else 0666 less the umask. The writer fills temp(); commit() renames it over `path`.
+// Destroyed uncommitted (the writer threw, the disk filled up), it removes the
+// temporary file, so `path` is as it was: absent, or the previous file whole. Writers
+// wrote in place before: a failure left a partial file, over a good one truncated.
+// `path` an existing directory is an IOError saying so. A symbolic link is followed
+// (the file it names is replaced, the link stays). An existing file that is not a
+// regular file (/dev/null, a FIFO) cannot be replaced: temp() is `path` itself,
+// written in place, and commit() does nothing. No fsync: whole across failures of the
+// writer, not across a power loss.
+class PendingFile {
+ public:
+  PendingFile(const std::filesystem::path& path, Context ctx);
+  ~PendingFile();
+  PendingFile(const PendingFile&) = delete;
+  PendingFile& operator=(const PendingFile&) = delete;
+
+  const std::filesystem::path& temp() const { return temp_; }
+  void commit();  // IOError when the rename fails (the temporary file is removed)
+
+ private:
+  std::filesystem::path target_, temp_;
+  Context ctx_;
+  bool in_place_ = false, committed_ = false;
+};
+
+// Writes the chunks one after the other into file.temp() (IOError on failure).
+void write_chunks(const PendingFile& file, std::span<const std::span<const std::byte>> chunks, const Context& ctx);
+// The chunks as the whole new content of `path`, through a PendingFile.
 void write_file(const std::filesystem::path& path, std::span<const std::span<const std::byte>> chunks,
                 const Context& ctx);
 // A storage holding a copy of `bytes` (what the parse_* entry points read from).

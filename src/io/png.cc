@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "io/io_internal.h"
 #include "qkv/ascii.h"
 #include "qkv/error.h"
 #include "qkv/heatmap.h"
@@ -37,11 +38,14 @@ void write_png(const std::filesystem::path& path, const Image& image) {
   png.width = static_cast<png_uint_32>(image.width);
   png.height = static_cast<png_uint_32>(image.height);
   png.format = PNG_FORMAT_RGB;
-  if (png_image_write_to_file(&png, path.c_str(), 0, image.rgb.data(), 0, nullptr) == 0) {
+  // Through a temporary file (io_internal.h): a failed write leaves no partial image.
+  io::detail::PendingFile out(path, io::detail::Context{"write_png", path.string()});
+  if (png_image_write_to_file(&png, out.temp().c_str(), 0, image.rgb.data(), 0, nullptr) == 0) {
     const std::string why = png.message;
     png_image_free(&png);
-    fail<IOError>("write_png: cannot write ", path.string(), ": ", why);
+    fail<IOError>("write_png: ", path.string(), ": cannot write: ", why);
   }
+  out.commit();
 }
 
 Image read_png(const std::filesystem::path& path) {

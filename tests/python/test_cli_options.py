@@ -341,3 +341,43 @@ def test_convert_names_a_bad_config_file(run, tmp_path):
     import zipfile
     with zipfile.ZipFile(out) as z:
         assert z.read("config.json") == good.read_bytes()
+
+
+def test_an_output_directory_is_named_as_one(run, tmp_path):
+    """`-o DIR` said "save: DIR: unknown file extension ''" (and convert took DIR for a TF
+    checkpoint prefix, writing DIR.index beside it): a directory is an error saying so."""
+    np.save(tmp_path / "x.npy", np.ones((2, 2), np.float32))
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run("rearrange", "a b -> b a", tmp_path / "x.npy", "-o", out)
+    assert result.returncode == 1 and f"save: {out}: is a directory, not a file" in result.stderr, result.stderr
+    result = run("heatmap", tmp_path / "x.npy", "-o", out)
+    assert result.returncode == 1 and f"write_png: {out}: is a directory, not a file" in result.stderr, result.stderr
+    result = run("convert", ROOT / "tests" / "fixtures" / "seed001" / "model.weights.h5", out, "--to", "same")
+    assert result.returncode == 1 and f"convert: {out} is a directory, not a file" in result.stderr, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "x.npy"] and not any(out.iterdir())
+
+
+def test_a_failed_write_leaves_the_previous_output_whole(qkv_cli, tmp_path):
+    """The writers wrote in place: a write that failed part way (a full disk; here the
+    file size limit, `ulimit -f`) left the previous output truncated. Now the new file is
+    written beside it and renamed over it only when whole."""
+    import resource
+    import signal
+    x = np.random.default_rng(0).standard_normal((256, 1024)).astype(np.float32)  # 1 MiB
+    np.save(tmp_path / "x.npy", x)
+    for name in ("y.npy", "y.safetensors", "y.weights.h5"):
+        out = tmp_path / name
+        good = subprocess.run([qkv_cli, "rearrange", "a b -> b a", tmp_path / "x.npy", "-o", out])
+        assert good.returncode == 0
+        before = out.read_bytes()
+
+        def limit():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+
+        result = subprocess.run([qkv_cli, "rearrange", "a b -> (b a)", tmp_path / "x.npy", "-o", out],
+                                preexec_fn=limit, capture_output=True, text=True)
+        assert result.returncode == 1 and f"{out}" in result.stderr, result.stderr
+        assert out.read_bytes() == before, name
+        assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left

@@ -40,6 +40,11 @@ bool has_torch_keys(const std::map<std::string, Tensor>& tensors) {
 
 // safetensors | keras3-h5 | tf-keras-h5 | keras | tf-checkpoint, from --format or OUT.
 std::string output_format(const ConvertArgs& a) {
+  // A directory has no extension: it read as a TF checkpoint prefix (DIR.index beside it).
+  if (std::error_code ec; std::filesystem::is_directory(a.out, ec)) {
+    fail<IOError>("convert: ", a.out, " is a directory, not a file (give a file in it, e.g. ",
+                  (std::filesystem::path(a.out) / "model.safetensors").string(), ")");
+  }
   if (!a.format.empty()) return a.format;
   const std::string out = ascii_lower(a.out);
   const std::string ext = lower_extension(a.out);
@@ -67,7 +72,8 @@ std::string read_text(const std::string& path) {
 std::string read_config(const std::string& path) {
   const std::string text = read_text(path);
   try {
-    (void)nlohmann::json::parse(text);
+    const nlohmann::json parsed = nlohmann::json::parse(text);  // only its error is wanted
+    (void)parsed;
   } catch (const nlohmann::json::parse_error& e) {
     std::string why = e.what();  // "[json.exception.parse_error.101] parse error at line 1, ..."
     if (const auto at = why.find("] "); at != std::string::npos) why = why.substr(at + 2);

@@ -67,6 +67,11 @@ std::map<std::string, Tensor> load(const std::filesystem::path& path) {
 void save(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors) {
   const std::string source = path.string();
   const AllocationScope scope("save", source);  // names the file in out-of-memory errors
+  // Before the extension: a directory 'out' was refused as "unknown file extension ''".
+  if (std::error_code ec; std::filesystem::is_directory(path, ec)) {
+    detail::fail_at<IOError>(detail::Context{"save", source}, "is a directory, not a file (give a file in it, e.g. ",
+                             (path / "out.npy").string(), ")");
+  }
   switch (format_of(path, "save")) {
     case Format::safetensors: save_safetensors(path, tensors); return;
     case Format::keras_h5: save_keras_weights_h5(path, tensors); return;

@@ -107,12 +107,12 @@ void check_tensors(const std::map<std::string, Tensor>& tensors, const Context& 
   }
 }
 
-// A new HDF5 file at `path`, or in memory (core driver, no backing store) when empty.
-H5Id create_file(const std::filesystem::path& path, const Context& ctx) {
+// A new HDF5 file in memory (core driver, no backing store): the writers below write
+// its image to disk themselves.
+H5Id create_file(const Context& ctx) {
   H5Id fapl(h5_check(H5Pcreate(H5P_FILE_ACCESS), ctx, "H5Pcreate"));
-  if (path.empty()) H5Pset_fapl_core(fapl.get(), size_t{1} << 16, 0);
-  const std::string name = path.empty() ? "qkv-in-memory.h5" : path.string();
-  H5Id file(H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
+  H5Pset_fapl_core(fapl.get(), size_t{1} << 16, 0);
+  H5Id file(H5Fcreate("qkv-in-memory.h5", H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
   if (!file.valid()) fail_at<IOError>(ctx, "cannot create: ", hdf5_error_text());
   return file;
 }
@@ -217,20 +217,31 @@ void write_legacy(hid_t file, const std::vector<LegacyH5Layer>& layers, const Co
 }  // namespace
 }  // namespace detail
 
+// The writers build the file in memory (core driver, no backing store) and write its
+// image through write_file: whole or not at all, and libhdf5 never writes to disk. It
+// did: a write that failed (a full disk) left the file open inside libhdf5, which then
+// crashed at exit closing it (SIGSEGV in H5F__close_cb from H5_term_library; libhdf5
+// 1.10.8, in the qkv tool and in Python alike). The cost: the image is held in memory
+// twice (the core driver's buffer and its copy) while it is written.
 void save_keras_weights_h5(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors) {
   const detail::Context ctx{"save_keras_weights_h5", path.string()};
   detail::check_tensors(tensors, ctx);
-  auto lock = detail::hdf5_lock();
-  detail::H5Id file = detail::create_file(path, ctx);
-  detail::write_weights(file.get(), tensors, ctx);
-  detail::flush(file.get(), ctx);
+  std::vector<std::byte> image;
+  {
+    auto lock = detail::hdf5_lock();
+    detail::H5Id file = detail::create_file(ctx);
+    detail::write_weights(file.get(), tensors, ctx);
+    image = detail::file_image(file.get(), ctx);
+  }
+  const std::span<const std::byte> chunks[] = {image};
+  detail::write_file(path, chunks, ctx);
 }
 
 std::vector<std::byte> serialize_keras_weights_h5(const std::map<std::string, Tensor>& tensors) {
   const detail::Context ctx{"serialize_keras_weights_h5", "<memory>"};
   detail::check_tensors(tensors, ctx);
   auto lock = detail::hdf5_lock();
-  detail::H5Id file = detail::create_file({}, ctx);
+  detail::H5Id file = detail::create_file(ctx);
   detail::write_weights(file.get(), tensors, ctx);
   return detail::file_image(file.get(), ctx);
 }
@@ -238,10 +249,15 @@ std::vector<std::byte> serialize_keras_weights_h5(const std::map<std::string, Te
 void save_keras_legacy_h5(const std::filesystem::path& path, const std::vector<LegacyH5Layer>& layers) {
   const detail::Context ctx{"save_keras_legacy_h5", path.string()};
   detail::check_legacy(layers, ctx);
-  auto lock = detail::hdf5_lock();
-  detail::H5Id file = detail::create_file(path, ctx);
-  detail::write_legacy(file.get(), layers, ctx);
-  detail::flush(file.get(), ctx);
+  std::vector<std::byte> image;
+  {
+    auto lock = detail::hdf5_lock();
+    detail::H5Id file = detail::create_file(ctx);
+    detail::write_legacy(file.get(), layers, ctx);
+    image = detail::file_image(file.get(), ctx);
+  }
+  const std::span<const std::byte> chunks[] = {image};
+  detail::write_file(path, chunks, ctx);
 }
 
 }  // namespace qkv::io

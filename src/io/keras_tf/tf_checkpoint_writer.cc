@@ -123,11 +123,16 @@ void save_tf_checkpoint(const std::filesystem::path& prefix, const std::map<std:
   const std::string index_path = prefix.string() + ".index", data_path = prefix.string() + ".data-00000-of-00001";
   detail::check_keys(tensors, detail::Context{"save_tf_checkpoint", index_path});
   const TfCheckpointFiles files = detail::write_bundle(tensors, full_names);
-  // The data first, as TF does: an index never names a shard that is not there.
+  // Both files written before either replaces its old one; then the data first, as TF
+  // does: an index never names a shard that is not there.
+  const detail::Context data_ctx{"save_tf_checkpoint", data_path}, index_ctx{"save_tf_checkpoint", index_path};
+  detail::PendingFile data_file(data_path, data_ctx), index_file(index_path, index_ctx);
   const std::span<const std::byte> data[] = {files.data};
-  detail::write_file(data_path, data, detail::Context{"save_tf_checkpoint", data_path});
+  detail::write_chunks(data_file, data, data_ctx);
   const std::span<const std::byte> index[] = {files.index};
-  detail::write_file(index_path, index, detail::Context{"save_tf_checkpoint", index_path});
+  detail::write_chunks(index_file, index, index_ctx);
+  data_file.commit();
+  index_file.commit();
 }
 
 }  // namespace qkv::io
