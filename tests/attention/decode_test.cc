@@ -271,14 +271,19 @@ TEST(Decode, NaNValuesReachOnlyTheRowsThatAttendThem) {
               for (int64_t row : {row0, row1}) {
                 if (row == row1 && t == 2) continue;                // attends key 5: NaN in column 7, as the reference
                 if (row == row1 && t == 1 && chunk == 2) continue;  // shares key 5's item: docs/decode.md
-                if (lse[row] != ref_lse[row]) EXPECT_NEAR(lse[row], ref_lse[row], tol) << "window " << window;
+                if (lse[row] != ref_lse[row]) {
+                  EXPECT_NEAR(lse[row], ref_lse[row], tol) << "window " << window;
+                }
                 for (int64_t x = 0; x < 32; ++x) {
                   EXPECT_EQ(std::isnan(out[row * 32 + x]), std::isnan(ref[row * 32 + x])) << "row " << row << " " << x;
-                  if (!std::isnan(ref[row * 32 + x])) EXPECT_NEAR(out[row * 32 + x], ref[row * 32 + x], tol);
+                  if (!std::isnan(ref[row * 32 + x])) {
+                    EXPECT_NEAR(out[row * 32 + x], ref[row * 32 + x], tol);
+                  }
                 }
               }
-              if (t != 1 || chunk == 1)
+              if (t != 1 || chunk == 1) {
                 EXPECT_EQ(std::isnan(out[row1 * 32 + 7]), t == 2) << "window " << window << " t " << t;
+              }
             }
           }
         }
