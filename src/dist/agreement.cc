@@ -6,6 +6,7 @@
 #include <exception>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,12 @@ CallSignature& CallSignature::add(const char* name, Kind kind, std::initializer_
 }
 
 CallSignature& CallSignature::value(const char* name, int64_t v) { return add(name, Kind::value, {v}); }
+
+CallSignature& CallSignature::share(int64_t v) {
+  if (shared_.size() == kSharedValues) throw std::logic_error("CallSignature::share: more than kSharedValues");
+  shared_.push_back(v);
+  return *this;
+}
 
 CallSignature& CallSignature::real(const char* name, double v) {
   return add(name, Kind::real, {std::bit_cast<int64_t>(v)});
@@ -201,9 +208,23 @@ std::vector<std::string> split_lines(const std::string& text) {
                    other, " has ", theirs.str(), "; rank ", me, " has ", mine.str());
 }
 
+// Every rank's `record` (all of one length on every rank), by rank: one all-gather.
+std::vector<int64_t> all_gather_records(const Communicator& comm, const std::vector<int64_t>& record) {
+  const std::string what = detail::concat("all_gather_values on rank ", comm.rank());
+  const auto n = static_cast<int64_t>(record.size());
+  const Tensor in = Tensor::from_vector(record, {n});
+  const Tensor out = Tensor::empty({comm.size() * n}, DType::i64);
+  MPI_Request req = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgather(in.raw_data(), static_cast<int>(n), MPI_INT64_T, out.raw_data(), static_cast<int>(n),
+                           MPI_INT64_T, comm.handle(), &req),
+            what);
+  Request(req, what, {in, out}).wait();
+  return out.to_vector<int64_t>();
+}
+
 }  // namespace
 
-void agree_on_call(const char* op, const Communicator& comm, const std::function<CallSignature()>& checks) {
+SharedValues agree_on_call(const char* op, const Communicator& comm, const std::function<CallSignature()>& checks) {
   constexpr int64_t kRefused = -1;
   std::exception_ptr refused;
   std::optional<CallSignature> sig;
@@ -221,8 +242,21 @@ void agree_on_call(const char* op, const Communicator& comm, const std::function
     for (const char* c = op; *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ULL;
     mine = static_cast<int64_t>(h >> 1);
   }
-  const std::vector<int64_t> all = comm.all_gather_values(mine);
-  if (std::all_of(all.begin(), all.end(), [mine](int64_t f) { return f == mine; }) && !refused) return;
+  // One record per rank, of one length on every rank whatever the operation (ranks in different
+  // operations must reach the comparison below, not mismatch their counts): the fingerprint, then
+  // the shared values.
+  constexpr size_t kRecord = 1 + CallSignature::kSharedValues;
+  std::vector<int64_t> record(kRecord, 0);
+  record[0] = mine;
+  if (sig) std::copy(sig->shared().begin(), sig->shared().end(), record.begin() + 1);
+  const std::vector<int64_t> flat = all_gather_records(comm, record);
+  std::vector<int64_t> all;
+  SharedValues shared;
+  for (size_t r = 0; r < static_cast<size_t>(comm.size()); ++r) {
+    all.push_back(flat[r * kRecord]);
+    for (size_t i = 0; i < shared.size(); ++i) shared[i].push_back(flat[r * kRecord + 1 + i]);
+  }
+  if (std::all_of(all.begin(), all.end(), [mine](int64_t f) { return f == mine; }) && !refused) return shared;
   // The failure path: every rank sees the same `all`, so every rank is here. The texts say why.
   std::string text = refused ? "R" : "Foperation ";  // appended to, not concatenated: GCC 12's -Wrestrict
   text += refused ? refusal_text(refused) : op + std::string("\n");  // misfires on "R" + std::string here

@@ -1,6 +1,8 @@
 // Helpers shared by qkv::dist's sources.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -26,7 +28,7 @@ void merge_partial(const Tensor& out, const Tensor& lse, const Tensor& part, con
 
 // What every rank of a call must agree on, as named fields: the options, the sizes outside the
 // sequence axis, the layer's configuration. When the ranks agree only its fingerprint travels
-// (agree_on_call: one int64 all-gather per call); its fields, as text, only when they do not,
+// (agree_on_call: one all-gather of a few int64 per call); its fields, as text, only when they do not,
 // so that the error says what differs. Names must outlive the signature (string literals, or the
 // keys of a state_dict the caller holds).
 class CallSignature {
@@ -43,6 +45,13 @@ class CallSignature {
   int64_t fingerprint() const;              // >= 0 (FNV-1a over the fields)
   std::vector<std::string> fields() const;  // "is_causal 1", "q [2, 4, *, 16] f32", "attn_mask none"
 
+  // A value every rank receives from every rank with the agreement (agree_on_call's result),
+  // not compared: ring's and Ulysses' sequence lengths, which took two more all-gathers after it.
+  // At most kSharedValues per call.
+  static constexpr size_t kSharedValues = 2;
+  CallSignature& share(int64_t v);
+  const std::vector<int64_t>& shared() const { return shared_; }
+
  private:
   static constexpr int64_t kAnySize = INT64_MIN;  // a size that may differ between ranks ("*")
   enum class Kind { value, real, tensor, none, sample };
@@ -54,7 +63,12 @@ class CallSignature {
   CallSignature& add(const char* name, Kind kind, std::initializer_list<int64_t> values);
   std::vector<Field> fields_;
   std::vector<int64_t> values_;
+  std::vector<int64_t> shared_;
 };
+
+// agree_on_call's result: shared[i][r] is rank r's i-th CallSignature::share value (0 where it
+// shared fewer).
+using SharedValues = std::array<std::vector<int64_t>, CallSignature::kSharedValues>;
 
 // scaled_dot_product_attention's own shape rules (heads and GQA, head dims, K/V lengths, the
 // mask's leading dims) checked on a one-query, one-key problem of q, k, v's other sizes, so that
@@ -83,7 +97,9 @@ void add_options(CallSignature& sig, const Options& o) {
 
 // Collective (every rank calls it, first thing in every qkv::dist operation): runs this rank's
 // argument checks, `checks`, which return the call's signature, and all-gathers the signatures'
-// fingerprints (one int64 per rank: the whole cost when the ranks agree). A check that throws on
+// fingerprints (one record of 1 + kSharedValues int64 per rank, whatever the operation: the
+// fingerprint and the values the signature shares; the whole cost when the ranks agree) and returns
+// the shared values, by rank. A check that throws on
 // one rank makes every other rank fail at once with an error naming that rank and quoting its
 // error (instead of waiting QKV_DIST_TIMEOUT for a peer that never posts): the same class for an
 // argument error (ShapeError, DTypeError, ValueError, IndexError, DeviceError), a CommunicationError for any
@@ -91,7 +107,7 @@ void add_options(CallSignature& sig, const Options& o) {
 // shapes fail with a ValueError naming the fields that differ, instead of computing with
 // mismatched options or overrunning a receive. Only on failure is a second all-gather (the
 // errors' and signatures' text) made. refuse_call (communicator.h) is this with a throwing check.
-void agree_on_call(const char* op, const Communicator& comm, const std::function<CallSignature()>& checks);
+SharedValues agree_on_call(const char* op, const Communicator& comm, const std::function<CallSignature()>& checks);
 
 // fn(), with a CommunicationError from inside it renamed after the operation the user called:
 // "ring_attention (rank 0 of 2, q [1, 8, 512, 64]): all_gather_values on rank 0: no completion ...".

@@ -114,16 +114,16 @@ void check_shard_lengths(const char* op, const char* what, const std::vector<int
 
 RingPlan make_ring_plan(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
                         const RingAttentionOptions& options, const std::function<void()>& more_checks) {
-  agree_on_call(op, comm, [&] {
+  const SharedValues lengths = agree_on_call(op, comm, [&] {
     check_inputs(op, q, k, v, options);
     if (more_checks) more_checks();
-    return signature(q, k, v, options);
+    return signature(q, k, v, options).share(q.size(-2)).share(k.size(-2));  // every rank's lengths
   });
   RingPlan plan;
   plan.size = comm.size();
   plan.options = &options;
-  plan.kv_lengths = comm.all_gather_values(k.size(-2));
-  const std::vector<int64_t> q_lengths = comm.all_gather_values(q.size(-2));
+  plan.kv_lengths = lengths[1];
+  const std::vector<int64_t>& q_lengths = lengths[0];
   for (int64_t n : q_lengths) plan.lq += n;
   for (int64_t n : plan.kv_lengths) plan.lk += n;
   if (options.is_causal && plan.lq != plan.lk) {

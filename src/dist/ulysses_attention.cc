@@ -91,15 +91,18 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Ulyss
 }
 
 // check_inputs (and the backward's `more_checks`) on every rank at once, which must also agree
-// on the options and every size but the sequence axis (agree_on_call).
-void agree_on_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
-                     const UlyssesAttentionOptions& options, const std::function<void()>& more_checks = {}) {
-  agree_on_call(op, comm, [&] {
+// on the options and every size but the sequence axis (agree_on_call); returns every rank's query
+// and key lengths, gathered with the agreement.
+SharedValues agree_on_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Communicator& comm, const UlyssesAttentionOptions& options,
+                             const std::function<void()>& more_checks = {}) {
+  return agree_on_call(op, comm, [&] {
     check_inputs(q, k, v, options);
     if (more_checks) more_checks();
     CallSignature sig;
     add_options(sig, options);
     sig.tensor("q", q, 2).tensor("k", k, 2).tensor("v", v, 2);
+    sig.share(q.size(2)).share(k.size(2));
     return sig.tensor("attn_mask", options.attn_mask);  // the whole sequence's mask: the same on every rank
   });
 }
@@ -111,7 +114,9 @@ struct UlyssesPlan {
   std::vector<int64_t> q_bounds, kv_bounds, q_lengths, kv_lengths;
 };
 
-UlyssesPlan plan_of(const char* op, const Tensor& q, const Tensor& k, const Communicator& comm, SequenceLayout layout) {
+// `lengths`: agree_on_inputs' result.
+UlyssesPlan plan_of(const char* op, const Tensor& q, const Tensor& k, const Communicator& comm, SequenceLayout layout,
+                    const SharedValues& lengths) {
   UlyssesPlan plan;
   const int64_t g = q.size(1) / k.size(1);
   // Key/value heads are split when every rank gets one; else replicated to Hq (group 1).
@@ -119,8 +124,8 @@ UlyssesPlan plan_of(const char* op, const Tensor& q, const Tensor& k, const Comm
   plan.group = plan.replicate ? 1 : g;
   plan.kv_bounds = head_bounds(plan.replicate ? q.size(1) : k.size(1), comm.size());
   for (int64_t b : plan.kv_bounds) plan.q_bounds.push_back(b * plan.group);
-  plan.q_lengths = comm.all_gather_values(q.size(2));
-  plan.kv_lengths = comm.all_gather_values(k.size(2));
+  plan.q_lengths = lengths[0];
+  plan.kv_lengths = lengths[1];
   // Every rank checks every rank's lengths (all fail together): a shard the layout does not give
   // used to pass the first all-to-all and fail in the second on only some ranks.
   check_shard_lengths(op, "queries", plan.q_lengths, layout);
@@ -159,8 +164,8 @@ AttentionOptions local_options(const UlyssesAttentionOptions& options, const Uly
 
 Tensor run_ulysses(const Tensor& q, const Tensor& k, const Tensor& v, const Communicator& comm,
                    const UlyssesAttentionOptions& options) {
-  agree_on_inputs("ulysses_attention", q, k, v, comm, options);
-  const UlyssesPlan plan = plan_of("ulysses_attention", q, k, comm, options.layout);
+  const SharedValues lengths = agree_on_inputs("ulysses_attention", q, k, v, comm, options);
+  const UlyssesPlan plan = plan_of("ulysses_attention", q, k, comm, options.layout, lengths);
   const Heads h = heads_of(q, k, v, plan, comm, options.layout);
   Tensor oh = Tensor::zeros({q.size(0), h.q.size(1), h.q.size(2), v.size(3)});  // [B, hq, Lq, Dv]
   if (h.q.size(1) > 0) {
@@ -171,7 +176,7 @@ Tensor run_ulysses(const Tensor& q, const Tensor& k, const Tensor& v, const Comm
 
 AttentionGradients run_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& grad_out,
                                 const Communicator& comm, const UlyssesAttentionOptions& options) {
-  agree_on_inputs("ulysses_attention_backward", q, k, v, comm, options, [&] {
+  const SharedValues lengths = agree_on_inputs("ulysses_attention_backward", q, k, v, comm, options, [&] {
     const Shape out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
     require_cpu("ulysses_attention_backward", {&grad_out});
     if (grad_out.dtype() != DType::f32) {
@@ -183,7 +188,7 @@ AttentionGradients run_backward(const Tensor& q, const Tensor& k, const Tensor& 
                        shape_str(out_shape));
     }
   });
-  const UlyssesPlan plan = plan_of("ulysses_attention_backward", q, k, comm, options.layout);
+  const UlyssesPlan plan = plan_of("ulysses_attention_backward", q, k, comm, options.layout, lengths);
   const Heads h = heads_of(q, k, v, plan, comm, options.layout);
   const Tensor dout = to_heads(grad_out, plan.q_bounds, plan.q_lengths, comm, options.layout);
   AttentionGradients local{Tensor::zeros(h.q.shape()), Tensor::zeros(h.k.shape()), Tensor::zeros(h.v.shape())};
