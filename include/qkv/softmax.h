@@ -60,6 +60,14 @@ void softmax_backward_row(const double* y, double* g, int64_t n, double dot);
 void add_bool_mask(float* x, const bool* keep, int64_t n);
 void add_row(float* x, const float* bias, int64_t n);
 
+// Score modifiers on a row (attention_mods.h; fused attention's float32 tiles):
+// softcap_row: x[i] = cap tanh(x[i] / cap) on Highway's Tanh (within 4 ulp; NaN stays NaN,
+// +-inf gives +-cap), and, where grad is not null, grad[i] = 1 - tanh^2 (its derivative in
+// x[i]); add_ramp: x[i] += slope * (first + i), ALiBi's linear bias (first + n must stay
+// within 2^24, where float counts exactly).
+void softcap_row(float* x, int64_t n, float cap, float* grad);
+void add_ramp(float* x, int64_t n, float first, float slope);
+
 // x[i] *= s.
 void scale(float* x, int64_t n, float s);
 void scale(double* x, int64_t n, double s);

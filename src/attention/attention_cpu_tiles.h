@@ -178,11 +178,40 @@ void add_mask(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* 
   }
 }
 
+// score_mods on Highway for float32 tiles where softcap and ALiBi are the only score modifiers
+// (relative bias and score_mod go element by element, below): false where it does not apply.
+// Per element in double before: (1, 8, 2048, 64), 1 thread, softcap made the forward 4.9x
+// slower (482.8 ms against 98.4) and ALiBi 1.4x.
+template <class K, class T>
+bool score_mods_vector(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds,
+                       T* cap_grad) {
+  const ModPlan& m = f.mods;
+  if constexpr (!std::is_same_v<T, float>) {
+    return false;
+  } else {
+    if (!m.relative.empty() || m.mods->score_mod) return false;
+    // ALiBi's key - query distances as floats: exact within 2^24.
+    constexpr int64_t kExact = int64_t{1} << 24;
+    const int64_t nearest = j0 - (r.i0 + r.rows - 1 + m.offset), farthest = j0 + cols - (r.i0 + m.offset);
+    if (!m.alibi.empty() && (nearest < -kExact || farthest > kExact)) return false;
+    const float slope = m.alibi.empty() ? 0.0f : static_cast<float>(m.alibi[static_cast<size_t>(r.b % m.heads)]);
+    for (int64_t x = 0; x < r.rows; ++x) {
+      float* row = s + x * lds;  // [cols]
+      if (m.softcap > 0.0) {
+        kernels::softcap_row(row, cols, static_cast<float>(m.softcap), cap_grad ? cap_grad + x * lds : nullptr);
+      }
+      if (!m.alibi.empty()) kernels::add_ramp(row, cols, static_cast<float>(j0 - (r.i0 + x + m.offset)), slope);
+    }
+    return true;
+  }
+}
+
 // The score modifiers on s [rows, cols] of rows i0.., keys j0.. (qkv/attention_mods.h's
 // order); cap_grad, when given, gets softcap's derivative 1 - tanh^2 for the backward.
 template <class K, class T = typename K::T>
 void score_mods(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds, T* cap_grad) {
   const ModPlan& m = f.mods;
+  if (score_mods_vector(f, r, j0, cols, s, lds, cap_grad)) return;
   for (int64_t x = 0; x < r.rows; ++x) {
     for (int64_t c = 0; c < cols; ++c) {
       const double v = s[x * lds + c];

@@ -207,6 +207,41 @@ HWY_NOINLINE void AddBoolMask(float* HWY_RESTRICT x, const bool* HWY_RESTRICT ke
   for (; i < n; ++i) x[i] += bytes[i] != 0 ? 0.0f : -kInf<float>;
 }
 
+// x[i] = cap tanh(x[i] / cap); grad[i] = 1 - tanh^2 where grad is not null. A NaN lane is
+// kept as it is (Highway's Tanh does not promise NaN in, NaN out).
+HWY_NOINLINE void SoftcapRow(float* HWY_RESTRICT x, int64_t n, float cap, float* HWY_RESTRICT grad) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto vcap = hn::Set(d, cap), one = hn::Set(d, 1.0f);
+  auto step = [&](hn::Vec<decltype(d)> v, float* out, float* g) {
+    const auto t = hn::Tanh(d, hn::Div(v, vcap));
+    hn::StoreU(hn::IfThenElse(hn::IsNaN(v), v, hn::Mul(vcap, t)), d, out);
+    if (g) hn::StoreU(hn::NegMulAdd(t, t, one), d, g);  // 1 - t * t
+  };
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) step(hn::LoadU(d, x + i), x + i, grad ? grad + i : nullptr);
+  if (i < n) {
+    Tail<float> t, g;
+    for (int64_t j = 0; j < lanes; ++j) t.buf[j] = i + j < n ? x[i + j] : 0.0f;
+    step(hn::Load(d, t.buf), t.buf, grad ? g.buf : nullptr);
+    for (int64_t j = 0; i + j < n; ++j) x[i + j] = t.buf[j];
+    for (int64_t j = 0; grad && i + j < n; ++j) grad[i + j] = g.buf[j];
+  }
+}
+
+// x[i] += slope * (first + i), the lane's position exact in float (first + n <= 2^24).
+HWY_NOINLINE void AddRamp(float* HWY_RESTRICT x, int64_t n, float first, float slope) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto vslope = hn::Set(d, slope);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto pos = hn::Iota(d, first + static_cast<float>(i));
+    hn::StoreU(hn::Add(hn::LoadU(d, x + i), hn::Mul(vslope, pos)), d, x + i);
+  }
+  for (; i < n; ++i) x[i] += slope * (first + static_cast<float>(i));
+}
+
 // x[i] += y[i].
 HWY_NOINLINE void AddRow(float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t n) {
   const hn::ScalableTag<float> d;

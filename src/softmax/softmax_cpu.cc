@@ -36,6 +36,8 @@ HWY_EXPORT(SoftmaxBackwardRow);
 HWY_EXPORT(SoftmaxBackwardRow64);
 HWY_EXPORT(AddBoolMask);
 HWY_EXPORT(AddRow);
+HWY_EXPORT(SoftcapRow);
+HWY_EXPORT(AddRamp);
 
 void softmax_rows(float* x, int64_t rows, int64_t cols, int64_t row_stride) {
   QKV_DYNAMIC_DISPATCH(SoftmaxRows)(x, rows, cols, row_stride);
@@ -68,6 +70,10 @@ void exp_inplace(float* x, int64_t n) { QKV_DYNAMIC_DISPATCH(ExpInplace)(x, n); 
 void add_bool_mask(float* x, const bool* keep, int64_t n) { QKV_DYNAMIC_DISPATCH(AddBoolMask)(x, keep, n); }
 
 void add_row(float* x, const float* bias, int64_t n) { QKV_DYNAMIC_DISPATCH(AddRow)(x, bias, n); }
+
+void softcap_row(float* x, int64_t n, float cap, float* grad) { QKV_DYNAMIC_DISPATCH(SoftcapRow)(x, n, cap, grad); }
+
+void add_ramp(float* x, int64_t n, float first, float slope) { QKV_DYNAMIC_DISPATCH(AddRamp)(x, n, first, slope); }
 
 void softmax_backward_row(const float* y, float* g, int64_t n, float dot) {
   QKV_DYNAMIC_DISPATCH(SoftmaxBackwardRow)(y, g, n, dot);

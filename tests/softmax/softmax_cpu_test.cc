@@ -255,6 +255,49 @@ TEST(Softmax, MaskRowsAreTheScalarFormulas) {
   });
 }
 
+// The score modifier rows: softcap within 4 ulp (Highway's Tanh) of cap tanh(x / cap) in
+// float64 and its derivative within 1e-6, NaN kept, +-inf to +-cap; the ALiBi ramp within
+// one rounding of x + slope (first + i) in float64. Every target, lengths around the widths.
+TEST(Softmax, SoftcapAndRampRows) {
+  for_each_target([] {
+    for (int64_t n : kCols) {
+      for (float cap : {50.0f, 1.0f, 0.03f}) {
+        std::vector<float> x = normal_values(static_cast<size_t>(n), 30.0f, static_cast<uint32_t>(n) + 11);
+        std::vector<float> got = x, grad(x.size(), -7.0f), got_nograd = x;
+        kernels::softcap_row(got.data(), n, cap, grad.data());
+        kernels::softcap_row(got_nograd.data(), n, cap, nullptr);
+        for (int64_t i = 0; i < n; ++i) {
+          const size_t u = static_cast<size_t>(i);
+          const double t = std::tanh(static_cast<double>(x[u]) / cap), want = cap * t;
+          ASSERT_NEAR(got[u], want, 5 * std::fabs(want) * FLT_EPSILON + 1e-30) << "x = " << x[u] << ", cap " << cap;
+          ASSERT_EQ(got_nograd[u], got[u]);
+          ASSERT_NEAR(grad[u], 1.0 - t * t, 1e-6) << "x = " << x[u] << ", cap " << cap;
+        }
+      }
+      const float first = -static_cast<float>(n) / 2, slope = -0.0625f;
+      std::vector<float> x = normal_values(static_cast<size_t>(n), 2.0f, static_cast<uint32_t>(n) + 12), got = x;
+      kernels::add_ramp(got.data(), n, first, slope);
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = x[static_cast<size_t>(i)] + static_cast<double>(slope) * (first + static_cast<double>(i));
+        ASSERT_NEAR(got[static_cast<size_t>(i)], want, std::fabs(want) * FLT_EPSILON) << "element " << i;
+      }
+    }
+    std::vector<float> x = {kNaN, kInf, -kInf, 0.0f, -0.0f, 1e30f, -1e30f, 1e-30f, kNaN, 3.0f, kInf, 0.0f,
+                            -5.0f, 7.0f, 1.0f, 2.0f, 4.0f, 100.0f};
+    std::vector<float> grad(x.size());
+    kernels::softcap_row(x.data(), static_cast<int64_t>(x.size()), 10.0f, grad.data());
+    EXPECT_TRUE(std::isnan(x[0]) && std::isnan(x[8]));
+    EXPECT_EQ(x[1], 10.0f);
+    EXPECT_EQ(x[2], -10.0f);
+    EXPECT_EQ(x[3], 0.0f);
+    EXPECT_TRUE(x[4] == 0.0f && std::signbit(x[4]));
+    EXPECT_EQ(x[5], 10.0f);
+    EXPECT_EQ(x[6], -10.0f);
+    EXPECT_EQ(grad[1], 0.0f);
+    EXPECT_EQ(grad[3], 1.0f);
+  });
+}
+
 TEST(Softmax, ExpEdgeCases) {
   for_each_target([] {
     std::vector<float> x = {-kInf, kInf, kNaN, -200.0f, 89.5f, 1000.0f, -1e30f, 1e30f, -100.0f};
