@@ -4,7 +4,7 @@
 Both run on the same float32 q, k, v (standard normal, [1, H, L, D], scale 1/sqrt(D)); the
 oracle is numpy float64 (scores, softmax and P V in float64 on the float32 inputs). Per
 (L, D, causal) the errors are averaged over --seeds seeds: max |got - ref| / max |ref| and
-RMS(got - ref) / RMS(ref), with the qkv/torch ratio of each (docs/kernels.md, "float32
+RMS(got - ref) / RMS(ref), with the qkv/torch ratio of each (docs/attention-cpu.md, "float32
 accuracy").
 
     PYTHONPATH=<dir holding the qkv package> .venv-fixtures/bin/python bench/peers/accuracy_peers.py
