@@ -29,7 +29,9 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -150,6 +152,15 @@ class KVCache {
   std::map<std::string, Tensor> state() const;
   static KVCache from_state(const std::map<std::string, Tensor>& state);
 
+  // Threads (docs/decode.md, "Threads"): one cache may be used from several threads. append,
+  // set_length and reset hold the cache's lock exclusively; decode_attention,
+  // decode_attention_reference, state, sequence_keys and sequence_values share it, so each sees
+  // one state (a paged cache's block tables and pages, the lengths) whole. The accessors that
+  // return references or single values (lengths, length, block_table, keys, ...) take no lock:
+  // while another thread may write, read them under read_lock(). Never call a locking method
+  // while holding it (a waiting writer may block it).
+  std::shared_lock<std::shared_mutex> read_lock() const;
+
  private:
   KVCache(const KVCacheConfig& config, const char* op);  // errors name `op` (from_state: KVCache.from_state)
   void check_sizes(int64_t slots, int64_t span) const;   // OutOfMemoryError before any allocation
@@ -172,6 +183,19 @@ class KVCache {
   std::vector<std::vector<int64_t>> blocks_;  // paged: block table per sequence, from block dropped_[b]
   std::vector<int64_t> dropped_;              // paged: each sequence's evicted leading blocks, out of its table
   std::vector<int64_t> free_;                 // paged: free pages (a stack)
+  // Readers share `m`, writers hold it alone; a waiting writer holds `gate`, which new readers pass
+  // first, so that readers in turn (decode steps from two threads) do not starve it (glibc's
+  // shared_mutex prefers readers: the two-thread Python test took 20-34 s, not 2). A copied or
+  // moved cache gets a lock of its own.
+  struct Lock {
+    std::shared_mutex m;
+    std::mutex gate;
+    Lock() = default;
+    Lock(const Lock&) {}
+    Lock& operator=(const Lock&) { return *this; }
+  };
+  std::unique_lock<std::shared_mutex> write_lock();
+  mutable Lock lock_;
 };
 
 struct DecodeOptions {

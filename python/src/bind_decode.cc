@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,27 @@ std::vector<int64_t> counts_arg(nb::handle counts) {
   }
   if (t.dim() != 1) qkv::fail<qkv::ShapeError>(kWhat, " must be 1-D [B], got shape ", qkv::shape_str(t.shape()));
   return t.to(qkv::Device::cpu()).to_vector<int64_t>();
+}
+
+// Threads (docs/decode.md, "Threads"): the cache's methods that lock it (append, set_length,
+// reset, decode_attention, state, sequence_keys / sequence_values) are called with the GIL
+// released, and the accessors below read under its read lock taken with the GIL released: a
+// thread holding the GIL never waits for the cache's lock, which a thread without the GIL may
+// hold while it waits for the GIL.
+template <class F>
+auto read_locked(const qkv::KVCache& cache, F&& f) {
+  std::shared_lock<std::shared_mutex> lock;
+  {
+    nb::gil_scoped_release release;
+    lock = cache.read_lock();
+  }
+  return f(cache);
+}
+
+template <class F>
+auto without_gil(F&& f) {
+  nb::gil_scoped_release release;
+  return f();
 }
 
 void append(qkv::KVCache& cache, nb::handle k, nb::handle v, nb::handle counts) {
@@ -111,7 +133,9 @@ void bind_decode(nb::module_& m) {
                            "stores K/V in a pool of `pages` pages (0: enough for all) with a block table per\n"
                            "sequence (ValueError when the pool runs out). rotary=True rotates keys on append and\n"
                            "queries in decode_attention at their absolute positions (rotary_base, rotary_layout\n"
-                           "'neox' or 'gptj', rotary_dim 0 = head_dim); pass both unrotated.")
+                           "'neox' or 'gptj', rotary_dim 0 = head_dim); pass both unrotated. One cache may be used\n"
+                           "from several threads: append, set_length and reset wait for decodes in flight and the\n"
+                           "reverse, so each decode sees one state (docs/decode.md, \"Threads\").")
       .def(nb::new_(&make_cache), nb::arg("batch"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("capacity"),
            nb::arg("value_dim").none() = nb::none(), nb::arg("dtype") = "float32", nb::kw_only(), nb::arg("window") = 0,
            nb::arg("page_size").none() = nb::none(), nb::arg("pages") = 0, nb::arg("rotary") = false,
@@ -119,28 +143,43 @@ void bind_decode(nb::module_& m) {
       .def("append", &append, nb::arg("k"), nb::arg("v"), nb::arg("counts").none() = nb::none(),
            "k [B, Hk, T, D], v [B, Hk, T, Dv] (arrays or tensors); counts: B values in [0, T]\n"
            "(a list, tuple or integer array or tensor).")
-      .def_prop_ro("lengths", [](const qkv::KVCache& c) { return c.lengths(); })
-      .def("set_length", &qkv::KVCache::set_length, nb::arg("sequence"), nb::arg("length"))
-      .def("reset", &qkv::KVCache::reset)
+      .def_prop_ro("lengths", [](const qkv::KVCache& c) { return read_locked(c, [](auto& x) { return x.lengths(); }); })
+      .def(
+          "set_length", [](qkv::KVCache& c, int64_t b, int64_t n) { without_gil([&] { c.set_length(b, n); }); },
+          nb::arg("sequence"), nb::arg("length"))
+      .def("reset", [](qkv::KVCache& c) { without_gil([&] { c.reset(); }); })
       .def_prop_ro("capacity", [](const qkv::KVCache& c) { return c.config().capacity; })
       .def_prop_ro("window", [](const qkv::KVCache& c) { return c.config().window; })
       .def_prop_ro("page_size", [](const qkv::KVCache& c) { return c.config().page_size; })
       .def_prop_ro("pages", [](const qkv::KVCache& c) { return c.config().pages; })
-      .def_prop_ro("free_pages", &qkv::KVCache::free_pages)
-      .def("block_table", &qkv::KVCache::block_table, nb::arg("sequence"),
-           "A paged cache's pages of the sequence in order, from block first_block(sequence).")
-      .def("first_block", &qkv::KVCache::first_block, nb::arg("sequence"),
-           "The block of block_table(sequence)[0]: a window's evicted pages leave the table.")
-      .def("first_kept", &qkv::KVCache::first_kept, nb::arg("sequence"), "The first position still stored.")
+      .def_prop_ro("free_pages",
+                   [](const qkv::KVCache& c) { return read_locked(c, [](auto& x) { return x.free_pages(); }); })
       .def(
-          "sequence_keys", [](const qkv::KVCache& c, int64_t b) { return qkv::python::to_numpy(c.sequence_keys(b)); },
+          "block_table",
+          [](const qkv::KVCache& c, int64_t b) { return read_locked(c, [&](auto& x) { return x.block_table(b); }); },
+          nb::arg("sequence"), "A paged cache's pages of the sequence in order, from block first_block(sequence).")
+      .def(
+          "first_block",
+          [](const qkv::KVCache& c, int64_t b) { return read_locked(c, [&](auto& x) { return x.first_block(b); }); },
+          nb::arg("sequence"), "The block of block_table(sequence)[0]: a window's evicted pages leave the table.")
+      .def(
+          "first_kept",
+          [](const qkv::KVCache& c, int64_t b) { return read_locked(c, [&](auto& x) { return x.first_kept(b); }); },
+          nb::arg("sequence"), "The first position still stored.")
+      .def(
+          "sequence_keys",
+          [](const qkv::KVCache& c, int64_t b) {
+            return qkv::python::to_numpy(without_gil([&] { return c.sequence_keys(b); }));
+          },
           nb::arg("sequence"), "The sequence's stored keys in position order, [Hk, n, D] (cache dtype).")
       .def(
           "sequence_values",
-          [](const qkv::KVCache& c, int64_t b) { return qkv::python::to_numpy(c.sequence_values(b)); },
+          [](const qkv::KVCache& c, int64_t b) {
+            return qkv::python::to_numpy(without_gil([&] { return c.sequence_values(b); }));
+          },
           nb::arg("sequence"), "The sequence's stored values in position order, [Hk, n, Dv].")
       .def(
-          "state", [](const qkv::KVCache& c) { return qkv::python::to_dict(c.state()); },
+          "state", [](const qkv::KVCache& c) { return qkv::python::to_dict(without_gil([&] { return c.state(); })); },
           "The cache as named arrays (qkv.save writes them as safetensors; docs/decode.md).")
       .def_static(
           "from_state",
@@ -148,8 +187,12 @@ void bind_decode(nb::module_& m) {
             return qkv::KVCache::from_state(qkv::python::to_tensor_map(state, "KVCache.from_state"));
           },
           nb::arg("state"), "The cache state() described (qkv.load of its file).")
-      .def_prop_ro("keys", [](const qkv::KVCache& c) { return qkv::python::to_numpy(c.keys()); })
-      .def_prop_ro("values", [](const qkv::KVCache& c) { return qkv::python::to_numpy(c.values()); });
+      .def_prop_ro(
+          "keys",
+          [](const qkv::KVCache& c) { return read_locked(c, [](auto& x) { return qkv::python::to_numpy(x.keys()); }); })
+      .def_prop_ro("values", [](const qkv::KVCache& c) {
+        return read_locked(c, [](auto& x) { return qkv::python::to_numpy(x.values()); });
+      });
   m.def("decode_attention", &decode, nb::arg("q"), nb::arg("cache"), nb::kw_only(),
         nb::arg("scale").none() = nb::none(), nb::arg("causal") = true, nb::arg("window") = 0, nb::arg("softcap") = 0.0,
         nb::arg("chunk") = 0, nb::arg("return_logsumexp") = false, nb::arg("matmul_precision") = "highest",

@@ -45,6 +45,7 @@ double int8_key_dot(const KVCache& cache, int64_t b, int64_t hk, int64_t row, co
 }  // namespace
 
 AttentionResult decode_attention_reference(const Tensor& q, const KVCache& cache, const DecodeOptions& o) {
+  const auto lock = cache.read_lock();  // one state of the cache throughout (qkv/kv_cache.h)
   const attention::DecodeCall d = attention::check_decode(q, cache, o, "decode_attention_reference");
   // q [B, Hq, Lq, D], rotated in float64 at its positions when the cache has rotary settings
   const Tensor q64 = q.to(DType::f64).contiguous();

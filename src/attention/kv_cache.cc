@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <new>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -125,6 +127,16 @@ void KVCache::check_sizes(int64_t slots, int64_t span) const {
   check_alloc_bytes(static_cast<size_t>(*pool), "the free list of " + std::to_string(c.pages) + " pages", "KVCache");
 }
 
+std::shared_lock<std::shared_mutex> KVCache::read_lock() const {
+  { const std::lock_guard<std::mutex> gate(lock_.gate); }  // after a waiting writer
+  return std::shared_lock<std::shared_mutex>(lock_.m);
+}
+
+std::unique_lock<std::shared_mutex> KVCache::write_lock() {
+  const std::lock_guard<std::mutex> gate(lock_.gate);  // new readers wait behind this writer
+  return std::unique_lock<std::shared_mutex>(lock_.m);
+}
+
 int64_t KVCache::row(int64_t b, int64_t hk, int64_t position) const {
   const KVCacheConfig& c = config_;
   if (c.page_size > 0) {
@@ -222,6 +234,7 @@ void KVCache::write_rows(int64_t b, int64_t at, const Tensor& k, const Tensor& v
 }
 
 void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t>& counts) {
+  const auto lock = write_lock();  // qkv/kv_cache.h, "Threads"
   const KVCacheConfig& c = config_;
   const bool shapes_ok = k.dim() == 4 && v.dim() == 4 && k.size(0) == c.batch && k.size(1) == c.kv_heads &&
                          k.size(3) == c.head_dim && v.size(0) == c.batch && v.size(1) == c.kv_heads &&
@@ -295,6 +308,7 @@ void KVCache::append(const Tensor& k, const Tensor& v, const std::vector<int64_t
 }
 
 void KVCache::set_length(int64_t b, int64_t length) {
+  const auto lock = write_lock();
   const KVCacheConfig& c = config_;
   const int64_t old = b >= 0 && b < c.batch ? this->length(b) : 0;
   const bool limit_ok = c.window > 0 || length <= c.capacity;
@@ -324,6 +338,7 @@ void KVCache::set_length(int64_t b, int64_t length) {
 }
 
 void KVCache::reset() {
+  const auto lock = write_lock();
   for (int64_t b = 0; b < config_.batch; ++b) {
     if (config_.page_size > 0) release_pages(b, 0);
     lengths_[static_cast<size_t>(b)] = 0;
@@ -390,6 +405,7 @@ Tensor rotate_queries(const Tensor& q, const KVCache& cache, bool reference) {
 }  // namespace attention
 
 AttentionResult decode_attention(const Tensor& q, const KVCache& cache, const DecodeOptions& options) {
+  const auto lock = cache.read_lock();  // one state of the cache throughout (qkv/kv_cache.h, "Threads")
   const attention::DecodeCall d = attention::check_decode(q, cache, options, kDecode);
   if (!q.device().is_cpu()) fail_no_kernel(kDecode, q.device());
   return attention::decode_attention_cpu(d, q, cache, options);

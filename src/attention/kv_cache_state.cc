@@ -144,10 +144,17 @@ Tensor KVCache::gather(const Tensor& storage, int64_t b, const char* op) const {
   return out;
 }
 
-Tensor KVCache::sequence_keys(int64_t b) const { return gather(k_, b, "KVCache.sequence_keys"); }
-Tensor KVCache::sequence_values(int64_t b) const { return gather(v_, b, "KVCache.sequence_values"); }
+Tensor KVCache::sequence_keys(int64_t b) const {
+  const auto lock = read_lock();
+  return gather(k_, b, "KVCache.sequence_keys");
+}
+Tensor KVCache::sequence_values(int64_t b) const {
+  const auto lock = read_lock();
+  return gather(v_, b, "KVCache.sequence_values");
+}
 
 std::map<std::string, Tensor> KVCache::state() const {
+  const auto lock = read_lock();  // one state of the cache (qkv/kv_cache.h, "Threads")
   const KVCacheConfig& c = config_;
   int64_t used = 0;
   for (int64_t b = 0; b < c.batch; ++b) used = std::max(used, length(b) - first_kept(b));
