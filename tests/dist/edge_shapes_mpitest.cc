@@ -17,20 +17,13 @@
 namespace qkv::dist {
 namespace {
 
+using testing::AttentionCase;
+using testing::describe;
 using testing::relative_error;
+using testing::shard;
 using testing::world;
 
 constexpr double kTolerance = 1e-5;
-
-struct Edge {
-  int64_t b, hq, hk, lq, lk, d, dv;
-  bool causal;
-  SequenceLayout layout;
-};
-
-Tensor shard_of(const Tensor& t, const Communicator& c, SequenceLayout layout) {
-  return shard_sequence(t, -2, c.rank(), c.size(), layout);
-}
 
 // Relative error, or 0 for two empty tensors of one shape.
 double error_of(const Tensor& got, const Tensor& want) {
@@ -38,12 +31,11 @@ double error_of(const Tensor& got, const Tensor& want) {
   return relative_error(got, want);
 }
 
-void expect_equal_to_the_whole_sequence(const Edge& e, const Communicator& comm, bool strided,
+void expect_equal_to_the_whole_sequence(const AttentionCase& e, const Communicator& comm, bool strided,
                                         const std::optional<Tensor>& mask = std::nullopt) {
-  SCOPED_TRACE(detail::concat("B", e.b, " H", e.hq, "/", e.hk, " L", e.lq, "/", e.lk, " D", e.d, "/", e.dv,
-                              e.causal ? " causal " : " ", sequence_layout_name(e.layout), strided ? " strided" : ""));
+  SCOPED_TRACE(describe(e) + (strided ? " strided" : ""));
   auto input = [&](int64_t h, int64_t l, int64_t d, uint64_t seed) {  // [B, H, L, D], permuted from [B, L, H, D]
-    const Tensor t = Tensor::randn({e.b, l, h, d}, seed).permute({0, 2, 1, 3});
+    const Tensor t = Tensor::randn({e.batch, l, h, d}, seed).permute({0, 2, 1, 3});
     return strided ? t : t.contiguous();
   };
   const Tensor q = input(e.hq, e.lq, e.d, 1), k = input(e.hk, e.lk, e.d, 2), v = input(e.hk, e.lk, e.dv, 3);
@@ -55,29 +47,29 @@ void expect_equal_to_the_whole_sequence(const Edge& e, const Communicator& comm,
   whole.attn_mask = mask;
   const AttentionResult f = scaled_dot_product_attention(q, k, v, whole);
   const AttentionGradients want = scaled_dot_product_attention_backward(q, k, v, f.output, dout, *f.logsumexp, whole);
-  const Tensor sq = shard_of(q, comm, e.layout), sk = shard_of(k, comm, e.layout), sv = shard_of(v, comm, e.layout);
-  const Tensor sd = shard_of(dout, comm, e.layout);
+  const Tensor sq = shard(q, e, comm), sk = shard(k, e, comm), sv = shard(v, e, comm);
+  const Tensor sd = shard(dout, e, comm);
   auto expect_gradients = [&](const AttentionGradients& g) {
-    EXPECT_LE(error_of(g.dq, shard_of(want.dq, comm, e.layout)), kTolerance);
-    EXPECT_LE(error_of(g.dk, shard_of(want.dk, comm, e.layout)), kTolerance);
-    EXPECT_LE(error_of(g.dv, shard_of(want.dv, comm, e.layout)), kTolerance);
+    EXPECT_LE(error_of(g.dq, shard(want.dq, e, comm)), kTolerance);
+    EXPECT_LE(error_of(g.dk, shard(want.dk, e, comm)), kTolerance);
+    EXPECT_LE(error_of(g.dv, shard(want.dv, e, comm)), kTolerance);
   };
   RingAttentionOptions ro;
   ro.is_causal = e.causal, ro.layout = e.layout, ro.enable_gqa = e.hq != e.hk, ro.return_logsumexp = true;
-  if (mask) ro.attn_mask = shard_of(*mask, comm, e.layout);  // this rank's rows
+  if (mask) ro.attn_mask = shard(*mask, e, comm);  // this rank's rows
   const AttentionResult r = ring_attention(sq, sk, sv, comm, ro);
-  EXPECT_LE(error_of(r.output, shard_of(f.output, comm, e.layout)), kTolerance);
+  EXPECT_LE(error_of(r.output, shard(f.output, e, comm)), kTolerance);
   expect_gradients(ring_attention_backward(sq, sk, sv, r.output, sd, *r.logsumexp, comm, ro));
   UlyssesAttentionOptions uo;
   uo.is_causal = e.causal, uo.layout = e.layout, uo.enable_gqa = e.hq != e.hk;
   uo.attn_mask = mask;  // the whole sequence's
-  EXPECT_LE(error_of(ulysses_attention(sq, sk, sv, comm, uo), shard_of(f.output, comm, e.layout)), kTolerance);
+  EXPECT_LE(error_of(ulysses_attention(sq, sk, sv, comm, uo), shard(f.output, e, comm)), kTolerance);
   expect_gradients(ulysses_attention_backward(sq, sk, sv, sd, comm, uo));
 }
 
 TEST(RingAndUlysses, EdgeShapesAndStridedInputsEqualTheWholeSequence) {
   const Communicator comm = world();
-  const Edge edges[] = {
+  const AttentionCase edges[] = {
       {2, 2, 2, 7, 7, 4, 4, true, SequenceLayout::zigzag},        // 7 over 2P chunks
       {1, 3, 3, 11, 11, 4, 4, true, SequenceLayout::contiguous},  // uneven causal contiguous
       {1, 2, 2, 7, 10, 4, 3, false, SequenceLayout::zigzag},      // cross-attention, zigzag
@@ -89,7 +81,7 @@ TEST(RingAndUlysses, EdgeShapesAndStridedInputsEqualTheWholeSequence) {
       {1, 2, 2, 6, 6, 0, 4, false, SequenceLayout::contiguous},   // D = 0
       {1, 2, 2, 6, 6, 4, 0, false, SequenceLayout::contiguous},   // Dv = 0
   };
-  for (const Edge& e : edges) {
+  for (const AttentionCase& e : edges) {
     expect_equal_to_the_whole_sequence(e, comm, false);
     expect_equal_to_the_whole_sequence(e, comm, true);
   }

@@ -3,8 +3,6 @@
 // sequence lengths that do not split evenly, both layouts, causal, GQA and masks.
 #include <gtest/gtest.h>
 
-#include <string>
-
 #include "common/expect.h"
 #include "dist/dist_test_util.h"
 #include "qkv/dist/ring_attention.h"
@@ -14,27 +12,18 @@
 namespace qkv::dist {
 namespace {
 
+using testing::AttentionCase;
+using testing::describe;
 using testing::relative_error;
+using testing::shard;
 using testing::world;
 
 constexpr double kTolerance = 1e-5;
 
-struct Case {
-  int64_t batch, hq, hk, lq, lk, d, dv;
-  bool causal;
-  SequenceLayout layout;
-};
-
-std::string name(const Case& c) {
-  return "B" + std::to_string(c.batch) + " Hq" + std::to_string(c.hq) + " Hk" + std::to_string(c.hk) + " Lq" +
-         std::to_string(c.lq) + " Lk" + std::to_string(c.lk) + (c.causal ? " causal " : " ") +
-         std::string(sequence_layout_name(c.layout));
-}
-
 // The inputs (same seeds on every rank), the single-process result, and this rank's shards.
 struct Problem {
   Tensor q, k, v, want, want_lse;
-  Problem(const Case& c, const Communicator& comm) {
+  Problem(const AttentionCase& c, const Communicator& comm) {
     q = Tensor::randn({c.batch, c.hq, c.lq, c.d}, 11);
     k = Tensor::randn({c.batch, c.hk, c.lk, c.d}, 12);
     v = Tensor::randn({c.batch, c.hk, c.lk, c.dv}, 13);
@@ -46,12 +35,9 @@ struct Problem {
     want = shard(r.output, c, comm);
     want_lse = shard_sequence(*r.logsumexp, -1, comm.rank(), comm.size(), c.layout);
   }
-  static Tensor shard(const Tensor& t, const Case& c, const Communicator& comm) {
-    return shard_sequence(t, -2, comm.rank(), comm.size(), c.layout);
-  }
 };
 
-const Case kCases[] = {
+const AttentionCase kCases[] = {
     {2, 4, 4, 37, 37, 16, 16, false, SequenceLayout::contiguous},
     {1, 4, 4, 64, 64, 32, 32, true, SequenceLayout::zigzag},
     {1, 2, 2, 29, 29, 8, 8, true, SequenceLayout::zigzag},  // chunks of 3 and 4 positions
@@ -63,7 +49,7 @@ const Case kCases[] = {
 
 // Ring's or Ulysses' options for a case.
 template <class Options>
-Options options_of(const Case& c) {
+Options options_of(const AttentionCase& c) {
   Options o;
   o.is_causal = c.causal;
   o.layout = c.layout;
@@ -73,20 +59,19 @@ Options options_of(const Case& c) {
 
 TEST(RingAttention, EqualsTheFusedKernelOnTheWholeSequence) {
   const Communicator comm = world();
-  for (const Case& c : kCases) {
-    SCOPED_TRACE(name(c));
+  for (const AttentionCase& c : kCases) {
+    SCOPED_TRACE(describe(c));
     const Problem p(c, comm);
     RingAttentionOptions o = options_of<RingAttentionOptions>(c);
     o.return_logsumexp = true;
-    const AttentionResult got = ring_attention(Problem::shard(p.q, c, comm), Problem::shard(p.k, c, comm),
-                                               Problem::shard(p.v, c, comm), comm, o);
+    const AttentionResult got = ring_attention(shard(p.q, c, comm), shard(p.k, c, comm), shard(p.v, c, comm), comm, o);
     EXPECT_LE(relative_error(got.output, p.want), kTolerance);
     EXPECT_LE(relative_error(*got.logsumexp, p.want_lse), kTolerance);
   }
 }
 
 // The single-process gradients of sum(out * dout) for a case.
-AttentionGradients whole_sequence_gradients(const Problem& p, const Case& c, const Tensor& dout) {
+AttentionGradients whole_sequence_gradients(const Problem& p, const AttentionCase& c, const Tensor& dout) {
   AttentionOptions full;
   full.is_causal = c.causal;
   full.enable_gqa = c.hq != c.hk;
@@ -95,56 +80,54 @@ AttentionGradients whole_sequence_gradients(const Problem& p, const Case& c, con
   return scaled_dot_product_attention_backward(p.q, p.k, p.v, f.output, dout, *f.logsumexp, full);
 }
 
-void expect_shards_of(const AttentionGradients& got, const AttentionGradients& want, const Case& c,
+void expect_shards_of(const AttentionGradients& got, const AttentionGradients& want, const AttentionCase& c,
                       const Communicator& comm) {
-  EXPECT_LE(relative_error(got.dq, Problem::shard(want.dq, c, comm)), kTolerance);
-  EXPECT_LE(relative_error(got.dk, Problem::shard(want.dk, c, comm)), kTolerance);
-  EXPECT_LE(relative_error(got.dv, Problem::shard(want.dv, c, comm)), kTolerance);
+  EXPECT_LE(relative_error(got.dq, shard(want.dq, c, comm)), kTolerance);
+  EXPECT_LE(relative_error(got.dk, shard(want.dk, c, comm)), kTolerance);
+  EXPECT_LE(relative_error(got.dv, shard(want.dv, c, comm)), kTolerance);
 }
 
 TEST(RingAttention, BackwardEqualsTheFusedBackwardOnTheWholeSequence) {
   const Communicator comm = world();
-  for (const Case& c : kCases) {
-    SCOPED_TRACE(name(c));
+  for (const AttentionCase& c : kCases) {
+    SCOPED_TRACE(describe(c));
     const Problem p(c, comm);
     const Tensor dout = Tensor::randn({c.batch, c.hq, c.lq, c.dv}, 14);
     RingAttentionOptions o = options_of<RingAttentionOptions>(c);
     o.return_logsumexp = true;
-    const Tensor q = Problem::shard(p.q, c, comm), k = Problem::shard(p.k, c, comm), v = Problem::shard(p.v, c, comm);
+    const Tensor q = shard(p.q, c, comm), k = shard(p.k, c, comm), v = shard(p.v, c, comm);
     const AttentionResult r = ring_attention(q, k, v, comm, o);
     const AttentionGradients got =
-        ring_attention_backward(q, k, v, r.output, Problem::shard(dout, c, comm), *r.logsumexp, comm, o);
+        ring_attention_backward(q, k, v, r.output, shard(dout, c, comm), *r.logsumexp, comm, o);
     expect_shards_of(got, whole_sequence_gradients(p, c, dout), c, comm);
   }
 }
 
 TEST(UlyssesAttention, BackwardEqualsTheFusedBackwardOnTheWholeSequence) {
   const Communicator comm = world();
-  for (const Case& c : kCases) {
-    SCOPED_TRACE(name(c));
+  for (const AttentionCase& c : kCases) {
+    SCOPED_TRACE(describe(c));
     const Problem p(c, comm);
     const Tensor dout = Tensor::randn({c.batch, c.hq, c.lq, c.dv}, 15);
-    const AttentionGradients got = ulysses_attention_backward(
-        Problem::shard(p.q, c, comm), Problem::shard(p.k, c, comm), Problem::shard(p.v, c, comm),
-        Problem::shard(dout, c, comm), comm, options_of<UlyssesAttentionOptions>(c));
+    const AttentionGradients got =
+        ulysses_attention_backward(shard(p.q, c, comm), shard(p.k, c, comm), shard(p.v, c, comm), shard(dout, c, comm),
+                                   comm, options_of<UlyssesAttentionOptions>(c));
     expect_shards_of(got, whole_sequence_gradients(p, c, dout), c, comm);
   }
 }
 
 TEST(RingAttention, AppliesThisRanksRowsOfAMask) {
   const Communicator comm = world();
-  const Case c{1, 2, 2, 33, 33, 8, 8, false, SequenceLayout::zigzag};
+  const AttentionCase c{1, 2, 2, 33, 33, 8, 8, false, SequenceLayout::zigzag};
   const Problem p(c, comm);
   Tensor mask = Tensor::randn({1, 1, c.lq, c.lk}, 5);  // additive: random biases
   AttentionOptions full;
   full.attn_mask = mask;
-  const Tensor want = Problem::shard(scaled_dot_product_attention(p.q, p.k, p.v, full).output, c, comm);
+  const Tensor want = shard(scaled_dot_product_attention(p.q, p.k, p.v, full).output, c, comm);
   RingAttentionOptions o;
   o.layout = c.layout;
-  o.attn_mask = shard_sequence(mask, -2, comm.rank(), comm.size(), c.layout);
-  const Tensor got =
-      ring_attention(Problem::shard(p.q, c, comm), Problem::shard(p.k, c, comm), Problem::shard(p.v, c, comm), comm, o)
-          .output;
+  o.attn_mask = shard(mask, c, comm);
+  const Tensor got = ring_attention(shard(p.q, c, comm), shard(p.k, c, comm), shard(p.v, c, comm), comm, o).output;
   EXPECT_LE(relative_error(got, want), kTolerance);
 }
 
@@ -166,10 +149,10 @@ TEST(RingAttention, ShardsThatDoNotMatchTheLayoutAreAShapeError) {
 // give the fused kernel's result.
 TEST(RingAttention, AMaskThatIsNotThisRanksRowsIsAShapeError) {
   const Communicator comm = world();
-  const Case c{1, 2, 2, 12, 12, 4, 4, false, SequenceLayout::contiguous};
+  const AttentionCase c{1, 2, 2, 12, 12, 4, 4, false, SequenceLayout::contiguous};
   const Problem p(c, comm);
   const Tensor mask = Tensor::randn({c.lq, c.lk}, 11);  // additive
-  const Tensor q = Problem::shard(p.q, c, comm), k = Problem::shard(p.k, c, comm), v = Problem::shard(p.v, c, comm);
+  const Tensor q = shard(p.q, c, comm), k = shard(p.k, c, comm), v = shard(p.v, c, comm);
   RingAttentionOptions o;
   o.attn_mask = mask;
   if (comm.size() == 1) {
@@ -181,7 +164,7 @@ TEST(RingAttention, AMaskThatIsNotThisRanksRowsIsAShapeError) {
   } else {
     EXPECT_THROW((void)ring_attention(q, k, v, comm, o), ShapeError);
   }
-  const Tensor rows = shard_sequence(mask, -2, comm.rank(), comm.size(), c.layout);
+  const Tensor rows = shard(mask, c, comm);
   o.attn_mask = Tensor::zeros({rows.size(0), c.lk + 1});  // one key column too many
   EXPECT_THROW((void)ring_attention(q, k, v, comm, o), ShapeError);
   o.attn_mask = rows.slice(-1, 0, c.lk - 1);  // one too few
@@ -193,14 +176,14 @@ TEST(RingAttention, AMaskThatIsNotThisRanksRowsIsAShapeError) {
 // QKV_DIST_TIMEOUT (120 s here) before a CommunicationError: now every rank fails at once.
 TEST(RingAndUlysses, RanksCalledDifferentlyOrARefusalFailOnEveryRank) {
   const Communicator comm = world();
-  const Case c{1, 2, 2, 8, 8, 4, 4, false, SequenceLayout::contiguous};
+  const AttentionCase c{1, 2, 2, 8, 8, 4, 4, false, SequenceLayout::contiguous};
   const Problem p(c, comm);
-  const Tensor q = Problem::shard(p.q, c, comm), k = Problem::shard(p.k, c, comm), v = Problem::shard(p.v, c, comm);
+  const Tensor q = shard(p.q, c, comm), k = shard(p.k, c, comm), v = shard(p.v, c, comm);
   // Shapes the kernel refuses (GQA heads without enable_gqa, q's D against k's) fail on every
   // rank, also where L = 2 over 3-4 ranks leaves a rank no query rows or H = 2 leaves it no heads:
   // those ranks used to wait QKV_DIST_TIMEOUT while the others failed.
   const auto tiny = [&](int64_t heads, int64_t d, uint64_t seed) {
-    return shard_sequence(Tensor::randn({1, heads, 2, d}, seed), -2, comm.rank(), comm.size(), c.layout);
+    return shard(Tensor::randn({1, heads, 2, d}, seed), c, comm);
   };
   EXPECT_THROW((void)ring_attention(tiny(4, 4, 1), tiny(2, 4, 2), tiny(2, 4, 3), comm, {}), ShapeError);
   EXPECT_THROW((void)ring_attention(tiny(2, 4, 1), tiny(2, 3, 2), tiny(2, 3, 3), comm, {}), ShapeError);
@@ -254,28 +237,26 @@ TEST(RingAndUlysses, RanksCalledDifferentlyOrARefusalFailOnEveryRank) {
 
 TEST(UlyssesAttention, EqualsTheFusedKernelOnTheWholeSequence) {
   const Communicator comm = world();
-  for (const Case& c : kCases) {
-    SCOPED_TRACE(name(c));
+  for (const AttentionCase& c : kCases) {
+    SCOPED_TRACE(describe(c));
     const Problem p(c, comm);
     const auto o = options_of<UlyssesAttentionOptions>(c);
-    const Tensor got = ulysses_attention(Problem::shard(p.q, c, comm), Problem::shard(p.k, c, comm),
-                                         Problem::shard(p.v, c, comm), comm, o);
+    const Tensor got = ulysses_attention(shard(p.q, c, comm), shard(p.k, c, comm), shard(p.v, c, comm), comm, o);
     EXPECT_LE(relative_error(got, p.want), kTolerance);
   }
 }
 
 TEST(UlyssesAttention, SplitsPerHeadMasksWithTheHeads) {
   const Communicator comm = world();
-  const Case c{1, 5, 5, 21, 21, 8, 8, false, SequenceLayout::contiguous};
+  const AttentionCase c{1, 5, 5, 21, 21, 8, 8, false, SequenceLayout::contiguous};
   const Problem p(c, comm);
   const Tensor mask = Tensor::randn({1, c.hq, c.lq, c.lk}, 9);
   AttentionOptions full;
   full.attn_mask = mask;
-  const Tensor want = Problem::shard(scaled_dot_product_attention(p.q, p.k, p.v, full).output, c, comm);
+  const Tensor want = shard(scaled_dot_product_attention(p.q, p.k, p.v, full).output, c, comm);
   UlyssesAttentionOptions o;
   o.attn_mask = mask;
-  const Tensor got = ulysses_attention(Problem::shard(p.q, c, comm), Problem::shard(p.k, c, comm),
-                                       Problem::shard(p.v, c, comm), comm, o);
+  const Tensor got = ulysses_attention(shard(p.q, c, comm), shard(p.k, c, comm), shard(p.v, c, comm), comm, o);
   EXPECT_LE(relative_error(got, want), kTolerance);
 }
 
