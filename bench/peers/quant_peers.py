@@ -7,7 +7,7 @@ nn.MultiheadAttention (batch_first) initialised from a fixed seed. Timed, in thi
 self-attention forward (need_weights=False) of:
   qkv f32        qkv.nn.MultiheadAttention.from_state_dict(its state_dict)
   qkv int8       qkv.nn.quantize_dynamic(that layer, weight_bits=--weight-bits): 8-bit weights
-                 where the CPU has VNNI/AMX, 7-bit elsewhere unless told (docs/nn.md)
+                 where the CPU has VNNI/AMX, 7-bit elsewhere unless told (docs/nn_quantization.md)
   qkv int8 + bf16 attention
                  the same, its attention with attention_options={"matmul_precision": "medium"}
                  (bf16 Q K^T and P V tiles where the CPU has a native bf16 GEMM; opt-in)

@@ -111,7 +111,7 @@ class MultiheadAttention:
     def quantize_dynamic(self, weight_bits: Optional[int] = None) -> "MultiheadAttention":
         """A copy whose projections are dynamically int8-quantized: int8 weights per output channel,
         activations per token at run time, int8 GEMMs with int32 accumulation; attention stays
-        float32 (docs/nn.md). state_dict() still returns the float32 parameters. weight_bits: 8, 7
+        float32 (docs/nn_quantization.md). state_dict() still returns the float32 parameters. weight_bits: 8, 7
         (weights in [-63, 63]) or None for this CPU's choice (qkv.nn.int8_weight_bits())."""
         layer = object.__new__(MultiheadAttention)
         layer.__dict__.update(self.__dict__)
@@ -123,7 +123,7 @@ class MultiheadAttention:
         """A copy with int8 projections whose activation scales are fixed by calibration: the
         float32 layer runs `batches` (each an array for self-attention, or (query, key, value)),
         observers record the projections' inputs ('minmax': the largest |x|; 'percentile': that
-        percentile of |x|), and each projection quantizes its input with one scale (docs/nn.md).
+        percentile of |x|), and each projection quantizes its input with one scale (docs/nn_quantization.md).
         weight_bits as quantize_dynamic's."""
         layer = object.__new__(MultiheadAttention)
         layer.__dict__.update(self.__dict__)
@@ -139,7 +139,7 @@ class MultiheadAttention:
     def quantized_state_dict(self) -> dict:
         """The quantized layer as a file holds it (qkv.save(path, sd) writes safetensors): each
         projection weight int8 [out, in] with "<name>.scale" float32 [out], biases float32, and
-        "activation_scales" [4] for static quantization (docs/nn.md)."""
+        "activation_scales" [4] for static quantization (docs/nn_quantization.md)."""
         return self._layer.quantized_state_dict()
 
     def _new_from_quantized(cls, state_dict: Mapping[str, Any], num_heads: int, *, dropout: float = 0.0,
@@ -418,7 +418,7 @@ def _weight_bits(weight_bits: Optional[int]) -> int:
 def int8_weight_bits() -> int:
     """The weight bits quantize_dynamic picks on this CPU when not told: 8 where its int8 GEMMs run
     at int8 speed for any int8 weight (VNNI, AMX), 7 elsewhere (AVX2: oneDNN's int8 kernel is exact
-    there only for weights in [-64, 63]; docs/nn.md)."""
+    there only for weights in [-64, 63]; docs/nn_quantization.md)."""
     return _nn._int8_weight_bits()
 
 

@@ -196,7 +196,7 @@ Tensor Linear::forward_int8(const Tensor& x) const {
   // Blocks of kBlock token rows, each quantized, multiplied (one single-threaded GEMM inside
   // parallel_for) and dequantized while its [kBlock, out] int32 products are in the L2,
   // where one GEMM over all rows wrote them to memory and read them back: (8, 512, 768, 12)
-  // in-projection, 2 threads, AMD EPYC Zen 4: see docs/nn.md. Few rows (decode) stay one
+  // in-projection, 2 threads, AMD EPYC Zen 4: see docs/nn_quantization.md. Few rows (decode) stay one
   // multi-threaded GEMM, and so do CPUs without VNNI: there oneDNN's int8 gemm:jit packs the
   // whole weight on every call (23% of the layer's samples with blocks of 64 under
   // ONEDNN_MAX_CPU_ISA=AVX2; layer 118 ms in blocks of 64, 97 in 256, 93 in one GEMM).

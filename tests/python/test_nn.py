@@ -198,7 +198,7 @@ def test_torch_tensors_in_torch_tensors_out_with_torch_parity(monkeypatch):
 def test_quantize_dynamic_keeps_the_layer_within_two_percent():
     # qkv.nn.quantize_dynamic(mha): int8 projections (per-channel weights, per-token
     # activations); the float32 layer is the oracle of the error it costs (measured ~1.4%
-    # on random weights, torch.ao's quantize_dynamic 3.7% on the same: docs/nn.md).
+    # on random weights, torch.ao's quantize_dynamic 3.7% on the same: docs/nn_quantization.md).
     layer = qkv.nn.MultiheadAttention(64, 4, batch_first=True)
     q = qkv.nn.quantize_dynamic(layer, weight_bits=8)
     assert q.quantized and not layer.quantized and q.weight_bits == 8

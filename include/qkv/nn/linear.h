@@ -85,7 +85,7 @@ class Linear {
   // rounding error, as torch's reduce_range costs its activations), or 0 for this CPU's
   // choice: 8 where qkv::gemm_int8_full_range() (VNNI, AMX), else 7, the range oneDNN's
   // int8 kernel multiplies exactly without VNNI (8-bit weights there take the exact float32
-  // path, no faster than a float32 layer: docs/nn.md). ValueError for other values. On a
+  // path, no faster than a float32 layer: docs/nn_quantization.md). ValueError for other values. On a
   // quantized layer: itself if its bits are those, else quantized again from its float32 weight;
   // a static layer (quantize_static) becomes dynamic either way. ValueError for in_features >
   // 131071, the int8 GEMM's depth limit (qkv/gemm.h: int32 sums could overflow).
