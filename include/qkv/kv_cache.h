@@ -206,7 +206,7 @@ struct DecodeOptions {
   int64_t chunk = 0;            // keys per work item; 0: automatic (docs/decode.md)
   // Accepted for the API's sake and ignored: every cache dtype is read exactly (bf16/f16 rows
   // widened to float32 in registers). The step is memory-bound; "medium"'s bf16 GEMMs (q and P
-  // rounded) read the same bytes and measured 1.7-2.0x slower on Zen 4 (docs/decode.md).
+  // rounded) read the same bytes and measured 1.7-2.0x slower on Zen 4 (docs/decode_performance.md).
   MatmulPrecision matmul_precision = MatmulPrecision::highest;
   bool return_logsumexp = false;
 };

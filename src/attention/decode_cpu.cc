@@ -10,7 +10,7 @@
 // out = sum_c O_c e^(m_c - M) / L, lse = M + log L. f32 caches go through the two GEMMs;
 // bf16/f16 and int8 caches are read in place by Highway kernels that widen (or dequantize) the
 // rows in registers (decode_rows.h): the step is bandwidth-bound, and widening each chunk into
-// scratch first read bf16 at 73-78% of memcpy (docs/decode.md).
+// scratch first read bf16 at 73-78% of memcpy (docs/decode_performance.md).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -46,7 +46,7 @@ int64_t first_needed(const DecodeCall& d, const DecodeOptions& o, int64_t length
 // nothing asks the chunk to stay in L2; and the scores [G Lq, C] stay within 128 KB. Each item
 // starts its key and value streams cold (its first rows before the prefetches run ahead) and
 // adds a partial to merge: at 32k keys, 2 threads, 8192-key chunks took the int8 step from 30.0
-// to 25.0 ms at B = 8 and from 3.91 to 3.42 ms at B = 1 (docs/decode.md, "Fifth pass"; 32768:
+// to 25.0 ms at B = 8 and from 3.91 to 3.42 ms at B = 1 (docs/decode_int8.md, "Fifth pass"; 32768:
 // 24.7 and 3.55 ms, 4 items a thread at B = 1 too few to balance).
 constexpr int64_t kInt8Chunk = 8192;
 int64_t int8_chunk_max(const DecodeCall& d, const KVCache& cache) {
@@ -219,7 +219,7 @@ void values_int8(const DecodeCall& d, const KVCache& cache, const Item& it, Scra
 // bf16 / f16 caches (decode_rows.h), at every matmul_precision: S = scale Q K^T and O = P V on
 // the 16-bit rows in place, run by run, widened exactly in registers (T: bfloat16 or float16).
 // "medium" ran bf16 GEMMs (q and P rounded) until they measured 1.7-2.0x slower than this on
-// Zen 4 (docs/decode.md): the step is memory-bound, and this reads the same bytes, exactly.
+// Zen 4 (docs/decode_performance.md): the step is memory-bound, and this reads the same bytes, exactly.
 template <class T>
 void scores_half(const DecodeCall& d, const float* qrows, const KVCache& cache, const Item& it, Scratch& sc) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;

@@ -7,7 +7,7 @@
 // (included at the end: integer products over pairs of keys, or float passes that split the
 // bytes by shifts) take their place. The int8 scalar loop that widened each chunk into scratch
 // before two f32 GEMMs read int8 at 6.5 GB/s, the bf16 widening at 73-78% of memcpy
-// (docs/decode.md). decode_rows.cc re-includes this file once per SIMD target via
+// (docs/decode_performance.md). decode_rows.cc re-includes this file once per SIMD target via
 // hwy/foreach_target.h; no other file includes it (nor decode_rows_int8-inl.h). Include guard
 // toggled per target.
 #if defined(QKV_ATTENTION_DECODE_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
