@@ -123,6 +123,11 @@ PendingFile::PendingFile(const fs::path& path, Context ctx) : target_(follow_lin
       ::close(fd);
       return;
     }
+    if (errno == EACCES && exists) {  // a file we may write in a directory we may not: in place, as before
+      temp_ = target_;
+      in_place_ = true;
+      return;
+    }
     if (errno != EEXIST || attempt == 100) fail_at<IOError>(ctx_, "cannot open for writing: ", std::strerror(errno));
   }
 }

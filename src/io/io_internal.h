@@ -63,7 +63,8 @@ uint64_t file_size(const std::filesystem::path& path, const Context& ctx);
 // `path` an existing directory is an IOError saying so. A symbolic link is followed
 // (the file it names is replaced, the link stays). An existing file that is not a
 // regular file (/dev/null, a FIFO) cannot be replaced: temp() is `path` itself,
-// written in place, and commit() does nothing. No fsync: whole across failures of the
+// written in place, and commit() does nothing; so is an existing file that we may write
+// in a directory where we may not create one. No fsync: whole across failures of the
 // writer, not across a power loss.
 class PendingFile {
  public:

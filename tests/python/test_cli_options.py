@@ -381,3 +381,39 @@ def test_a_failed_write_leaves_the_previous_output_whole(qkv_cli, tmp_path):
         assert result.returncode == 1 and f"{out}" in result.stderr, result.stderr
         assert out.read_bytes() == before, name
         assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to run the tool as nobody")
+def test_a_writable_file_in_a_directory_we_may_not_write_is_written_in_place(qkv_cli, tmp_path):
+    """The temporary file of a whole-or-nothing write goes beside the output; where the
+    directory refuses it but the file itself may be written, the file is written in place,
+    as before ('cannot open for writing: Permission denied' otherwise); a file that may
+    not be written stays refused. Run as nobody (uid 65534) through preexec_fn."""
+    import tempfile
+    base = pathlib.Path(tempfile.mkdtemp(prefix="qkv_perm_"))
+    try:
+        base.chmod(0o755)  # root's: nobody may not create files in it
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        np.save(base / "x.npy", x)
+        (base / "x.npy").chmod(0o644)
+        out, locked = base / "y.npy", base / "locked.npy"
+        for f in (out, locked):
+            np.save(f, np.zeros(1, np.float32))
+        os.chown(out, 65534, 65534)
+
+        def as_nobody():
+            os.setgid(65534)
+            os.setuid(65534)
+
+        def cli(target):
+            return subprocess.run([qkv_cli, "rearrange", "a b -> b a", base / "x.npy", "-o", target],
+                                  preexec_fn=as_nobody, capture_output=True, text=True)
+
+        result = cli(out)
+        assert result.returncode == 0, result.stderr
+        np.testing.assert_array_equal(np.load(out), x.T)
+        result = cli(locked)
+        assert result.returncode == 1 and "cannot open for writing: Permission denied" in result.stderr
+        np.testing.assert_array_equal(np.load(locked), np.zeros(1, np.float32))
+    finally:
+        shutil.rmtree(base)
