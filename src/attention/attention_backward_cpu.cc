@@ -160,8 +160,7 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
   const T* w = s;           // P o M
   if (f.dropout_p > 0.0) {  // forward dropout_tile: the same factors M, redrawn from the seed
     std::copy(s, s + r.rows * lds, sc.w.data());
-    dropout_tile(f, r, j0, cols, sc.w.data(), lds);
-    dropout_tile(f, r, j0, cols, ds, lds);  // dP = (dO_i V_j^T) o M
+    dropout_tile(f, r, j0, cols, sc.w.data(), lds, ds);  // and dP = (dO_i V_j^T) o M: one draw for both
     w = sc.w.data();
   }
   // Forward value_tile, d/dV_j: dV_j += (P o M)^T dO_i (dV_j at the part's local row local0).

@@ -348,18 +348,22 @@ uint64_t dropout_index(const Flash<K>& f, const Rows<K>& r, int64_t x, int64_t j
   return static_cast<uint64_t>((r.b * p.lq + r.i0 + x) * p.lk + j);
 }
 
-// Dropout on probabilities s [rows, cols] (row stride lds) of rows i0.., keys j0..
+// Dropout on probabilities s [rows, cols] (row stride lds) of rows i0.., keys j0.., and with
+// the same draws on s2 (same layout) where it is not null: the backward's P and dP.
 template <class K, class T = typename K::T>
-void dropout_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds) {
+void dropout_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds,
+                  T* s2 = nullptr) {
   for (int64_t x = 0; x < r.rows; ++x) {
-    T* row = s + x * lds;  // [cols]
+    T* row = s + x * lds;                              // [cols]
+    T* row2 = s2 ? s2 + x * lds : static_cast<T*>(nullptr);  // [cols]
     const uint64_t index = dropout_index(f, r, x, j0);
     if constexpr (std::is_same_v<T, float>) {  // the same draws, vectorized (dropout_rows.h)
-      dropout_row(row, cols, f.seed, index, f.dropout_p, f.keep_scale);
+      dropout_row(row, cols, f.seed, index, f.dropout_p, f.keep_scale, row2);
     } else {
       for (int64_t c = 0; c < cols; ++c) {
         const bool keep = random::dropout_keep(f.seed, index + static_cast<uint64_t>(c), f.dropout_p);
         row[c] = keep ? row[c] * f.keep_scale : T(0);
+        if (row2) row2[c] = keep ? row2[c] * f.keep_scale : T(0);
       }
     }
   }

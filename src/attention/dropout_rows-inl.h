@@ -47,8 +47,8 @@ HWY_INLINE void Philox2(D64 d64, V counter, uint64_t seed, V& r0, V& r1) {
 }
 
 // The whole vectors of row from its start (the tail is the caller's); returns where they end.
-HWY_INLINE int64_t DropoutVectors(float* HWY_RESTRICT row, int64_t n, uint64_t seed, uint64_t index, double p,
-                                  float scale) {
+HWY_INLINE int64_t DropoutVectors(float* HWY_RESTRICT row, float* HWY_RESTRICT row2, int64_t n, uint64_t seed,
+                                  uint64_t index, double p, float scale) {
   const hn::ScalableTag<uint64_t> d64;
   const hn::RebindToSigned<decltype(d64)> di64;
   const hn::Rebind<uint32_t, decltype(d64)> du32;  // as many lanes as d64, half the bytes
@@ -70,20 +70,23 @@ HWY_INLINE int64_t DropoutVectors(float* HWY_RESTRICT row, int64_t n, uint64_t s
     const auto kept = hn::VecFromMask(di64, hn::Gt(bits, below));
     const auto keep_bits = hn::BitCast(df, hn::TruncateTo(du32, hn::BitCast(d64, kept)));
     hn::StoreU(hn::And(hn::Mul(hn::LoadU(df, row + i), vscale), keep_bits), df, row + i);
+    if (row2) hn::StoreU(hn::And(hn::Mul(hn::LoadU(df, row2 + i), vscale), keep_bits), df, row2 + i);
   }
   return i;
 }
 
 #else
 
-HWY_INLINE int64_t DropoutVectors(float*, int64_t, uint64_t, uint64_t, double, float) { return 0; }
+HWY_INLINE int64_t DropoutVectors(float*, float*, int64_t, uint64_t, uint64_t, double, float) { return 0; }
 
 #endif  // HWY_TARGET != HWY_SCALAR
 
-HWY_NOINLINE void DropoutRow(float* HWY_RESTRICT row, int64_t n, uint64_t seed, uint64_t index, double p,
-                             float scale) {
-  for (int64_t i = DropoutVectors(row, n, seed, index, p, scale); i < n; ++i) {
-    row[i] = random::dropout_keep(seed, index + static_cast<uint64_t>(i), p) ? row[i] * scale : 0.0f;
+HWY_NOINLINE void DropoutRow(float* HWY_RESTRICT row, float* HWY_RESTRICT row2, int64_t n, uint64_t seed,
+                             uint64_t index, double p, float scale) {
+  for (int64_t i = DropoutVectors(row, row2, n, seed, index, p, scale); i < n; ++i) {
+    const bool keep = random::dropout_keep(seed, index + static_cast<uint64_t>(i), p);
+    row[i] = keep ? row[i] * scale : 0.0f;
+    if (row2) row2[i] = keep ? row2[i] * scale : 0.0f;
   }
 }
 

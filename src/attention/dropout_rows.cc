@@ -18,8 +18,8 @@ namespace qkv::attention {
 
 HWY_EXPORT(DropoutRow);
 
-void dropout_row(float* row, int64_t n, uint64_t seed, uint64_t index, double p, float scale) {
-  QKV_DYNAMIC_DISPATCH(DropoutRow)(row, n, seed, index, p, scale);
+void dropout_row(float* row, int64_t n, uint64_t seed, uint64_t index, double p, float scale, float* row2) {
+  QKV_DYNAMIC_DISPATCH(DropoutRow)(row, row2, n, seed, index, p, scale);
 }
 
 }  // namespace qkv::attention

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -40,12 +41,20 @@ TEST(DropoutRows, KeepExactlyTheDefinitionsWeights) {
           for (double p : ps) {
             const float scale = p < 1.0 ? static_cast<float>(1.0 / (1.0 - p)) : 0.0f;
             const std::vector<float> x = row_values(n);
-            std::vector<float> got = x;
+            std::vector<float> got = x, first = x, second(x.rbegin(), x.rend());
+            const std::vector<float> second_in = second;
             dropout_row(got.data(), n, seed, start, p, scale);
+            dropout_row(first.data(), n, seed, start, p, scale, second.data());  // one draw, two rows
             for (int64_t i = 0; i < n; ++i) {
               const size_t u = static_cast<size_t>(i);
               const bool keep = random::dropout_keep(seed, start + static_cast<uint64_t>(i), p);
-              const float want = keep ? x[u] * scale : 0.0f;
+              const float want = keep ? x[u] * scale : 0.0f, want2 = keep ? second_in[u] * scale : 0.0f;
+              ASSERT_EQ(std::memcmp(&first[u], &got[u], sizeof(float)), 0) << "element " << i;
+              if (std::isnan(want2)) {
+                ASSERT_TRUE(std::isnan(second[u])) << "second row, element " << i;
+              } else {
+                ASSERT_EQ(second[u], want2) << "second row, element " << i << ", seed " << seed << ", p " << p;
+              }
               if (std::isnan(want)) {
                 ASSERT_TRUE(std::isnan(got[u])) << "element " << i << " seed " << seed << " start " << start;
               } else {
