@@ -1,4 +1,4 @@
-"""The pictures of docs/attention-variants.md, made by qkv itself (qkv.plot, libpng):
+"""The pictures of docs/attention-variants.md and docs/attention-variants-lsh.md, made by qkv itself (qkv.plot, libpng):
 each modifier's mask pattern at L = 48, and the weights of one attention with ALiBi.
 
     PYTHONPATH=<a staged qkv> .venv/bin/python docs/images/make_pictures.py   (or after make python)

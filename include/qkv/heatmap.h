@@ -1,5 +1,5 @@
 // Heatmaps of attention weights and mask patterns as PNG images (libpng): `qkv heatmap`,
-// `qkv.plot.heatmap`, and the pictures of docs/attention-variants.md.
+// `qkv.plot.heatmap`, and the pictures of docs/attention-variants.md and docs/attention-variants-lsh.md.
 //
 // Layout: one square cell of `cell` pixels per (query row, key column), query i down, key j
 // across, colored by viridis (matplotlib's default map: the dark purple of 0 to the yellow

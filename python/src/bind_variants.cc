@@ -90,7 +90,7 @@ void bind_variants(nb::module_& m) {
         "sum_j phi(k_j)) over every key, or keys j <= i with is_causal (chunked prefix sums, `chunk`\n"
         "rows each). feature_map 'elu' (phi = elu + 1) or 'favor' (Performer's positive orthogonal\n"
         "random features: num_features m, 0 = 2 D, drawn from `seed`). q [..., L, D], k [..., Lk, D],\n"
-        "v [..., Lk, Dv] with the same leading dims; O(L) time and memory (docs/attention-variants.md).");
+        "v [..., Lk, Dv] with the same leading dims; O(L) time and memory (docs/attention-variants-linear.md).");
   m.def("favor_random_features", &favor_features, nb::arg("d").none(), nb::arg("m").none(), nb::arg("seed").none() = 0,
         nb::sig("def favor_random_features(d: int, m: int, seed: int = 0) -> numpy.typing.NDArray[numpy.float64]"),
         "FAVOR+'s random features W [m, d] (float64) drawn from `seed`: the rows linear_attention(...,\n"

@@ -133,7 +133,7 @@ void gather_chunk(const LshProblem& p, int64_t e, int64_t c, const int64_t* perm
 // double, as the sum of kScorePieces T GEMMs over slices of D: a T GEMM's rounding grows with
 // its depth, and was most of the error with one (oneDNN's at depth 32 is 1.5x OpenBLAS', the
 // naive float32 run's). Two halves: +5% time over one at L >= 4096 (+17% at 1024); four: +6-17%
-// more (docs/attention-variants.md).
+// more (docs/attention-variants-lsh.md).
 template <class T>
 void scores(const LshProblem& p, const T* q, Scratch<T>& w) {
   const int64_t cl = p.chunk_rows(), nk = static_cast<int64_t>(w.pos.size()), size = cl * nk;
@@ -199,7 +199,7 @@ double softmax_row(const LshProblem& p, const Scratch<T>& w, int64_t i, double* 
 
 // One chunk c (of rounds * L / C) of entry e: softmax over its and its neighbours' keys.
 // Writes out [L, Dv] (one round) or the round's outputs [L, Dv] and logsumexps [L].
-// Precision (issue 16: float32 error <= 2x a naive float32 run's; docs/attention-variants.md):
+// Precision (issue 16: float32 error <= 2x a naive float32 run's; docs/attention-variants-lsh.md):
 // S = Q K^T summed in double from two half-depth GEMMs (scores()), the length norm (never a
 // rounded normalized key), masks and softmax in double per row, the weights exp(s - max) <= 1
 // rounded once to T for an unnormalized O = P V, each output row divided by its sum once.

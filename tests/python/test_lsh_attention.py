@@ -115,7 +115,7 @@ def test_matches_reformer_lsh_self_attention(path):
                             rotations=t["rotations"], attention_mask=None if mask is None else mask[:, None, :])
     got = out.transpose(0, 2, 1, 3).reshape(b, length, heads * d)
     # float32 causal: Reformer's own float32 logsumexp over rounds at -1e5 (a token left with only
-    # itself) weighs each round 0.4989, not 1/2 (docs/attention-variants.md); elsewhere einsum's
+    # itself) weighs each round 0.4989, not 1/2 (docs/attention-variants-lsh.md); elsewhere einsum's
     # and torch's projections round apart.
     tol = 1e-11 if o["dtype"] == "float64" else (3e-3 if o["is_decoder"] and o["n_hashes"] > 1 else 2e-5)
     assert rel_err(got, t["out"]) <= tol
@@ -142,7 +142,7 @@ def test_float32_error_within_twice_a_naive_float32(index, seed):
     # both the largest and the mean absolute error. Measured here: largest <= 1.32x naive's, mean
     # <= 0.74x (near 0 where naive's float32 merge errs at logsumexp -1e5); the kernel before its
     # precision work: 1.95 here, 3.03 on seeds 0-9; with one float32 Q K^T GEMM: 2.07 here
-    # (docs/attention-variants.md).
+    # (docs/attention-variants-lsh.md).
     b, h, length, d, dv, rounds, factors, chunk, before, after, causal, padded = NAIVE_CASES[index]
     rng = np.random.default_rng(1000 * index + seed)
     qk = rng.standard_normal((b, h, length, d)).astype(np.float32)
