@@ -5,7 +5,7 @@
 // zip (config.json, metadata.json, model.weights.h5). HDF5 is read through libhdf5
 // from an in-memory image in a fork()ed reader process: libhdf5 1.10.8 crashes or
 // hangs on hostile files, which then ends in a FormatError, not in the caller's
-// process (deadline QKV_HDF5_TIMEOUT_S, default 120 s; docs/formats.md). Zips are
+// process (deadline QKV_HDF5_TIMEOUT_S, default 120 s; docs/formats-keras-tf.md). Zips are
 // parsed here with full bounds checks.
 // Errors: FormatError (malformed file, naming the file and the fault), IOError,
 // DTypeError (a dataset dtype qkv cannot hold, raised only when its data is read).

@@ -7,7 +7,7 @@
 // extent in its shard and its crc32c. Errors: FormatError (malformed file, naming
 // the file and the fault), IOError (a file cannot be read), DTypeError (a tensor
 // dtype qkv has no type for, raised only when its data is asked for).
-// docs/formats.md has the full rules.
+// docs/formats-keras-tf.md has the full rules.
 #pragma once
 
 #include <cstddef>

@@ -80,7 +80,7 @@ bool has_attr(hid_t obj, const char* name, const Context& ctx);
 // weight_names (an empty non-string array, as h5py writes [], gives no names);
 // nullopt when `obj` has no attribute `name` or it holds variable-length strings.
 // Variable-length strings are not read: libhdf5 1.10.8 reads them from the global
-// heap without bounds checks and crashes on corrupt files (docs/formats.md).
+// heap without bounds checks and crashes on corrupt files (docs/formats-keras-tf.md).
 std::optional<std::vector<std::string>> read_string_attr(hid_t obj, const char* name, const Context& ctx);
 
 // Every dataset below `root` ("" = the whole file) as paths, in HDF5's name order.
@@ -91,7 +91,7 @@ std::vector<std::string> list_datasets(hid_t file, const Context& ctx);
 // it runs in a reader process, or in this one under hdf5_lock().
 WeightFile read_keras_h5(std::span<const std::byte> bytes, bool data, const Context& ctx);
 // read_keras_h5 in a reader process (hdf5_reader_process.cc): libhdf5 1.10.8 crashes,
-// hangs or exhausts memory on hostile files (docs/formats.md), which then ends in a
+// hangs or exhausts memory on hostile files (docs/formats-keras-tf.md), which then ends in a
 // FormatError here. QKV_HDF5_TIMEOUT_S (default 120) bounds its time;
 // QKV_HDF5_IN_PROCESS=1 reads in this process instead (for debugging libhdf5).
 WeightFile read_keras_h5_isolated(std::span<const std::byte> bytes, bool data, const Context& ctx);

@@ -1,6 +1,6 @@
 // Runs a reader on untrusted bytes in a fork()ed child process (not public API), for
 // libraries that may crash, hang or exhaust memory on hostile input (libhdf5 1.10.8:
-// docs/formats.md). The child sends back bytes; whatever happens to it, the caller
+// docs/formats-keras-tf.md). The child sends back bytes; whatever happens to it, the caller
 // gets those bytes, the qkv::Error the child threw, or a FormatError.
 #pragma once
 
