@@ -1,6 +1,6 @@
 // libFuzzer target: qkv::io::parse_keras_h5 on arbitrary bytes. libhdf5 runs in the
 // reader process (src/io/isolated.h), so its crashes, endless loops and runaway
-// allocations on hostile files (docs/formats.md) must end in a FormatError here; so
+// allocations on hostile files (docs/formats-keras-tf.md) must end in a FormatError here; so
 // must every other malformed input. Anything else in this process is a finding.
 // Seeds: fuzz/corpus/keras_h5 (real Keras files).
 //
