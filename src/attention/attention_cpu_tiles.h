@@ -184,8 +184,7 @@ void add_mask(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* 
 // Per element in double before: (1, 8, 2048, 64), 1 thread, softcap made the forward 4.9x
 // slower (482.8 ms against 98.4) and ALiBi 1.4x.
 template <class K, class T>
-bool score_mods_vector(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds,
-                       T* cap_grad) {
+bool score_mods_vector(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds, T* cap_grad) {
   const ModPlan& m = f.mods;
   if constexpr (!std::is_same_v<T, float>) {
     return false;
@@ -351,11 +350,10 @@ uint64_t dropout_index(const Flash<K>& f, const Rows<K>& r, int64_t x, int64_t j
 // Dropout on probabilities s [rows, cols] (row stride lds) of rows i0.., keys j0.., and with
 // the same draws on s2 (same layout) where it is not null: the backward's P and dP.
 template <class K, class T = typename K::T>
-void dropout_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds,
-                  T* s2 = nullptr) {
+void dropout_tile(const Flash<K>& f, const Rows<K>& r, int64_t j0, int64_t cols, T* s, int64_t lds, T* s2 = nullptr) {
   for (int64_t x = 0; x < r.rows; ++x) {
-    T* row = s + x * lds;                              // [cols]
-    T* row2 = s2 ? s2 + x * lds : static_cast<T*>(nullptr);  // [cols]
+    T* row = s + x * lds;                                    // [cols]
+    T* row2 = s2 ? s2 + x * lds : static_cast<T*>(nullptr);  // [cols] or null
     const uint64_t index = dropout_index(f, r, x, j0);
     if constexpr (std::is_same_v<T, float>) {  // the same draws, vectorized (dropout_rows.h)
       dropout_row(row, cols, f.seed, index, f.dropout_p, f.keep_scale, row2);

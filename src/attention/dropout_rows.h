@@ -11,7 +11,6 @@ namespace qkv::attention {
 // row[c] = random::dropout_keep(seed, index + c, p) ? row[c] * scale : 0 for c < n, and the
 // same for row2 where it is not null (the backward drops P and dP with one draw).
 // p in [0, 1] (the checked dropout_p).
-void dropout_row(float* row, int64_t n, uint64_t seed, uint64_t index, double p, float scale,
-                 float* row2 = nullptr);
+void dropout_row(float* row, int64_t n, uint64_t seed, uint64_t index, double p, float scale, float* row2 = nullptr);
 
 }  // namespace qkv::attention

@@ -296,8 +296,7 @@ HWY_NOINLINE void Scale(float* HWY_RESTRICT x, int64_t n, float s) { ScaleT(x, n
 HWY_NOINLINE void SoftmaxBackwardRow(const float* HWY_RESTRICT y, float* HWY_RESTRICT g, int64_t n, float dot) {
   SoftmaxBackwardRowT(y, g, n, dot);
 }
-HWY_NOINLINE void SoftmaxBackwardRow64(const double* HWY_RESTRICT y, double* HWY_RESTRICT g, int64_t n,
-                                       double dot) {
+HWY_NOINLINE void SoftmaxBackwardRow64(const double* HWY_RESTRICT y, double* HWY_RESTRICT g, int64_t n, double dot) {
   SoftmaxBackwardRowT(y, g, n, dot);
 }
 HWY_NOINLINE void Scale64(double* HWY_RESTRICT x, int64_t n, double s) { ScaleT(x, n, s); }

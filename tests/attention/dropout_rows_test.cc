@@ -58,8 +58,8 @@ TEST(DropoutRows, KeepExactlyTheDefinitionsWeights) {
               if (std::isnan(want)) {
                 ASSERT_TRUE(std::isnan(got[u])) << "element " << i << " seed " << seed << " start " << start;
               } else {
-                ASSERT_EQ(got[u], want) << "element " << i << " of " << n << ", seed " << seed << ", start "
-                                        << start << ", p " << p;
+                ASSERT_EQ(got[u], want) << "element " << i << " of " << n << ", seed " << seed << ", start " << start
+                                        << ", p " << p;
                 ASSERT_EQ(std::signbit(got[u]), std::signbit(want)) << "element " << i;
               }
             }
