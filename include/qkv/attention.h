@@ -84,7 +84,7 @@ struct FlashTiles {
 //            and P rounded to bf16 per tile, float32 accumulation; softmax and the
 //            output stay float32) where qkv::gemm has a native bf16 kernel
 //            (gemm_has_native: AVX512-BF16, AMX); elsewhere exact f32, since emulated
-//            bf16 would only be slower. The error it costs: docs/performance.md.
+//            bf16 would only be slower. The error it costs: docs/performance-precision.md.
 // Other dtypes ignore it (bf16/f16 already compute in their type, f64 in float64), as
 // do the reference and the backward.
 enum class MatmulPrecision { highest, high, medium };
@@ -109,7 +109,7 @@ std::string_view matmul_precision_name(MatmulPrecision precision);
 //   int8_unsmoothed the same without the smoothing (SageAttention's smooth_k=False): keys
 //                   with a large per-channel offset, as LLMs' have, then lose their precision.
 // A Q tile or a (batch, head) of K with a NaN or Inf uses the float tiles instead, so the
-// NaN and Inf rules above still hold. The error it costs: docs/performance.md.
+// NaN and Inf rules above still hold. The error it costs: docs/performance-precision.md.
 enum class QKQuantization { none, int8, int8_unsmoothed };
 
 // "none", "int8", "int8_unsmoothed" (ValueError naming the op for anything else).

@@ -232,7 +232,7 @@ void bind_attention(nb::module_& m) {
                      "qk_quantization ('none', 'int8', 'int8_unsmoothed'; float32 inputs only, no\n"
                      "backward): 'int8' computes Q K^T on int8 as SageAttention does (K minus its mean\n"
                      "over the keys, per-block scales for Q and K, int32 products), softmax and P V\n"
-                     "as matmul_precision says; about 1e-2 relative error (docs/performance.md).\n") +
+                     "as matmul_precision says; about 1e-2 relative error (docs/performance-precision.md).\n") +
          kConventions)
             .c_str());
   m.def("scaled_dot_product_attention_varlen", &sdpa_varlen, nb::arg("query").none(), nb::arg("key").none(),

@@ -315,7 +315,7 @@ std::vector<int64_t> item_order(const Flash<K>& f, int64_t items) {
 // widened to float once per worker and entry where they fit AttentionTuning::widen_head_bytes
 // (automatic: kWidenHeadBytes), not once per query tile and key tile: the per-tile widening
 // was 5% of a bf16 call's samples at (4, 8, 1024, 64) under ONEDNN_MAX_CPU_ISA=AVX2; 2-4%
-// faster (docs/performance.md). Larger heads keep per-tile widening, so that no call converts
+// faster (docs/performance-precision.md). Larger heads keep per-tile widening, so that no call converts
 // K and V whole.
 constexpr int64_t kWidenHeadBytes = int64_t{8} << 20;
 
@@ -343,7 +343,7 @@ void widen_head(const Flash<K>& f, Rows<K>& r, Scratch<K>& sc, int64_t budget) {
 // workers. Shared: one counter, items in turn. By entry: a worker claims a whole entry and
 // takes its row tiles one after the other, so that what it prepares once per entry (16-bit K
 // and V widened, widen_head) serves every tile of it, where items in turn had both workers
-// widen every head (bf16 at (1, 8, 512, 64) under ONEDNN_MAX_CPU_ISA=AVX2: docs/performance.md);
+// widen every head (bf16 at (1, 8, 512, 64) under ONEDNN_MAX_CPU_ISA=AVX2: docs/performance-precision.md);
 // once no entry is unclaimed it takes the tiles others have not reached, so that the call
 // ends as balanced as with the shared counter.
 class ItemQueue {

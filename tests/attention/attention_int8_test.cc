@@ -2,7 +2,7 @@
 // issue 14 item 4) against the float64 reference:
 //   * randn inputs and "real-looking" ones (keys with a large per-channel offset, as LLM
 //     keys have): the output's error, relative to the reference's scale, stays within a
-//     bound set from the measured numbers (docs/performance.md), and on the offset keys
+//     bound set from the measured numbers (docs/performance-precision.md), and on the offset keys
 //     the unsmoothed variant is several times worse: the smoothing is what makes them
 //     accurate, and the test could not pass with it switched off;
 //   * every mask kind, causal, GQA, broadcast k/v, dropout, weights and logsumexp on random
@@ -93,7 +93,7 @@ TEST(Int8QK, AccuracyAgainstFloat64) {
         "int8 unsmoothed %.2e/%.2e\n",
         c.name, f32.mean_rel, f32.max_rel, medium.mean_rel, medium.max_rel, int8.mean_rel, int8.max_rel,
         int8_medium.mean_rel, int8_medium.max_rel, raw.mean_rel, raw.max_rel);
-    // Measured (docs/performance.md): int8 1.1-1.2e-2 mean, 1.2-1.9e-2 max, with f32 or bf16 P V.
+    // Measured (docs/performance-precision.md): int8 1.1-1.2e-2 mean, 1.2-1.9e-2 max, with f32 or bf16 P V.
     for (const Errors& e : {int8, int8_medium}) {
       EXPECT_LE(e.mean_rel, 2e-2) << c.name;
       EXPECT_LE(e.max_rel, 3e-2) << c.name;
