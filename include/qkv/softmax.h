@@ -47,12 +47,12 @@ double exp_shift_sum(double* x, int64_t n, double shift);
 float exp_shift_sum_fast(float* x, int64_t n, float shift);
 double exp_shift_sum_fast(double* x, int64_t n, double shift);
 
-// The softmax's backward on one row: g[i] = y[i] * (g[i] - dot), where y is the softmax,
-// g its incoming gradient and dot = sum_j y[j] g[j] (fused attention's backward passes
-// D_i = dO_i . O_i, the same sum). IEEE subtract then multiply in every lane: the result
-// is exactly the scalar loop's.
-void softmax_backward_row(const float* y, float* g, int64_t n, float dot);
-void softmax_backward_row(const double* y, double* g, int64_t n, double dot);
+// The softmax's backward on `rows` rows of n elements (y and g rows `ld` apart):
+// g[r][i] = y[r][i] * (g[r][i] - dot[r]), where y is the softmax, g its incoming gradient and
+// dot[r] = sum_j y[r][j] g[r][j] (fused attention's backward passes D_i = dO_i . O_i, the same
+// sum). IEEE subtract then multiply in every lane: exactly the scalar loop's result.
+void softmax_backward_rows(const float* y, float* g, int64_t rows, int64_t n, int64_t ld, const float* dot);
+void softmax_backward_rows(const double* y, double* g, int64_t rows, int64_t n, int64_t ld, const double* dot);
 
 // Masks on a score row (fused attention's tiles): x[i] += keep[i] ? 0 : -inf, PyTorch's bool
 // mask (so a NaN or +inf score that is masked out becomes NaN, as it does there: inf - inf),

@@ -176,17 +176,23 @@ HWY_INLINE void ScaleT(T* HWY_RESTRICT x, int64_t n, T s) {
   for (; i < n; ++i) x[i] *= s;  // IEEE multiply: same result as the vector lanes
 }
 
-// g[i] = y[i] * (g[i] - dot): Sub then Mul (never contracted), as the tail's scalar code.
+// g[r][i] = y[r][i] * (g[r][i] - dot[r]): Sub then Mul (never contracted), as the tail's
+// scalar code. One call per tile: a dispatch per 256-wide row cost what the vectors saved.
 template <class T>
-HWY_INLINE void SoftmaxBackwardRowT(const T* HWY_RESTRICT y, T* HWY_RESTRICT g, int64_t n, T dot) {
+HWY_INLINE void SoftmaxBackwardRowsT(const T* HWY_RESTRICT y, T* HWY_RESTRICT g, int64_t rows, int64_t n,
+                                     int64_t ld, const T* HWY_RESTRICT dot) {
   const hn::ScalableTag<T> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto vdot = hn::Set(d, dot);
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    hn::StoreU(hn::Mul(hn::LoadU(d, y + i), hn::Sub(hn::LoadU(d, g + i), vdot)), d, g + i);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* yr = y + r * ld;
+    T* gr = g + r * ld;
+    const auto vdot = hn::Set(d, dot[r]);
+    int64_t i = 0;
+    for (; i + lanes <= n; i += lanes) {
+      hn::StoreU(hn::Mul(hn::LoadU(d, yr + i), hn::Sub(hn::LoadU(d, gr + i), vdot)), d, gr + i);
+    }
+    for (; i < n; ++i) gr[i] = yr[i] * (gr[i] - dot[r]);
   }
-  for (; i < n; ++i) g[i] = y[i] * (g[i] - dot);
 }
 
 // x[i] += keep[i] ? 0 : -inf: the masked lanes add -inf (never a select of -inf: a NaN or +inf
@@ -293,11 +299,13 @@ HWY_NOINLINE float ExpShiftSumFast(float* HWY_RESTRICT x, int64_t n, float shift
   return ExpShiftSumT(x, n, shift, ExpShiftFast());
 }
 HWY_NOINLINE void Scale(float* HWY_RESTRICT x, int64_t n, float s) { ScaleT(x, n, s); }
-HWY_NOINLINE void SoftmaxBackwardRow(const float* HWY_RESTRICT y, float* HWY_RESTRICT g, int64_t n, float dot) {
-  SoftmaxBackwardRowT(y, g, n, dot);
+HWY_NOINLINE void SoftmaxBackwardRows(const float* HWY_RESTRICT y, float* HWY_RESTRICT g, int64_t rows, int64_t n,
+                                      int64_t ld, const float* HWY_RESTRICT dot) {
+  SoftmaxBackwardRowsT(y, g, rows, n, ld, dot);
 }
-HWY_NOINLINE void SoftmaxBackwardRow64(const double* HWY_RESTRICT y, double* HWY_RESTRICT g, int64_t n, double dot) {
-  SoftmaxBackwardRowT(y, g, n, dot);
+HWY_NOINLINE void SoftmaxBackwardRows64(const double* HWY_RESTRICT y, double* HWY_RESTRICT g, int64_t rows,
+                                        int64_t n, int64_t ld, const double* HWY_RESTRICT dot) {
+  SoftmaxBackwardRowsT(y, g, rows, n, ld, dot);
 }
 HWY_NOINLINE void Scale64(double* HWY_RESTRICT x, int64_t n, double s) { ScaleT(x, n, s); }
 HWY_NOINLINE void SoftmaxRows(float* HWY_RESTRICT x, int64_t rows, int64_t cols, int64_t row_stride) {

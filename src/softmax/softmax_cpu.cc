@@ -32,8 +32,8 @@ HWY_EXPORT(ExpShiftSumFast);
 HWY_EXPORT(Scale);
 HWY_EXPORT(Scale64);
 HWY_EXPORT(ExpInplace);
-HWY_EXPORT(SoftmaxBackwardRow);
-HWY_EXPORT(SoftmaxBackwardRow64);
+HWY_EXPORT(SoftmaxBackwardRows);
+HWY_EXPORT(SoftmaxBackwardRows64);
 HWY_EXPORT(AddBoolMask);
 HWY_EXPORT(AddRow);
 HWY_EXPORT(SoftcapRow);
@@ -75,12 +75,12 @@ void softcap_row(float* x, int64_t n, float cap, float* grad) { QKV_DYNAMIC_DISP
 
 void add_ramp(float* x, int64_t n, float first, float slope) { QKV_DYNAMIC_DISPATCH(AddRamp)(x, n, first, slope); }
 
-void softmax_backward_row(const float* y, float* g, int64_t n, float dot) {
-  QKV_DYNAMIC_DISPATCH(SoftmaxBackwardRow)(y, g, n, dot);
+void softmax_backward_rows(const float* y, float* g, int64_t rows, int64_t n, int64_t ld, const float* dot) {
+  QKV_DYNAMIC_DISPATCH(SoftmaxBackwardRows)(y, g, rows, n, ld, dot);
 }
 
-void softmax_backward_row(const double* y, double* g, int64_t n, double dot) {
-  QKV_DYNAMIC_DISPATCH(SoftmaxBackwardRow64)(y, g, n, dot);
+void softmax_backward_rows(const double* y, double* g, int64_t rows, int64_t n, int64_t ld, const double* dot) {
+  QKV_DYNAMIC_DISPATCH(SoftmaxBackwardRows64)(y, g, rows, n, ld, dot);
 }
 
 void softmax_reference(const double* x, double* y, int64_t n) {

@@ -178,11 +178,27 @@ TEST(Softmax, ExpWithinTwoUlpOfStdExp) {
   });
 }
 
-// The softmax backward row g = y o (g - dot): bitwise the scalar formula on every target
+// The softmax backward rows g = y o (g - dot): bitwise the scalar formula on every target
 // (every row length around the vector widths, inf and NaN included), and, as a gradient,
-// the float64 Jacobian product J^T g of softmax at the row's y (J = diag(y) - y y^T).
+// the float64 Jacobian product J^T g of softmax at the row's y (J = diag(y) - y y^T); rows
+// `ld` apart each with its own dot, the padding between them untouched.
 TEST(Softmax, BackwardRowIsTheScalarFormulaAndTheJacobianProduct) {
   for_each_target([] {
+    for (int64_t n : {5, 16, 37}) {
+      const int64_t rows = 3, ld = n + 3;
+      const std::vector<float> y = normal_values(static_cast<size_t>(rows * ld), 1.0f, 31);
+      const std::vector<float> g0 = normal_values(static_cast<size_t>(rows * ld), 1.0f, 32);
+      const std::vector<float> dots = {0.5f, -1.25f, 3.0f};
+      std::vector<float> g = g0;
+      kernels::softmax_backward_rows(y.data(), g.data(), rows, n, ld, dots.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < ld; ++c) {
+          const size_t u = static_cast<size_t>(r * ld + c);
+          const float want = c < n ? y[u] * (g0[u] - dots[static_cast<size_t>(r)]) : g0[u];
+          ASSERT_EQ(g[u], want) << "row " << r << " column " << c << " of " << n << " (ld " << ld << ")";
+        }
+      }
+    }
     for (int64_t n : kCols) {
       std::vector<float> x = normal_values(n, 3.0f, static_cast<uint32_t>(n) + 21);
       std::vector<double> xd(x.begin(), x.end()), y(static_cast<size_t>(n));
@@ -191,7 +207,7 @@ TEST(Softmax, BackwardRowIsTheScalarFormulaAndTheJacobianProduct) {
       float dot = 0;
       for (int64_t i = 0; i < n; ++i) dot += yf[i] * g0[i];
       std::vector<float> g = g0;
-      kernels::softmax_backward_row(yf.data(), g.data(), n, dot);
+      kernels::softmax_backward_rows(yf.data(), g.data(), 1, n, n, &dot);
       double gdot = 0;
       for (int64_t i = 0; i < n; ++i) gdot += y[i] * g0[i];
       for (int64_t i = 0; i < n; ++i) {
@@ -200,7 +216,7 @@ TEST(Softmax, BackwardRowIsTheScalarFormulaAndTheJacobianProduct) {
         ASSERT_NEAR(g[i], want, 1e-6 * (1.0 + std::fabs(gdot))) << "element " << i << " of " << n;
       }
       std::vector<double> gd(g0.begin(), g0.end());
-      kernels::softmax_backward_row(y.data(), gd.data(), n, gdot);
+      kernels::softmax_backward_rows(y.data(), gd.data(), 1, n, n, &gdot);
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(gd[i], y[i] * (g0[i] - gdot)) << "double, element " << i;
     }
     const std::vector<float> y = {0.0f, 1.0f, 0.5f, kNaN, 0.25f, 0.0f, 1.0f, 0.5f, 0.5f, 0.0f, 0.0f, 0.0f,
@@ -208,7 +224,8 @@ TEST(Softmax, BackwardRowIsTheScalarFormulaAndTheJacobianProduct) {
     std::vector<float> g = {kInf, 2.0f, kNaN, 1.0f, -kInf, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f,
                             1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 3.0f};
     const std::vector<float> g0 = g;
-    kernels::softmax_backward_row(y.data(), g.data(), static_cast<int64_t>(g.size()), 1.0f);
+    const float one = 1.0f;
+    kernels::softmax_backward_rows(y.data(), g.data(), 1, static_cast<int64_t>(g.size()), 0, &one);
     for (size_t i = 0; i < g.size(); ++i) {
       const float want = y[i] * (g0[i] - 1.0f);  // 0 * inf and NaN lanes are NaN, as in the scalar loop
       if (std::isnan(want)) {
