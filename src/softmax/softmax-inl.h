@@ -303,8 +303,8 @@ HWY_NOINLINE void SoftmaxBackwardRows(const float* HWY_RESTRICT y, float* HWY_RE
                                       int64_t ld, const float* HWY_RESTRICT dot) {
   SoftmaxBackwardRowsT(y, g, rows, n, ld, dot);
 }
-HWY_NOINLINE void SoftmaxBackwardRows64(const double* HWY_RESTRICT y, double* HWY_RESTRICT g, int64_t rows,
-                                        int64_t n, int64_t ld, const double* HWY_RESTRICT dot) {
+HWY_NOINLINE void SoftmaxBackwardRows64(const double* HWY_RESTRICT y, double* HWY_RESTRICT g, int64_t rows, int64_t n,
+                                        int64_t ld, const double* HWY_RESTRICT dot) {
   SoftmaxBackwardRowsT(y, g, rows, n, ld, dot);
 }
 HWY_NOINLINE void Scale64(double* HWY_RESTRICT x, int64_t n, double s) { ScaleT(x, n, s); }

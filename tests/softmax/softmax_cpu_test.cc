@@ -219,10 +219,10 @@ TEST(Softmax, BackwardRowIsTheScalarFormulaAndTheJacobianProduct) {
       kernels::softmax_backward_rows(y.data(), gd.data(), 1, n, n, &gdot);
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(gd[i], y[i] * (g0[i] - gdot)) << "double, element " << i;
     }
-    const std::vector<float> y = {0.0f, 1.0f, 0.5f, kNaN, 0.25f, 0.0f, 1.0f, 0.5f, 0.5f, 0.0f, 0.0f, 0.0f,
-                                  0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.5f};
-    std::vector<float> g = {kInf, 2.0f, kNaN, 1.0f, -kInf, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f,
-                            1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 3.0f};
+    const std::vector<float> y = {0.0f, 1.0f, 0.5f, kNaN, 0.25f, 0.0f, 1.0f, 0.5f, 0.5f,
+                                  0.0f, 0.0f, 0.0f, 0.0f, 0.0f,  0.0f, 0.0f, 0.0f, 0.5f};
+    std::vector<float> g = {kInf, 2.0f, kNaN, 1.0f, -kInf, 1.0f, 1.0f, 1.0f, 1.0f,
+                            1.0f, 1.0f, 1.0f, 1.0f, 1.0f,  1.0f, 1.0f, 1.0f, 3.0f};
     const std::vector<float> g0 = g;
     const float one = 1.0f;
     kernels::softmax_backward_rows(y.data(), g.data(), 1, static_cast<int64_t>(g.size()), 0, &one);
@@ -258,8 +258,8 @@ TEST(Softmax, MaskRowsAreTheScalarFormulas) {
           const size_t u = static_cast<size_t>(i);
           const float want_mask = i < offset ? x[u] : x[u] + (keep[u] ? 0.0f : -kInf);
           const float want_bias = i < offset ? x[u] : x[u] + bias[u];
-          for (auto [got, want, what] : {std::tuple{got_mask[u], want_mask, "bool mask"},
-                                         std::tuple{got_bias[u], want_bias, "float mask"}}) {
+          for (auto [got, want, what] :
+               {std::tuple{got_mask[u], want_mask, "bool mask"}, std::tuple{got_bias[u], want_bias, "float mask"}}) {
             if (std::isnan(want)) {
               ASSERT_TRUE(std::isnan(got)) << what << ", element " << i << " of " << n << " + " << offset;
             } else {
@@ -299,8 +299,8 @@ TEST(Softmax, SoftcapAndRampRows) {
         ASSERT_NEAR(got[static_cast<size_t>(i)], want, std::fabs(want) * FLT_EPSILON) << "element " << i;
       }
     }
-    std::vector<float> x = {kNaN, kInf, -kInf, 0.0f, -0.0f, 1e30f, -1e30f, 1e-30f, kNaN, 3.0f, kInf, 0.0f,
-                            -5.0f, 7.0f, 1.0f, 2.0f, 4.0f, 100.0f};
+    std::vector<float> x = {kNaN, kInf, -kInf, 0.0f,  -0.0f, 1e30f, -1e30f, 1e-30f, kNaN,
+                            3.0f, kInf, 0.0f,  -5.0f, 7.0f,  1.0f,  2.0f,   4.0f,   100.0f};
     std::vector<float> grad(x.size());
     kernels::softcap_row(x.data(), static_cast<int64_t>(x.size()), 10.0f, grad.data());
     EXPECT_TRUE(std::isnan(x[0]) && std::isnan(x[8]));
