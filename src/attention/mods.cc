@@ -208,6 +208,7 @@ ModPlan make_mod_plan(const AttentionMods& m, int64_t lq, int64_t lk, int64_t he
   if (m.alibi_slopes) p.alibi = doubles(*m.alibi_slopes);
   if (m.relative_bias) {
     p.relative = doubles(*m.relative_bias);
+    p.relative_f.assign(p.relative.begin(), p.relative.end());
     p.relative_heads = m.relative_bias->size(0);
   }
   p.softcap = m.softcap;

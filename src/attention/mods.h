@@ -80,6 +80,7 @@ struct ModPlan {
   std::vector<int64_t> q_doc, k_doc;  // [Lq], [Lk] when set
   std::vector<double> alibi;          // [Hq] when set
   std::vector<double> relative;       // [Hb, Lq + Lk - 1] when set
+  std::vector<float> relative_f;      // the same as float: the float32 tiles add its rows on Highway
   int64_t relative_heads = 0;
   double softcap = 0.0;
 
