@@ -132,6 +132,22 @@ std::vector<std::byte> file_image(hid_t file, const Context& ctx) {
   return out;
 }
 
+// The image of a new in-memory file after write(file) filled it, made under the HDF5 lock
+// (released on return, before any disk I/O).
+template <class Write>
+std::vector<std::byte> image_of(const Context& ctx, Write&& write) {
+  auto lock = hdf5_lock();
+  H5Id file = create_file(ctx);
+  write(file.get());
+  return file_image(file.get(), ctx);
+}
+
+// The image to `path`, whole or not at all (write_file).
+void save_image(const std::filesystem::path& path, const std::vector<std::byte>& image, const Context& ctx) {
+  const std::span<const std::byte> chunks[] = {image};
+  write_file(path, chunks, ctx);
+}
+
 void write_weights(hid_t file, const std::map<std::string, Tensor>& tensors, const Context& ctx) {
   H5Id lcpl(h5_check(H5Pcreate(H5P_LINK_CREATE), ctx, "H5Pcreate"));
   H5Pset_create_intermediate_group(lcpl.get(), 1);
@@ -226,38 +242,19 @@ void write_legacy(hid_t file, const std::vector<LegacyH5Layer>& layers, const Co
 void save_keras_weights_h5(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors) {
   const detail::Context ctx{"save_keras_weights_h5", path.string()};
   detail::check_tensors(tensors, ctx);
-  std::vector<std::byte> image;
-  {
-    auto lock = detail::hdf5_lock();
-    detail::H5Id file = detail::create_file(ctx);
-    detail::write_weights(file.get(), tensors, ctx);
-    image = detail::file_image(file.get(), ctx);
-  }
-  const std::span<const std::byte> chunks[] = {image};
-  detail::write_file(path, chunks, ctx);
+  detail::save_image(path, detail::image_of(ctx, [&](hid_t file) { detail::write_weights(file, tensors, ctx); }), ctx);
 }
 
 std::vector<std::byte> serialize_keras_weights_h5(const std::map<std::string, Tensor>& tensors) {
   const detail::Context ctx{"serialize_keras_weights_h5", "<memory>"};
   detail::check_tensors(tensors, ctx);
-  auto lock = detail::hdf5_lock();
-  detail::H5Id file = detail::create_file(ctx);
-  detail::write_weights(file.get(), tensors, ctx);
-  return detail::file_image(file.get(), ctx);
+  return detail::image_of(ctx, [&](hid_t file) { detail::write_weights(file, tensors, ctx); });
 }
 
 void save_keras_legacy_h5(const std::filesystem::path& path, const std::vector<LegacyH5Layer>& layers) {
   const detail::Context ctx{"save_keras_legacy_h5", path.string()};
   detail::check_legacy(layers, ctx);
-  std::vector<std::byte> image;
-  {
-    auto lock = detail::hdf5_lock();
-    detail::H5Id file = detail::create_file(ctx);
-    detail::write_legacy(file.get(), layers, ctx);
-    image = detail::file_image(file.get(), ctx);
-  }
-  const std::span<const std::byte> chunks[] = {image};
-  detail::write_file(path, chunks, ctx);
+  detail::save_image(path, detail::image_of(ctx, [&](hid_t file) { detail::write_legacy(file, layers, ctx); }), ctx);
 }
 
 }  // namespace qkv::io
