@@ -56,9 +56,11 @@ void softmax_backward_rows(const double* y, double* g, int64_t rows, int64_t n, 
 
 // Masks on a score row (fused attention's tiles): x[i] += keep[i] ? 0 : -inf, PyTorch's bool
 // mask (so a NaN or +inf score that is masked out becomes NaN, as it does there: inf - inf),
-// and x[i] += bias[i], a float mask row. keep holds bools (0 or 1 bytes), read as bytes.
+// keep holding bools (0 or 1 bytes), read as bytes; and x[i] += bias[i], a float mask row (also
+// the backward's gradient rows, float and double).
 void add_bool_mask(float* x, const bool* keep, int64_t n);
 void add_row(float* x, const float* bias, int64_t n);
+void add_row(double* x, const double* bias, int64_t n);
 
 // Score modifiers on a row (attention_mods.h; fused attention's float32 tiles):
 // softcap_row: x[i] = cap tanh(x[i] / cap) on Highway's Tanh (within 4 ulp; NaN stays NaN,

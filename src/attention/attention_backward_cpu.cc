@@ -182,7 +182,7 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
 template <class T>
 void add_rows(T* dst, int64_t ld, const T* src, int64_t rows, int64_t n) {
   for (int64_t x = 0; x < rows; ++x) {
-    for (int64_t c = 0; c < n; ++c) dst[x * ld + c] += src[x * n + c];
+    kernels::add_row(dst + x * ld, src + x * n, n);
   }
 }
 

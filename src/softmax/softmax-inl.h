@@ -179,8 +179,8 @@ HWY_INLINE void ScaleT(T* HWY_RESTRICT x, int64_t n, T s) {
 // g[r][i] = y[r][i] * (g[r][i] - dot[r]): Sub then Mul (never contracted), as the tail's
 // scalar code. One call per tile: a dispatch per 256-wide row cost what the vectors saved.
 template <class T>
-HWY_INLINE void SoftmaxBackwardRowsT(const T* HWY_RESTRICT y, T* HWY_RESTRICT g, int64_t rows, int64_t n,
-                                     int64_t ld, const T* HWY_RESTRICT dot) {
+HWY_INLINE void SoftmaxBackwardRowsT(const T* HWY_RESTRICT y, T* HWY_RESTRICT g, int64_t rows, int64_t n, int64_t ld,
+                                     const T* HWY_RESTRICT dot) {
   const hn::ScalableTag<T> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   for (int64_t r = 0; r < rows; ++r) {
@@ -249,13 +249,16 @@ HWY_NOINLINE void AddRamp(float* HWY_RESTRICT x, int64_t n, float first, float s
 }
 
 // x[i] += y[i].
-HWY_NOINLINE void AddRow(float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t n) {
-  const hn::ScalableTag<float> d;
+template <class T>
+HWY_INLINE void AddRowT(T* HWY_RESTRICT x, const T* HWY_RESTRICT y, int64_t n) {
+  const hn::ScalableTag<T> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) hn::StoreU(hn::Add(hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, x + i);
   for (; i < n; ++i) x[i] += y[i];
 }
+HWY_NOINLINE void AddRow(float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t n) { AddRowT(x, y, n); }
+HWY_NOINLINE void AddRow64(double* HWY_RESTRICT x, const double* HWY_RESTRICT y, int64_t n) { AddRowT(x, y, n); }
 
 // x[i] = exp(x[i]).
 HWY_NOINLINE void ExpInplace(float* HWY_RESTRICT x, int64_t n) {

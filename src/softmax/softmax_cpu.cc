@@ -36,6 +36,7 @@ HWY_EXPORT(SoftmaxBackwardRows);
 HWY_EXPORT(SoftmaxBackwardRows64);
 HWY_EXPORT(AddBoolMask);
 HWY_EXPORT(AddRow);
+HWY_EXPORT(AddRow64);
 HWY_EXPORT(SoftcapRow);
 HWY_EXPORT(AddRamp);
 
@@ -70,6 +71,8 @@ void exp_inplace(float* x, int64_t n) { QKV_DYNAMIC_DISPATCH(ExpInplace)(x, n); 
 void add_bool_mask(float* x, const bool* keep, int64_t n) { QKV_DYNAMIC_DISPATCH(AddBoolMask)(x, keep, n); }
 
 void add_row(float* x, const float* bias, int64_t n) { QKV_DYNAMIC_DISPATCH(AddRow)(x, bias, n); }
+
+void add_row(double* x, const double* bias, int64_t n) { QKV_DYNAMIC_DISPATCH(AddRow64)(x, bias, n); }
 
 void softcap_row(float* x, int64_t n, float cap, float* grad) { QKV_DYNAMIC_DISPATCH(SoftcapRow)(x, n, cap, grad); }
 

@@ -254,6 +254,17 @@ TEST(Softmax, MaskRowsAreTheScalarFormulas) {
         std::vector<float> got_mask = x, got_bias = x;
         kernels::add_bool_mask(got_mask.data() + offset, keep.get() + offset, n);
         kernels::add_row(got_bias.data() + offset, bias.data() + offset, n);
+        std::vector<double> xd(x.begin(), x.end()), bd(bias.begin(), bias.end()), got_double = xd;
+        kernels::add_row(got_double.data() + offset, bd.data() + offset, n);
+        for (int64_t i = 0; i < n + offset; ++i) {
+          const size_t u = static_cast<size_t>(i);
+          const double want = i < offset ? xd[u] : xd[u] + bd[u];
+          if (std::isnan(want)) {
+            ASSERT_TRUE(std::isnan(got_double[u])) << "double, element " << i;
+          } else {
+            ASSERT_EQ(got_double[u], want) << "double, element " << i << " of " << n << " + " << offset;
+          }
+        }
         for (int64_t i = 0; i < n + offset; ++i) {
           const size_t u = static_cast<size_t>(i);
           const float want_mask = i < offset ? x[u] : x[u] + (keep[u] ? 0.0f : -kInf);
