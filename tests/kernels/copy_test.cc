@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <tuple>
@@ -209,6 +210,37 @@ TEST(CopyEngine, EmptyScalarAndSizeOneDims) {
   const std::vector<int64_t> src_strides = {1000000, 1, -1000000}, dst_strides = {-7, 1, 123456789};
   strided_copy(shape, {src.data(), DType::f32, src_strides}, {dst.data(), DType::f32, dst_strides});
   EXPECT_EQ(dst, src);
+}
+
+// A source that repeats one element along dst's rows (Tensor::fill, zeros: every stride 0)
+// takes the fill path, memset where the value's bytes are all zero: every dtype, values whose
+// bytes are not all zero although they compare equal to 0 (-0.0) or not to themselves (NaN),
+// converting fills, rows longer than a piece on 3 threads, and destinations that are strided,
+// permuted, reversed or unaligned (their gaps keep their bytes).
+TEST(CopyEngine, FillsMatchReference) {
+  const int before = get_num_threads();
+  set_num_threads(3);
+  for (const DType from : kDTypes) {
+    for (const double value : {0.0, -0.0, 1.5, -3.0, std::numeric_limits<double>::quiet_NaN()}) {
+      const Tensor scalar = Tensor::full({}, value, DType::f64).to(from);
+      for (const DType to : {from, DType::f32, DType::f16}) {
+        for (const Shape& shape : {Shape{7}, Shape{3, 5, 100}, Shape{(int64_t{1} << 17) + 3}}) {
+          std::vector<int64_t> perm(shape.size());
+          std::iota(perm.rbegin(), perm.rend(), 0);
+          for (int kind = 0; kind < 5; ++kind) {
+            const Tensor src = scalar.expand(shape);
+            const Tensor fast = make_destination(kind, perm, shape, to);
+            const Tensor ref = make_destination(kind, perm, shape, to);
+            engine_copy(src, fast);
+            reference_copy(src, ref);
+            ASSERT_EQ(first_difference(fast, ref), -1) << dtype_name(from) << " " << value << " -> " << dtype_name(to)
+                                                       << " shape " << shape_str(shape) << " dst kind " << kind;
+          }
+        }
+      }
+    }
+  }
+  set_num_threads(before);
 }
 
 // One contiguous row longer than a piece (clone of a contiguous tensor) is split

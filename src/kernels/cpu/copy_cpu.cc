@@ -44,7 +44,8 @@ void prefetch_run(const T* run, int64_t n, int64_t stride) {
 }
 
 // One piece of a row: memcpy when both sides are contiguous along it (streamed for
-// large results), else an element loop (converting when To != From).
+// large results), a fill (memset for zero bytes) when src repeats one element along
+// it, else an element loop (converting when To != From).
 template <class To, class From>
 void copy_piece(const From* s, int64_t ss, To* d, int64_t ds, int64_t len, bool stream) {
   if constexpr (std::is_same_v<To, From>) {
@@ -57,6 +58,17 @@ void copy_piece(const From* s, int64_t ss, To* d, int64_t ds, int64_t len, bool 
       }
       return;
     }
+  }
+  if (ss == 0 && ds == 1) {  // a fill (Tensor::fill, zeros): the strided loop below ran one element a time
+    const To value = convert_element<To>(*s);
+    unsigned char bytes[sizeof(To)];
+    std::memcpy(bytes, &value, sizeof(To));
+    if (std::all_of(bytes, bytes + sizeof(To), [](unsigned char b) { return b == 0; })) {
+      std::memset(d, 0, static_cast<size_t>(len) * sizeof(To));
+    } else {
+      std::fill_n(d, len, value);
+    }
+    return;
   }
   for (int64_t j = 0; j < len; ++j) d[j * ds] = convert_element<To>(s[j * ss]);
 }
