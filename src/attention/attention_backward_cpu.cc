@@ -73,6 +73,9 @@ struct Backward {
   T* dq = nullptr;          // laid out as q (contiguous, the user's shape)
   T* dk = nullptr;          // as k
   T* dv = nullptr;          // as v
+  // Every entry owns its rows of dq, dk and dv (no broadcast entry, no GQA group): the
+  // first contribution writes them, so they need no zeros first; else entries add in turn.
+  bool own = false;
   std::mutex* add = nullptr;
   std::vector<std::atomic<int64_t>>* turn{};  // [batch] (P > 1): the next part to add its dQ
   std::atomic<bool>* stop{};                  // a worker left with an item not added (its error, an interrupt)
@@ -178,11 +181,15 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
   gemm_acc<T>(false, false, r.rows, p.dk, cols, scale, ds, lds, r.k + j0 * ks, ks, sc.dq.data() + r.i0 * p.dk, p.dk);
 }
 
-// dst[rows, n] += src (dense rows; dst rows `ld` apart).
+// dst[rows, n] += src, or = src where `write` (dense rows; dst rows `ld` apart).
 template <class T>
-void add_rows(T* dst, int64_t ld, const T* src, int64_t rows, int64_t n) {
+void add_rows(T* dst, int64_t ld, const T* src, int64_t rows, int64_t n, bool write) {
   for (int64_t x = 0; x < rows; ++x) {
-    kernels::add_row(dst + x * ld, src + x * n, n);
+    if (write) {
+      std::copy_n(src + x * n, n, dst + x * ld);
+    } else {
+      kernels::add_row(dst + x * ld, src + x * n, n);
+    }
   }
 }
 
@@ -205,14 +212,16 @@ void add_item(const Backward<T>& bw, int64_t b, const Part& part, Scratch<T>& sc
   const Problem& p = *bw.f->p;
   const int64_t bc = bw.f->tiles.bc;
   if (part.n > 1 && !wait_turn((*bw.turn)[static_cast<size_t>(b)], part.s, *bw.stop)) return;
-  const std::lock_guard<std::mutex> lock(*bw.add);
-  add_rows(bw.dq + batch_offset(p.q, p.batch, b, 1), p.dk, sc.dq.data(), p.lq, p.dk);
+  std::unique_lock<std::mutex> lock(*bw.add, std::defer_lock);
+  if (!bw.own) lock.lock();  // entries that meet in the same rows add one at a time
+  // dQ: part 0 writes the entry's rows, the later parts add in turn; dK, dV: each part's key tiles are its own.
+  add_rows(bw.dq + batch_offset(p.q, p.batch, b, 1), p.dk, sc.dq.data(), p.lq, p.dk, bw.own && part.s == 0);
   T* const dk = bw.dk + batch_offset(p.k, p.batch, b, p.gqa_group);
   T* const dv = bw.dv + batch_offset(p.v, p.batch, b, p.gqa_group);
   for (int64_t j0 = part.s * bc; j0 < p.lk; j0 += part.n * bc) {
     const int64_t cols = std::min(bc, p.lk - j0), local = part.local_row(j0 / bc, bc);
-    add_rows(dk + j0 * p.dk, p.dk, sc.dk.data() + local * p.dk, cols, p.dk);
-    add_rows(dv + j0 * p.dv, p.dv, sc.dv.data() + local * p.dv, cols, p.dv);
+    add_rows(dk + j0 * p.dk, p.dk, sc.dk.data() + local * p.dk, cols, p.dk, bw.own);
+    add_rows(dv + j0 * p.dv, p.dv, sc.dv.data() + local * p.dv, cols, p.dv, bw.own);
   }
   if (part.n > 1) (*bw.turn)[static_cast<size_t>(b)].store(part.s + 1, std::memory_order_release);
 }
@@ -309,8 +318,14 @@ AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tenso
       mod_tiles(backward_tiles(options.tuning.flash_tiles, options.is_causal, p.lq, p.lk),
                 options.tuning.flash_tiles.is_auto() && !flash_tiles_from_env(), options.mods, p.lq, p.lk));
   const DType dt = dtype_of<T>::value;
-  Tensor dq = Tensor::zeros(p.q_in.shape(), dt), dk = Tensor::zeros(p.k_in.shape(), dt),
-         dv = Tensor::zeros(p.v_in.shape(), dt);
+  // Entries own their gradient rows where no operand is broadcast over the batch and there
+  // are no GQA groups (numel says both); their rows are then written once, not zeroed and
+  // added to. (1, 8, 512, 64), 1 thread pinned, AMD EPYC Zen 4: backward 14.2-14.9 ms against
+  // 15.9-18.0 zeroed (three alternated runs; the zeros were 3-4% of perf's samples).
+  const bool own = p.q_in.numel() == p.batch_size * p.lq * p.dk && p.k_in.numel() == p.batch_size * p.lk * p.dk &&
+                   p.v_in.numel() == p.batch_size * p.lk * p.dv;
+  auto gradient = [&](const Tensor& x) { return own ? Tensor::empty(x.shape(), dt) : Tensor::zeros(x.shape(), dt); };
+  Tensor dq = gradient(p.q_in), dk = gradient(p.k_in), dv = gradient(p.v_in);
   std::mutex add;
   // The workers parallel_for will really run: one inside a parallel region (a caller's
   // parallel_for or OpenMP region, where it runs the range inline), so that such a call
@@ -324,8 +339,8 @@ AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tenso
   std::vector<std::atomic<int64_t>> turn(static_cast<size_t>(parts > 1 ? p.batch_size : 0));
   for (auto& t : turn) t.store(0, std::memory_order_relaxed);
   std::atomic<bool> stop{false};
-  Backward<T> bw{&f,           out.data<T>(), dout.data<T>(), lse.data<T>(), dq.data<T>(),
-                 dk.data<T>(), dv.data<T>(),  &add,           &turn,         &stop};
+  Backward<T> bw{&f,           out.data<T>(), dout.data<T>(), lse.data<T>(), dq.data<T>(), dk.data<T>(),
+                 dv.data<T>(), own,           &add,           &turn,         &stop};
   std::atomic<int64_t> next{0};
   const int64_t items = p.batch_size * parts;  // entry-major: the parts of an entry in order
   const int64_t workers = std::min<int64_t>(threads, items);

@@ -379,5 +379,40 @@ TEST(FlashAttentionBackward, HalfPrecisionGradientsAreTheFloat32OnesRounded) {
   }
 }
 
+// Where each batch entry owns its rows of dQ, dK and dV (no broadcast, no GQA) the backward
+// writes them without zeroing them first: rows nothing flows into must still come out 0,
+// not what the memory held (a NaN-filled allocation of the same size is freed just before
+// each call, so that the gradients may reuse it): no queries (dK, dV), a query row whose
+// keys are all masked (its dQ row), and key tiles split across workers (1 entry, 3 threads).
+TEST(FlashAttentionBackward, OwnedGradientRowsWithNothingToAddAreZero) {
+  const int before = get_num_threads();
+  for (const int threads : {1, 3}) {
+    set_num_threads(threads);
+    for (const int64_t lq : {0, 5, 300}) {
+      Case x;
+      x.q = Tensor::randn({1, 1, lq, 8}, 1), x.k = Tensor::randn({1, 1, 600, 8}, 2);
+      x.v = Tensor::randn({1, 1, 600, 8}, 3), x.grad_out = Tensor::randn({1, 1, lq, 8}, 4);
+      x.options.tuning.flash_tiles = FlashTiles{64, 64};
+      std::vector<int8_t> keep(static_cast<size_t>(lq * 600), 1);
+      if (lq > 0) std::fill_n(keep.begin(), 600, int8_t{0});  // query row 0 sees no key
+      x.options.attn_mask = Tensor::from_vector<int8_t>(keep, {lq, 600}).to(DType::b8);
+      for (const Shape& s : {x.q.shape(), x.k.shape()}) (void)Tensor::full(s, NAN);
+      const AttentionGradients got = fused(x);
+      const AttentionGradients want = attention_backward_reference(x.q, x.k, x.v, x.grad_out, x.options);
+      double worst = 0.0;
+      test::Config c;
+      c.lq = lq, c.lk = 600, c.dk = 8, c.dv = 8;
+      expect_close(x, got, want, 2e-5, c, &worst);
+      const auto dq = got.dq.to_vector<float>();
+      for (size_t i = 0; i < 8 && i < dq.size(); ++i) EXPECT_EQ(dq[i], 0.0f) << "dq row 0, lq " << lq;
+      if (lq == 0) {
+        for (const float g : got.dk.to_vector<float>()) ASSERT_EQ(g, 0.0f) << threads << " threads";
+        for (const float g : got.dv.to_vector<float>()) ASSERT_EQ(g, 0.0f) << threads << " threads";
+      }
+    }
+  }
+  set_num_threads(before);
+}
+
 }  // namespace
 }  // namespace qkv
