@@ -13,7 +13,9 @@ yardstick is qkv::gemm f32 2048^3 in the same run.
 
 GFLOP/s: the forward counts 4*B*H*L*L*D (causal: the unmasked half), the backward 2.5x
 that (its five products against the forward's two). Times: the fastest call after one
-warm-up, calls repeated for at least --min-time seconds.
+warm-up, calls repeated for at least --min-time seconds and at least --min-runs calls (3 by
+default: at the largest shape one call outlasts --min-time, so one slow call of a VM hiccup
+decided the row).
 """
 import argparse
 import os
@@ -24,7 +26,7 @@ from precision_peers import machine
 from timing import best_seconds
 
 
-def run_torch(threads, shape, causal, min_time):
+def run_torch(threads, shape, causal, min_time, min_runs):
     import torch
     import torch.nn.functional as F
 
@@ -40,7 +42,7 @@ def run_torch(threads, shape, causal, min_time):
     def forward_backward():
         F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad)
 
-    return best_seconds(forward, min_time), best_seconds(forward_backward, min_time)
+    return best_seconds(forward, min_time, min_runs), best_seconds(forward_backward, min_time, min_runs)
 
 
 def main():
@@ -48,6 +50,9 @@ def main():
     ap.add_argument("--qkv", default="build/release/bin/qkv", help="the qkv CLI")
     ap.add_argument("--threads", default="2", help="comma list, e.g. 1,2")
     ap.add_argument("--min-time", type=float, default=1.0)
+    ap.add_argument("--min-runs", type=int, default=3,
+                    help="timed calls at least per measurement, qkv's and torch's alike (default 3: at "
+                         "(1, 8, 16384, 128) one call outlasts --min-time, and one slow call decided a row)")
     ap.add_argument("--shapes", default="", help="B,H,L,D;B,H,L,D (default: the issue-6 four)")
     a = ap.parse_args()
     shapes = [tuple(map(int, s.split(","))) for s in a.shapes.split(";")] if a.shapes else SHAPES
@@ -61,8 +66,9 @@ def main():
         for shape in shapes:
             for causal in (False, True):
                 fl = flops(*shape, causal)
-                q = run_qkv_cmd(a.qkv, threads, shape, causal, a.min_time, extra=["--backward"])[0]
-                t_fwd, t_both = run_torch(threads, shape, causal, a.min_time)
+                q = run_qkv_cmd(a.qkv, threads, shape, causal, a.min_time,
+                                extra=["--backward", "--min-runs", str(a.min_runs)])[0]
+                t_fwd, t_both = run_torch(threads, shape, causal, a.min_time, a.min_runs)
                 rows.append((threads, shape, causal, q["fwd_bwd_ms"], q["ms"], 2.5 * fl / (q["ms"] * 1e-3) / 1e9,
                              t_both * 1e3, (t_both - t_fwd) * 1e3, gemm))
                 print(f"done {threads} {shape} {causal}", file=sys.stderr, flush=True)

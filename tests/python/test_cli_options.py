@@ -67,6 +67,8 @@ BAD_NUMBERS = [
     (BENCH + ["--min-time", "nan"], "--min-time: expected a finite number in [0, 86400], got 'nan'"),
     (BENCH + ["--min-time", "inf"], "--min-time: expected a finite number in [0, 86400], got 'inf'"),
     (BENCH + ["--min-time", "1s"], "--min-time: expected a finite number in [0, 86400], got '1s'"),
+    (BENCH + ["--min-runs", "0"], "--min-runs: expected an integer in [1, 1000000], got '0'"),
+    (BENCH + ["--min-runs", "1.5"], "--min-runs: expected an integer in [1, 1000000], got '1.5'"),
     (BENCH + ["--gemm", "0"], "--gemm: expected an integer in [1, 65536], got '0'"),
     (BENCH + ["--gemm", "-2048"], "--gemm: expected an integer in [1, 65536], got '-2048'"),
     (["einsum", "ij->ji", "x.npy", "--memory-limit", "-5"], "--memory-limit: expected an integer >= 1, got '-5'"),
@@ -111,7 +113,7 @@ def test_bench_dtype_outside_the_four_is_a_usage_error(qkv_cli):
 
 
 def test_good_numbers_still_pass(run, tmp_path):
-    result = run(*BENCH, "--threads", "1", "--gemm", "8", "--json")
+    result = run(*BENCH, "--threads", "1", "--gemm", "8", "--min-runs", "3", "--json")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 2 and '"op": "gemm", "n": 8, "threads": 1' in lines[0]
