@@ -64,7 +64,8 @@ void copy_piece(const From* s, int64_t ss, To* d, int64_t ds, int64_t len, bool 
     unsigned char bytes[sizeof(To)];
     std::memcpy(bytes, &value, sizeof(To));
     if (std::all_of(bytes, bytes + sizeof(To), [](unsigned char b) { return b == 0; })) {
-      std::memset(d, 0, static_cast<size_t>(len) * sizeof(To));
+      // void*: float16 and bfloat16 are classes (trivially copyable), which -Wclass-memaccess flags
+      std::memset(static_cast<void*>(d), 0, static_cast<size_t>(len) * sizeof(To));
     } else {
       std::fill_n(d, len, value);
     }
