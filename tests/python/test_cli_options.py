@@ -345,6 +345,55 @@ def test_convert_names_a_bad_config_file(run, tmp_path):
         assert z.read("config.json") == good.read_bytes()
 
 
+SEED001 = ROOT / "tests" / "fixtures" / "seed001"
+ORDER = ["--layer-order", "multi_head_attention,dense"]
+IGNORED_OPTIONS = [  # (input, OUT, options, message with {out} / {config}): each was ignored without a word
+    ("model.weights.h5", "o.safetensors", ["--config", "{config}"], "--config applies to a .keras output only; {out} is safetensors"),
+    ("model.weights.h5", "o.weights.h5", ["--config", "{config}"], "--config applies to a .keras output only; {out} is keras3-h5"),
+    ("model.weights.h5", "o.h5", ["--config", "{config}"], "--config applies to a .keras output only; {out} is tf-keras-h5"),
+    ("model.weights.h5", "ckpt", ["--config", "{config}"], "--config applies to a .keras output only; {out} is tf-checkpoint"),
+    ("model.weights.h5", "o.keras", ["--config", "{config}", "--format", "safetensors"],
+     "--config applies to a .keras output only; {out} is safetensors"),
+    ("model.weights.h5", "o.safetensors", ORDER,
+     "--layer-order applies to a tf.keras .h5, a TF checkpoint or a .keras output only; {out} is safetensors"),
+    ("model.weights.h5", "o.weights.h5", ORDER,
+     "--layer-order applies to a tf.keras .h5, a TF checkpoint or a .keras output only; {out} is keras3-h5"),
+    ("ckpt", "ckpt", ORDER + ["--to", "same"], "--layer-order applies to --to keras only, not --to same"),
+    ("model.weights.h5", "o.keras", ORDER + ["--config", "{config}"],
+     "--layer-order and --config: {out} takes the layers and their order of --config {config}; give one of them"),
+    ("model.keras", "o.keras", ORDER, "--layer-order does not apply: {out} takes the config.json of {input}"),
+]
+
+
+@pytest.mark.parametrize("source,name,options,message", IGNORED_OPTIONS,
+                         ids=[f"{o[0].lstrip('-')}-{n}-{i}" for i, (_, n, o, _) in enumerate(IGNORED_OPTIONS)])
+def test_convert_options_that_would_be_ignored_are_usage_errors(run, tmp_path, source, name, options, message):
+    """--config (a .keras output's config.json) and --layer-order (tf.keras .h5, TF checkpoint, a .keras
+    config built from the layers) were dropped without a word for other outputs; every case here wrote
+    OUT and exited 0. Now a usage error naming the option, OUT and its format, before anything is read
+    or written."""
+    config, out, source = tmp_path / "c.json", tmp_path / name, SEED001 / source
+    config.write_text('{"class_name": "Functional", "config": {}}')
+    fill = {"config": config, "out": out, "input": source}
+    to = [] if "--to" in options else ["--to", "keras"]
+    result = run("convert", source, out, *to, *[o.format(**fill) for o in options])
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.startswith("qkv: usage error: convert: " + message.format(**fill)), result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["c.json"]
+
+
+def test_convert_layer_order_still_orders_what_it_can(run, tmp_path):
+    # The outputs --layer-order applies to: a TF checkpoint, and a .keras whose config is built from the layers.
+    seed = SEED001 / "model.weights.h5"
+    assert run("convert", seed, tmp_path / "ckpt", "--to", "keras", *ORDER).returncode == 0
+    result = run("convert", seed, tmp_path / "o.keras", "--to", "keras", *ORDER)
+    assert result.returncode == 0, result.stderr
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "o.keras") as z:
+        layers = [layer["name"] for layer in json.loads(z.read("config.json"))["config"]["layers"]]
+    assert layers[1:] == ["multi_head_attention", "dense"], layers
+
+
 def test_an_output_directory_is_named_as_one(run, tmp_path):
     """`-o DIR` said "save: DIR: unknown file extension ''" (and convert took DIR for a TF
     checkpoint prefix, writing DIR.index beside it): a directory is an error saying so."""

@@ -5,7 +5,8 @@
 // .keras (archive), .safetensors, and a TF checkpoint for PREFIX.index or a path
 // without extension (tf.keras save_weights(prefix) layout); --format overrides.
 // OUT is never the input (same path, or the same file through a link: compared by
-// st_dev/st_ino); another existing OUT needs --force.
+// st_dev/st_ino); another existing OUT needs --force. --config / --layer-order that OUT
+// would ignore are usage errors (check_options_apply).
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -215,8 +216,39 @@ std::map<std::string, Tensor> write_same(const ConvertArgs& a, const std::string
   return out;
 }
 
+bool is_keras_archive(const std::string& path) { return ascii_lower(path).ends_with(".keras"); }
+
+// --config and --layer-order where they would be ignored (they were, without a word) are
+// usage errors, before anything is read or written. --config is the .keras output's
+// config.json; --layer-order orders the layers of a tf.keras .h5, a TF checkpoint or the
+// .keras config built from the layers (not --config's, nor a .keras input's, which is kept).
+void check_options_apply(const ConvertArgs& a, const std::string& format) {
+  const auto usage = [](const auto&... parts) {
+    std::ostringstream s;
+    (s << ... << parts);
+    throw CLI::ValidationError(s.str());
+  };
+  if (!a.config.empty() && format != "keras")
+    usage("convert: --config applies to a .keras output only; ", a.out, " is ", format);
+  if (a.layer_order.empty()) return;
+  if (a.to != "keras") usage("convert: --layer-order applies to --to keras only, not --to ", a.to);
+  if (format == "safetensors" || format == "keras3-h5") {
+    usage("convert: --layer-order applies to a tf.keras .h5, a TF checkpoint or a .keras output only; ", a.out, " is ",
+          format, ", whose keys name the layers in no order");
+  }
+  if (format == "keras" && !a.config.empty()) {
+    usage("convert: --layer-order and --config: ", a.out, " takes the layers and their order of --config ", a.config,
+          "; give one of them");
+  }
+  if (format == "keras" && is_keras_archive(a.in)) {
+    usage("convert: --layer-order does not apply: ", a.out, " takes the config.json of ", a.in,
+          ", with its layers in its order (--config FILE replaces it)");
+  }
+}
+
 void run_convert(const ConvertArgs& a) {
   const std::string format = output_format(a);
+  check_options_apply(a, format);
   const std::string config = a.config.empty() ? "" : read_config(a.config);
   check_output(a, format);
   const io::WeightFile in = io::load_weights(a.in);
@@ -244,7 +276,7 @@ void run_convert(const ConvertArgs& a) {
       }
     }
     if (layers.empty()) fail<ValueError>("convert: ", a.in, ": no layer weights found to convert");
-    const std::string in_config = ascii_lower(a.in).ends_with(".keras") ? io::load_keras_archive(a.in).config_json : "";
+    const std::string in_config = is_keras_archive(a.in) ? io::load_keras_archive(a.in).config_json : "";
     std::vector<std::string> order = split_commas(a.layer_order);
     check_layer_order(a, order, layers);
     if (order.empty()) order = !in_config.empty() ? nn::keras_config_layer_order(in_config) : nn::keras_layer_order(in);
@@ -275,11 +307,12 @@ void register_convert(CLI::App& app) {
   cmd->add_option("--format", args->format, "output format, instead of OUT's extension")
       ->check(CLI::IsMember({"safetensors", "keras3-h5", "tf-keras-h5", "keras", "tf-checkpoint"}));
   cmd->add_option("--layer-order", args->layer_order,
-                  "layers in model order, comma-separated (tf.keras .h5 and TF checkpoints match layers by position; "
-                  "default: the input's order)");
+                  "--to keras: layers in model order, comma-separated, for a tf.keras .h5 or TF checkpoint (which "
+                  "match layers by position) or the config of a .keras built from the layers (default: the input's "
+                  "order)");
   cmd->add_option("--config", args->config,
-                  "config.json for a .keras output (default: the input's when it is a .keras, else a Functional "
-                  "chain of the MHA/Dense layers)");
+                  "config.json for a .keras output, only (default: the input's when it is a .keras, else a "
+                  "Functional chain of the MHA/Dense layers)");
   cmd->callback([args] { run_convert(*args); });
 }
 
