@@ -362,6 +362,10 @@ IGNORED_OPTIONS = [  # (input, OUT, options, message with {out} / {config}): eac
     ("model.weights.h5", "o.keras", ORDER + ["--config", "{config}"],
      "--layer-order and --config: {out} takes the layers and their order of --config {config}; give one of them"),
     ("model.keras", "o.keras", ORDER, "--layer-order does not apply: {out} takes the config.json of {input}"),
+    ("model.weights.h5", "o.safetensors", ["--heads", "2", "--to", "torch"],
+     "--heads applies to --to keras only (PyTorch weights to Keras' [E, N, H] kernels), not --to torch"),
+    ("ckpt", "ckpt", ["--heads", "2", "--to", "same"],
+     "--heads applies to --to keras only (PyTorch weights to Keras' [E, N, H] kernels), not --to same"),
 ]
 
 
@@ -380,6 +384,14 @@ def test_convert_options_that_would_be_ignored_are_usage_errors(run, tmp_path, s
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert result.stderr.startswith("qkv: usage error: convert: " + message.format(**fill)), result.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["c.json"]
+
+
+def test_convert_heads_from_keras_weights_is_an_error(run, tmp_path):
+    # --heads splits PyTorch's in_proj into Keras' [E, N, H] kernels; from Keras weights it went unread.
+    result = run("convert", SEED001 / "model.weights.h5", tmp_path / "o.h5", "--to", "keras", "--heads", "3")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "convert: --heads applies to PyTorch weights; " in result.stderr and "holds Keras weights" in result.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_convert_layer_order_still_orders_what_it_can(run, tmp_path):

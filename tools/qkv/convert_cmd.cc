@@ -230,6 +230,8 @@ void check_options_apply(const ConvertArgs& a, const std::string& format) {
   };
   if (!a.config.empty() && format != "keras")
     usage("convert: --config applies to a .keras output only; ", a.out, " is ", format);
+  if (a.heads > 0 && a.to != "keras")
+    usage("convert: --heads applies to --to keras only (PyTorch weights to Keras' [E, N, H] kernels), not --to ", a.to);
   if (a.layer_order.empty()) return;
   if (a.to != "keras") usage("convert: --layer-order applies to --to keras only, not --to ", a.to);
   if (format == "safetensors" || format == "keras3-h5") {
@@ -264,6 +266,10 @@ void run_convert(const ConvertArgs& a) {
     io::save(a.out, out);
   } else {
     nn::LayerWeights layers = nn::keras_layer_weights(in);
+    if (!has_torch_keys(in.tensors) && a.heads > 0) {  // Keras kernels carry their heads: --heads would go unread
+      fail<ValueError>("convert: --heads applies to PyTorch weights; ", a.in,
+                       " holds Keras weights, whose [E, N, H] kernels give the heads");
+    }
     if (has_torch_keys(in.tensors)) {
       if (a.heads < 1)
         fail<ValueError>("convert: ", a.in, " holds PyTorch weights; give --heads N for Keras' [E, N, H] kernels");
