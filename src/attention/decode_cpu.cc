@@ -4,13 +4,15 @@
 // Item (b, hk, c) reads keys [c0, c1) of cache head hk of sequence b once and computes, for the
 // G = Hq / Hk query heads h = hk G .. hk G + G - 1 and the Lq new queries (G Lq rows, contiguous
 // in q [B, Hq, Lq, D]):
-//   S = scale Q K[c0:c1]^T  [G Lq, C]  (qkv::gemm), softcap, keys outside each row's range -inf
-//   m = rowmax(S), P = exp(S - m), l = rowsum(P), O = P V[c0:c1]  [G Lq, Dv]  (qkv::gemm)
+//   S = scale Q K[c0:c1]^T  [G Lq, C], softcap, keys outside each row's range -inf
+//   m = rowmax(S), P = exp(S - m), l = rowsum(P), O = P V[c0:c1]  [G Lq, Dv]
 // then every (b, hq, t) merges its chunks: M = max_c m_c, L = sum_c l_c e^(m_c - M),
-// out = sum_c O_c e^(m_c - M) / L, lse = M + log L. f32 caches go through the two GEMMs;
-// bf16/f16 and int8 caches are read in place by Highway kernels that widen (or dequantize) the
-// rows in registers (decode_rows.h): the step is bandwidth-bound, and widening each chunk into
-// scratch first read bf16 at 73-78% of memcpy (docs/decode_performance.md).
+// out = sum_c O_c e^(m_c - M) / L, lse = M + log L. Every cache is read in place by Highway kernels
+// (decode_rows.h) that load float32 rows as they are and widen (or dequantize) the others in
+// registers: the step is bandwidth-bound, and widening each chunk into scratch first read bf16
+// at 73-78% of memcpy; float32 caches went through two qkv::gemm calls (M = G Lq rows) until
+// 2026-11-27, which read them at 14-18 GB/s on 2 threads where these kernels read 21-32
+// (docs/decode_performance.md, "float32 caches read in place").
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -21,7 +23,6 @@
 #include "attention/decode_rows.h"
 #include "attention/lse_merge.h"
 #include "kernels/cpu/convert.h"
-#include "qkv/gemm.h"
 #include "qkv/parallel.h"
 #include "qkv/softmax.h"
 
@@ -56,8 +57,8 @@ int64_t int8_chunk_max(const DecodeCall& d, const KVCache& cache) {
 }
 
 // Keys per item: the caller's, else enough chunks for 4 items per thread over B Hk sequences
-// of the longest span of keys, between 256 keys (smaller GEMMs would cost more than they save) and
-// 1024 (a chunk's K and V stay in L2 for the value passes and the bf16 GEMMs: whole-sequence
+// of the longest span of keys, between 256 keys (each item starts its streams cold and adds a
+// partial to merge) and 1024 (a chunk's V stays in L2 for the value passes, and did for the GEMMs: whole-sequence
 // chunks of a bf16 cache widened to f32 scratch at 32k keys ran at 2.6 GB/s against 12 for f32),
 // or kInt8Chunk for an int8 cache whose kernels read each key and value once (int8_chunk_max).
 int64_t chunk_size(const DecodeCall& d, const KVCache& cache, const DecodeOptions& o) {
@@ -112,7 +113,7 @@ const T* next_row(const Tensor& t, int64_t next) {
   return next < 0 ? nullptr : t.data<T>() + next * t.size(3);
 }
 
-// Rows [n, Dx] of the cache's storage t (f32 keys or values; int8 values and their scales) of
+// Rows [n, Dx] of the cache's storage t (int8 values and their scales) of
 // item it: in place when consecutive, else gathered into `buffer` run by run.
 template <class T>
 const T* cache_rows(const KVCache& cache, const Tensor& t, const Item& it, std::vector<T>& buffer) {
@@ -131,7 +132,7 @@ struct Partials {
 };
 
 struct Scratch {
-  std::vector<float> k, v, s;
+  std::vector<float> s;
   std::vector<char> keyless;        // [G Lq]: the row has no key in the item
   std::vector<int8_t> v8;           // an int8 block of values [<= kInt8ValueKeys, Dv] spanning runs, gathered
   std::vector<bfloat16> v8_scales;  // its scales [<= kInt8ValueKeys, Dv / 16]
@@ -216,12 +217,13 @@ void values_int8(const DecodeCall& d, const KVCache& cache, const Item& it, Scra
   }
 }
 
-// bf16 / f16 caches (decode_rows.h), at every matmul_precision: S = scale Q K^T and O = P V on
-// the 16-bit rows in place, run by run, widened exactly in registers (T: bfloat16 or float16).
+// float32, bf16 and f16 caches (decode_rows.h), at every matmul_precision: S = scale Q K^T and
+// O = P V on the rows in place, run by run, 16-bit rows widened exactly in registers (T: float,
+// bfloat16 or float16).
 // "medium" ran bf16 GEMMs (q and P rounded) until they measured 1.7-2.0x slower than this on
 // Zen 4 (docs/decode_performance.md): the step is memory-bound, and this reads the same bytes, exactly.
 template <class T>
-void scores_half(const DecodeCall& d, const float* qrows, const KVCache& cache, const Item& it, Scratch& sc) {
+void scores_in_place(const DecodeCall& d, const float* qrows, const KVCache& cache, const Item& it, Scratch& sc) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
   for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first, int64_t next) {
     half_scores(qrows, rows, cache.keys().data<T>() + first * d.dk, len, d.dk, next_row<T>(cache.keys(), next),
@@ -229,7 +231,7 @@ void scores_half(const DecodeCall& d, const float* qrows, const KVCache& cache, 
   });
 }
 template <class T>
-void values_half(const DecodeCall& d, const KVCache& cache, const Item& it, Scratch& sc, float* o) {
+void values_in_place(const DecodeCall& d, const KVCache& cache, const Item& it, Scratch& sc, float* o) {
   const int64_t rows = d.group * d.lq, cols = it.c1 - it.c0;
   std::fill(o, o + rows * d.dv, 0.0f);
   for_each_run(cache, it, [&](int64_t i, int64_t len, int64_t first, int64_t next) {
@@ -255,14 +257,11 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
   if (dtype == DType::i8) {
     scores_int8(d, qrows, cache, it, sc);
   } else if (dtype == DType::bf16) {
-    scores_half<bfloat16>(d, qrows, cache, it, sc);
+    scores_in_place<bfloat16>(d, qrows, cache, it, sc);
   } else if (dtype == DType::f16) {
-    scores_half<float16>(d, qrows, cache, it, sc);
+    scores_in_place<float16>(d, qrows, cache, it, sc);
   } else {
-    const float* k = cache_rows(cache, cache.keys(), it, sc.k);  // [C, D]
-    GemmShape g;                                                 // S = scale Q K^T
-    g.trans_b = true, g.m = rows, g.n = cols, g.k = d.dk, g.lda = d.dk, g.ldb = d.dk, g.ldc = cols;
-    gemm(g, static_cast<float>(d.scale), qrows, k, 0.0f, sc.s.data());
+    scores_in_place<float>(d, qrows, cache, it, sc);
   }
   const int64_t length = cache.length(it.b);
   for (int64_t r = 0; r < rows; ++r) {
@@ -285,14 +284,11 @@ void run_item(const DecodeCall& d, const float* q, const KVCache& cache, const D
   if (dtype == DType::i8) {
     values_int8(d, cache, it, sc, o_part);
   } else if (dtype == DType::bf16) {
-    values_half<bfloat16>(d, cache, it, sc, o_part);
+    values_in_place<bfloat16>(d, cache, it, sc, o_part);
   } else if (dtype == DType::f16) {
-    values_half<float16>(d, cache, it, sc, o_part);
+    values_in_place<float16>(d, cache, it, sc, o_part);
   } else {
-    const float* v = cache_rows(cache, cache.values(), it, sc.v);  // [C, Dv]
-    GemmShape pv;                                                  // O = P V
-    pv.m = rows, pv.n = d.dv, pv.k = cols, pv.lda = cols, pv.ldb = d.dv, pv.ldc = d.dv;
-    gemm(pv, 1.0f, sc.s.data(), v, 0.0f, o_part);
+    values_in_place<float>(d, cache, it, sc, o_part);
   }
   // A row with no key in this item takes no value from it: its P row of zeros times a NaN or inf
   // value made O_c NaN, which the merge's weight 0 kept (0 NaN): a row that never attends that key

@@ -1,10 +1,10 @@
 // Per-target decode kernels (Highway) on cache rows in place: Q K^T and P V read int8 rows,
-// dequantizing each group of KVCache::kInt8Group channels in registers, and bf16 / f16 rows,
-// widened to float32 in registers (decode_rows.h); float32 accumulation throughout. One loop
-// per product, templated over a row type (Int8Rows, HalfRows) that loads lanes of a row as
-// floats; for int8 rows with D a multiple of 64 (not on the scalar target) integer score loops
-// (ScoreRowsInt) on a query rounded to int16 and the value products of decode_rows_int8-inl.h
-// (included at the end: integer products over pairs of keys, or float passes that split the
+// dequantizing each group of KVCache::kInt8Group channels in registers, bf16 / f16 rows,
+// widened to float32 in registers, and float32 rows (decode_rows.h); float32 accumulation
+// throughout. One loop per product, templated over a row type (Int8Rows, HalfRows, FloatRows)
+// that loads lanes of a row as floats; for int8 rows with D a multiple of 64 (not on the scalar
+// target) integer score loops (ScoreRowsInt) on a query rounded to int16 and the value products
+// of decode_rows_int8-inl.h (included at the end: integer products over pairs of keys, or float passes that split the
 // bytes by shifts) take their place. The int8 scalar loop that widened each chunk into scratch
 // before two f32 GEMMs read int8 at 6.5 GB/s, the bf16 widening at 73-78% of memcpy
 // (docs/decode_performance.md). decode_rows.cc re-includes this file once per SIMD target via
@@ -95,6 +95,22 @@ struct HalfRows {
     return kF16 ? static_cast<float>(float16::from_bits(x[j * d + c]))
                 : static_cast<float>(bfloat16::from_bits(x[j * d + c]));
   }
+  void Skip(int64_t j) { x += j * d; }  // rows from j on
+};
+
+// float32 rows [n, d], read as they are (the f32 cache: a plain load where the others widen).
+struct FloatRows {
+  const float* x;
+  int64_t d;
+  const void* next;
+  static constexpr int64_t kBytes = 4;
+  static bool Vectors(int64_t) { return true; }
+  const void* Row(int64_t j) const { return x + j * d; }
+  template <class D>
+  HWY_INLINE hn::Vec<D> Load(D df, int64_t j, int64_t c) const {
+    return hn::LoadU(df, x + j * d + c);
+  }
+  float At(int64_t j, int64_t c) const { return x[j * d + c]; }
   void Skip(int64_t j) { x += j * d; }  // rows from j on
 };
 
@@ -528,6 +544,15 @@ void HalfValues(bool f16, const float* p, int64_t ldp, int64_t rows, const uint1
   } else {
     Values(p, ldp, rows, HalfRows<false>{v, dv, next}, n, dv, o);
   }
+}
+
+void FloatScores(const float* q, int64_t rows, const float* k, int64_t n, int64_t d, const float* next, float scale,
+                 float* s, int64_t lds) {
+  Scores(q, nullptr, nullptr, rows, FloatRows{k, d, next}, n, d, scale, s, lds);
+}
+void FloatValues(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t n, int64_t dv, const float* next,
+                 float* o) {
+  Values(p, ldp, rows, FloatRows{v, dv, next}, n, dv, o);
 }
 
 }  // namespace qkv::attention::HWY_NAMESPACE

@@ -25,6 +25,8 @@ HWY_EXPORT(Int8Scores);
 HWY_EXPORT(Int8Values);
 HWY_EXPORT(HalfScores);
 HWY_EXPORT(HalfValues);
+HWY_EXPORT(FloatScores);
+HWY_EXPORT(FloatValues);
 
 float quantize_query_row(const float* qs, int64_t d, int16_t* q_hat) {
   float big = 0.0f;
@@ -69,6 +71,15 @@ void half_values(const float* p, int64_t ldp, int64_t rows, const bfloat16* v, i
 void half_values(const float* p, int64_t ldp, int64_t rows, const float16* v, int64_t n, int64_t dv,
                  const float16* next, float* o) {
   QKV_DYNAMIC_DISPATCH(HalfValues)(true, p, ldp, rows, &v->bits, n, dv, next ? &next->bits : nullptr, o);
+}
+
+void half_scores(const float* q, int64_t rows, const float* k, int64_t n, int64_t d, const float* next, float scale,
+                 float* s, int64_t lds) {
+  QKV_DYNAMIC_DISPATCH(FloatScores)(q, rows, k, n, d, next, scale, s, lds);
+}
+void half_values(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t n, int64_t dv, const float* next,
+                 float* o) {
+  QKV_DYNAMIC_DISPATCH(FloatValues)(p, ldp, rows, v, n, dv, next, o);
 }
 
 }  // namespace qkv::attention

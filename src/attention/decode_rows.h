@@ -49,13 +49,19 @@ constexpr int64_t kInt8ValueKeys = 128;
 void int8_values(const float* p, int64_t ldp, int64_t rows, const int8_t* v, const bfloat16* vs, int64_t n, int64_t dv,
                  const int8_t* next, float* o);
 
-// s[r * lds + j] = scale (q[r] . k[j]) for `rows` queries q [rows, d] and n keys [n, d].
+// s[r * lds + j] = scale (q[r] . k[j]) for `rows` queries q [rows, d] and n keys [n, d]: bf16 / f16
+// keys widened in registers, float32 keys as they are (the names say "half" for the widening;
+// float32 takes the same loops).
+void half_scores(const float* q, int64_t rows, const float* k, int64_t n, int64_t d, const float* next, float scale,
+                 float* s, int64_t lds);
 void half_scores(const float* q, int64_t rows, const bfloat16* k, int64_t n, int64_t d, const bfloat16* next,
                  float scale, float* s, int64_t lds);
 void half_scores(const float* q, int64_t rows, const float16* k, int64_t n, int64_t d, const float16* next, float scale,
                  float* s, int64_t lds);
 
 // o[r, c] += sum_j p[r * ldp + j] v[j, c] for `rows` rows and n values [n, dv]; o [rows, dv].
+void half_values(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t n, int64_t dv, const float* next,
+                 float* o);
 void half_values(const float* p, int64_t ldp, int64_t rows, const bfloat16* v, int64_t n, int64_t dv,
                  const bfloat16* next, float* o);
 void half_values(const float* p, int64_t ldp, int64_t rows, const float16* v, int64_t n, int64_t dv,

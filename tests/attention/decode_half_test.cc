@@ -1,5 +1,5 @@
-// bf16 / f16 KV caches (qkv/kv_cache.h): the Highway kernels that read the 16-bit rows in place
-// and widen them in registers (attention/decode_rows-inl.h) on every SIMD target, against the
+// f32 / bf16 / f16 KV caches (qkv/kv_cache.h): the Highway kernels that read the rows in place
+// (16-bit ones widened in registers; attention/decode_rows-inl.h) on every SIMD target, against the
 // float64 reference on the widened cache (keys_f32 / values_f32), contiguous, paged and
 // windowed, with GQA groups in blocks of 4 and a remainder.
 #include <gtest/gtest.h>
@@ -36,7 +36,7 @@ std::string name(const Case& c, DType dt) {
 TEST(DecodeHalf, EveryTargetMatchesTheReference) {
   const std::vector<Case> cases = {{128, 128, 8, 1, 0, 0, 600}, {40, 24, 6, 2, 0, 0, 600}, {40, 24, 6, 2, 7, 0, 600},
                                    {16, 8, 4, 1, 0, 0, 600},    {40, 40, 2, 1, 0, 0, 600}, {40, 24, 6, 2, 0, 50, 64}};
-  for (DType dt : {DType::bf16, DType::f16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {  // float32 rows as they are (FloatRows)
     for (const Case& cs : cases) {
       SCOPED_TRACE(name(cs, dt));
       KVCacheConfig c{2, 2, cs.d, cs.capacity, cs.dv, dt};
