@@ -4,7 +4,8 @@
 // entry (batch dims and heads are one flat batch):
 //   D_i = dO_i . O_i                                   [Lq]
 // and for every key tile j (Bc keys) and query tile i (Br rows) it meets:
-//   S = scale Q_i K_j^T + bias      (tiles::score_tile, the forward's own scores)
+//   S = scale Q_i K_j^T + bias      (tiles::score_tile, the forward's own scores: float32
+//                                    over Dk > 128 in the forward's Dk chunks, score_chunk)
 //   P = exp(S - L_i)                (the forward's softmax, from its saved L)
 //   dP = (dO_i V_j^T) o M           (M: the forward's dropout factors, tiles::dropout_tile)
 //   dV_j += (P o M)^T dO_i
@@ -97,10 +98,10 @@ struct Scratch {
   kernels::AlignedVector<T> ds;          // [Br, Bc] dP, then dS
   kernels::AlignedVector<T> d;           // [Lq] D_i
   kernels::AlignedVector<T> dq, dk, dv;  // [Lq, Dk] of the entry, [Lp, Dk] and [Lp, Dv] of its part's key tiles
-  kernels::AlignedVector<T> unused;      // score_tile's widening buffer (T operands: never used)
+  kernels::AlignedVector<T> qc, kc;      // [Br, Dk] Q_i and [Bc, Dk] K_j chunk-major (Flash::chunk) or empty
   kernels::AlignedVector<T> cap;         // [Br, Bc] softcap's derivative (mods.softcap only)
   kernels::AlignedVector<T> kp, vp;      // K_j and V_j packed in gemm panels (packed_tiles) or empty
-  Scratch(const FlashTiles& t, const Problem& p, int64_t parts, bool dropout, bool softcap, bool packed)
+  Scratch(const FlashTiles& t, const Problem& p, int64_t parts, bool dropout, bool softcap, bool packed, int64_t chunk)
       : s(n(t.br * t.bc)),
         w(n(dropout ? t.br * t.bc : 0)),
         ds(n(t.br * t.bc)),
@@ -108,8 +109,12 @@ struct Scratch {
         dq(n(p.lq * p.dk)),
         dk(n(part_rows(t, p, parts) * p.dk)),
         dv(n(part_rows(t, p, parts) * p.dv)),
+        qc(n(chunk > 0 ? t.br * p.dk : 0)),
+        kc(n(chunk > 0 ? t.bc * p.dk : 0)),
         cap(n(softcap ? t.br * t.bc : 0)),
-        kp(n(packed ? gemm_panels_size(p.dk, t.bc) : 0)),
+        kp(n(!packed     ? 0
+             : chunk > 0 ? tiles::chunked_panels_size(p.dk, t.bc, chunk)
+                         : gemm_panels_size(p.dk, t.bc))),
         vp(n(packed ? gemm_panels_size(p.dv, t.bc) : 0)) {}
   static size_t n(int64_t x) { return static_cast<size_t>(x); }
   // Lp: the key rows of a part, its ceil(tiles / P) key tiles (all Lk keys where P = 1).
@@ -145,7 +150,8 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
   T* ds = sc.ds.data();                                  // [rows, cols]
   // Forward (attention_cpu.cc score_tile): S = cap(scale Q_i K_j^T) + bias.
   T* cap = sc.cap.empty() ? nullptr : sc.cap.data();  // d cap / d (scale Q K^T)
-  score_tile(f, r, Mat<T>{r.q, qs}, j0, cols, s, lds, sc.unused, kNegInf<T>, cap);
+  // Q_i chunk-major where Q K^T is summed over Dk chunks (the forward's start_rows).
+  score_tile(f, r, tiles::query_operand(f, r.q, r.rows, qs, sc.qc), j0, cols, s, lds, sc.kc, kNegInf<T>, cap);
   // Forward softmax_tile/finish_rows: P = exp(S - m) / l = exp(S - L); a row with L = -inf
   // had every key masked: weight 0, no gradient.
   for (int64_t x = 0; x < r.rows; ++x) {
@@ -258,9 +264,13 @@ void run_item(const Backward<T>& bw, int64_t b, const Part& part, Scratch<T>& sc
       // only, as product_tile reads panels only for tiles that fill the score rows.
       r.kp = nullptr;
       if (!sc.kp.empty() && cols == bc && cols % 64 == 0) {
-        gemm_pack_panels(true, p.dk, cols, r.k + j0 * p.k.stride(-2), p.k.stride(-2), sc.kp.data());
+        if (f.chunk > 0) {  // per Dk chunk, as the forward's pack_keys
+          tiles::pack_chunked(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), f.chunk, sc.kp.data());
+        } else {
+          gemm_pack_panels(true, p.dk, cols, r.k + j0 * p.k.stride(-2), p.k.stride(-2), sc.kp.data());
+        }
         gemm_pack_panels(true, p.dv, cols, r.v + j0 * p.v.stride(-2), p.v.stride(-2), sc.vp.data());
-        r.kp = sc.kp.data(), r.kp_from = j0;
+        r.kp = sc.kp.data(), r.kp_from = j0, r.kp_chunk = f.chunk > 0 ? gemm_panels_size(f.chunk, cols) : 0;
       }
     }
     for (r.i0 = first; r.i0 < p.lq; r.i0 += f.tiles.br) {
@@ -350,7 +360,7 @@ AttentionGradients run_backward(const Problem& p, const Tensor& out, const Tenso
     // so that the entry's later parts stop waiting for that item's turn (wait_turn).
     int64_t item = next++;
     try {
-      Scratch<T> sc(f.tiles, p, parts, f.dropout_p > 0.0, f.mods.softcap > 0.0, packed);
+      Scratch<T> sc(f.tiles, p, parts, f.dropout_p > 0.0, f.mods.softcap > 0.0, packed, f.chunk);
       for (; item < items && !interrupt_requested() && !stop.load(std::memory_order_acquire); item = next++) {
         run_item(bw, item / parts, Part{item % parts, parts}, sc);
       }

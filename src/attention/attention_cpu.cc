@@ -21,6 +21,8 @@
 // small (attention_cpu_gather.h: BigBird's blocks of 64; runs of adjacent tiles read in place,
 // lone tiles copied side by side). Empty tiles are skipped, full ones unmasked. Float Q K^T
 // tiles read K packed once per call in gemm panels (attention_cpu_panels.h) where it pays.
+// Float32 Q K^T over Dk > 128 sums Dk chunks of 64, one product each (tiles::score_chunk:
+// the accuracy of torch's blocked sums; not on the gathered tiles).
 //
 // Weights (return_weights) come from a second pass over the same item, right
 // after the first: scores are recomputed tile by tile into the item's rows of
@@ -198,7 +200,7 @@ template <class K>
 RowStart<K> start_rows(const Flash<K>& f, const Rows<K>& r, Scratch<K>& sc) {
   using T = typename K::T;
   const Problem& p = *f.p;
-  RowStart<K> st{gemm_operand(r.q, r.rows, p.dk, p.q.stride(-2), sc.qg), nullptr};  // [rows, Dk]
+  RowStart<K> st{tiles::query_operand(f, r.q, r.rows, p.q.stride(-2), sc.qg), nullptr};  // [rows, Dk]
   if constexpr (std::is_same_v<typename K::S, float>) {
     if (f.k8) {
       int8::quantize_query(r.q, r.rows, p.q.stride(-2), *f.k8, r.b, sc.q8);
@@ -386,6 +388,7 @@ template <class K>
 Rows<K> item_rows(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t item) {
   Rows<K> r = rows_of(f, item);
   if constexpr (std::is_same_v<typename K::G, float>) r.kp = panels ? panels->of(r.k - f.k) : nullptr;
+  if (f.chunk > 0) r.kp_chunk = gemm_panels_size(f.chunk, f.p->lk);  // pack_keys' chunked panels
   return r;
 }
 
@@ -451,7 +454,7 @@ void run_split(const Flash<K>& f, const tiles::KeyPanels* panels, typename K::S*
   for (int64_t i = 0; i < items; ++i) left[static_cast<size_t>(i)] = pa.first[i + 1] - pa.first[i];
   std::atomic<int64_t> next{0}, done{0};
   parallel_for(0, std::min<int64_t>(get_num_threads(), units), 1, [&](int64_t, int64_t) {
-    Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, 0, panels != nullptr, narrow_out != nullptr);
+    Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, 0, panels != nullptr, narrow_out != nullptr, f.chunk > 0);
     for (int64_t u = next++; u < units && !interrupt_requested(); u = next++, ++done) {
       const int64_t item = pa.units[static_cast<size_t>(u)].item;
       run_part(f, item_rows(f, panels, item), sc, pa, static_cast<size_t>(u));
@@ -488,7 +491,8 @@ void run_all(const Flash<K>& f, const tiles::KeyPanels* panels, int64_t widen_he
   const int64_t out_bytes = p.batch_size * p.lq * p.dv * static_cast<int64_t>(sizeof(T));
   const bool stream = narrow_out == nullptr && out_bytes > workers * l2_cache_bytes();
   parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, gather_keys(f), panels != nullptr, stream || narrow_out);
+    Scratch<K> sc(f.tiles, p.dk, p.dv, f.k8 != nullptr, gather_keys(f), panels != nullptr, stream || narrow_out,
+                  f.chunk > 0);
     int64_t entry = -1;
     for (int64_t item = queue.next(entry); item >= 0 && !interrupt_requested(); item = queue.next(entry)) {
       Rows<K> r = item_rows(f, panels, order.empty() ? item : order[static_cast<size_t>(item)]);
@@ -541,6 +545,8 @@ AttentionResult run_flash(const Problem& p, const AttentionOptions& options) {
       f.k8 = &*k8;
     }
   }
+  // Q K^T in Dk chunks (tiles::score_chunk) but on the gathered tiles and int8 Q K^T (one product).
+  if (gather_keys(f) > 0 || f.k8) f.chunk = 0;
   const std::optional<tiles::KeyPanels> panels = tiles::pack_keys(f, gather_keys(f) > 0);
   run_all(f, panels ? &*panels : nullptr, options.tuning.widen_head_bytes,
           kNarrowOut ? out.data<typename K::S>() : nullptr);

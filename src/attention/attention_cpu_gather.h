@@ -30,8 +30,8 @@ struct Scratch {
   kernels::AlignedVector<T> m;   // [Br] running row max
   kernels::AlignedVector<T> l;   // [Br] running row sum of exp(s - m)
   kernels::AlignedVector<G> pg;  // [Br, Bc] P rounded for P V (kRoundP)
-  kernels::AlignedVector<G> qg;  // [Br, Dk] the item's Q rows widened (kWiden)
-  kernels::AlignedVector<G> kg;  // [Bc, Dk] a K tile widened (kWiden)
+  kernels::AlignedVector<G> qg;  // [Br, Dk] the item's Q rows widened (kWiden) or chunk-major (Flash::chunk)
+  kernels::AlignedVector<G> kg;  // [Bc, Dk] a K tile widened (kWiden) or chunk-major (Flash::chunk)
   kernels::AlignedVector<G> vg;  // [Bc, Dv] a V tile widened (kWiden)
   kernels::AlignedVector<G> kx;  // [gather, Dk] the K rows of gathered tiles (gather_keys), Bc a slot; or their panels
   kernels::AlignedVector<G> vx;  // [gather, Dv] their V rows
@@ -44,13 +44,14 @@ struct Scratch {
   kernels::AlignedVector<G> kw, vw;
   std::pair<const void*, const void*> widened{nullptr, nullptr};
   // s and pg hold [Br, max(Bc, gather)] (gathered tiles are up to `gather` keys wide).
-  Scratch(const FlashTiles& t, int64_t dk, int64_t dv, bool int8, int64_t gather, bool panels, bool own_output)
+  Scratch(const FlashTiles& t, int64_t dk, int64_t dv, bool int8, int64_t gather, bool panels, bool own_output,
+          bool chunked)
       : s(size(t.br * std::max(t.bc, gather))),
         m(size(t.br)),
         l(size(t.br)),
         pg(size(K::kRoundP ? t.br * std::max(t.bc, gather) : 0)),
-        qg(size(K::kWiden ? t.br * dk : 0)),
-        kg(size(K::kWiden ? t.bc * dk : 0)),
+        qg(size(K::kWiden || chunked ? t.br * dk : 0)),
+        kg(size(K::kWiden || chunked ? t.bc * dk : 0)),
         vg(size(K::kWiden ? t.bc * dv : 0)),
         kx(size(panels ? gemm_panels_size(dk, gather) : gather * dk)),
         vx(size(gather * dv)),

@@ -63,6 +63,24 @@ inline std::optional<Tensor> as_kernel_mask(const std::optional<Tensor>& m, DTyp
   return m->to(dt);
 }
 
+// Float32 Q K^T over Dk > kChunkFrom sums chunks of kScoreChunk products (S = sum_c Q_c K_c^T,
+// each chunk one GEMM into S, beta 1 after the first), as torch's matmul sums in blocks: oneDNN's
+// brgemm sums the Dk products of a score in one FMA chain, whose error grows with Dk (1.5-1.9x
+// torch's RMS error at D = 256 / 512; docs/attention-cpu.md, "float32 accuracy"). The chunks'
+// operands are dense (Q rows and K tiles chunk-major, K panels packed per chunk), so that
+// oneDNN keeps its brgemm kernels. Dk <= kChunkFrom: one product, as before.
+inline constexpr int64_t kChunkFrom = 128;
+inline constexpr int64_t kScoreChunk = 64;
+
+// Flash::chunk: kScoreChunk for float32 tiles over float32 operands with Dk > kChunkFrom, else 0.
+template <class K>
+int64_t score_chunk(int64_t dk) {
+  using F = float;
+  constexpr bool f32 =
+      std::is_same_v<typename K::T, F> && std::is_same_v<typename K::S, F> && std::is_same_v<typename K::G, F>;
+  return f32 && dk > kChunkFrom ? kScoreChunk : 0;
+}
+
 // Read-only state of one call, shared by the workers.
 template <class K>
 struct Flash {
@@ -75,6 +93,7 @@ struct Flash {
   uint64_t seed = 0;
   T keep_scale = 1;
   ModPlan mods;                             // options.mods prepared (inactive when none is set)
+  int64_t chunk = 0;                        // Dk chunk width of Q K^T (score_chunk), 0: one product
   const int8::QuantizedKeys* k8 = nullptr;  // int8 Q K^T (options.qk_quantization, forward only) or null
   const S* q = nullptr;                     // p->q [batch..., Lq, Dk] element 0
   const S* k = nullptr;                     // p->k [kv batch..., Lk, Dk]
@@ -100,6 +119,7 @@ Flash<K> make_flash(const Problem& p, const AttentionOptions& options, const Fla
   f.seed = options.seed;
   f.keep_scale = options.dropout_p < 1.0 ? static_cast<T>(1.0 / (1.0 - options.dropout_p)) : T(0);
   f.mods = make_mod_plan(options.mods, p.lq, p.lk, p.heads_q);
+  f.chunk = score_chunk<K>(p.dk);
   f.q = p.q.data<S>();
   f.k = p.k.data<S>();
   f.v = p.v.data<S>();
@@ -126,6 +146,7 @@ struct Rows {
   // transposition); forward: the whole K (KeyPanels), backward: the key tile.
   const G* kp = nullptr;
   int64_t kp_from = 0;
+  int64_t kp_chunk = 0;  // where Flash::chunk: floats between the Dk chunks' panels (pack_chunked)
   // The entry's whole K [Lk, Dk] and V [Lk, Dv] widened to G once per worker (16-bit operands
   // without a native GEMM, small heads: attention_cpu.cc widen_head), or null: each tile is
   // widened where it is used.
@@ -142,6 +163,45 @@ Mat<G> gemm_operand(const X* x, int64_t rows, int64_t n, int64_t ld, kernels::Al
   } else {
     kernels::convert_rows(x, rows, n, ld, buffer.data(), n);
     return {buffer.data(), n};
+  }
+}
+
+// dst = `rows` rows of n elements (ld apart) from x, chunk-major: chunk c (columns
+// [c0, c0 + w), c0 = c * chunk, w = min(chunk, n - c0)) as dense [rows, w] at dst + rows * c0.
+template <class G>
+void chunk_major(const G* x, int64_t rows, int64_t n, int64_t ld, int64_t chunk, G* dst) {
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t w = std::min(chunk, n - c0);
+    for (int64_t i = 0; i < rows; ++i) std::copy_n(x + i * ld + c0, w, dst + rows * c0 + i * w);
+  }
+}
+
+// The item's Q rows [rows, Dk] as the score product reads them: chunk-major in `buffer`
+// where the call chunks Q K^T (Flash::chunk; ld then unused), else as gemm_operand.
+template <class K, class G = typename K::G, class X>
+Mat<G> query_operand(const Flash<K>& f, const X* x, int64_t rows, int64_t ld, kernels::AlignedVector<G>& buffer) {
+  if constexpr (std::is_same_v<G, X>) {
+    if (f.chunk > 0) {
+      chunk_major(x, rows, f.p->dk, ld, f.chunk, buffer.data());
+      return {buffer.data(), f.chunk};
+    }
+  }
+  return gemm_operand(x, rows, f.p->dk, ld, buffer);
+}
+
+// Floats of n keys of Dk elements packed per Dk chunk (pack_chunked).
+inline int64_t chunked_panels_size(int64_t dk, int64_t n, int64_t chunk) {
+  const int64_t last = dk - (dk - 1) / chunk * chunk;  // width of the last chunk
+  return (dk - last) / chunk * gemm_panels_size(chunk, n) + gemm_panels_size(last, n);
+}
+
+// k [n, Dk] (rows ld apart) packed chunk by chunk: chunk c (Dk columns [c0, c0 + w)) as
+// gemm_pack_panels packs a [n, w] K, at panels + c * gemm_panels_size(chunk, n).
+inline void pack_chunked(const float* k, int64_t n, int64_t dk, int64_t ld, int64_t chunk, float* panels,
+                         bool stream = false) {
+  for (int64_t c0 = 0; c0 < dk; c0 += chunk) {
+    gemm_pack_panels(true, std::min(chunk, dk - c0), n, k + c0, ld, panels + c0 / chunk * gemm_panels_size(chunk, n),
+                     stream);
   }
 }
 
@@ -290,11 +350,46 @@ void product(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Mat<G> k, int64_t co
   }
 }
 
+// s [rows, cols] = scale * Q K[j0:j0+cols]^T summed over Dk chunks (Flash::chunk: float32
+// tiles): q chunk-major (query_operand); K as chunked panels (Rows::kp, pack_chunked) where
+// product_tile would read panels, else its tile copied chunk-major into k_buffer [Bc, Dk].
+template <class K>
+void product_chunks(const Flash<K>& f, const Rows<K>& r, Mat<float> q, int64_t j0, int64_t cols, float* s, int64_t lds,
+                    kernels::AlignedVector<float>& k_buffer) {
+  const Problem& p = *f.p;
+  const bool packed = r.kp && j0 >= r.kp_from && (j0 - r.kp_from) % 64 == 0 && cols == lds && cols % 64 == 0;
+  if (!packed) chunk_major(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), f.chunk, k_buffer.data());
+  GemmShape g;
+  g.trans_b = true;
+  g.m = r.rows;
+  g.n = cols;
+  g.ldc = lds;
+  // gemm skips A B when alpha is 0 (BLAS rules); scale 0 must still turn an inf q . k into NaN.
+  const float alpha = static_cast<float>(p.scale);
+  const float a = alpha == 0.0f ? 1.0f : alpha;
+  for (int64_t c0 = 0; c0 < p.dk; c0 += f.chunk) {
+    g.k = g.lda = g.ldb = std::min(f.chunk, p.dk - c0);
+    const float beta = c0 == 0 ? 0.0f : 1.0f;
+    if (packed) {
+      const float* panels = r.kp + c0 / f.chunk * r.kp_chunk + (j0 - r.kp_from) / 64 * gemm_panels_size(g.k, 64);
+      gemm_panels(g, a, q.data + r.rows * c0, panels, beta, s);
+    } else {
+      gemm(g, a, q.data + r.rows * c0, k_buffer.data() + cols * c0, beta, s);
+    }
+  }
+  if (alpha == 0.0f) {
+    for (int64_t x = 0; x < r.rows; ++x) kernels::scale(s + x * lds, cols, 0.0f);
+  }
+}
+
 // s [rows, cols] = scale * Q K[j0:j0+cols]^T on the tile GEMM of type G.
 template <class K, class T = typename K::T, class G = typename K::G>
 void product_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int64_t cols, T* s, int64_t lds,
                   kernels::AlignedVector<G>& k_buffer) {
   const Problem& p = *f.p;
+  if constexpr (std::is_same_v<G, float> && std::is_same_v<T, float> && std::is_same_v<typename K::S, float>) {
+    if (f.chunk > 0) return product_chunks(f, r, q, j0, cols, s, lds, k_buffer);
+  }
   // The tile's keys packed (Rows::kp) where they start a panel and fill the score rows with
   // whole panels. Narrower tiles (a causal row block's 128-key first tile in 256-wide scores;
   // the last 488 keys at Lk = 1000 in 512-wide ones) take the transposing product: gemm_panels
