@@ -58,8 +58,8 @@ int64_t int8_chunk_max(const DecodeCall& d, const KVCache& cache) {
 
 // Keys per item: the caller's, else enough chunks for 4 items per thread over B Hk sequences
 // of the longest span of keys, between 256 keys (each item starts its streams cold and adds a
-// partial to merge) and 1024 (a chunk's V stays in L2 for the value passes, and did for the GEMMs: whole-sequence
-// chunks of a bf16 cache widened to f32 scratch at 32k keys ran at 2.6 GB/s against 12 for f32),
+// partial to merge) and 1024 (a chunk's values stay in L2 for the value passes over its channels;
+// whole-sequence chunks of a bf16 cache widened to f32 scratch ran at 2.6 GB/s at 32k keys),
 // or kInt8Chunk for an int8 cache whose kernels read each key and value once (int8_chunk_max).
 int64_t chunk_size(const DecodeCall& d, const KVCache& cache, const DecodeOptions& o) {
   if (o.chunk > 0) return o.chunk;
