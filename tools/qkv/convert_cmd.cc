@@ -230,6 +230,7 @@ void check_options_apply(const ConvertArgs& a, const std::string& format) {
   };
   if (!a.config.empty() && format != "keras")
     usage("convert: --config applies to a .keras output only; ", a.out, " is ", format);
+  if (!a.config.empty() && a.to != "keras") usage("convert: --config applies to --to keras only, not --to ", a.to);
   if (a.heads > 0 && a.to != "keras")
     usage("convert: --heads applies to --to keras only (PyTorch weights to Keras' [E, N, H] kernels), not --to ", a.to);
   if (a.layer_order.empty()) return;
