@@ -112,9 +112,7 @@ struct Scratch {
         qc(n(chunk > 0 ? t.br * p.dk : 0)),
         kc(n(chunk > 0 ? t.bc * p.dk : 0)),
         cap(n(softcap ? t.br * t.bc : 0)),
-        kp(n(!packed     ? 0
-             : chunk > 0 ? tiles::chunked_panels_size(p.dk, t.bc, chunk)
-                         : gemm_panels_size(p.dk, t.bc))),
+        kp(n(packed ? tiles::key_panels_size(p.dk, t.bc, chunk) : 0)),
         vp(n(packed ? gemm_panels_size(p.dv, t.bc) : 0)) {}
   static size_t n(int64_t x) { return static_cast<size_t>(x); }
   // Lp: the key rows of a part, its ceil(tiles / P) key tiles (all Lk keys where P = 1).
@@ -264,11 +262,8 @@ void run_item(const Backward<T>& bw, int64_t b, const Part& part, Scratch<T>& sc
       // only, as product_tile reads panels only for tiles that fill the score rows.
       r.kp = nullptr;
       if (!sc.kp.empty() && cols == bc && cols % 64 == 0) {
-        if (f.chunk > 0) {  // per Dk chunk, as the forward's pack_keys
-          tiles::pack_chunked(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), f.chunk, sc.kp.data());
-        } else {
-          gemm_pack_panels(true, p.dk, cols, r.k + j0 * p.k.stride(-2), p.k.stride(-2), sc.kp.data());
-        }
+        // per Dk chunk where Q K^T is chunked, as the forward's pack_keys
+        tiles::pack_key_panels(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), f.chunk, sc.kp.data());
         gemm_pack_panels(true, p.dv, cols, r.v + j0 * p.v.stride(-2), p.v.stride(-2), sc.vp.data());
         r.kp = sc.kp.data(), r.kp_from = j0, r.kp_chunk = f.chunk > 0 ? gemm_panels_size(f.chunk, cols) : 0;
       }

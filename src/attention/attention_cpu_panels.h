@@ -62,20 +62,14 @@ std::optional<KeyPanels> pack_keys(const Flash<K>& f, bool gathered) {
     const auto entries = static_cast<int64_t>(kp.offsets.size());
     const int64_t reads = (p.lq + f.tiles.br - 1) / f.tiles.br * (p.batch_size / entries);
     if (!gathered && reads < kMinReads) return std::nullopt;
-    // Chunked Q K^T (Flash::chunk): each Dk chunk's panels (pack_chunked).
-    kp.size = f.chunk > 0 ? chunked_panels_size(p.dk, p.lk, f.chunk) : gemm_panels_size(p.dk, p.lk);
+    kp.size = key_panels_size(p.dk, p.lk, f.chunk);  // per Dk chunk where Q K^T is chunked (Flash::chunk)
     kp.buffer = kernels::empty_pooled({entries, kp.size}, DType::f32, "packed keys");  // [entries, size]
     // Streamed stores: the products read a head's panels long after they are written (all
     // heads are packed first); measured 1.3-1.5% faster at L = 4096 and 16384 than cached ones.
     parallel_for(0, entries, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t e = lo; e < hi; ++e) {
-        const float* k = f.k + kp.offsets[static_cast<size_t>(e)];
-        float* panels = kp.buffer.data<float>() + e * kp.size;
-        if (f.chunk > 0) {
-          pack_chunked(k, p.lk, p.dk, p.k.stride(-2), f.chunk, panels, /*stream=*/true);
-        } else {
-          gemm_pack_panels(true, p.dk, p.lk, k, p.k.stride(-2), panels, /*stream=*/true);
-        }
+        pack_key_panels(f.k + kp.offsets[static_cast<size_t>(e)], p.lk, p.dk, p.k.stride(-2), f.chunk,
+                        kp.buffer.data<float>() + e * kp.size, /*stream=*/true);
       }
     });
     return kp;

@@ -146,7 +146,7 @@ struct Rows {
   // transposition); forward: the whole K (KeyPanels), backward: the key tile.
   const G* kp = nullptr;
   int64_t kp_from = 0;
-  int64_t kp_chunk = 0;  // where Flash::chunk: floats between the Dk chunks' panels (pack_chunked)
+  int64_t kp_chunk = 0;  // where Flash::chunk: floats between the Dk chunks' panels (pack_key_panels)
   // The entry's whole K [Lk, Dk] and V [Lk, Dv] widened to G once per worker (16-bit operands
   // without a native GEMM, small heads: attention_cpu.cc widen_head), or null: each tile is
   // widened where it is used.
@@ -189,16 +189,20 @@ Mat<G> query_operand(const Flash<K>& f, const X* x, int64_t rows, int64_t ld, ke
   return gemm_operand(x, rows, f.p->dk, ld, buffer);
 }
 
-// Floats of n keys of Dk elements packed per Dk chunk (pack_chunked).
-inline int64_t chunked_panels_size(int64_t dk, int64_t n, int64_t chunk) {
+// Floats of n keys of Dk elements packed for the score products: per Dk chunk where the call
+// chunks Q K^T (chunk > 0, Flash::chunk), else whole as gemm_pack_panels packs them.
+inline int64_t key_panels_size(int64_t dk, int64_t n, int64_t chunk) {
+  if (chunk <= 0) return gemm_panels_size(dk, n);
   const int64_t last = dk - (dk - 1) / chunk * chunk;  // width of the last chunk
   return (dk - last) / chunk * gemm_panels_size(chunk, n) + gemm_panels_size(last, n);
 }
 
-// k [n, Dk] (rows ld apart) packed chunk by chunk: chunk c (Dk columns [c0, c0 + w)) as
-// gemm_pack_panels packs a [n, w] K, at panels + c * gemm_panels_size(chunk, n).
-inline void pack_chunked(const float* k, int64_t n, int64_t dk, int64_t ld, int64_t chunk, float* panels,
-                         bool stream = false) {
+// k [n, Dk] (rows ld apart) packed for the score products (key_panels_size floats): chunk by
+// chunk where chunk > 0 (Dk columns [c0, c0 + w) as gemm_pack_panels packs a [n, w] K, at
+// panels + c * gemm_panels_size(chunk, n)), else whole.
+inline void pack_key_panels(const float* k, int64_t n, int64_t dk, int64_t ld, int64_t chunk, float* panels,
+                            bool stream = false) {
+  if (chunk <= 0) return gemm_pack_panels(true, dk, n, k, ld, panels, stream);
   for (int64_t c0 = 0; c0 < dk; c0 += chunk) {
     gemm_pack_panels(true, std::min(chunk, dk - c0), n, k + c0, ld, panels + c0 / chunk * gemm_panels_size(chunk, n),
                      stream);
@@ -350,14 +354,21 @@ void product(const Flash<K>& f, const Rows<K>& r, Mat<G> q, Mat<G> k, int64_t co
   }
 }
 
+// Whether the score product of keys j0.. (cols keys in score rows lds wide) reads them packed
+// (Rows::kp): the tile starts a panel and fills the score rows with whole panels (product_tile).
+template <class K>
+bool reads_panels(const Rows<K>& r, int64_t j0, int64_t cols, int64_t lds) {
+  return r.kp && j0 >= r.kp_from && (j0 - r.kp_from) % 64 == 0 && cols == lds && cols % 64 == 0;
+}
+
 // s [rows, cols] = scale * Q K[j0:j0+cols]^T summed over Dk chunks (Flash::chunk: float32
-// tiles): q chunk-major (query_operand); K as chunked panels (Rows::kp, pack_chunked) where
+// tiles): q chunk-major (query_operand); K as chunked panels (Rows::kp, pack_key_panels) where
 // product_tile would read panels, else its tile copied chunk-major into k_buffer [Bc, Dk].
 template <class K>
 void product_chunks(const Flash<K>& f, const Rows<K>& r, Mat<float> q, int64_t j0, int64_t cols, float* s, int64_t lds,
                     kernels::AlignedVector<float>& k_buffer) {
   const Problem& p = *f.p;
-  const bool packed = r.kp && j0 >= r.kp_from && (j0 - r.kp_from) % 64 == 0 && cols == lds && cols % 64 == 0;
+  const bool packed = reads_panels(r, j0, cols, lds);
   if (!packed) chunk_major(r.k + j0 * p.k.stride(-2), cols, p.dk, p.k.stride(-2), f.chunk, k_buffer.data());
   GemmShape g;
   g.trans_b = true;
@@ -397,7 +408,7 @@ void product_tile(const Flash<K>& f, const Rows<K>& r, Mat<G> q, int64_t j0, int
   // its reference matmul), and packing them measured no faster at causal (4, 8, 1024, 64) and
   // (1, 16, 4096, 64) (2 threads, Zen 4, three alternating runs).
   const G* panels = nullptr;
-  if (r.kp && j0 >= r.kp_from && (j0 - r.kp_from) % 64 == 0 && cols == lds && cols % 64 == 0) {
+  if (reads_panels(r, j0, cols, lds)) {
     panels = r.kp + (j0 - r.kp_from) / 64 * gemm_panels_size(p.dk, 64);
   }
   const Mat<G> k = r.kw ? Mat<G>{r.kw + j0 * p.dk, p.dk}
