@@ -14,6 +14,10 @@ accuracy").
 summations emulated in numpy: one fused multiply-add chain over all of D, and chains over
 blocks of 64 / 128 / 256 summed afterwards. Errors are RMS |S - S64| / sqrt(D) (the scaled
 scores' error).
+
+--backward prints the gradients' errors instead: dq, dk, dv of qkv's fused backward (from its
+forward's output and logsumexp) and of torch autograd through SDPA, for one float32 dO
+(standard normal), against numpy float64 (FlashAttention-2's formulas on the float32 inputs).
 """
 import argparse
 
@@ -27,6 +31,20 @@ def oracle(q, k, v, causal):
         s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def oracle_backward(q, k, v, do, causal):
+    """(dq, dk, dv) in float64: dV = P^T dO, dS = P o (dO V^T - rowsum(dO o O)), dQ = c dS K, dK = c dS^T Q."""
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    c = 1.0 / np.sqrt(q.shape[-1])
+    s = np.einsum("bhid,bhjd->bhij", q, k) * c
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = p @ v
+    ds = p * (do @ np.swapaxes(v, -1, -2) - (do * o).sum(-1, keepdims=True))
+    return c * ds @ k, c * np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ do
 
 
 def errors(got, ref):
@@ -53,6 +71,31 @@ def attention_table(a, qkv, torch):
                 mq, mt = np.mean(eq, 0), np.mean(et, 0)
                 print(f"| {L} | {D} | {causal} | {mq[0]:.2e} | {mt[0]:.2e} | {mq[0] / mt[0]:.2f} | "
                       f"{mq[1]:.2e} | {mt[1]:.2e} | {mq[1] / mt[1]:.2f} |", flush=True)
+
+
+def backward_table(a, qkv, torch):
+    print("| L | D | causal | gradient | qkv max | torch max | ratio | qkv RMS | torch RMS | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for L in map(int, a.L.split(",")):
+        for D in map(int, a.D.split(",")):
+            for causal in map(int, a.causal.split(",")):
+                eq, et = [], []
+                for seed in range(a.seeds):
+                    rng = np.random.default_rng(1000 * seed + D + L)
+                    q, k, v, do = (rng.standard_normal((1, a.H, L, D)).astype(np.float32) for _ in range(4))
+                    ref = oracle_backward(q, k, v, do, causal)
+                    out, lse = qkv.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), return_logsumexp=True)
+                    got = qkv.scaled_dot_product_attention_backward(q, k, v, out, do, lse, is_causal=bool(causal))
+                    eq.append([errors(g, r) for g, r in zip(got, ref)])
+                    t = [torch.from_numpy(x).requires_grad_() for x in (q, k, v)]
+                    torch.nn.functional.scaled_dot_product_attention(*t, is_causal=bool(causal)).backward(
+                        torch.from_numpy(do))
+                    et.append([errors(x.grad.numpy(), r) for x, r in zip(t, ref)])
+                mq, mt = np.mean(eq, 0), np.mean(et, 0)  # [gradient, (max, RMS)]
+                for g, name in enumerate(("dq", "dk", "dv")):
+                    print(f"| {L} | {D} | {causal} | {name} | {mq[g][0]:.2e} | {mt[g][0]:.2e} | "
+                          f"{mq[g][0] / mt[g][0]:.2f} | {mq[g][1]:.2e} | {mt[g][1]:.2e} | {mq[g][1] / mt[g][1]:.2f} |",
+                          flush=True)
 
 
 def chained(q, k, block):
@@ -92,13 +135,14 @@ def main():
     ap.add_argument("--H", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--scores", action="store_true", help="the Q K^T error alone (see above)")
+    ap.add_argument("--backward", action="store_true", help="the gradients' errors (see above)")
     a = ap.parse_args()
     import qkv
     import torch
 
     torch.set_num_threads(a.threads)
     qkv.set_num_threads(a.threads)
-    (scores_table if a.scores else attention_table)(a, qkv, torch)
+    (scores_table if a.scores else backward_table if a.backward else attention_table)(a, qkv, torch)
 
 
 if __name__ == "__main__":
