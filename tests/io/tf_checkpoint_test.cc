@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <tuple>
 
 #include "io/io_test_util.h"
 #include "io/keras_tf/tf_internal.h"
@@ -194,6 +195,48 @@ TEST(TfCheckpoint, RejectsTruncatedAndForeignFiles) {
   const auto npy = read_bytes(std::filesystem::path(QKV_SOURCE_DIR) / "tests/fixtures/seed001/probe_inputs.npy");
   EXPECT_THROW((void)parse_tf_checkpoint(npy, none, "x"), FormatError);
   EXPECT_THROW((void)parse_tf_checkpoint(index, none, "x"), ValueError);  // shard count
+}
+
+// A bundle of one shard whose entries (key, TF dtype, dims) all cover the shard's bytes
+// [0, shard.size()): TensorFlow's BundleReader reads each entry from those bytes on its own.
+std::vector<std::byte> bundle_sharing_bytes(std::span<const std::byte> shard, bool big_endian,
+                                            const std::vector<std::tuple<std::string, int, int64_t>>& entries) {
+  detail::ProtoWriter header;
+  header.varint(1, 1);  // num_shards
+  if (big_endian) header.varint(2, 1);
+  std::vector<std::pair<std::string, std::string>> table = {{"", header.str()}};
+  for (const auto& [key, dtype, dim] : entries) {
+    detail::ProtoWriter size, shape, e;
+    size.varint(1, static_cast<uint64_t>(dim));
+    shape.message(2, size);
+    e.varint(1, static_cast<uint64_t>(dtype));
+    e.message(2, shape);
+    e.varint(5, shard.size());
+    e.fixed32(6, detail::crc32c_mask(detail::crc32c(shard)));
+    table.emplace_back(key, e.str());
+  }
+  return testing::to_bytes(detail::build_leveldb_table(table));
+}
+
+// Entries over the same bytes each get those bytes as the file holds them: fixing one
+// entry's copy (bools to 0/1, a big-endian bundle's byte swap) must not change another's.
+TEST(TfCheckpoint, EntriesSharingBytesEachReadTheFilesBytes) {
+  const std::vector<std::byte> shard = {std::byte{2}, std::byte{0}, std::byte{0xff}, std::byte{1}};
+  const std::span<const std::byte> shards[] = {shard};
+  // int8 "a" then bool "b" (key order): b's bools were 0/1-normalized in a's bytes, a read [1, 0, 1, 1].
+  const WeightFile ck = parse_tf_checkpoint(bundle_sharing_bytes(shard, false, {{"a", 6, 4}, {"b", 10, 4}}), shards,
+                                            "shared.index");
+  ASSERT_EQ(ck.tensors.at("a").dtype(), DType::i8);
+  ASSERT_EQ(ck.tensors.at("b").dtype(), DType::b8);
+  EXPECT_EQ(ck.tensors.at("a").to_vector<double>(), (std::vector<double>{2, 0, -1, 1}));
+  EXPECT_EQ(ck.tensors.at("b").to_vector<double>(), (std::vector<double>{1, 0, 1, 1}));
+  // Big endian: two float32 entries over 1.0f; the first one's swap made the second's crc32c mismatch.
+  const std::vector<std::byte> one = {std::byte{0x3f}, std::byte{0x80}, std::byte{0}, std::byte{0}};
+  const std::span<const std::byte> one_shard[] = {one};
+  const WeightFile be =
+      parse_tf_checkpoint(bundle_sharing_bytes(one, true, {{"x", 1, 1}, {"y", 1, 1}}), one_shard, "shared_be.index");
+  EXPECT_EQ(be.tensors.at("x").to_vector<double>(), std::vector<double>{1.0});
+  EXPECT_EQ(be.tensors.at("y").to_vector<double>(), std::vector<double>{1.0});
 }
 
 TEST(TfCheckpoint, MissingFilesAreIOErrors) {

@@ -229,9 +229,14 @@ Tensor entry_tensor(const BundleEntry& e, DType dtype, const std::shared_ptr<Sto
     fail_at(ctx, "entry ", quote_name(e.key), " holds ", e.size, " bytes but shape ", shape_str(e.shape), " of ",
             dtype_name(dtype), " needs ", static_cast<uint64_t>(numel) * item);
   }
-  std::byte* data = shard->data() + e.offset;
-  if (big_endian) byteswap_inplace(data, static_cast<size_t>(e.size), item);
-  if (dtype == DType::b8) normalize_bools(data, static_cast<size_t>(e.size));
+  // Bytes that need fixing (a swap, bools to 0/1) are fixed in a copy: entries may share
+  // bytes, and each must see them as the file holds them, as TensorFlow reads each entry.
+  if ((big_endian && item > 1) || dtype == DType::b8) {
+    auto own = copy_to_storage({shard->data() + e.offset, static_cast<size_t>(e.size)});
+    if (big_endian) byteswap_inplace(own->data(), own->nbytes(), item);
+    if (dtype == DType::b8) normalize_bools(own->data(), own->nbytes());
+    return view_or_copy(std::move(own), 0, dtype, e.shape, contiguous_strides(e.shape));
+  }
   return view_or_copy(shard, static_cast<size_t>(e.offset), dtype, e.shape, contiguous_strides(e.shape));
 }
 
