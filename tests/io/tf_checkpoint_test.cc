@@ -239,6 +239,73 @@ TEST(TfCheckpoint, EntriesSharingBytesEachReadTheFilesBytes) {
   EXPECT_EQ(be.tensors.at("y").to_vector<double>(), std::vector<double>{1.0});
 }
 
+// A LevelDB table of one data block with one restart point: the bundle header under "",
+// then n keys "\x01", "\x01\x01", .. each sharing the previous key and adding one byte
+// (entries of no bytes), as LevelDB's format allows; n^2 / 2 bytes of keys from 10 n bytes.
+std::vector<std::byte> table_of_growing_keys(int n) {
+  auto le32 = [](std::string& out, uint32_t v) {
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  auto seal = [&](std::string& file, const std::string& block) {  // block, type 0, masked crc32c
+    const std::string typed = block + '\0';
+    file += typed;
+    le32(file, detail::crc32c_mask(detail::crc32c(std::as_bytes(std::span(typed.data(), typed.size())))));
+  };
+  detail::ProtoWriter header, entry;
+  header.varint(1, 1);                             // num_shards
+  entry.fixed32(6, detail::crc32c_mask(0));        // crc32c of no bytes
+  std::string data;
+  detail::put_varint(data, 0), detail::put_varint(data, 0), detail::put_varint(data, header.str().size());
+  data += header.str();
+  for (int i = 0; i < n; ++i) {
+    detail::put_varint(data, static_cast<uint64_t>(i)), detail::put_varint(data, 1);
+    detail::put_varint(data, entry.str().size());
+    data += '\x01' + entry.str();
+  }
+  le32(data, 0), le32(data, 1);  // restart points: [0]
+  std::string file, handle, meta, index, footer;
+  seal(file, data);
+  detail::put_varint(handle, 0), detail::put_varint(handle, data.size());
+  le32(meta, 1);  // an empty metaindex block: its one restart count
+  const size_t meta_at = file.size();
+  seal(file, meta);
+  detail::put_varint(index, 0), detail::put_varint(index, 1), detail::put_varint(index, handle.size());
+  index += '\x02' + handle;  // the index key: past every data key
+  le32(index, 0), le32(index, 1);
+  const size_t index_at = file.size();
+  seal(file, index);
+  detail::put_varint(footer, meta_at), detail::put_varint(footer, meta.size());
+  detail::put_varint(footer, index_at), detail::put_varint(footer, index.size());
+  footer.resize(40, '\0');
+  le32(footer, 0x8b80fb57u), le32(footer, 0xdb477524u);  // the table magic
+  return testing::to_bytes(file + footer);
+}
+
+// 3000 such keys spell 4.5 MB from a 30 KB index (20000: 1.9 GB of memory from 100 KB, 5.5 s):
+// past 64 bytes of key per table byte the table is refused before the keys are built.
+TEST(TfCheckpoint, RefusesPrefixCompressedKeysThatOutgrowTheTable) {
+  const std::vector<std::byte> shard;
+  const std::span<const std::byte> shards[] = {shard};
+  EXPECT_EQ(parse_tf_checkpoint(table_of_growing_keys(100), shards, "small.index").entries.size(), 100u);
+  const auto index = table_of_growing_keys(3000);
+  try {
+    (void)parse_tf_checkpoint(index, shards, "grown.index");
+    FAIL() << "no error for " << index.size() << " bytes";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("grown.index: data block at offset 0: entry at byte"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("keys pass 64 times the table's size"), std::string::npos) << e.what();
+  }
+  // LevelDB's writer restarts every 16 keys (a whole key each time): the same keys make a
+  // ~300 KB table it reads (4.5 MB of keys, ~15 times the table).
+  std::vector<std::pair<std::string, std::string>> entries = {{"", std::string("\x08\x01", 2)}};
+  detail::ProtoWriter entry;
+  entry.fixed32(6, detail::crc32c_mask(0));
+  for (int i = 1; i <= 3000; ++i) entries.emplace_back(std::string(static_cast<size_t>(i), '\x01'), entry.str());
+  const auto written = testing::to_bytes(detail::build_leveldb_table(entries));
+  EXPECT_EQ(parse_tf_checkpoint(written, shards, "written.index").entries.size(), 3000u);
+}
+
 TEST(TfCheckpoint, MissingFilesAreIOErrors) {
   EXPECT_THROW((void)load_tf_checkpoint(temp_path("nothing")), IOError);
   const auto prefix = copy_checkpoint("dtypes");

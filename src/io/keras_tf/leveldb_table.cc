@@ -12,6 +12,11 @@ namespace {
 constexpr size_t kFooterSize = 48;  // two padded block handles (40 bytes) + 8-byte magic
 constexpr size_t kTrailerSize = 5;  // compression type byte + masked crc32c
 constexpr uint64_t kTableMagic = 0xdb4775248b80fb57ull;
+// Prefix compression lets n entries of a few bytes each spell keys of 1, 2, .., n bytes:
+// n^2 / 2 bytes of keys from about 5 n bytes of table (a 100 KB index made 1.9 GB). The keys
+// read may total at most this many times the table's bytes; TensorFlow's own indexes hold
+// 0.4-0.9 times (tests/fixtures), LevelDB's writer at most ~16 (a full key every 16).
+constexpr uint64_t kMaxKeyBytesPerTableByte = 64;
 
 struct BlockHandle {
   uint64_t offset = 0, size = 0;
@@ -61,9 +66,10 @@ std::span<const std::byte> read_block(std::span<const std::byte> table, BlockHan
   return contents;
 }
 
-// Entries of one block in order, keys made whole from their shared prefixes.
-std::vector<TableEntry> parse_block(std::span<const std::byte> block, uint64_t offset, const Context& ctx,
-                                    const char* what) {
+// Entries of one block in order, keys made whole from their shared prefixes; their
+// lengths are taken from `key_budget` (bytes the table's keys may still take).
+std::vector<TableEntry> parse_block(std::span<const std::byte> block, uint64_t offset, uint64_t& key_budget,
+                                    const Context& ctx, const char* what) {
   auto bad = [&](auto&&... args) { fail_at(ctx, what, " block at offset ", offset, ": ", args...); };
   if (block.size() < 4) bad("only ", block.size(), " bytes, too short for the restart count");
   const uint32_t num_restarts = load_le32(block.data() + block.size() - 4);
@@ -83,6 +89,11 @@ std::vector<TableEntry> parse_block(std::span<const std::byte> block, uint64_t o
     if (non_shared > end - pos || value_len > end - pos - non_shared) {
       bad("entry at byte ", start, " (", non_shared, " key + ", value_len, " value bytes) runs past the entries");
     }
+    if (shared + non_shared > key_budget) {
+      bad("entry at byte ", start, " makes the table's keys pass ", kMaxKeyBytesPerTableByte,
+          " times the table's size (prefix-compressed keys this long are not a TensorFlow index)");
+    }
+    key_budget -= shared + non_shared;
     key.resize(static_cast<size_t>(shared));
     key.append(reinterpret_cast<const char*>(block.data() + pos), static_cast<size_t>(non_shared));
     pos += static_cast<size_t>(non_shared);
@@ -116,13 +127,15 @@ std::vector<TableEntry> read_leveldb_table(std::span<const std::byte> table, con
   const BlockHandle meta = decode_handle(handles, pos, ctx, "metaindex");
   const BlockHandle index = decode_handle(handles, pos, ctx, "index");
   (void)read_block(table, meta, ctx, "metaindex");  // checked, unused (TF writes no filters)
-  const auto index_entries = parse_block(read_block(table, index, ctx, "index"), index.offset, ctx, "index");
+  uint64_t key_budget = kMaxKeyBytesPerTableByte * table.size();
+  const auto index_entries =
+      parse_block(read_block(table, index, ctx, "index"), index.offset, key_budget, ctx, "index");
   std::vector<TableEntry> out;
   for (const TableEntry& ie : index_entries) {
     size_t hp = 0;
     const BlockHandle h = decode_handle(ie.value, hp, ctx, "data");
     if (hp != ie.value.size()) fail_at(ctx, "index entry ", quote_name(ie.key), " has trailing bytes after its handle");
-    for (TableEntry& e : parse_block(read_block(table, h, ctx, "data"), h.offset, ctx, "data")) {
+    for (TableEntry& e : parse_block(read_block(table, h, ctx, "data"), h.offset, key_budget, ctx, "data")) {
       if (!out.empty() && !(out.back().key < e.key)) {
         fail_at(ctx, "keys out of order: ", quote_name(e.key), " after ", quote_name(out.back().key));
       }
