@@ -8,7 +8,7 @@ include(CMakePackageConfigHelpers)
 set(QKV_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/qkv)
 
 get_property(QKV_LAYERS GLOBAL PROPERTY QKV_LAYERS)
-install(TARGETS ${QKV_LAYERS} qkv EXPORT qkvTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(TARGETS ${QKV_LAYERS} qkv hwy EXPORT qkvTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})  # hwy: QkvHighway.cmake
 install(EXPORT qkvTargets NAMESPACE qkv:: DESTINATION ${QKV_CMAKE_DIR})
 
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/qkvConfig.cmake.in

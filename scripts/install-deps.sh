@@ -5,7 +5,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   python3-venv python3-dev                      # .venv and the Python extension's headers
   clang libclang-rt-14-dev libomp-dev          # libFuzzer targets and their sanitizers
-  libdnnl-dev libhwy-dev                        # GEMM (oneDNN) and SIMD (Highway)
+  libdnnl-dev                                   # GEMM (oneDNN); Highway 1.2.0 is built by CMake (cmake/QkvHighway.cmake)
   ocl-icd-opencl-dev                            # dnnl-config.cmake finds OpenCL; libdnnl-dev only recommends it
   libopenblas-openmp-dev                        # float64 GEMM (OpenBLAS, OpenMP threads)
   libgtest-dev libbenchmark-dev                 # tests and benchmarks

@@ -81,7 +81,7 @@ struct HalfRows {
   const void* Row(int64_t j) const { return x + j * d; }
   template <class D>
   HWY_INLINE hn::Vec<D> Load(D df, int64_t j, int64_t c) const {
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2
+#if QKV_HWY_AVX2_OR_AVX512
     if constexpr (kF16) {
       const hn::Rebind<hwy::float16_t, D> dh;
       return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(x + j * d + c)));
@@ -127,7 +127,7 @@ HWY_INLINE void PrefetchAhead(const R& rows, int64_t j, int64_t n, int64_t ahead
   for (int64_t c = 0; c < bytes; c += 64) hwy::Prefetch(p + c);
 }
 
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2
+#if QKV_HWY_AVX2_OR_AVX512
 // Per 128-bit block, the sums of that block's 4 lanes of a, b, c and d, in that order (float or
 // int32 lanes).
 template <class D, class V>
@@ -146,11 +146,11 @@ HWY_INLINE V BlockSums4(D d, V a, V b, V c, V e) {
 // SumOfLanes took 32: the reductions had been a third of the scores' time), else lane by lane.
 template <class D, class V>
 HWY_INLINE void Sum4(D df, V a, V b, V c, V d, float* out) {
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2
+#if QKV_HWY_AVX2_OR_AVX512
   const auto blocks = BlockSums4(df, a, b, c, d);  // a b c d per 128-bit block
   const hn::Half<D> dh;
   const auto half = hn::Add(hn::LowerHalf(dh, blocks), hn::UpperHalf(dh, blocks));
-#if HWY_TARGET == HWY_AVX3
+#if QKV_HWY_AVX512
   const hn::Half<decltype(dh)> dq;
   hn::StoreU(hn::Add(hn::LowerHalf(dq, half), hn::UpperHalf(dq, half)), dq, out);
 #else
@@ -439,6 +439,7 @@ HWY_INLINE void ScoreRowsInt(const int16_t* q16, const float* qm, const float* q
 // [keys, 4] buffer, turned into the rows of s per 64 keys. The generic loop (q16 reloaded for
 // every key, f spilled between keys) took 64 cycles a key row on an L2-resident chunk (Zen 4,
 // 3.6 GHz), the float loop 57, this with float scaling per row and block 38.
+#if QKV_HWY_AVX512  // (only AVX-512 calls it)
 template <class DF>
 HWY_INLINE void KeySums4(DF df, hn::Vec<DF> f0, hn::Vec<DF> f1, hn::Vec<DF> f2, hn::Vec<DF> f3, float* out) {
   // f_x: 4 blocks of the 4 rows' partial sums of key x -> out [4 keys, 4 rows]
@@ -498,10 +499,11 @@ HWY_INLINE void ScoreRowsInt4(const int16_t* q16, const float* qm, const float* 
     }
     for (int64_t r = 0; r < 4; ++r) {  // s = scale (sigma sum + qc)
       const float mul = scale * qm[r], add = scale * qc[r];
-      for (int64_t x = 0; x < m; ++x) s[r * lds + j0 + x] = mul * sums[x][r] + add;
+      for (int64_t i = 0; i < m; ++i) s[r * lds + j0 + i] = mul * sums[i][r] + add;
     }
   }
 }
+#endif  // QKV_HWY_AVX512
 #endif
 
 // int8 keys: the integer path where the query is in Int8Query's layout (d a multiple of 64)
@@ -513,7 +515,7 @@ void Int8Scores(const Int8Query& q, int64_t rows, const int8_t* k, const uint16_
   if (q.q16 != nullptr && d % 64 == 0) {
     int64_t r = 0;
     for (; r + kRows <= rows; r += kRows) {
-#if HWY_TARGET == HWY_AVX3
+#if QKV_HWY_AVX512
       if (d == 128) {
         ScoreRowsInt4<2>(q.q16 + r * d, q.scale + r, q.offset + r, keys, n, d, scale, s + r * lds, lds);
         continue;

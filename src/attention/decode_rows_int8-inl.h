@@ -104,7 +104,7 @@ HWY_INLINE void ValueBlockInt(const float* p, int64_t ldp, const Int8Rows& v, in
   }
 }
 
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2
+#if QKV_HWY_AVX2_OR_AVX512
 constexpr int64_t kPairGroups = 32;  // the pair path's largest dv / 16 (its weights on the stack)
 
 // The int16 weights of NR rows for the m pairs of keys from j0: wt[(q NR + r) G + g] holds, as two
@@ -248,7 +248,7 @@ template <int64_t NR>
 HWY_INLINE void ValueRowsPairs(const float* p, int64_t ldp, const Int8Rows& v, int64_t n, int64_t dv, float* o) {
   for (int64_t j0 = 0; j0 < n; j0 += kValueKeys) {
     const int64_t j1 = std::min(n, j0 + kValueKeys);
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2
+#if QKV_HWY_AVX2_OR_AVX512
     if (v.groups <= kPairGroups && PairBlock<NR>(p, ldp, v, j0, j1, n, dv, o)) continue;
 #endif
     ValueBlockInt<NR>(p, ldp, v, j0, j1, n, dv, o);

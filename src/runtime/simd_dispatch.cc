@@ -42,7 +42,7 @@ std::vector<int64_t> named_targets() {
   return targets;
 }
 
-// hwy::SupportedTargets() without its side effect: in Highway 1.0.3 a call with no test mock
+// hwy::SupportedTargets() without its side effect: in Highway (1.0.3, 1.2.0) a call with no test mock
 // re-detects the CPU and points the dispatch at all its targets, ignoring DisableTargets (its
 // caller, the dispatch's first call, then narrows it; any other caller left it so, and the next
 // kernels ran above the cap). Pointing it at what it returns is what that first call does.

@@ -4,8 +4,9 @@
 // (kernels/cpu/hwy_targets.h), which applies the cap before the process's first dispatch.
 //
 // QKV_MAX_SIMD_TARGET=<name>: a Highway target name as hwy::TargetName spells it (any case;
-// Highway 1.0.3 on x86: AVX3_DL, AVX3, AVX2, SSE4, SSSE3, EMU128, SCALAR, best first). Dispatch
-// then picks the best target qkv is compiled for (AVX3, AVX2, the fallback) that this CPU runs
+// Highway 1.2.0 on x86: AVX3_SPR, AVX3_ZEN4, AVX3_DL, AVX3, AVX2, SSE4, SSSE3, SSE2, EMU128, SCALAR,
+// best first). Dispatch then picks the best target qkv is compiled for (AVX3_DL, AVX3, AVX2, the
+// fallback: kernels/cpu/hwy_targets.h) that this CPU runs
 // and that is no better than <name>: AVX2 on this AVX-512 machine makes its kernels those of an
 // AVX2-only one. A cap above the CPU changes nothing (it is a maximum, as oneDNN's is). A name
 // Highway does not know, or one below every compiled target, makes the first dispatch and

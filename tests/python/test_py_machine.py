@@ -31,10 +31,15 @@ def test_machine_info_is_proc_cpuinfo_highway_and_onednn():
     assert info["cpu_model"] == cpuinfo_first("model name")
     assert info["logical_cpus"] == os.cpu_count()
     assert info["threads"] == qkv.get_num_threads()
-    avx512 = {"avx512f", "avx512vl", "avx512dq", "avx512bw"} <= flags
+    avx512 = {"avx512f", "avx512vl", "avx512dq", "avx512bw", "avx512cd"} <= flags
+    # Highway's AVX3_DL: AVX-512 with VNNI, VPCLMULQDQ, VBMI, VBMI2, VAES, VPOPCNTDQ, BITALG, GFNI
+    dl = avx512 and {"avx512_vnni", "vpclmulqdq", "avx512vbmi", "avx512_vbmi2", "vaes", "avx512_vpopcntdq",
+                     "avx512_bitalg", "gfni"} <= flags
     if os.environ.get("QKV_MAX_SIMD_TARGET"):
         pytest.fail("run these tests without QKV_MAX_SIMD_TARGET (the cap's tests set it themselves)")
-    if avx512:
+    if dl:
+        assert info["simd_target"] == "AVX3_DL"
+    elif avx512:
         assert info["simd_target"] == "AVX3"
     elif "avx2" in flags:
         assert info["simd_target"] == "AVX2"
@@ -128,12 +133,12 @@ def test_max_simd_target_caps_the_dispatch_and_every_machine_line_names_it(qkv_c
     # AVX2 where the CPU has it, else the fallback: a cap is a maximum, as ONEDNN_MAX_CPU_ISA's
     uncapped = qkv.machine_info()["simd_target"]
     assert info["simd_target"] == ("AVX2" if {"avx2", "fma", "f16c", "bmi2"} <= flags else uncapped)
-    # The fallback (SCALAR with GCC < 12.3, EMU128 with clang and newer GCC): a cap no compiled
-    # target but it meets (SSE4) picks it, and a cap at its own name too.
+    # The fallback (SSE2 on x86-64 with Highway 1.2): a cap no compiled target but it meets
+    # (SSE4) picks it, and a cap at its own name too.
     fallback = machine_info_under("SSE4")[0]["simd_target"]
-    assert fallback in ("SCALAR", "EMU128")
+    assert fallback == "SSE2"
     assert machine_info_under(fallback)[0]["simd_target"] == fallback
-    assert machine_info_under("AVX3_DL")[0]["simd_target"] == uncapped  # above qkv's targets
+    assert machine_info_under("AVX3_SPR")[0]["simd_target"] == uncapped  # above qkv's targets
     monkeypatch.setenv("QKV_MAX_SIMD_TARGET", "avx2")
     line = subprocess.run([qkv_cli, "info"], capture_output=True, text=True, timeout=60).stdout
     assert f"; Highway: {info['simd_target']} (QKV_MAX_SIMD_TARGET=avx2); oneDNN isa: " in line
@@ -148,7 +153,7 @@ def test_max_simd_target_caps_the_dispatch_and_every_machine_line_names_it(qkv_c
 
 def test_a_bad_max_simd_target_is_a_value_error_naming_it_at_first_use(qkv_cli):
     info, error = machine_info_under("AVX-512")
-    want = "QKV_MAX_SIMD_TARGET='AVX-512' names no Highway SIMD target: it takes one of AVX3_DL, AVX3, AVX2"
+    want = "QKV_MAX_SIMD_TARGET='AVX-512' names no Highway SIMD target: it takes one of AVX3_SPR, AVX3_ZEN4, AVX3_DL, AVX3, AVX2"
     assert want in error and want in info, (info, error)
     out = subprocess.run([qkv_cli, "info"], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, QKV_MAX_SIMD_TARGET="AVX-512"))

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -72,9 +73,10 @@ TEST(MachineInfo, FlagsAreTheIsaFlagsOfProcCpuinfo) {
   EXPECT_GE(info.logical_cpus, 1);
 }
 
-// Highway 1.0.3's x86 targets, best first, and the place of `name` among them.
+// Highway 1.2.0's x86 targets, best first, and the place of `name` among them.
 size_t simd_rank(std::string name) {
-  static const std::vector<std::string> order = {"AVX3_DL", "AVX3", "AVX2", "SSE4", "SSSE3", "EMU128", "SCALAR"};
+  static const std::vector<std::string> order = {"AVX3_SPR", "AVX3_ZEN4", "AVX3_DL", "AVX3",   "AVX2",
+                                                 "SSE4",     "SSSE3",     "SSE2",    "EMU128", "SCALAR"};
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::toupper(c); });
   const auto at = std::find(order.begin(), order.end(), name);
   EXPECT_NE(at, order.end()) << name;
@@ -86,13 +88,20 @@ TEST(MachineInfo, SimdTargetIsTheBestTargetTheKernelsDispatchTo) {
   ASSERT_FALSE(kernels::detail::simd_targets().empty());
   const std::string fallback = kernels::detail::simd_target_name(kernels::detail::simd_targets().back());
   EXPECT_EQ(info.simd_target, kernels::detail::simd_target_name(kernels::detail::simd_targets().front()));
-  // Highway's AVX3 needs AVX-512 F, VL, DQ and BW; AVX2 needs AVX2, FMA, F16C (and BMI). A run
-  // with QKV_TEST_SIMD_TARGET (avx2.machine) dispatches to that target instead.
+  // Highway's AVX3 needs AVX-512 F, VL, DQ, BW and CD; AVX3_DL those and VNNI, VPCLMULQDQ, VBMI,
+  // VBMI2, VAES, VPOPCNTDQ, BITALG and GFNI (hwy/targets.cc); AVX2 needs AVX2, FMA, F16C (and
+  // BMI). A run with QKV_TEST_SIMD_TARGET (avx2.machine) dispatches to that target instead.
   const std::set<std::string> f = cpu_flags();
+  const auto all = [&](std::initializer_list<const char*> names) {
+    return std::all_of(names.begin(), names.end(), [&](const char* n) { return f.count(n) > 0; });
+  };
   std::string best = fallback;
   if (!test::simd_target_from_env().empty()) {
     best = test::simd_target_from_env();
-  } else if (f.count("avx512f") && f.count("avx512vl") && f.count("avx512dq") && f.count("avx512bw")) {
+  } else if (all({"avx512f", "avx512vl", "avx512dq", "avx512bw", "avx512cd", "avx512_vnni", "vpclmulqdq", "avx512vbmi",
+                  "avx512_vbmi2", "vaes", "avx512_vpopcntdq", "avx512_bitalg", "gfni"})) {
+    best = "AVX3_DL";
+  } else if (all({"avx512f", "avx512vl", "avx512dq", "avx512bw", "avx512cd"})) {
     best = "AVX3";
   } else if (f.count("avx2") && f.count("fma") && f.count("f16c") && f.count("bmi2")) {
     best = "AVX2";
@@ -101,7 +110,7 @@ TEST(MachineInfo, SimdTargetIsTheBestTargetTheKernelsDispatchTo) {
   const char* cap = std::getenv("QKV_MAX_SIMD_TARGET");
   const size_t most = std::max(simd_rank(best), cap != nullptr && *cap != '\0' ? simd_rank(cap) : 0);
   std::string expected;
-  for (const std::string& compiled : {std::string("AVX3"), std::string("AVX2"), fallback}) {
+  for (const std::string& compiled : {std::string("AVX3_DL"), std::string("AVX3"), std::string("AVX2"), fallback}) {
     if (expected.empty() && simd_rank(compiled) >= most) expected = compiled;
   }
   EXPECT_EQ(info.simd_target, expected);

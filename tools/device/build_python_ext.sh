@@ -2,14 +2,14 @@
 # Builds the _qkv extension for THIS machine's python3 from qkv's static libraries
 # built elsewhere (build/<preset>/src/libqkv_*.a), without CMake: for the device
 # machine, whose Python (3.12) differs from the build machine's (3.11) and which has
-# no oneDNN / Highway / OpenBLAS / HDF5 development packages (their shared objects
+# no oneDNN / OpenBLAS / HDF5 development packages (their shared objects
 # travel in a folder, -L). docs/python.md ("CUDA tensors") shows the whole sequence.
 #
 #   tools/device/build_python_ext.sh [-L <shared-lib-dir>] [-j N] <static-lib-dir> <out-dir>
 #
 # Compiles python/src/*.cc and nanobind's sources (those nb_combined.cpp includes)
 # with python3's headers (-O2 -std=c++20 -fPIC, N jobs, default: all cores) and
-# links them with the static libraries libqkv_*.a (one group: no order to get wrong), the
+# links them with the static libraries libqkv_*.a and libhwy.a (one group: no order to get wrong), the
 # CUDA runtime when the libraries were built with it (libcudart_static.a of the
 # toolkit: $CUDA_HOME, else nvcc's, else /usr/local/cuda), and every shared object in
 # <shared-lib-dir> (as needed; rpath set to that folder). <out-dir> then holds
@@ -69,6 +69,9 @@ done
 for l in runtime tensor ops nn io io_keras io_png; do
   [ -f "$lib_dir/libqkv_$l.a" ] || { echo "$0: $lib_dir/libqkv_$l.a is missing" >&2; exit 1; }
 done
+# Highway, built with qkv as a static library (cmake/QkvHighway.cmake: build/<preset>/_deps/hwy-build/libhwy.a)
+[ -f "$lib_dir/libhwy.a" ] || { echo "$0: $lib_dir/libhwy.a is missing (build/<preset>/_deps/hwy-build)" >&2; exit 1; }
+static_paths+=("$lib_dir/libhwy.a")
 
 # The CUDA runtime, when the static libraries call it (a QKV_CUDA build).
 cuda_libs=""

@@ -2,13 +2,17 @@
 // dispatch file (softmax_cpu.cc, copy_transpose.cc, and any new *-inl.h user) includes this
 // header first, before any hwy/ header, so that all kernels dispatch over the same list.
 //
-// Targets: AVX-512 (AVX3), AVX2 and the portable fallback (SCALAR with GCC 12.2,
-// EMU128 with clang and GCC >= 12.3). SSSE3 and SSE4 are left out: each target is
-// one more compile of every kernel, and CPUs without AVX2 run the fallback. The
-// fallback stays on: with Highway 1.0.3, disabling HWY_EMU128 is a build
-// error ("At least one baseline target must be defined and enabled") wherever EMU128
-// is the baseline. The list is a macro of this header, not a -D flag of the build,
-// so that every file that compiles Highway code gets the same list whichever target
+// Targets (Highway 1.2.0, cmake/QkvHighway.cmake): AVX3_DL (AVX-512 with VNNI, VBMI2 and
+// friends: Ice Lake server, Sapphire Rapids, Zen 4 and later), AVX3 (AVX-512), AVX2 and the
+// portable fallback (SCALAR with GCC 12.2, EMU128 with clang and GCC >= 12.3). AVX3_DL's use
+// here: Highway's int16 ReorderWidenMulAccumulate is one vpdpwssd there (vpmaddwd + vpaddd on
+// AVX3), the int8 decode kernels' multiply-adds (docs/decode_int8.md, "Highway 1.2"). Left out:
+// SSSE3 and SSE4 (each target is one more compile of every kernel, and CPUs without AVX2 run the
+// fallback), AVX3_ZEN4 (AMD only in Highway; Zen 4 runs AVX3_DL) and AVX3_SPR (AVX-512 FP16,
+// which no machine here could run to test; Sapphire Rapids runs AVX3_DL). The fallback stays
+// on: disabling HWY_EMU128 is a build error ("At least one baseline target must be defined and
+// enabled") wherever EMU128 is the baseline. The list is a macro of this header, not a -D flag of
+// the build, so that every file that compiles Highway code gets the same list whichever target
 // builds it (ctest layering.hwy_targets checks that each dispatch file includes it).
 #pragma once
 
@@ -19,7 +23,14 @@
 #endif
 
 #undef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4 | HWY_AVX3_ZEN4 | HWY_AVX3_SPR)
+#undef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL  // Highway compiles AVX3_DL only when asked
+
+// The compiled target (HWY_TARGET, one per pass of foreach_target) by vector ISA, for kernels
+// with code for AVX-512 or AVX2 only.
+#define QKV_HWY_AVX512 (HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3)
+#define QKV_HWY_AVX2_OR_AVX512 (QKV_HWY_AVX512 || HWY_TARGET == HWY_AVX2)
 
 // HWY_DYNAMIC_DISPATCH of FUNC after QKV_MAX_SIMD_TARGET's cap is applied (runtime/simd_dispatch.h):
 // every dispatch of qkv goes through it (ctest layering.hwy_targets), so that no kernel runs
