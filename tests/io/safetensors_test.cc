@@ -222,6 +222,22 @@ TEST(Safetensors, RejectsBadJson) {
   }
 }
 
+// As the reference: safetensors 0.8.0 (serde_json) loads 125 arrays nested in a tensor's
+// unknown field (127 levels with the two objects around them) and refuses 126 ("recursion limit
+// exceeded"). nlohmann built any depth: 20M levels in a 40 MB header took 1.5 GB and 5.3 s.
+TEST(Safetensors, RejectsJsonNestedAsDeepAsTheReferenceRefuses) {
+  const std::string one(std::string_view("\0\0\x80\x3f", 4));  // 1.0f
+  auto nested = [](int n) {
+    return R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":)" + std::string(static_cast<size_t>(n), '[') +
+           std::string(static_cast<size_t>(n), ']') + "}}";
+  };
+  EXPECT_EQ(parse_safetensors(st_file(nested(125), one), "n.safetensors").tensors.at("a").item({0}), 1.0);
+  for (const int n : {126, 1000000}) {
+    EXPECT_THROW_WITH(parse_safetensors(st_file(nested(n), one), "n.safetensors"), FormatError,
+                      "parse_safetensors: n.safetensors: header nests JSON 128 levels deep, which the reference");
+  }
+}
+
 TEST(Safetensors, RejectsMalformedEntries) {
   struct Case {
     std::string header;
