@@ -1,5 +1,6 @@
 // einsum oracle: one odometer over every label, float64 accumulation. Shares only
 // the parser with the fast path; no planning, no views, no GEMM.
+#include <cmath>
 #include <vector>
 
 #include "einsum/parse.h"
@@ -54,7 +55,18 @@ Tensor einsum_reference(std::string_view equation, std::span<const Tensor> opera
     while (j > 0 && ++idx[j - 1] == spec.sizes[labels[j - 1]]) idx[--j] = 0;
     if (j == 0) break;
   }
-  return Tensor::from_vector(out, out_shape).to(einsum_detail::result_dtype(operands));
+  // int8/int32 results wrap modulo 2^8/2^32 as numpy's integer sums do (a cast of the
+  // float64 sums would saturate); fmod is exact, so this is the exact sum's residue.
+  const DType result = einsum_detail::result_dtype(operands);
+  if (result == DType::i8 || result == DType::i32) {
+    const double m = result == DType::i8 ? 256.0 : 4294967296.0;
+    for (double& v : out) {
+      v = std::fmod(v, m);  // (-m, m), the sign of v
+      if (v >= m / 2) v -= m;
+      if (v < -m / 2) v += m;
+    }
+  }
+  return Tensor::from_vector(out, out_shape).to(result);
 }
 
 }  // namespace qkv

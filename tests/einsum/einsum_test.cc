@@ -213,6 +213,34 @@ TEST(Einsum, ResultTypePromotion) {
   EXPECT_EQ(einsum("i,i", {f16, f16}).item(), 3.0);
 }
 
+// numpy's integer sums wrap modulo 2^8 / 2^32 (the values below are numpy 2.4.6's), and so do
+// einsum's since a831bb2; the reference saturated (127 for -128), and the einsum fuzzer's
+// committed seed 'ab,bc,ad' (64 x 2 int8 ones: 128) stopped on it at once.
+TEST(Einsum, IntegerOverflowWrapsInEinsumAndTheReference) {
+  struct Overflow {
+    std::string equation;
+    std::vector<Tensor> ops;
+    std::vector<double> numpy;
+  };
+  const std::vector<Overflow> cases = {
+      {"i,i", {Tensor::full({30}, 100, DType::i8), Tensor::full({30}, 100, DType::i8)}, {-32}},
+      {"i,i->", {Tensor::full({3}, 50000, DType::i32), Tensor::full({3}, 50000, DType::i32)}, {-1089934592}},
+      {"ab,bc,ad",
+       {Tensor::ones({64, 2}, DType::i8), Tensor::ones({2, 1}, DType::i8), Tensor::ones({64, 4}, DType::i8)},
+       {-128, -128, -128, -128}},
+      {"i,i->", {Tensor::full({2}, -128, DType::i8), Tensor::ones({2}, DType::i8)}, {0}},
+  };
+  for (const Overflow& c : cases) {
+    SCOPED_TRACE(c.equation);
+    EXPECT_EQ(einsum_reference(c.equation, c.ops).to_vector<double>(), c.numpy);
+    for (EinsumOptimize opt : {EinsumOptimize::none, EinsumOptimize::greedy, EinsumOptimize::optimal}) {
+      EinsumOptions options;
+      options.optimize = opt;
+      EXPECT_EQ(einsum(c.equation, c.ops, options).to_vector<double>(), c.numpy) << einsum_optimize_name(opt);
+    }
+  }
+}
+
 TEST(Einsum, HalfInputsAreComputedInFloat32) {
   // Every element is 64 * h^2 with h = 0.1 in f16 (0.0999755859375): in float64,
   // 0.63968753814697265625 exactly. An f32 accumulation rounds it once to f16 (half
