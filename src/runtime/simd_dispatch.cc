@@ -118,7 +118,7 @@ int64_t parse_simd_target_cap(const char* value) {
 void set_simd_target_cap(int64_t target) {
   // Every target better than `target` (lower bits). The dispatch is pointed at the capped
   // targets here, before the cap counts as applied: left to Highway's re-choice at the next
-  // dispatch, threads dispatching together each re-detected the CPU (Highway 1.0.3's
+  // dispatch, threads dispatching together each re-detected the CPU (Highway's
   // SupportedTargets points the dispatch at every target it has) and one could run above the cap.
   hwy::DisableTargets(target == 0 ? 0 : target - 1);
   (void)supported_targets();

@@ -4,14 +4,14 @@
 //
 // Targets (Highway 1.2.0, cmake/QkvHighway.cmake): AVX3_DL (AVX-512 with VNNI, VBMI2 and
 // friends: Ice Lake server, Sapphire Rapids, Zen 4 and later), AVX3 (AVX-512), AVX2 and the
-// portable fallback (SCALAR with GCC 12.2, EMU128 with clang and GCC >= 12.3). AVX3_DL's use
+// baseline fallback (SSE2 on x86-64; EMU128 or SCALAR elsewhere). AVX3_DL's use
 // here: Highway's int16 ReorderWidenMulAccumulate is one vpdpwssd there (vpmaddwd + vpaddd on
 // AVX3), the int8 decode kernels' multiply-adds (docs/decode_int8.md, "Highway 1.2"). Left out:
 // SSSE3 and SSE4 (each target is one more compile of every kernel, and CPUs without AVX2 run the
 // fallback), AVX3_ZEN4 (AMD only in Highway; Zen 4 runs AVX3_DL) and AVX3_SPR (AVX-512 FP16,
 // which no machine here could run to test; Sapphire Rapids runs AVX3_DL). The fallback stays
-// on: disabling HWY_EMU128 is a build error ("At least one baseline target must be defined and
-// enabled") wherever EMU128 is the baseline. The list is a macro of this header, not a -D flag of
+// on: disabling the baseline target is a build error ("At least one baseline target must be
+// defined and enabled"). The list is a macro of this header, not a -D flag of
 // the build, so that every file that compiles Highway code gets the same list whichever target
 // builds it (ctest layering.hwy_targets checks that each dispatch file includes it).
 #pragma once
