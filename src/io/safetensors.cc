@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/io_internal.h"
+#include "io/json_nesting.h"
 
 namespace qkv::io {
 namespace detail {
@@ -20,7 +21,7 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference's MAX_HEADER_SIZE
 // The reference's serde_json refuses JSON nested 128 levels deep ("recursion limit exceeded").
 // nlohmann would build it: 20M levels of "[" in a 40 MB header took 1.5 GB and 5.3 s.
-constexpr int kMaxJsonLevels = 127;
+constexpr JsonNesting kHeaderNesting{127, "header", ", which the reference (serde_json) refuses"};
 
 // One dtype of the format. The table is in the reference's enum order, which is
 // increasing alignment; the writer sorts by it (widest first).
@@ -81,15 +82,10 @@ uint64_t read_header_length(std::span<const std::byte> first8, uint64_t file_siz
 }
 
 // Parses JSON rejecting duplicate keys in the top two object levels (nlohmann would
-// keep the last one silently; serde rejects duplicate fields) and nesting past kMaxJsonLevels.
+// keep the last one silently; serde rejects duplicate fields) and nesting past kHeaderNesting.
 json parse_json(std::string_view text, const Context& ctx) {
   std::vector<std::set<std::string>> keys;  // per open object, by depth
   const json::parser_callback_t reject_duplicates = [&](int depth, json::parse_event_t event, json& parsed) {
-    // depth: the containers around this one
-    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
-        depth >= kMaxJsonLevels) {
-      fail_at(ctx, "header nests JSON ", kMaxJsonLevels + 1, " levels deep, which the reference (serde_json) refuses");
-    }
     if (depth > 2) return true;
     const auto d = static_cast<size_t>(depth);
     if (event == json::parse_event_t::object_start) {
@@ -101,11 +97,7 @@ json parse_json(std::string_view text, const Context& ctx) {
     }
     return true;
   };
-  try {
-    return json::parse(text.begin(), text.end(), reject_duplicates);
-  } catch (const json::exception& e) {
-    fail_at(ctx, "header is not valid JSON: ", printable(e.what()));  // it quotes the bytes read
-  }
+  return parse_json_nesting_at_most(text, kHeaderNesting, ctx, reject_duplicates);
 }
 
 uint64_t get_count(const json& value, const std::string& name, const char* field, const Context& ctx) {

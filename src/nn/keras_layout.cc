@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
+#include "io/json_nesting.h"
 #include "qkv/error.h"
 #include "qkv/nn/keras_layers.h"
 
@@ -236,7 +237,9 @@ TfKerasCheckpoint tf_keras_checkpoint_keys(const LayerWeights& layers, const std
 
 std::vector<std::string> keras_config_layer_order(const std::string& config_json) {
   std::vector<std::string> out;
-  const auto j = nlohmann::json::parse(config_json, nullptr, false);
+  const io::detail::Context ctx{"keras_config_layer_order", "config_json"};
+  const auto j = io::detail::parse_json_nesting_at_most(
+      config_json, {io::detail::kMaxKerasConfigLevels, "it", io::detail::kKerasConfigTooDeep}, ctx);
   if (!j.is_object() || !j.contains("config") || !j["config"].is_object()) return out;
   const auto& layers = j["config"].value("layers", nlohmann::json::array());
   if (!layers.is_array()) return out;

@@ -126,6 +126,29 @@ TEST(KerasArchiveWriter, RoundTripsThroughTheZipReader) {
   EXPECT_THROW(save_keras_archive(path, paths, "{not json"), ValueError);
 }
 
+// A deflated config.json inflates up to 1 GiB (1032:1), and nlohmann builds JSON of any
+// depth: 1 MB of '[' could ask for tens of GB. 1000 levels are read (Keras' Python json
+// refuses about as many), 1001 are a FormatError naming the member, before anything is built.
+TEST(KerasArchive, RejectsConfigNestedPastTheLimit) {
+  const KerasArchive keras = load_keras_archive(fixture("seed001", "model.keras"));
+  const std::map<std::string, Tensor> paths = keras3_paths(keras_layer_weights(keras.weights));
+  auto config = [](size_t arrays) {  // 4 levels around the arrays: {"config": {"layers": [{...
+    return R"({"config":{"layers":[{"name":"a","x":)" + std::string(arrays, '[') + std::string(arrays, ']') + "}]}}";
+  };
+  const auto path = temp_path("deep.keras");
+  save_keras_archive(path, paths, config(996));
+  EXPECT_EQ(keras_config_layer_order(load_keras_archive(path).config_json), std::vector<std::string>{"a"});
+  for (const size_t arrays : {size_t{997}, size_t{1'000'000}}) {
+    save_keras_archive(path, paths, config(arrays));
+    EXPECT_THROW_WITH((void)load_keras_archive(path), FormatError,
+                      path.string() + ": config.json nests JSON 1001 levels deep, more than the 1000 qkv reads");
+    EXPECT_THROW_WITH((void)keras_config_layer_order(config(arrays)), FormatError,
+                      "keras_config_layer_order: config_json: it nests JSON 1001 levels deep");
+  }
+  EXPECT_THROW_WITH((void)keras_config_layer_order("{not json"), FormatError,
+                    "keras_config_layer_order: config_json: it is not valid JSON: ");
+}
+
 TEST(KerasArchiveWriter, InMemoryWeightsFileParsesAsWritten) {
   const std::map<std::string, Tensor> t = {{"layers/d/vars/0", Tensor::ones({2, 2})},
                                            {"layers/d/vars/1", Tensor::from_vector<double>({}, {0}).to(DType::f32)}};

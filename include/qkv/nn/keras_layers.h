@@ -55,7 +55,8 @@ std::vector<std::string> ordered_layers(const LayerWeights& layers, const std::v
 // tf.keras .h5 files; name order for Keras 3 .weights.h5, whose paths carry no order).
 std::vector<std::string> keras_layer_order(const io::WeightFile& file);
 // The layer names of a Keras config.json (config.layers[].name) in model order; empty
-// when the JSON has no such list.
+// when the JSON has no such list. FormatError when it is not valid JSON or nests more
+// than 1000 levels deep (as load_keras_archive).
 std::vector<std::string> keras_config_layer_order(const std::string& config_json);
 // A layer's weights in Keras' order: query kernel, query bias, key..., value...,
 // attention_output..., kernel, bias, then any others by name.
