@@ -49,7 +49,8 @@ int64_t sizes_product(const char* layer, const char* what, int64_t a, int64_t b,
 void no_unexpected_keys(const std::map<std::string, Tensor>& sd, const char* layer,
                         std::initializer_list<const char*> names) {
   std::string unexpected;
-  for (const auto& [key, t] : sd) {
+  for (const auto& entry : sd) {
+    const std::string& key = entry.first;  // not a structured binding: clang 14 refuses one captured by a lambda
     if (std::find_if(names.begin(), names.end(), [&](const char* n) { return key == n; }) == names.end()) {
       unexpected += (unexpected.empty() ? "" : ", ") + key;
     }
