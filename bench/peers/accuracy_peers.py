@@ -52,50 +52,55 @@ def errors(got, ref):
     return float(np.abs(d).max() / np.abs(ref).max()), float(np.sqrt((d * d).mean() / (ref * ref).mean()))
 
 
-def attention_table(a, qkv, torch):
-    print("| L | D | causal | qkv max | torch max | ratio | qkv RMS | torch RMS | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
+def cases(a, arrays):
+    """(L, D, causal, inputs): inputs holds, per seed, `arrays` standard-normal float32 [1, H, L, D]."""
     for L in map(int, a.L.split(",")):
         for D in map(int, a.D.split(",")):
             for causal in map(int, a.causal.split(",")):
-                eq, et = [], []
+                inputs = []
                 for seed in range(a.seeds):
                     rng = np.random.default_rng(1000 * seed + D + L)
-                    q, k, v = (rng.standard_normal((1, a.H, L, D)).astype(np.float32) for _ in range(3))
-                    ref = oracle(q, k, v, causal)
-                    eq.append(errors(qkv.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)), ref))
-                    with torch.no_grad():
-                        t = torch.nn.functional.scaled_dot_product_attention(
-                            *(torch.from_numpy(x) for x in (q, k, v)), is_causal=bool(causal))
-                    et.append(errors(t.numpy(), ref))
-                mq, mt = np.mean(eq, 0), np.mean(et, 0)
-                print(f"| {L} | {D} | {causal} | {mq[0]:.2e} | {mt[0]:.2e} | {mq[0] / mt[0]:.2f} | "
-                      f"{mq[1]:.2e} | {mt[1]:.2e} | {mq[1] / mt[1]:.2f} |", flush=True)
+                    inputs.append(tuple(rng.standard_normal((1, a.H, L, D)).astype(np.float32) for _ in range(arrays)))
+                yield L, D, causal, inputs
+
+
+def cells(mq, mt):
+    """qkv's and torch's (max, RMS) errors and their ratios, as table cells."""
+    return (f"{mq[0]:.2e} | {mt[0]:.2e} | {mq[0] / mt[0]:.2f} | "
+            f"{mq[1]:.2e} | {mt[1]:.2e} | {mq[1] / mt[1]:.2f} |")
+
+
+def attention_table(a, qkv, torch):
+    print("| L | D | causal | qkv max | torch max | ratio | qkv RMS | torch RMS | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for L, D, causal, inputs in cases(a, 3):
+        eq, et = [], []
+        for q, k, v in inputs:
+            ref = oracle(q, k, v, causal)
+            eq.append(errors(qkv.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)), ref))
+            with torch.no_grad():
+                t = torch.nn.functional.scaled_dot_product_attention(
+                    *(torch.from_numpy(x) for x in (q, k, v)), is_causal=bool(causal))
+            et.append(errors(t.numpy(), ref))
+        print(f"| {L} | {D} | {causal} | " + cells(np.mean(eq, 0), np.mean(et, 0)), flush=True)
 
 
 def backward_table(a, qkv, torch):
     print("| L | D | causal | gradient | qkv max | torch max | ratio | qkv RMS | torch RMS | ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for L in map(int, a.L.split(",")):
-        for D in map(int, a.D.split(",")):
-            for causal in map(int, a.causal.split(",")):
-                eq, et = [], []
-                for seed in range(a.seeds):
-                    rng = np.random.default_rng(1000 * seed + D + L)
-                    q, k, v, do = (rng.standard_normal((1, a.H, L, D)).astype(np.float32) for _ in range(4))
-                    ref = oracle_backward(q, k, v, do, causal)
-                    out, lse = qkv.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), return_logsumexp=True)
-                    got = qkv.scaled_dot_product_attention_backward(q, k, v, out, do, lse, is_causal=bool(causal))
-                    eq.append([errors(g, r) for g, r in zip(got, ref)])
-                    t = [torch.from_numpy(x).requires_grad_() for x in (q, k, v)]
-                    torch.nn.functional.scaled_dot_product_attention(*t, is_causal=bool(causal)).backward(
-                        torch.from_numpy(do))
-                    et.append([errors(x.grad.numpy(), r) for x, r in zip(t, ref)])
-                mq, mt = np.mean(eq, 0), np.mean(et, 0)  # [gradient, (max, RMS)]
-                for g, name in enumerate(("dq", "dk", "dv")):
-                    print(f"| {L} | {D} | {causal} | {name} | {mq[g][0]:.2e} | {mt[g][0]:.2e} | "
-                          f"{mq[g][0] / mt[g][0]:.2f} | {mq[g][1]:.2e} | {mt[g][1]:.2e} | {mq[g][1] / mt[g][1]:.2f} |",
-                          flush=True)
+    for L, D, causal, inputs in cases(a, 4):
+        eq, et = [], []
+        for q, k, v, do in inputs:
+            ref = oracle_backward(q, k, v, do, causal)
+            out, lse = qkv.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), return_logsumexp=True)
+            got = qkv.scaled_dot_product_attention_backward(q, k, v, out, do, lse, is_causal=bool(causal))
+            eq.append([errors(g, r) for g, r in zip(got, ref)])
+            t = [torch.from_numpy(x).requires_grad_() for x in (q, k, v)]
+            torch.nn.functional.scaled_dot_product_attention(*t, is_causal=bool(causal)).backward(torch.from_numpy(do))
+            et.append([errors(x.grad.numpy(), r) for x, r in zip(t, ref)])
+        mq, mt = np.mean(eq, 0), np.mean(et, 0)  # [gradient, (max, RMS)]
+        for g, name in enumerate(("dq", "dk", "dv")):
+            print(f"| {L} | {D} | {causal} | {name} | " + cells(mq[g], mt[g]), flush=True)
 
 
 def chained(q, k, block):
