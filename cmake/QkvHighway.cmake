@@ -3,9 +3,9 @@
 # Version 1.2.0, the one Debian 13 ships, from Debian's archive (the upstream release tarball,
 # byte for byte google/highway's tag 1.2.0; pinned by its SHA-256), not Debian 12's libhwy-dev
 # 1.0.3: on CPUs with AVX-512 VNNI, 1.0.3's ReorderWidenMulAccumulate on int16 is vpmaddwd and
-# a vpaddd on every target, where 1.2.0's AVX3_ZEN4 target (Zen 4, Sapphire Rapids and later)
-# issues vpdpwssd, one instruction: the int8 decode kernels' multiply-adds (docs/decode_int8.md,
-# "Highway 1.2"). Offline: -DFETCHCONTENT_SOURCE_DIR_HWY=<an unpacked highway-1.2.0> (or
+# a vpaddd on every target, where 1.2.0's AVX3_DL target (Ice Lake server, Sapphire Rapids, Zen 4
+# and later; the target list: src/kernels/cpu/hwy_targets.h) issues vpdpwssd, one instruction: the
+# int8 decode kernels' multiply-adds (docs/decode_int8.md, "Highway 1.2"). Offline: -DFETCHCONTENT_SOURCE_DIR_HWY=<an unpacked highway-1.2.0> (or
 # FETCHCONTENT_FULLY_DISCONNECTED=ON once build/_deps holds it).
 include(FetchContent)
 set(QKV_HWY_URL "https://deb.debian.org/debian/pool/main/h/highway/highway_1.2.0.orig.tar.gz"
