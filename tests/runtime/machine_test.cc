@@ -6,11 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <initializer_list>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <set>
 #include <sstream>
 #include <string>
@@ -95,13 +95,14 @@ TEST(MachineInfo, SimdTargetIsTheBestTargetTheKernelsDispatchTo) {
   const auto all = [&](std::initializer_list<const char*> names) {
     return std::all_of(names.begin(), names.end(), [&](const char* n) { return f.count(n) > 0; });
   };
+  const bool avx3 = all({"avx512f", "avx512vl", "avx512dq", "avx512bw", "avx512cd"});
   std::string best = fallback;
   if (!test::simd_target_from_env().empty()) {
     best = test::simd_target_from_env();
-  } else if (all({"avx512f", "avx512vl", "avx512dq", "avx512bw", "avx512cd", "avx512_vnni", "vpclmulqdq", "avx512vbmi",
-                  "avx512_vbmi2", "vaes", "avx512_vpopcntdq", "avx512_bitalg", "gfni"})) {
+  } else if (avx3 && all({"avx512_vnni", "vpclmulqdq", "avx512vbmi", "avx512_vbmi2", "vaes", "avx512_vpopcntdq",
+                          "avx512_bitalg", "gfni"})) {
     best = "AVX3_DL";
-  } else if (all({"avx512f", "avx512vl", "avx512dq", "avx512bw", "avx512cd"})) {
+  } else if (avx3) {
     best = "AVX3";
   } else if (f.count("avx2") && f.count("fma") && f.count("f16c") && f.count("bmi2")) {
     best = "AVX2";

@@ -28,9 +28,10 @@
 #define HWY_WANT_AVX3_DL  // Highway compiles AVX3_DL only when asked
 
 // The compiled target (HWY_TARGET, one per pass of foreach_target) by vector ISA, for kernels
-// with code for AVX-512 or AVX2 only.
-#define QKV_HWY_AVX512 (HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3)
-#define QKV_HWY_AVX2_OR_AVX512 (QKV_HWY_AVX512 || HWY_TARGET == HWY_AVX2)
+// with code for AVX-512 or AVX2 only: Highway's x86 targets are ordered, better ones lower, so
+// every AVX-512 target (AVX3_DL, AVX3, and any this list enables later) is <= HWY_AVX3.
+#define QKV_HWY_AVX512 (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3)
+#define QKV_HWY_AVX2_OR_AVX512 (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2)
 
 // HWY_DYNAMIC_DISPATCH of FUNC after QKV_MAX_SIMD_TARGET's cap is applied (runtime/simd_dispatch.h):
 // every dispatch of qkv goes through it (ctest layering.hwy_targets), so that no kernel runs
