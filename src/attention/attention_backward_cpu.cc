@@ -279,21 +279,30 @@ void run_item(const Backward<T>& bw, int64_t b, const Part& part, Scratch<T>& sc
 }
 
 // The tiles of the backward: the call's own (options.tuning), else QKV_FLASH_TILES,
-// else 256 x 256 (causal: below). Measured with BM_FlashBackward (2 threads, AMD EPYC Zen 4, D = 64,
-// two sweeps each, GFLOP/s): 64x128 100-104 at (4, 8, 1024, 64), 128x128 123-132,
-// 256x128 138-140, 256x256 136-153, 512x256 145-153, 256x512 108-115 (and 150-157 at
-// L = 4096), 512x512 118-136. Five products per tile pair make small tiles pay
-// oneDNN's per-call cost five times; 256 x 256 was the best or near it at every shape.
+// else 256 x 512 (causal: below). Five products per tile pair make small tiles pay
+// oneDNN's per-call cost five times. Measured with BM_FlashBackward before K/V were packed
+// (2 threads, AMD EPYC Zen 4, D = 64, GFLOP/s): 64x128 100-104 at (4, 8, 1024, 64), 128x128
+// 123-132, 256x128 138-140, 256x256 136-153, 512x256 145-153, 256x512 108-115, 512x512 118-136.
+// With K_j and V_j packed once per key tile (packed_tiles) 256 x 512 took the lead
+// (2026-11-27, `qkv bench attention --backward`, QKV_FLASH_TILES alternated, backward ms):
+// 1 thread pinned, (1, 1, 16384, 128) 3395-3419 against 3538-3548 for 256 x 256 (-4%),
+// (1, 1, 8192, 128) 830-845 / 868-897, (1, 2, 2048, 128) 105.1-105.2 / 107.8-110.0,
+// (1, 1, 16384, 64) 1763-1821 / 1837-1839, D = 256 / 512 and L <= 1024 within +-3% noise;
+// 2 threads, three pairs: (1, 16, 4096, 64) 885-912 / 921-957, (4, 8, 1024, 64) 110.2-111.9 /
+// 112.2-113.3, (1, 8, 512, 64) 6.91-7.05 / 6.99-7.15; 128 x 512 and 512 x 512 between the two.
 // Causal: 128 x 128 (smaller tiles compute less of the masked triangle), measured the
 // same way at causal (1, 8, 512, 64) / (4, 8, 1024, 64) / (1, 16, 4096, 64): 128x128 106-125 /
 // 136 / 140-146 GFLOP/s, 256x256 104-105 / 122-133 / 142-143, 64x64 80-99 / 88-121 / 107-119.
 // Long causal problems (Lq and Lk >= kLongCausal, 8192: flash_tiles.h, the forward's
 // threshold too) take 256 x 256 again: the masked triangle is
 // <= 3% of a row's keys there; at causal (1, 8, 16384, 128), 2 threads, two runs each:
-// 7443 / 7764 ms against 8095 / 8448 with 128 x 128 (+8%).
+// 7443 / 7764 ms against 8095 / 8448 with 128 x 128 (+8%); 256 x 512 was no better there
+// ((1, 2, 8192, 128) causal 447-468 ms against 448-463, (1, 1, 16384, 64) 467-470 / 457-462).
 FlashTiles backward_tiles(const FlashTiles& requested, bool causal, int64_t lq, int64_t lk) {
   const bool short_causal = causal && std::min(lq, lk) < kLongCausal;
-  const FlashTiles automatic = short_causal ? FlashTiles{128, 128} : FlashTiles{256, 256};
+  const FlashTiles automatic = short_causal ? FlashTiles{128, 128}
+                               : causal     ? FlashTiles{256, 256}
+                                            : FlashTiles{256, 512};
   FlashTiles t = requested.is_auto() ? flash_tiles_from_env().value_or(automatic) : requested;
   t.br = std::max<int64_t>(1, std::min(t.br, lq));
   t.bc = std::max<int64_t>(1, std::min(t.bc, lk));

@@ -336,17 +336,17 @@ TEST(FlashAttentionBackward, ConcurrentCallsWithKeyTilePartsEnd) {
 
 // The float32 backward's S = Q_i K_j^T and dP = dO_i V_j^T on K_j and V_j packed once per
 // key tile (attention_backward_cpu.cc packed_tiles: more than one query tile, no causal
-// masking): whole key tiles of 64, 128 and 256 (automatic) packed, a ragged last one not,
+// masking): whole key tiles of 64, 128, 256 and 512 (automatic) packed, a ragged last one not,
 // Dk and Dv not multiples of 16, GQA, broadcast batches, masks, dropout (and causal
 // configurations, which do not pack on these tiles; CausalOnLargeTilesMatchesTheReference
 // covers causal packed tiles).
 TEST(FlashAttentionBackward, PackedKeyTilesMatchTheReference) {
   std::mt19937_64 rng(15);
   double worst = 0.0;
-  for (const FlashTiles tiles : {FlashTiles{32, 64}, FlashTiles{64, 128}, FlashTiles{}}) {
+  for (const FlashTiles tiles : {FlashTiles{32, 64}, FlashTiles{64, 128}, FlashTiles{256, 256}, FlashTiles{}}) {
     for (int i = 0; i < 8; ++i) {
       test::Config c = test::random_config(rng, i);
-      c.lq = test::pick<int64_t>(rng, {130, 257, 300}), c.lk = test::pick<int64_t>(rng, {100, 200, 300});
+      c.lq = test::pick<int64_t>(rng, {130, 257, 300}), c.lk = test::pick<int64_t>(rng, {100, 200, 300, 600});
       c.big = false;  // x1000 logits: f32 scores lose 1e-4 (as above)
       Case x = make_case(c, DType::f32);
       x.options.tuning.flash_tiles = tiles;
