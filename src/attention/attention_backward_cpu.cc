@@ -12,7 +12,8 @@
 //   dS = P o (dP - D_i)
 //   dK_j += scale dS^T Q_i,   dQ_i += scale dS K_j
 // The [Lq, Lk] scores never exist: a worker holds [Br, Bc] tiles. Causal masking
-// skips the query tiles wholly above the diagonal of a key tile; masks and GQA k/v
+// skips the query tiles wholly above the diagonal of a key tile and narrows a tile on the
+// diagonal to the keys its rows see; masks and GQA k/v
 // are read in place through their (zero) strides.
 //
 // Threads: a work item is one part of a batch entry: the entry's key tiles dealt round
@@ -135,12 +136,15 @@ void gemm_acc(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const 
 }
 
 // One (query tile, key tile) pair of entry r.b: adds its terms to the entry's dQ, dK, dV.
+// The pair's keys j0 .. j0 + cols (a causal tile's keys up to its last row's: run_item);
+// its [rows, cols] scratch tiles are dense (row stride cols), so that a narrowed causal
+// tile's S and dP still read K_j and V_j packed where cols is whole panels.
 template <class T>
 void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_t cols, int64_t local0,
                Scratch<T>& sc) {
   const Flash<Same<T>>& f = *bw.f;
   const Problem& p = *f.p;
-  const int64_t lds = f.tiles.bc, qs = p.q.stride(-2), ks = p.k.stride(-2), vs = p.v.stride(-2);
+  const int64_t lds = cols, qs = p.q.stride(-2), ks = p.k.stride(-2), vs = p.v.stride(-2);
   const T scale = static_cast<T>(p.scale);
   const T* lse = bw.lse + r.b * p.lq + r.i0;             // [rows]
   const T* dout = bw.dout + (r.b * p.lq + r.i0) * p.dv;  // dO_i [rows, Dv]
@@ -160,10 +164,11 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
     }
   }
   // Forward value_tile: O_i += (P o M) V_j. d/d(P o M): dO_i V_j^T (on V_j packed: sc.vp).
+  const bool panels = r.kp && cols % 64 == 0;  // V_j's first cols / 64 panels (as reads_panels for K_j)
   if constexpr (std::is_same_v<T, float>) {
-    if (r.kp) gemm_panels({false, false, r.rows, cols, p.dv, p.dv, 0, lds}, 1.0f, dout, sc.vp.data(), 0, ds);
+    if (panels) gemm_panels({false, false, r.rows, cols, p.dv, p.dv, 0, lds}, 1.0f, dout, sc.vp.data(), 0, ds);
   }
-  if (!r.kp) gemm_acc<T>(false, true, r.rows, cols, p.dv, T(1), dout, p.dv, r.v + j0 * vs, vs, ds, lds, T(0));
+  if (!panels) gemm_acc<T>(false, true, r.rows, cols, p.dv, T(1), dout, p.dv, r.v + j0 * vs, vs, ds, lds, T(0));
   const T* w = s;           // P o M
   if (f.dropout_p > 0.0) {  // forward dropout_tile: the same factors M, redrawn from the seed
     std::copy(s, s + r.rows * lds, sc.w.data());
@@ -272,37 +277,39 @@ void run_item(const Backward<T>& bw, int64_t b, const Part& part, Scratch<T>& sc
       r.rows = std::min(f.tiles.br, p.lq - r.i0);
       r.q = f.q + q_base + r.i0 * p.q.stride(-2);
       if (empty_tile(f, r, j0, cols)) continue;  // the forward skipped it: no gradient
-      tile_pair(bw, r, j0, cols, local0, sc);
+      // Causal: the tile's rows see keys up to i0 + rows - 1; the keys after have P = 0 and
+      // add nothing, so the pair takes only the keys before (a 128-row tile at the start of a
+      // 512-key tile: its first 128). The masked triangle computed per key tile is then
+      // Br x Br / 2 whatever Bc is (backward_tiles).
+      const int64_t seen = f.causal ? std::min(cols, r.i0 + r.rows - j0) : cols;
+      if (seen > 0) tile_pair(bw, r, j0, seen, local0, sc);
     }
   }
   add_item(bw, b, part, sc);
 }
 
 // The tiles of the backward: the call's own (options.tuning), else QKV_FLASH_TILES,
-// else 256 x 512 (causal: below). Five products per tile pair make small tiles pay
+// else 256 x 512, causal 128 x 512. Five products per tile pair make small tiles pay
 // oneDNN's per-call cost five times. Measured with BM_FlashBackward before K/V were packed
 // (2 threads, AMD EPYC Zen 4, D = 64, GFLOP/s): 64x128 100-104 at (4, 8, 1024, 64), 128x128
 // 123-132, 256x128 138-140, 256x256 136-153, 512x256 145-153, 256x512 108-115, 512x512 118-136.
 // With K_j and V_j packed once per key tile (packed_tiles) 256 x 512 took the lead
 // (2026-11-27, `qkv bench attention --backward`, QKV_FLASH_TILES alternated, backward ms):
 // 1 thread pinned, (1, 1, 16384, 128) 3395-3419 against 3538-3548 for 256 x 256 (-4%),
-// (1, 1, 8192, 128) 830-845 / 868-897, (1, 2, 2048, 128) 105.1-105.2 / 107.8-110.0,
-// (1, 1, 16384, 64) 1763-1821 / 1837-1839, D = 256 / 512 and L <= 1024 within +-3% noise;
-// 2 threads, three pairs: (1, 16, 4096, 64) 885-912 / 921-957, (4, 8, 1024, 64) 110.2-111.9 /
-// 112.2-113.3, (1, 8, 512, 64) 6.91-7.05 / 6.99-7.15; 128 x 512 and 512 x 512 between the two.
-// Causal: 128 x 128 (smaller tiles compute less of the masked triangle), measured the
-// same way at causal (1, 8, 512, 64) / (4, 8, 1024, 64) / (1, 16, 4096, 64): 128x128 106-125 /
-// 136 / 140-146 GFLOP/s, 256x256 104-105 / 122-133 / 142-143, 64x64 80-99 / 88-121 / 107-119.
-// Long causal problems (Lq and Lk >= kLongCausal, 8192: flash_tiles.h, the forward's
-// threshold too) take 256 x 256 again: the masked triangle is
-// <= 3% of a row's keys there; at causal (1, 8, 16384, 128), 2 threads, two runs each:
-// 7443 / 7764 ms against 8095 / 8448 with 128 x 128 (+8%); 256 x 512 was no better there
-// ((1, 2, 8192, 128) causal 447-468 ms against 448-463, (1, 1, 16384, 64) 467-470 / 457-462).
+// (1, 1, 8192, 128) 830-845 / 868-897 (128 x 512: 864-883), (1, 2, 2048, 128) 105.1-105.2 /
+// 107.8-110.0, (1, 1, 16384, 64) 1763-1821 / 1837-1839, D = 256 / 512 and L <= 1024 within
+// +-3% noise; 2 threads, three pairs: (1, 16, 4096, 64) 885-912 / 921-957, (4, 8, 1024, 64)
+// 110.2-111.9 / 112.2-113.3, (1, 8, 512, 64) 6.91-7.05 / 6.99-7.15.
+// Causal: a diagonal tile pair takes only the keys its rows see (run_item), so the masked
+// triangle computed per key tile is Br x Br / 2 and a small Br with a wide Bc wins (the same
+// day, 2 threads, two runs each, backward ms): (1, 8, 512, 64) 128x512 4.39-4.60, 128x256
+// 4.49-4.52, 128x128 (the choice before narrowing) 5.32-5.66, 256x512 5.26-5.40; (4, 8, 1024, 64)
+// 64.3-64.7 / 64.8-65.5 / 66.4-67.3 / 69.6-70.2; (1, 16, 4096, 64) 461-465 / 475-476 / 482 /
+// 462-469; long problems, where 256 x 256 was the choice before: (1, 2, 8192, 128) 428-434
+// against 438-441 for 256x512; 1 thread pinned, (1, 1, 16384, 128) 1685-1692 / 1709-1720 /
+// 256x256 1750-1811.
 FlashTiles backward_tiles(const FlashTiles& requested, bool causal, int64_t lq, int64_t lk) {
-  const bool short_causal = causal && std::min(lq, lk) < kLongCausal;
-  const FlashTiles automatic = short_causal ? FlashTiles{128, 128}
-                               : causal     ? FlashTiles{256, 256}
-                                            : FlashTiles{256, 512};
+  const FlashTiles automatic = causal ? FlashTiles{128, 512} : FlashTiles{256, 512};
   FlashTiles t = requested.is_auto() ? flash_tiles_from_env().value_or(automatic) : requested;
   t.br = std::max<int64_t>(1, std::min(t.br, lq));
   t.bc = std::max<int64_t>(1, std::min(t.bc, lk));
@@ -313,14 +320,14 @@ FlashTiles backward_tiles(const FlashTiles& requested, bool causal, int64_t lq, 
 // that meet it (float only): brgemm reads them as they are in S = Q_i K_j^T and
 // dP = dO_i V_j^T, where it transposed both for every tile pair. Where a key tile meets
 // at least two query tiles: measured (2 threads, AMD EPYC Zen 4, paired runs) 1.5-10% faster
-// at (1, 16, 4096, 64), within +-1.2% at (4, 8, 1024, 64); causal (128 x 128 tiles) 1-6%
-// slower at both, so causal only on tiles of 256 or more (the long problems' automatic
-// 256 x 256, kLongCausal, or a caller's), where a key tile meets 32 query tiles on average at
-// L = 16384: (1, 8, 16384, 128) causal, three alternating runs, 7344 / 7358 / 7349 ms against
-// 7491 / 7435 / 7395 unpacked (-1.5%). Not where oneDNN has no packed kernel (AVX2).
+// at (1, 16, 4096, 64), within +-1.2% at (4, 8, 1024, 64); at (1, 8, 16384, 128) causal
+// (256 x 256 tiles), three alternating runs, 7344 / 7358 / 7349 ms against 7491 / 7435 / 7395
+// unpacked (-1.5%). Causal on 128 x 512 (narrowed diagonal tiles read the first panels):
+// 2 threads, two pairs each, 64.0-64.2 ms against 64.7 unpacked at (4, 8, 1024, 64),
+// 458.7-461.3 / 460.9-464.6 at (1, 16, 4096, 64), 4.54-4.56 / 4.44-4.60 at (1, 8, 512, 64).
+// Not where oneDNN has no packed kernel (AVX2).
 template <class T>
 bool packed_tiles(const Flash<Same<T>>& f) {
-  if (f.causal && std::min(f.tiles.br, f.tiles.bc) < 256) return false;
   return std::is_same_v<T, float> && f.p->lk > 0 && f.p->lq > f.tiles.br && gemm_panels_native();
 }
 
