@@ -1,9 +1,9 @@
 // JSON of a file refused when nested too deep, while nlohmann parses it and before it
 // builds the container: nlohmann builds any depth (20M levels of '[' in a 40 MB
 // safetensors header took 1.5 GB and 5.3 s). Used by the safetensors header
-// (src/io/safetensors.cc), the .keras config.json (src/io/keras_tf/keras_zip.cc) and
-// nn::keras_config_layer_order (src/nn/keras_layout.cc). Header-only: nlohmann is
-// each layer's private dependency.
+// (src/io/safetensors.cc), the .keras config.json (src/io/keras_tf/keras_zip.cc; its
+// writer, keras_zip_writer.cc) and nn::keras_config_layer_order (src/nn/keras_layout.cc).
+// Header-only: nlohmann is each layer's private dependency.
 #pragma once
 
 #include <string_view>
@@ -29,31 +29,33 @@ inline constexpr int kMaxKerasConfigLevels = 1000;
 inline constexpr std::string_view kKerasConfigTooDeep =
     ", more than the 1000 qkv reads (Python's json, which Keras reads it with, refuses about 1000)";
 
-// First thing in a parser callback: FormatError (fail_at) at the start of an object or
-// array with `depth` (nlohmann's: the containers around it) = limit.max_levels.
+// First thing in a parser callback: FormatError (fail_at; E: a writer's ValueError) at the
+// start of an object or array with `depth` (nlohmann's: the containers around it) = limit.max_levels.
+template <class E = FormatError>
 inline void check_json_nesting(int depth, nlohmann::json::parse_event_t event, const JsonNesting& limit,
                                const Context& ctx) {
   if ((event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start) &&
       depth >= limit.max_levels) {
-    fail_at(ctx, limit.what, " nests JSON ", limit.max_levels + 1, " levels deep", limit.why);
+    fail_at<E>(ctx, limit.what, " nests JSON ", limit.max_levels + 1, " levels deep", limit.why);
   }
 }
 
 // nlohmann::json::parse with check_json_nesting before `keep` (its callback: what to keep;
 // nullptr keeps everything, a callback returning false builds nothing). nlohmann's own
-// errors are FormatError "<what> is not valid JSON: <its message, printable>".
+// errors are FormatError (E) "<what> is not valid JSON: <its message, printable>".
+template <class E = FormatError>
 inline nlohmann::json parse_json_nesting_at_most(std::string_view text, const JsonNesting& limit,
                                                  const Context& ctx,
                                                  const nlohmann::json::parser_callback_t& keep = nullptr) {
   const nlohmann::json::parser_callback_t checked = [&](int depth, nlohmann::json::parse_event_t event,
                                                         nlohmann::json& parsed) {
-    check_json_nesting(depth, event, limit, ctx);
+    check_json_nesting<E>(depth, event, limit, ctx);
     return keep ? keep(depth, event, parsed) : true;
   };
   try {
     return nlohmann::json::parse(text.begin(), text.end(), checked);
   } catch (const nlohmann::json::exception& e) {
-    fail_at(ctx, limit.what, " is not valid JSON: ", printable(e.what()));  // it quotes the bytes read
+    fail_at<E>(ctx, limit.what, " is not valid JSON: ", printable(e.what()));  // it quotes the bytes read
   }
 }
 

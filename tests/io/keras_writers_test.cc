@@ -5,7 +5,10 @@
 // and Keras load qkv's files.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "io/io_test_util.h"
 #include "qkv/io_keras.h"
@@ -126,27 +129,82 @@ TEST(KerasArchiveWriter, RoundTripsThroughTheZipReader) {
   EXPECT_THROW(save_keras_archive(path, paths, "{not json"), ValueError);
 }
 
+// 4 levels around `arrays` arrays: {"config": {"layers": [{"name": "a", "x": [[...]]}]}}.
+std::string nested_config(size_t arrays) {
+  return R"({"config":{"layers":[{"name":"a","x":)" + std::string(arrays, '[') + std::string(arrays, ']') + "}]}}";
+}
+
+uint32_t crc32_of(std::string_view s) {  // zip's CRC-32 (reflected 0xEDB88320), bit by bit
+  uint32_t c = 0xffffffffu;
+  for (const char ch : s) {
+    c ^= static_cast<uint8_t>(ch);
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+  }
+  return ~c;
+}
+
+// A .keras archive at `path` holding `config` as its config.json, which save_keras_archive
+// refuses to write past 1000 levels: written with a flat config of the same length
+// ({... "x": 0<spaces>}), then the member's bytes and its crc32 (local and central header) replaced.
+void write_archive_with_config(const std::filesystem::path& path, const std::map<std::string, Tensor>& paths,
+                               const std::string& config) {
+  const size_t x = config.find(R"("x":)") + 4;
+  std::string flat = config.substr(0, x) + "0" + std::string(config.size() - x - 5, ' ') + "}]}}";
+  ASSERT_EQ(flat.size(), config.size());
+  save_keras_archive(path, paths, flat);
+  std::vector<std::byte> zip = testing::read_bytes(path);
+  const std::string_view bytes(reinterpret_cast<const char*>(zip.data()), zip.size());
+  const size_t data = bytes.find(flat), central = bytes.rfind("config.json");
+  ASSERT_NE(data, std::string_view::npos);
+  ASSERT_EQ(bytes.substr(data - 11, 11), "config.json");  // 30-byte local header, the name, the data
+  std::memcpy(zip.data() + data, config.data(), config.size());
+  const uint32_t crc = crc32_of(config);
+  for (const size_t at : {data - 11 - 30 + 14, central - 46 + 16}) {
+    ASSERT_EQ(zip[at], static_cast<std::byte>(crc32_of(flat)));  // where the old crc32 was
+    for (int i = 0; i < 4; ++i) zip[at + i] = static_cast<std::byte>(crc >> (8 * i));
+  }
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(zip.data()), std::streamsize(zip.size()));
+}
+
 // A deflated config.json inflates up to 1 GiB (1032:1), and nlohmann builds JSON of any
 // depth: 1 MB of '[' could ask for tens of GB. 1000 levels are read (Keras' Python json
 // refuses about as many), 1001 are a FormatError naming the member, before anything is built.
 TEST(KerasArchive, RejectsConfigNestedPastTheLimit) {
   const KerasArchive keras = load_keras_archive(fixture("seed001", "model.keras"));
   const std::map<std::string, Tensor> paths = keras3_paths(keras_layer_weights(keras.weights));
-  auto config = [](size_t arrays) {  // 4 levels around the arrays: {"config": {"layers": [{...
-    return R"({"config":{"layers":[{"name":"a","x":)" + std::string(arrays, '[') + std::string(arrays, ']') + "}]}}";
-  };
   const auto path = temp_path("deep.keras");
-  save_keras_archive(path, paths, config(996));
+  save_keras_archive(path, paths, nested_config(996));
   EXPECT_EQ(keras_config_layer_order(load_keras_archive(path).config_json), std::vector<std::string>{"a"});
   for (const size_t arrays : {size_t{997}, size_t{1'000'000}}) {
-    save_keras_archive(path, paths, config(arrays));
+    write_archive_with_config(path, paths, nested_config(arrays));
     EXPECT_THROW_WITH((void)load_keras_archive(path), FormatError,
                       path.string() + ": config.json nests JSON 1001 levels deep, more than the 1000 qkv reads");
-    EXPECT_THROW_WITH((void)keras_config_layer_order(config(arrays)), FormatError,
+    EXPECT_THROW_WITH((void)keras_config_layer_order(nested_config(arrays)), FormatError,
                       "keras_config_layer_order: config_json: it nests JSON 1001 levels deep");
   }
+  write_archive_with_config(path, paths, nested_config(996));  // the patching itself reads back
+  EXPECT_EQ(keras_config_layer_order(load_keras_archive(path).config_json), std::vector<std::string>{"a"});
   EXPECT_THROW_WITH((void)keras_config_layer_order("{not json"), FormatError,
                     "keras_config_layer_order: config_json: it is not valid JSON: ");
+}
+
+// The writer refused only invalid JSON: it wrote 1001 levels, which load_keras_archive then
+// refused. It refuses them now, with the reader's limit, before the file is touched.
+TEST(KerasArchiveWriter, RefusesConfigNestedPastTheReadersLimit) {
+  const KerasArchive keras = load_keras_archive(fixture("seed001", "model.keras"));
+  const std::map<std::string, Tensor> paths = keras3_paths(keras_layer_weights(keras.weights));
+  const auto path = temp_path("deep_written.keras");
+  save_keras_archive(path, paths, nested_config(996));  // 1000 levels: written and read back
+  EXPECT_EQ(load_keras_archive(path).config_json, nested_config(996));
+  const auto before = testing::read_bytes(path);
+  for (const size_t arrays : {size_t{997}, size_t{1'000'000}}) {
+    EXPECT_THROW_WITH(save_keras_archive(path, paths, nested_config(arrays)), ValueError,
+                      "save_keras_archive: " + path.string() +
+                          ": config_json nests JSON 1001 levels deep, more than the 1000 qkv reads");
+  }
+  EXPECT_THROW_WITH(save_keras_archive(path, paths, "{not json"), ValueError,
+                    "save_keras_archive: " + path.string() + ": config_json is not valid JSON: ");
+  EXPECT_TRUE(testing::read_bytes(path) == before) << "the existing archive changed";
 }
 
 TEST(KerasArchiveWriter, InMemoryWeightsFileParsesAsWritten) {
