@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string_view>
 
 #include "io/json_nesting.h"
@@ -135,6 +136,89 @@ int64_t input_features(const std::string& name, const std::map<std::string, Tens
   return k.size(0);
 }
 
+// config.layers[].name of a Keras config.json, by nlohmann's SAX events: only the names are
+// kept, so a wide file (a 1 GiB [0,0,...] beside the layers) costs its text, not a tree
+// of it (16+ bytes a value). As nlohmann's tree read it: a key given twice keeps its last
+// value, a layer without a string name is skipped, anything else off the path gives no
+// layers. The nesting limit and the errors are parse_json_nesting_at_most's.
+class LayerNames {
+ public:
+  LayerNames(const io::detail::JsonNesting& limit, const io::detail::Context& ctx) : limit_(limit), ctx_(ctx) {}
+  std::vector<std::string> names;
+
+  bool null() { return scalar(nullptr); }
+  bool boolean(bool) { return scalar(nullptr); }
+  bool number_integer(nlohmann::json::number_integer_t) { return scalar(nullptr); }
+  bool number_unsigned(nlohmann::json::number_unsigned_t) { return scalar(nullptr); }
+  bool number_float(nlohmann::json::number_float_t, const std::string&) { return scalar(nullptr); }
+  bool string(std::string& s) { return scalar(&s); }
+  bool binary(nlohmann::json::binary_t&) { return scalar(nullptr); }
+  bool start_object(std::size_t) { return open(nlohmann::json::parse_event_t::object_start); }
+  bool start_array(std::size_t) { return open(nlohmann::json::parse_event_t::array_start); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(std::string& k) {
+    Frame& f = stack_.back();
+    const bool on_path = (f.role == Role::kRoot && k == "config") || (f.role == Role::kConfig && k == "layers") ||
+                         (f.role == Role::kLayer && k == "name");
+    f.next = on_path ? child_of(f.role) : Role::kOther;
+    return true;
+  }
+  [[noreturn]] bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception& e) {
+    io::detail::fail_at(ctx_, limit_.what, " is not valid JSON: ", io::detail::printable(e.what()));
+  }
+
+ private:
+  // kName: a layer's "name"; the others: containers on the path config.layers[i].
+  enum class Role { kOther, kRoot, kConfig, kLayers, kLayer, kName };
+  struct Frame {
+    Role role;
+    Role next = Role::kOther;         // the role of the object's value after the last key
+    std::optional<std::string> name;  // a kLayer's string "name", so far
+  };
+  static Role child_of(Role r) {
+    switch (r) {
+      case Role::kRoot: return Role::kConfig;
+      case Role::kConfig: return Role::kLayers;
+      case Role::kLayers: return Role::kLayer;
+      case Role::kLayer: return Role::kName;
+      default: return Role::kOther;
+    }
+  }
+  // The role of the value starting now: the top one is the root; an array's elements
+  // are layers in "layers", off the path elsewhere. A new "config" or "layers" replaces
+  // the one before (nlohmann keeps a key's last value), layers and all.
+  Role starting() {
+    if (stack_.empty()) return Role::kRoot;
+    const Frame& f = stack_.back();
+    const Role r = f.role == Role::kLayers ? Role::kLayer : f.next;
+    if (r == Role::kConfig || r == Role::kLayers) names.clear();
+    return r;
+  }
+  bool scalar(const std::string* s) {
+    if (starting() == Role::kName) stack_.back().name = s ? std::optional<std::string>(*s) : std::nullopt;
+    return true;
+  }
+  bool open(nlohmann::json::parse_event_t event) {
+    io::detail::check_json_nesting(static_cast<int>(stack_.size()), event, limit_, ctx_);
+    Role r = starting();
+    const bool object = event == nlohmann::json::parse_event_t::object_start;
+    if (r == Role::kName) stack_.back().name.reset();
+    if (object != (r == Role::kRoot || r == Role::kConfig || r == Role::kLayer) || r == Role::kName) r = Role::kOther;
+    stack_.push_back({r, Role::kOther, std::nullopt});
+    return true;
+  }
+  bool close() {
+    if (stack_.back().role == Role::kLayer && stack_.back().name) names.push_back(std::move(*stack_.back().name));
+    stack_.pop_back();
+    return true;
+  }
+
+  const io::detail::JsonNesting limit_;  // a copy: it is given as a temporary
+  const io::detail::Context& ctx_;
+  std::vector<Frame> stack_;
+};
+
 }  // namespace
 
 std::vector<std::string> ordered_layers(const LayerWeights& layers, const std::vector<std::string>& order) {
@@ -235,18 +319,13 @@ TfKerasCheckpoint tf_keras_checkpoint_keys(const LayerWeights& layers, const std
   return out;
 }
 
+static_assert(kMaxKerasConfigLevels == io::detail::kMaxKerasConfigLevels, "one limit for every config.json");
+
 std::vector<std::string> keras_config_layer_order(const std::string& config_json) {
-  std::vector<std::string> out;
   const io::detail::Context ctx{"keras_config_layer_order", "config_json"};
-  const auto j = io::detail::parse_json_nesting_at_most(
-      config_json, {io::detail::kMaxKerasConfigLevels, "it", io::detail::kKerasConfigTooDeep}, ctx);
-  if (!j.is_object() || !j.contains("config") || !j["config"].is_object()) return out;
-  const auto& layers = j["config"].value("layers", nlohmann::json::array());
-  if (!layers.is_array()) return out;
-  for (const auto& l : layers) {
-    if (l.is_object() && l.contains("name") && l["name"].is_string()) out.push_back(l["name"].get<std::string>());
-  }
-  return out;
+  LayerNames names({io::detail::kMaxKerasConfigLevels, "it", io::detail::kKerasConfigTooDeep}, ctx);
+  nlohmann::json::sax_parse(config_json, &names);  // throws on errors (LayerNames::parse_error)
+  return std::move(names.names);
 }
 
 std::string keras_model_config(const LayerWeights& layers, const std::vector<std::string>& order) {

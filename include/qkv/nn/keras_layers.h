@@ -54,9 +54,14 @@ std::vector<std::string> ordered_layers(const LayerWeights& layers, const std::v
 // The order in which a weight file lists its layers (model order for TF checkpoints and
 // tf.keras .h5 files; name order for Keras 3 .weights.h5, whose paths carry no order).
 std::vector<std::string> keras_layer_order(const io::WeightFile& file);
+// How deep a Keras config.json may nest (objects and arrays, the outermost counted):
+// load_keras_archive and keras_config_layer_order refuse deeper ones, save_keras_archive
+// and qkv convert --config too (Python's json, which Keras reads it with, refuses about 1000).
+inline constexpr int kMaxKerasConfigLevels = 1000;
 // The layer names of a Keras config.json (config.layers[].name) in model order; empty
 // when the JSON has no such list. FormatError when it is not valid JSON or nests more
-// than 1000 levels deep (as load_keras_archive).
+// than kMaxKerasConfigLevels deep (as load_keras_archive). Reads the names alone (no tree
+// of the config is built): a wide config costs its text.
 std::vector<std::string> keras_config_layer_order(const std::string& config_json);
 // A layer's weights in Keras' order: query kernel, query bias, key..., value...,
 // attention_output..., kernel, bias, then any others by name.
