@@ -345,6 +345,32 @@ def test_convert_names_a_bad_config_file(run, tmp_path):
         assert z.read("config.json") == good.read_bytes()
 
 
+def test_convert_refuses_a_config_nested_past_the_keras_limit(run, tmp_path):
+    """`convert --config` parsed the file whole with no depth limit: it now stops at the
+    .keras reader's limit (1000 levels, which save_keras_archive and load_keras_archive
+    hold to too), naming the file, before any output is written. 1000 levels are written."""
+    seed = ROOT / "tests" / "fixtures" / "seed001" / "model.weights.h5"
+    out = tmp_path / "out.keras"
+
+    def nested(arrays):  # 4 levels around the arrays
+        return '{"config": {"layers": [{"name": "a", "x": ' + "[" * arrays + "]" * arrays + "}]}}"
+
+    for arrays in (997, 1_000_000):
+        deep = tmp_path / f"deep{arrays}.json"
+        deep.write_text(nested(arrays))
+        result = run("convert", seed, out, "--to", "keras", "--config", deep)
+        assert result.returncode == 1, result.stderr
+        assert f"convert: --config {deep} nests JSON 1001 levels deep, more than the 1000" in result.stderr
+        assert "out.keras" not in result.stderr and not out.exists()
+    ok = tmp_path / "ok.json"
+    ok.write_text(nested(996))
+    result = run("convert", seed, out, "--to", "keras", "--config", ok)
+    assert result.returncode == 0, result.stderr
+    import zipfile
+    with zipfile.ZipFile(out) as z:
+        assert z.read("config.json") == ok.read_bytes()
+
+
 SEED001 = ROOT / "tests" / "fixtures" / "seed001"
 ORDER = ["--layer-order", "multi_head_attention,dense"]
 IGNORED_OPTIONS = [  # (input, OUT, options, message with {out} / {config}): each was ignored without a word

@@ -70,11 +70,21 @@ std::string read_text(const std::string& path) {
 // --config's text, checked as JSON before anything is read or written, so that a bad
 // file is named as itself: it was refused by the archive writer as
 // "save_keras_archive: OUT.keras: config_json is not valid JSON", naming the output.
+// Nothing is built, and past nn::kMaxKerasConfigLevels, which the .keras reader and writer
+// refuse, it stops (it was parsed whole with no limit: nlohmann builds any depth).
 std::string read_config(const std::string& path) {
   const std::string text = read_text(path);
+  const nlohmann::json::parser_callback_t check = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+    if ((event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start) &&
+        depth >= nn::kMaxKerasConfigLevels) {
+      fail<ValueError>("convert: --config ", path, " nests JSON ", nn::kMaxKerasConfigLevels + 1,
+                       " levels deep, more than the ", nn::kMaxKerasConfigLevels,
+                       " a .keras config.json may (Python's json, which Keras reads it with, refuses about as many)");
+    }
+    return false;  // keeps nothing: only the check is wanted
+  };
   try {
-    const nlohmann::json parsed = nlohmann::json::parse(text);  // only its error is wanted
-    (void)parsed;
+    [[maybe_unused]] const nlohmann::json nothing = nlohmann::json::parse(text, check);
   } catch (const nlohmann::json::parse_error& e) {
     std::string why = e.what();  // "[json.exception.parse_error.101] parse error at line 1, ..."
     if (const auto at = why.find("] "); at != std::string::npos) why = why.substr(at + 2);
