@@ -164,7 +164,8 @@ void tile_pair(const Backward<T>& bw, const Rows<Same<T>>& r, int64_t j0, int64_
     }
   }
   // Forward value_tile: O_i += (P o M) V_j. d/d(P o M): dO_i V_j^T (on V_j packed: sc.vp).
-  const bool panels = r.kp && cols % 64 == 0;  // V_j's first cols / 64 panels (as reads_panels for K_j)
+  // V_j is packed with K_j (run_item): its first cols / 64 panels where K_j's are read.
+  const bool panels = tiles::reads_panels(r, j0, cols, lds);
   if constexpr (std::is_same_v<T, float>) {
     if (panels) gemm_panels({false, false, r.rows, cols, p.dv, p.dv, 0, lds}, 1.0f, dout, sc.vp.data(), 0, ds);
   }
