@@ -44,8 +44,7 @@ inline void check_json_nesting(int depth, nlohmann::json::parse_event_t event, c
 // nullptr keeps everything, a callback returning false builds nothing). nlohmann's own
 // errors are FormatError (E) "<what> is not valid JSON: <its message, printable>".
 template <class E = FormatError>
-inline nlohmann::json parse_json_nesting_at_most(std::string_view text, const JsonNesting& limit,
-                                                 const Context& ctx,
+inline nlohmann::json parse_json_nesting_at_most(std::string_view text, const JsonNesting& limit, const Context& ctx,
                                                  const nlohmann::json::parser_callback_t& keep = nullptr) {
   const nlohmann::json::parser_callback_t checked = [&](int depth, nlohmann::json::parse_event_t event,
                                                         nlohmann::json& parsed) {
@@ -57,6 +56,15 @@ inline nlohmann::json parse_json_nesting_at_most(std::string_view text, const Js
   } catch (const nlohmann::json::exception& e) {
     fail_at<E>(ctx, limit.what, " is not valid JSON: ", printable(e.what()));  // it quotes the bytes read
   }
+}
+
+// A Keras config.json checked as load_keras_archive reads it and save_keras_archive writes it
+// (valid JSON nested at most kMaxKerasConfigLevels), nothing built: a deflated member
+// inflates up to 1 GiB. E: FormatError for a file read, ValueError for an argument written.
+template <class E = FormatError>
+inline void check_keras_config(std::string_view text, std::string_view what, const Context& ctx) {
+  (void)parse_json_nesting_at_most<E>(text, {kMaxKerasConfigLevels, what, kKerasConfigTooDeep}, ctx,
+                                      [](int, nlohmann::json::parse_event_t, nlohmann::json&) { return false; });
 }
 
 }  // namespace qkv::io::detail

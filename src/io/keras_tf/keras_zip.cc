@@ -3,8 +3,6 @@
 // every offset and size checked; deflate goes through zlib; crc32s are checked.
 #include <zlib.h>
 
-#include <nlohmann/json.hpp>
-
 #include "io/io_internal.h"
 #include "io/json_nesting.h"
 #include "qkv/io_keras.h"
@@ -128,9 +126,7 @@ KerasArchive read_archive(std::span<const std::byte> zip, const Context& ctx) {
   const auto config = find_member(zip, "config.json", ctx);
   if (!config) fail_at(ctx, "no config.json in the archive");
   a.config_json = as_text(*config);
-  // Checked, not built (the callback keeps nothing): a deflated member inflates up to 1 GiB.
-  (void)parse_json_nesting_at_most(a.config_json, {kMaxKerasConfigLevels, "config.json", kKerasConfigTooDeep}, ctx,
-                                   [](int, nlohmann::json::parse_event_t, nlohmann::json&) { return false; });
+  check_keras_config(a.config_json, "config.json", ctx);
   if (const auto meta = find_member(zip, "metadata.json", ctx)) a.metadata_json = as_text(*meta);
   const auto weights = find_member(zip, "model.weights.h5", ctx);
   if (!weights) fail_at(ctx, "no model.weights.h5 in the archive");

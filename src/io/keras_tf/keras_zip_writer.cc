@@ -95,11 +95,9 @@ std::span<const std::byte> as_bytes(const std::string& s) { return std::as_bytes
 void save_keras_archive(const std::filesystem::path& path, const std::map<std::string, Tensor>& weights,
                         const std::string& config_json, const std::string& metadata_json) {
   const detail::Context ctx{"save_keras_archive", path.string()};
-  // Checked as load_keras_archive checks it (nothing built), so that no archive is written
-  // that qkv then refuses to read: past 1000 levels, a ValueError naming the limit.
-  (void)detail::parse_json_nesting_at_most<ValueError>(
-      config_json, {detail::kMaxKerasConfigLevels, "config_json", detail::kKerasConfigTooDeep}, ctx,
-      [](int, nlohmann::json::parse_event_t, nlohmann::json&) { return false; });
+  // Checked as load_keras_archive checks it, so that no archive is written that qkv then
+  // refuses to read: past 1000 levels, a ValueError naming the limit.
+  detail::check_keras_config<ValueError>(config_json, "config_json", ctx);
   const std::string metadata = metadata_json.empty() ? detail::default_metadata() : metadata_json;
   if (!nlohmann::json::accept(metadata)) detail::fail_at<ValueError>(ctx, "metadata_json is not valid JSON");
   const std::vector<std::byte> h5 = serialize_keras_weights_h5(weights);
