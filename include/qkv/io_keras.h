@@ -16,6 +16,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,12 @@ struct KerasArchive {
   WeightFile weights;         // model.weights.h5
 };
 KerasArchive load_keras_archive(const std::filesystem::path& path);
+// Checks `config_json` as load_keras_archive checks an archive's config.json, building
+// nothing: valid JSON nested at most 1000 levels (nn::kMaxKerasConfigLevels; Keras reads it
+// with Python's json, which refuses about as many). FormatError as the reader's, naming
+// `source`: "check_keras_config: deep.json: config.json nests JSON 1001 levels deep, more
+// than the 1000 qkv reads (...)", "check_keras_config: bad.json: config.json is not valid JSON: ...".
+void check_keras_config(std::string_view config_json, const std::string& source);
 // Writes a .keras zip (members stored, uncompressed, as Keras 3 writes them): metadata.json
 // (`metadata_json`, or {"keras_version": "3.15.1", "date_saved": ...} when empty),
 // config.json and model.weights.h5 holding `weights` at their Keras 3 paths

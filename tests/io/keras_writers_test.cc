@@ -207,6 +207,19 @@ TEST(KerasArchiveWriter, RefusesConfigNestedPastTheReadersLimit) {
   EXPECT_TRUE(testing::read_bytes(path) == before) << "the existing archive changed";
 }
 
+// The CLI restated the reader's check for `qkv convert --config`; io::check_keras_config is
+// the reader's own: 1000 levels pass, 1001 and invalid JSON are the reader's FormatError.
+TEST(KerasArchive, CheckKerasConfigIsTheReadersCheck) {
+  check_keras_config(nested_config(996), "ok.json");  // 1000 levels, as the reader reads them
+  for (const size_t arrays : {size_t{997}, size_t{1'000'000}}) {
+    EXPECT_THROW_WITH(check_keras_config(nested_config(arrays), "deep.json"), FormatError,
+                      "check_keras_config: deep.json: config.json nests JSON 1001 levels deep, more than the 1000 qkv "
+                      "reads (Python's json, which Keras reads it with, refuses about 1000)");
+  }
+  EXPECT_THROW_WITH(check_keras_config("{not json", "bad.json"), FormatError,
+                    "check_keras_config: bad.json: config.json is not valid JSON: [json.exception.parse_error.");
+}
+
 TEST(KerasArchiveWriter, InMemoryWeightsFileParsesAsWritten) {
   const std::map<std::string, Tensor> t = {{"layers/d/vars/0", Tensor::ones({2, 2})},
                                            {"layers/d/vars/1", Tensor::from_vector<double>({}, {0}).to(DType::f32)}};

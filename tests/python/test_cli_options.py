@@ -332,7 +332,9 @@ def test_convert_names_a_bad_config_file(run, tmp_path):
     result = run("convert", seed, out, "--to", "keras", "--config", bad)
     assert result.returncode == 1, result.stderr
     # column 30: where Python's json.loads stops too ("Expecting property name ...: line 1 column 30")
-    assert f"convert: --config {bad} is not valid JSON: parse error at line 1, column 30" in result.stderr
+    # The .keras reader's own check and words (io::check_keras_config), the file named as the source.
+    assert (f"check_keras_config: {bad}: config.json is not valid JSON: [json.exception.parse_error.101] "
+            "parse error at line 1, column 30") in result.stderr
     assert "out.keras" not in result.stderr and not out.exists()
     result = run("convert", seed, out, "--to", "keras", "--config", tmp_path / "missing.json")
     assert result.returncode == 1 and f"convert: --config {tmp_path / 'missing.json'}: cannot open" in result.stderr
@@ -348,7 +350,8 @@ def test_convert_names_a_bad_config_file(run, tmp_path):
 def test_convert_refuses_a_config_nested_past_the_keras_limit(run, tmp_path):
     """`convert --config` parsed the file whole with no depth limit: it now stops at the
     .keras reader's limit (1000 levels, which save_keras_archive and load_keras_archive
-    hold to too), naming the file, before any output is written. 1000 levels are written."""
+    hold to too), naming the file, before any output is written. 1000 levels are written.
+    The check and its words are the reader's (io::check_keras_config), no longer restated."""
     seed = ROOT / "tests" / "fixtures" / "seed001" / "model.weights.h5"
     out = tmp_path / "out.keras"
 
@@ -360,7 +363,8 @@ def test_convert_refuses_a_config_nested_past_the_keras_limit(run, tmp_path):
         deep.write_text(nested(arrays))
         result = run("convert", seed, out, "--to", "keras", "--config", deep)
         assert result.returncode == 1, result.stderr
-        assert f"convert: --config {deep} nests JSON 1001 levels deep, more than the 1000" in result.stderr
+        assert (f"check_keras_config: {deep}: config.json nests JSON 1001 levels deep, more than the 1000 "
+                "qkv reads (Python's json, which Keras reads it with, refuses about 1000)") in result.stderr
         assert "out.keras" not in result.stderr and not out.exists()
     ok = tmp_path / "ok.json"
     ok.write_text(nested(996))

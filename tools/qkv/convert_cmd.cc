@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.h"
@@ -67,29 +66,13 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
-// --config's text, checked as JSON before anything is read or written, so that a bad
-// file is named as itself: it was refused by the archive writer as
-// "save_keras_archive: OUT.keras: config_json is not valid JSON", naming the output.
-// Nothing is built, and past nn::kMaxKerasConfigLevels, which the .keras reader and writer
-// refuse, it stops (it was parsed whole with no limit: nlohmann builds any depth).
+// --config's text, checked as the .keras reader checks config.json (io::check_keras_config:
+// valid JSON nested at most nn::kMaxKerasConfigLevels, nothing built) before anything is
+// read or written, so that a bad file is named as itself: it was refused by the archive
+// writer as "save_keras_archive: OUT.keras: config_json is not valid JSON", naming the output.
 std::string read_config(const std::string& path) {
-  const std::string text = read_text(path);
-  const nlohmann::json::parser_callback_t check = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
-    if ((event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start) &&
-        depth >= nn::kMaxKerasConfigLevels) {
-      fail<ValueError>("convert: --config ", path, " nests JSON ", nn::kMaxKerasConfigLevels + 1,
-                       " levels deep, more than the ", nn::kMaxKerasConfigLevels,
-                       " a .keras config.json may (Python's json, which Keras reads it with, refuses about as many)");
-    }
-    return false;  // keeps nothing: only the check is wanted
-  };
-  try {
-    [[maybe_unused]] const nlohmann::json nothing = nlohmann::json::parse(text, check);
-  } catch (const nlohmann::json::parse_error& e) {
-    std::string why = e.what();  // "[json.exception.parse_error.101] parse error at line 1, ..."
-    if (const auto at = why.find("] "); at != std::string::npos) why = why.substr(at + 2);
-    fail<ValueError>("convert: --config ", path, " is not valid JSON: ", terminal_safe(why));
-  }
+  std::string text = read_text(path);
+  io::check_keras_config(text, path);
   return text;
 }
 

@@ -144,6 +144,10 @@ std::vector<std::byte> zip_member(std::span<const std::byte> zip, const std::str
   return std::move(*m);
 }
 
+void check_keras_config(std::string_view config_json, const std::string& source) {
+  detail::check_keras_config(config_json, "config.json", detail::Context{"check_keras_config", source});
+}
+
 KerasArchive parse_keras_archive(std::span<const std::byte> bytes, const std::string& source) {
   return detail::read_archive(bytes, detail::Context{"parse_keras_archive", source});
 }
