@@ -71,6 +71,9 @@ std::vector<std::byte> zip_member(std::span<const std::byte> zip, const std::str
 // By extension as io::load: .index / PREFIX (TF checkpoint), .h5, .keras, and also
 // .safetensors / .npy (entries named by their keys, nothing marked optimizer).
 WeightFile load_weights(const std::filesystem::path& path);
+// load_weights, and of a .keras archive its config.json and metadata.json too, from one
+// read of the file ("" for the other formats).
+KerasArchive load_weights_and_config(const std::filesystem::path& path);
 std::vector<TensorInfo> inspect_weights(const std::filesystem::path& path);
 
 // ---- tf.keras 2.x .h5 -----------------------------------------------------------------

@@ -167,6 +167,26 @@ TEST(KerasArchive, ReadsConfigAndWeightsOfAKerasZip) {
   for (const auto& [path, key] : kSeedPaths) expect_same(a.weights.tensors.at(path), tf_value(tf, key), path);
 }
 
+// qkv convert read a .keras input twice, for its weights and for its config.json; it reads
+// both from one load_weights_and_config now, which must give what the two readers give.
+TEST(KerasArchive, LoadWeightsAndConfigGivesWhatBothReadersGive) {
+  const SafetensorsFile tf = load_safetensors(fixture("seed001", "variables.safetensors"));
+  const KerasArchive a = load_weights_and_config(fixture("seed001", "model.keras"));
+  const KerasArchive want = load_keras_archive(fixture("seed001", "model.keras"));
+  EXPECT_EQ(a.config_json, want.config_json);
+  EXPECT_EQ(a.metadata_json, want.metadata_json);
+  ASSERT_EQ(a.weights.entries.size(), want.weights.entries.size());
+  for (size_t i = 0; i < a.weights.entries.size(); ++i)
+    EXPECT_EQ(a.weights.entries[i].key, want.weights.entries[i].key);
+  for (const auto& [path, key] : kSeedPaths) expect_same(a.weights.tensors.at(path), tf_value(tf, key), path);
+  const KerasArchive h5 = load_weights_and_config(fixture("seed001", "model.weights.h5"));  // no config: ""
+  EXPECT_EQ(h5.config_json, "");
+  EXPECT_EQ(h5.metadata_json, "");
+  for (const auto& [path, key] : kSeedPaths) expect_same(h5.weights.tensors.at(path), tf_value(tf, key), path);
+  EXPECT_THROW_WITH((void)load_weights_and_config("x.foo"), FormatError,
+                    "load_weights_and_config: x.foo: unknown file extension '.foo'");
+}
+
 TEST(KerasArchive, RejectsCorruptArchives) {
   auto zip = read_bytes(fixture("seed001", "model.keras"));
   EXPECT_THROW((void)parse_keras_archive(std::span(zip).first(zip.size() - 30), "x.keras"), FormatError);

@@ -247,7 +247,9 @@ void run_convert(const ConvertArgs& a) {
   check_options_apply(a, format);
   const std::string config = a.config.empty() ? "" : read_config(a.config);
   check_output(a, format);
-  const io::WeightFile in = io::load_weights(a.in);
+  // The weights, and a .keras input's config.json (from the same read; it was read twice).
+  const io::KerasArchive input = io::load_weights_and_config(a.in);
+  const io::WeightFile& in = input.weights;
   std::map<std::string, Tensor> out;
   if (a.to == "same") {
     out = write_same(a, format, in);
@@ -276,7 +278,7 @@ void run_convert(const ConvertArgs& a) {
       }
     }
     if (layers.empty()) fail<ValueError>("convert: ", a.in, ": no layer weights found to convert");
-    const std::string in_config = is_keras_archive(a.in) ? io::load_keras_archive(a.in).config_json : "";
+    const std::string& in_config = input.config_json;  // "" unless a.in is a .keras
     std::vector<std::string> order = split_commas(a.layer_order);
     check_layer_order(a, order, layers);
     if (order.empty()) order = !in_config.empty() ? nn::keras_config_layer_order(in_config) : nn::keras_layer_order(in);

@@ -95,20 +95,31 @@ void save(const std::filesystem::path& path, const std::map<std::string, Tensor>
   save_npy(path, t, numpy_fortran_order(t));
 }
 
-WeightFile load_weights(const std::filesystem::path& path) {
-  const detail::Context ctx{"load_weights", path.string()};
+namespace {
+
+// load_weights under `op`'s name: a .keras archive whole, its JSON members too.
+KerasArchive load_any_weights(const std::filesystem::path& path, const char* op) {
+  const detail::Context ctx{op, path.string()};
   const AllocationScope scope(ctx.op, ctx.source);  // names the file in out-of-memory errors
+  KerasArchive out;
   switch (format_of(path, ctx.op)) {
-    case Format::tf_checkpoint: return load_tf_checkpoint(path);
-    case Format::keras_h5: return load_keras_h5(path);
-    case Format::keras_archive: return load_keras_archive(path).weights;
+    case Format::tf_checkpoint: out.weights = load_tf_checkpoint(path); return out;
+    case Format::keras_h5: out.weights = load_keras_h5(path); return out;
+    case Format::keras_archive: return load_keras_archive(path);
     default: break;
   }
-  WeightFile w;
-  w.tensors = load(path);
-  for (const auto& [name, t] : w.tensors)
-    w.entries.push_back({name, name, std::string(dtype_name(t.dtype())), t.shape(), false});
-  return w;
+  out.weights.tensors = load(path);
+  for (const auto& [name, t] : out.weights.tensors)
+    out.weights.entries.push_back({name, name, std::string(dtype_name(t.dtype())), t.shape(), false});
+  return out;
+}
+
+}  // namespace
+
+WeightFile load_weights(const std::filesystem::path& path) { return load_any_weights(path, "load_weights").weights; }
+
+KerasArchive load_weights_and_config(const std::filesystem::path& path) {
+  return load_any_weights(path, "load_weights_and_config");
 }
 
 std::vector<TensorInfo> inspect_weights(const std::filesystem::path& path) {
