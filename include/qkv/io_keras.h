@@ -59,7 +59,8 @@ void check_keras_config(std::string_view config_json, const std::string& source)
 // Writes a .keras zip (members stored, uncompressed, as Keras 3 writes them): metadata.json
 // (`metadata_json`, or {"keras_version": "3.15.1", "date_saved": ...} when empty),
 // config.json and model.weights.h5 holding `weights` at their Keras 3 paths
-// (nn::keras3_paths). ValueError when config_json is not valid JSON.
+// (nn::keras3_paths). ValueError, before the file is touched, when config_json or
+// metadata_json is not valid JSON or nests deeper than check_keras_config allows (1000 levels).
 void save_keras_archive(const std::filesystem::path& path, const std::map<std::string, Tensor>& weights,
                         const std::string& config_json, const std::string& metadata_json = "");
 KerasArchive parse_keras_archive(std::span<const std::byte> bytes, const std::string& source);

@@ -220,6 +220,26 @@ TEST(KerasArchive, CheckKerasConfigIsTheReadersCheck) {
                     "check_keras_config: bad.json: config.json is not valid JSON: [json.exception.parse_error.");
 }
 
+// metadata.json was only checked to be JSON: 10^6 levels were written. Keras 3.15's
+// KerasFileEditor json.loads it (Python's json refuses about 1000), so the writer holds it to
+// config.json's limit, before the file is touched; 1000 levels are written as given.
+TEST(KerasArchiveWriter, RefusesMetadataNestedPastTheLimit) {
+  const KerasArchive keras = load_keras_archive(fixture("seed001", "model.keras"));
+  const std::map<std::string, Tensor> paths = keras3_paths(keras_layer_weights(keras.weights));
+  const auto path = temp_path("deep_metadata.keras");
+  save_keras_archive(path, paths, keras.config_json, nested_config(996));
+  EXPECT_EQ(load_keras_archive(path).metadata_json, nested_config(996));
+  const auto before = testing::read_bytes(path);
+  for (const size_t arrays : {size_t{997}, size_t{1'000'000}}) {
+    EXPECT_THROW_WITH(save_keras_archive(path, paths, keras.config_json, nested_config(arrays)), ValueError,
+                      "save_keras_archive: " + path.string() +
+                          ": metadata_json nests JSON 1001 levels deep, more than the 1000 qkv reads");
+  }
+  EXPECT_THROW_WITH(save_keras_archive(path, paths, keras.config_json, "{not json"), ValueError,
+                    "save_keras_archive: " + path.string() + ": metadata_json is not valid JSON: ");
+  EXPECT_TRUE(testing::read_bytes(path) == before) << "the existing archive changed";
+}
+
 TEST(KerasArchiveWriter, InMemoryWeightsFileParsesAsWritten) {
   const std::map<std::string, Tensor> t = {{"layers/d/vars/0", Tensor::ones({2, 2})},
                                            {"layers/d/vars/1", Tensor::from_vector<double>({}, {0}).to(DType::f32)}};

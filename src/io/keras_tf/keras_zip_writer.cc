@@ -98,8 +98,10 @@ void save_keras_archive(const std::filesystem::path& path, const std::map<std::s
   // Checked as load_keras_archive checks it, so that no archive is written that qkv then
   // refuses to read: past 1000 levels, a ValueError naming the limit.
   detail::check_keras_config<ValueError>(config_json, "config_json", ctx);
+  // metadata.json too: Keras 3.15's load_model does not read it, but its KerasFileEditor
+  // json.loads it (Python's json: about 1000 levels), and qkv writes none Keras cannot open.
   const std::string metadata = metadata_json.empty() ? detail::default_metadata() : metadata_json;
-  if (!nlohmann::json::accept(metadata)) detail::fail_at<ValueError>(ctx, "metadata_json is not valid JSON");
+  detail::check_keras_config<ValueError>(metadata, "metadata_json", ctx);
   const std::vector<std::byte> h5 = serialize_keras_weights_h5(weights);
   const std::string archive = detail::zip({{"metadata.json", detail::as_bytes(metadata)},
                                            {"config.json", detail::as_bytes(config_json)},
