@@ -3,12 +3,14 @@
 // One worker keeps a Q tile [Br, Dk], a K tile [Bc, Dk], a V tile [Bc, Dv], the
 // scores/probabilities [Br, Bc] and the output accumulator [Br, Dv] in its L2.
 // Br and Bc are powers of two; Bc is the largest whose working set fits the L2,
-// capped at kMaxBc, and Br = min(kBr, Bc). With causal masking Br = kCausal and
+// capped at kMaxBc and never below kMinBc, and Br = kBr (kWideBr for heads of 512 and
+// more, where the L2 leaves Bc at its floor). With causal masking Br = kCausal and
 // Bc = 2 Br: attention_cpu.cc takes key tiles backwards from the diagonal, so only
 // the tile at the first keys is partial and it is Br wide: the tile GEMMs see
 // two shapes (qkv::gemm keeps a per-thread memo of 4 plans), and the masked
 // triangle computed per query tile is Br x Br / 2. Long causal problems take
-// square tiles of up to 256 instead (kLongCausal below).
+// square tiles of up to 256 instead (kLongCausal below), long non-causal ones
+// query tiles of 512 rows (kLongKeys below).
 //
 // Who decides (qkv/attention.h, FlashTiles): AttentionOptions::tuning.flash_tiles
 // when set, else QKV_FLASH_TILES=BRxBC (e.g. "64x256", read once, at the first
@@ -73,9 +75,30 @@ inline const std::optional<FlashTiles>& flash_tiles_from_env() {
 // 256 x 256 2792 / 2811 / 2791 ms against 2775 / 2941 / 2912 for 128 x 256 (-4% median).
 constexpr int64_t kLongCausal = 8192;
 
+// Non-causal problems from this length on (the shorter of Lq, Lk) take query tiles of 512 rows
+// (key tiles as the L2 allows): every query tile streams its entry's whole K and V, and from
+// here on a quarter of the passes over them pays. 2 threads, AMD EPYC Zen 4 (1 MiB L2, 32 MiB
+// L3 shared with other VMs), `qkv bench attention`, 512 x 512 against 128 x 512, two rounds each:
+// float32 (1, 8, 16384, 128) 5372-5431 ms against 5573-5696 (-4%), (1, 8, 16384, 64) 2895-2916 /
+// 3004-3027 (-4%), (1, 4, 12288, 64) 831-845 / 873-887 (-5%), (1, 2, 32768, 64) 2947-2964 /
+// 3086-3103 (-4%); bfloat16 (1, 8, 16384, 64) 1771-1781 / 1829-1833 (-3%); float64 (1, 4, 16384,
+// 64) 3847 / 4217 (-9%); 1 thread (1, 1, 16384, 64) 710 / 739-742 (-4%). Shorter ones keep
+// 128 rows: (1, 8, 8192, 64) 742-747 / 722-736 (+2%), (1, 4, 8192, 128) 712-714 / 697-712,
+// (4, 8, 1024, 64) 47.1 / 44.2 (+6%).
+constexpr int64_t kLongKeys = 12288;
+
+// Tiles narrower than 128 keys or rows make small tile products: at D = 512 the L2 rule gave
+// 64 x 64 (Bc 64, Br capped at Bc), 155-172 GFLOP/s at (1, 8, 4096, 512) and (4, 8, 1024, 512)
+// against 184-187 for 128 x 128 and 185-198 for 256 x 128 (2 threads; 1 thread, (1, 2, 2048,
+// 512): 83 / 90 / 99; causal (4, 8, 1024, 512) 164 / 168 for 128 x 128, 156 for 256 x 256).
+// Heads of kWideHead and more take 256 rows: their Bc is 128, and the products' inner size
+// is the rows for P V's update. D = 256 keeps 128 (128 x 256 205 against 199 for 256 x 256
+// at (4, 8, 1024, 256); 199 / 204 at (1, 8, 4096, 256)).
+constexpr int64_t kMinBc = 128, kWideHead = 512;
+
 // The cache-sized choice described at the top; `shortest` = min(Lq, Lk) (0: unknown).
 inline FlashTiles auto_flash_tiles(int64_t dk, int64_t dv, bool causal, int64_t shortest = 0) {
-  constexpr int64_t kBr = 128, kMaxBc = 512, kMinBc = 16, kCausal = 128, kLongTile = 256;
+  constexpr int64_t kBr = 128, kMaxBc = 512, kCausal = 128, kLongTile = 256, kWideBr = 256, kLongBr = 512;
   const int64_t budget = l2_cache_bytes() / static_cast<int64_t>(sizeof(float));  // [floats]
   if (causal && shortest >= kLongCausal) {
     FlashTiles t{kLongTile, kLongTile};
@@ -83,9 +106,9 @@ inline FlashTiles auto_flash_tiles(int64_t dk, int64_t dv, bool causal, int64_t 
     return t;
   }
   FlashTiles t{0, kMaxBc};
-  while (t.bc > kMinBc && flash_working_set(std::min(kBr, t.bc), t.bc, dk, dv) > budget) t.bc /= 2;
-  t.br = std::min(causal ? kCausal : kBr, t.bc);
-  if (causal) t.bc = std::min(t.bc, 2 * t.br);
+  while (t.bc > kMinBc && flash_working_set(kBr, t.bc, dk, dv) > budget) t.bc /= 2;
+  if (causal) return {kCausal, std::min(t.bc, 2 * kCausal)};
+  t.br = shortest >= kLongKeys ? kLongBr : std::max(dk, dv) >= kWideHead ? kWideBr : kBr;
   return t;
 }
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "attention/flash_tiles.h"
@@ -134,6 +135,47 @@ TEST(FlashTiles, CausalOnLargeSquareTilesMatchesTheReference) {
   const AttentionResult r = scaled_dot_product_attention(q, k, v, o);
   EXPECT_LE(max_abs_diff(r.output, ref.output), 1e-12);
   EXPECT_LE(max_abs_diff(*r.logsumexp, *ref.logsumexp), 1e-12);
+}
+
+// Never below 128 keys or rows (the old L2 rule gave 64 x 64 at D = 512); wide heads take 256
+// rows, long non-causal problems 512 (flash_tiles.h: kMinBc, kWideHead, kLongKeys).
+TEST(FlashTiles, AutomaticTilesWidenRowsForWideHeadsAndLongProblems) {
+  for (const int64_t d : {1, 16, 64, 128, 256, 512, 1024, 4096}) {
+    for (const bool causal : {false, true}) {
+      const FlashTiles t = attention::auto_flash_tiles(d, d, causal, 1000);
+      EXPECT_GE(t.bc, 128) << d;
+      EXPECT_LE(t.bc, 512) << d;
+      EXPECT_EQ(t.br, causal ? 128 : (d >= 512 ? 256 : 128)) << d;
+    }
+  }
+  EXPECT_EQ(attention::auto_flash_tiles(64, 64, false).bc, 512);  // as before: 128 x 512 at D = 64
+  EXPECT_EQ(attention::auto_flash_tiles(64, 64, false, attention::kLongKeys).br, 512);
+  EXPECT_EQ(attention::auto_flash_tiles(512, 64, false, attention::kLongKeys).br, 512);
+  EXPECT_EQ(attention::auto_flash_tiles(64, 64, false, attention::kLongKeys - 1).br, 128);
+  EXPECT_EQ(attention::auto_flash_tiles(64, 64, true, attention::kLongKeys).br, 256);  // causal: square
+  // A short side cuts the 512 rows (choose_flash_tiles): Lq = 300 of a long Lk.
+  EXPECT_EQ(attention::choose_flash_tiles({}, {}, 300, 20000, 64, 64, false).br, 128);
+}
+
+// The kernel on the automatic wide-head tiles (256 x 128 at Dk = Dv = 512, ragged last tiles)
+// and on 512-row tiles with a ragged last one: the float64 kernel within 1e-12 of the reference.
+TEST(FlashTiles, WideHeadAndLongProblemTilesMatchTheReference) {
+  const Tensor q = Tensor::randn({1, 2, 300, 512}, 1).to(DType::f64),
+               k = Tensor::randn({1, 2, 270, 512}, 2).to(DType::f64);
+  const Tensor v = Tensor::randn({1, 2, 270, 512}, 3).to(DType::f64);
+  const Tensor q2 = Tensor::randn({1, 2, 1100, 24}, 4).to(DType::f64),
+               k2 = Tensor::randn({1, 2, 700, 24}, 5).to(DType::f64);
+  const Tensor v2 = Tensor::randn({1, 2, 700, 16}, 6).to(DType::f64);
+  AttentionOptions o;
+  o.return_logsumexp = true;
+  for (const auto& [qq, kk, vv, tiles] : {std::tuple{q, k, v, FlashTiles{}}, std::tuple{q2, k2, v2, FlashTiles{512, 256}},
+                                         std::tuple{q2, k2, v2, FlashTiles{512, 128}}}) {
+    o.tuning.flash_tiles = tiles;
+    const AttentionResult ref = attention_reference(qq, kk, vv, o);
+    const AttentionResult r = scaled_dot_product_attention(qq, kk, vv, o);
+    EXPECT_LE(max_abs_diff(r.output, ref.output), 1e-12) << tiles.br << "x" << tiles.bc;
+    EXPECT_LE(max_abs_diff(*r.logsumexp, *ref.logsumexp), 1e-12) << tiles.br << "x" << tiles.bc;
+  }
 }
 
 // Tiles passed in the options reach the kernel: every tile shape gives the
