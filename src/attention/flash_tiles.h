@@ -91,9 +91,9 @@ constexpr int64_t kLongKeys = 12288;
 // 64 x 64 (Bc 64, Br capped at Bc), 155-172 GFLOP/s at (1, 8, 4096, 512) and (4, 8, 1024, 512)
 // against 184-187 for 128 x 128 and 185-198 for 256 x 128 (2 threads; 1 thread, (1, 2, 2048,
 // 512): 83 / 90 / 99; causal (4, 8, 1024, 512) 164 / 168 for 128 x 128, 156 for 256 x 256).
-// Heads of kWideHead and more take 256 rows: their Bc is 128, and the products' inner size
-// is the rows for P V's update. D = 256 keeps 128 (128 x 256 205 against 199 for 256 x 256
-// at (4, 8, 1024, 256); 199 / 204 at (1, 8, 4096, 256)).
+// Heads of kWideHead and more take 256 rows (their Bc is at the floor; more rows per key tile
+// halve the passes over K and V, 2 KB a row there). D = 256 keeps 128 rows (128 x 256 205
+// against 199 for 256 x 256 at (4, 8, 1024, 256), though 199 / 204 at (1, 8, 4096, 256)).
 constexpr int64_t kMinBc = 128, kWideHead = 512;
 
 // The cache-sized choice described at the top; `shortest` = min(Lq, Lk) (0: unknown).
