@@ -40,6 +40,14 @@ inline void check_json_nesting(int depth, nlohmann::json::parse_event_t event, c
   }
 }
 
+// nlohmann's own error `e` as the refusal of limit.what: FormatError (E) "<what> is not valid
+// JSON: <its message, printable>" (it quotes the bytes read). Also a SAX handler's parse_error.
+template <class E = FormatError>
+[[noreturn]] inline void fail_invalid_json(const nlohmann::json::exception& e, const JsonNesting& limit,
+                                           const Context& ctx) {
+  fail_at<E>(ctx, limit.what, " is not valid JSON: ", printable(e.what()));
+}
+
 // nlohmann::json::parse with check_json_nesting before `keep` (its callback: what to keep;
 // nullptr keeps everything, a callback returning false builds nothing). nlohmann's own
 // errors are FormatError (E) "<what> is not valid JSON: <its message, printable>".
@@ -54,7 +62,7 @@ inline nlohmann::json parse_json_nesting_at_most(std::string_view text, const Js
   try {
     return nlohmann::json::parse(text.begin(), text.end(), checked);
   } catch (const nlohmann::json::exception& e) {
-    fail_at<E>(ctx, limit.what, " is not valid JSON: ", printable(e.what()));  // it quotes the bytes read
+    fail_invalid_json<E>(e, limit, ctx);
   }
 }
 

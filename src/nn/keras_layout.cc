@@ -165,7 +165,7 @@ class LayerNames {
     return true;
   }
   [[noreturn]] bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception& e) {
-    io::detail::fail_at(ctx_, limit_.what, " is not valid JSON: ", io::detail::printable(e.what()));
+    io::detail::fail_invalid_json(e, limit_, ctx_);
   }
 
  private:
