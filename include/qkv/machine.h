@@ -54,6 +54,22 @@ std::string machine_flags(const MachineInfo& info);
 // variable is set (as onednn_isa names ONEDNN_MAX_CPU_ISA).
 std::string machine_simd_target(const MachineInfo& info);
 
+// The float32 multiply-add peak of this machine's cores, measured (`qkv bench peak`): the
+// ceiling under qkv::gemm and every fused kernel, against which "% of the gemm rate" can be
+// read (docs/performance.md, "The machine's FMA peak").
+struct FmaPeak {
+  double gflops = 0;        // 2 flops per lane per multiply-add, all workers together; best run
+  int threads = 0;          // workers: get_num_threads(), each on its own chains at once
+  std::string simd_target;  // the Highway target the chains ran on (machine_info().simd_target)
+  int lanes = 0;            // float32 lanes of one vector on that target
+};
+
+// Each of get_num_threads() workers (parallel_for) runs twelve independent chains of float32
+// multiply-adds on the dispatched Highway target, nothing else in the loop; runs repeat, each at
+// least 20 ms, until `min_seconds` have passed (at least three), and the fastest gives the rate.
+// ValueError for min_seconds outside [0, 3600] or NaN.
+FmaPeak measure_fma_peak(double min_seconds = 0.3);
+
 namespace detail {
 // machine_info() with `cpuinfo_path` read in place of /proc/cpuinfo (tests: missing files).
 MachineInfo machine_info_from(const std::string& cpuinfo_path);

@@ -30,7 +30,7 @@ def test_version_is_the_one_in_cmakelists(run):
 
 @pytest.mark.parametrize("args,message", [
     (["bogus"], "'bogus' is not a subcommand of qkv (one of: attention, inspect, convert, demo, train, bench, einsum,"),
-    (["bench", "bogus"], "'bogus' is not a subcommand of qkv bench (one of: attention, decode)"),
+    (["bench", "bogus"], "'bogus' is not a subcommand of qkv bench (one of: attention, decode, peak)"),
     ([], "A subcommand is required"),
     (["bench"], "A subcommand is required"),
     (["einsum", "ij->ji", "x.npy", "--no-such-option"], "--no-such-option"),
@@ -71,6 +71,9 @@ BAD_NUMBERS = [
     (BENCH + ["--min-runs", "1.5"], "--min-runs: expected an integer in [1, 1000000], got '1.5'"),
     (BENCH + ["--gemm", "0"], "--gemm: expected an integer in [1, 65536], got '0'"),
     (BENCH + ["--gemm", "-2048"], "--gemm: expected an integer in [1, 65536], got '-2048'"),
+    (["bench", "peak", "--threads", "0"], "--threads: expected an integer in [1, 4096], got '0'"),
+    (["bench", "peak", "--min-time", "-1"], "--min-time: expected a finite number in [0, 3600], got '-1'"),
+    (["bench", "peak", "--min-time", "nan"], "--min-time: expected a finite number in [0, 3600], got 'nan'"),
     (["einsum", "ij->ji", "x.npy", "--memory-limit", "-5"], "--memory-limit: expected an integer >= 1, got '-5'"),
     (["einsum", "ij->ji", "x.npy", "--memory-limit", "1e3"], "--memory-limit: expected an integer >= 1, got '1e3'"),
     (["attention", *DUMMY, "--dropout", "nan"], "--dropout: expected a finite number in [0, 1], got 'nan'"),
@@ -198,6 +201,21 @@ def test_bench_reports_the_dtype_of_attention_and_gemm(qkv_cli, dtype):
     gemm, attention = (json.loads(line) for line in result.stdout.splitlines())
     assert (gemm["op"], gemm["dtype"], attention["op"], attention["dtype"]) == ("gemm", dtype, "attention", dtype)
     assert attention["shape"] == [1, 2, 128, 32] and attention["gflops"] > 0 and gemm["gflops"] > 0
+
+
+def test_bench_peak_reports_the_rate_threads_and_target(qkv_cli):
+    """qkv bench peak (measure_fma_peak): one JSON line naming the workers, the Highway target `qkv info`
+    names and that target's float32 lanes; the machine line on stderr. The rate is only a figure here."""
+    info = json.loads(subprocess.run([qkv_cli, "info", "--json"], capture_output=True, text=True, check=True).stdout)
+    for threads in ("1", "2"):
+        result = subprocess.run([qkv_cli, "bench", "peak", "--json", "--min-time", "0", "--threads", threads],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.startswith("Machine: "), result.stderr
+        (peak,) = (json.loads(line) for line in result.stdout.splitlines())
+        lanes = 16 if peak["simd_target"].startswith("AVX3") else 8 if peak["simd_target"] == "AVX2" else 4
+        assert (peak["op"], peak["dtype"], peak["threads"]) == ("fma_peak", "float32", int(threads))
+        assert peak["simd_target"] == info["simd_target"] and peak["lanes"] == lanes and peak["gflops"] > 0
 
 
 def test_bench_shape_with_lq_and_lk(qkv_cli):

@@ -255,6 +255,7 @@ void register_bench(CLI::App& app) {
     run_bench_attention(*args);
   });
   register_bench_decode(bench);
+  register_bench_peak(bench);
 }
 
 }  // namespace qkv::cli

@@ -20,8 +20,9 @@ void demo_seed001();                   // qkv demo: the trained seed-001 model f
 bool train_seed001_table();            // seed 001 trained in qkv beside Keras' losses (demo_seed001.cc)
 void register_train(CLI::App& app);    // train seed001
 void register_demo(CLI::App& app);
-void register_bench(CLI::App& app);           // bench attention, bench decode
+void register_bench(CLI::App& app);           // bench attention, bench decode, bench peak
 void register_bench_decode(CLI::App* bench);  // bench decode (bench_decode_cmd.cc)
+void register_bench_peak(CLI::App* bench);    // bench peak (bench_peak_cmd.cc)
 void register_einsum(CLI::App& app);
 void register_einops(CLI::App& app);   // rearrange, reduce, repeat, pack, unpack, parse-shape
 void register_heatmap(CLI::App& app);  // heatmap WEIGHTS -o OUT.png
