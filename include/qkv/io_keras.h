@@ -50,9 +50,15 @@ struct KerasArchive {
   WeightFile weights;         // model.weights.h5
 };
 KerasArchive load_keras_archive(const std::filesystem::path& path);
+// How deep a Keras config.json may nest (objects and arrays, the outermost counted):
+// load_keras_archive and check_keras_config refuse deeper ones, save_keras_archive too, and
+// so do nn::keras_config_layer_order and qkv convert --config (nn::kMaxKerasConfigLevels is
+// this one). Keras reads config.json with Python's json, which refuses about 1000 levels at
+// Python's default recursion limit (994 arrays at the top of Python 3.11); Keras 3.15 writes
+// 10 for seed 001's model (tests/fixtures/seed001/model.keras).
+inline constexpr int kMaxKerasConfigLevels = 1000;
 // Checks `config_json` as load_keras_archive checks an archive's config.json, building
-// nothing: valid JSON nested at most 1000 levels (nn::kMaxKerasConfigLevels; Keras reads it
-// with Python's json, which refuses about as many). FormatError as the reader's, naming
+// nothing: valid JSON nested at most kMaxKerasConfigLevels. FormatError as the reader's, naming
 // `source`: "check_keras_config: deep.json: config.json nests JSON 1001 levels deep, more
 // than the 1000 qkv reads (...)", "check_keras_config: bad.json: config.json is not valid JSON: ...".
 void check_keras_config(std::string_view config_json, const std::string& source);
@@ -60,7 +66,7 @@ void check_keras_config(std::string_view config_json, const std::string& source)
 // (`metadata_json`, or {"keras_version": "3.15.1", "date_saved": ...} when empty),
 // config.json and model.weights.h5 holding `weights` at their Keras 3 paths
 // (nn::keras3_paths). ValueError, before the file is touched, when config_json or
-// metadata_json is not valid JSON or nests deeper than check_keras_config allows (1000 levels).
+// metadata_json is not valid JSON or nests deeper than check_keras_config allows (kMaxKerasConfigLevels).
 void save_keras_archive(const std::filesystem::path& path, const std::map<std::string, Tensor>& weights,
                         const std::string& config_json, const std::string& metadata_json = "");
 KerasArchive parse_keras_archive(std::span<const std::byte> bytes, const std::string& source);

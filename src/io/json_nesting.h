@@ -1,8 +1,8 @@
 // JSON of a file refused when nested too deep, while nlohmann parses it and before it
 // builds the container: nlohmann builds any depth (20M levels of '[' in a 40 MB
 // safetensors header took 1.5 GB and 5.3 s). Used by the safetensors header
-// (src/io/safetensors.cc), the .keras config.json (src/io/keras_tf/keras_zip.cc; its
-// writer, keras_zip_writer.cc) and nn::keras_config_layer_order (src/nn/keras_layout.cc).
+// (src/io/safetensors.cc) and, through io/keras_tf/keras_config.h (qkv_io_keras: the Keras
+// limit and its check), by the .keras reader and writer and nn::keras_config_layer_order.
 // Header-only: nlohmann is each layer's private dependency.
 #pragma once
 
@@ -21,13 +21,6 @@ struct JsonNesting {
   std::string_view what;  // "header", "config.json"
   std::string_view why;   // ", which the reference (serde_json) refuses"
 };
-
-// A Keras config.json: Keras reads it with Python's json, which refuses about 1,000
-// levels at Python's default recursion limit (994 arrays at the top of Python 3.11);
-// Keras 3.15 writes 10 for seed 001's model (tests/fixtures/seed001/model.keras).
-inline constexpr int kMaxKerasConfigLevels = 1000;
-inline constexpr std::string_view kKerasConfigTooDeep =
-    ", more than the 1000 qkv reads (Python's json, which Keras reads it with, refuses about 1000)";
 
 // First thing in a parser callback: FormatError (fail_at; E: a writer's ValueError) at the
 // start of an object or array with `depth` (nlohmann's: the containers around it) = limit.max_levels.
@@ -64,15 +57,6 @@ inline nlohmann::json parse_json_nesting_at_most(std::string_view text, const Js
   } catch (const nlohmann::json::exception& e) {
     fail_invalid_json<E>(e, limit, ctx);
   }
-}
-
-// A Keras config.json checked as load_keras_archive reads it and save_keras_archive writes it
-// (valid JSON nested at most kMaxKerasConfigLevels), nothing built: a deflated member
-// inflates up to 1 GiB. E: FormatError for a file read, ValueError for an argument written.
-template <class E = FormatError>
-inline void check_keras_config(std::string_view text, std::string_view what, const Context& ctx) {
-  (void)parse_json_nesting_at_most<E>(text, {kMaxKerasConfigLevels, what, kKerasConfigTooDeep}, ctx,
-                                      [](int, nlohmann::json::parse_event_t, nlohmann::json&) { return false; });
 }
 
 }  // namespace qkv::io::detail

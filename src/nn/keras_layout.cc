@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "io/json_nesting.h"
+#include "io/keras_tf/keras_config.h"
 #include "qkv/error.h"
 #include "qkv/nn/keras_layers.h"
 
@@ -319,11 +320,9 @@ TfKerasCheckpoint tf_keras_checkpoint_keys(const LayerWeights& layers, const std
   return out;
 }
 
-static_assert(kMaxKerasConfigLevels == io::detail::kMaxKerasConfigLevels, "one limit for every config.json");
-
 std::vector<std::string> keras_config_layer_order(const std::string& config_json) {
   const io::detail::Context ctx{"keras_config_layer_order", "config_json"};
-  LayerNames names({io::detail::kMaxKerasConfigLevels, "it", io::detail::kKerasConfigTooDeep}, ctx);
+  LayerNames names(io::detail::keras_config_nesting("it"), ctx);
   nlohmann::json::sax_parse(config_json, &names);  // throws on errors (LayerNames::parse_error)
   return std::move(names.names);
 }

@@ -220,6 +220,23 @@ TEST(KerasArchive, CheckKerasConfigIsTheReadersCheck) {
                     "check_keras_config: bad.json: config.json is not valid JSON: [json.exception.parse_error.");
 }
 
+// The limit is written once (qkv/io_keras.h): nn's is the same constant, and every check,
+// nn::keras_config_layer_order's included, passes kMaxKerasConfigLevels levels and refuses one
+// more with that number in its message (built from the constant, not written again).
+TEST(KerasArchive, OneConfigLimitForIoAndNn) {
+  constexpr const int* nn_limit = &nn::kMaxKerasConfigLevels;  // one object, not an equal copy
+  static_assert(nn_limit == &kMaxKerasConfigLevels, "nn's limit is io's");
+  const auto levels = static_cast<size_t>(kMaxKerasConfigLevels);
+  const std::string more =
+      std::to_string(levels + 1) + " levels deep, more than the " + std::to_string(levels) + " qkv";
+  EXPECT_EQ(keras_config_layer_order(nested_config(levels - 4)), std::vector<std::string>{"a"});
+  check_keras_config(nested_config(levels - 4), "ok.json");
+  EXPECT_THROW_WITH(check_keras_config(nested_config(levels - 3), "deep.json"), FormatError,
+                    "check_keras_config: deep.json: config.json nests JSON " + more);
+  EXPECT_THROW_WITH(keras_config_layer_order(nested_config(levels - 3)), FormatError,
+                    "keras_config_layer_order: config_json: it nests JSON " + more);
+}
+
 // metadata.json was only checked to be JSON: 10^6 levels were written. Keras 3.15's
 // KerasFileEditor json.loads it (Python's json refuses about 1000), so the writer holds it to
 // config.json's limit, before the file is touched; 1000 levels are written as given.

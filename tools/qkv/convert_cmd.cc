@@ -67,7 +67,7 @@ std::string read_text(const std::string& path) {
 }
 
 // --config's text, checked as the .keras reader checks config.json (io::check_keras_config:
-// valid JSON nested at most nn::kMaxKerasConfigLevels, nothing built) before anything is
+// valid JSON nested at most io::kMaxKerasConfigLevels, nothing built) before anything is
 // read or written, so that a bad file is named as itself: it was refused by the archive
 // writer as "save_keras_archive: OUT.keras: config_json is not valid JSON", naming the output.
 std::string read_config(const std::string& path) {

@@ -57,7 +57,8 @@ std::vector<std::string> keras_layer_order(const io::WeightFile& file);
 // How deep a Keras config.json may nest (objects and arrays, the outermost counted):
 // load_keras_archive and keras_config_layer_order refuse deeper ones, save_keras_archive
 // and qkv convert --config too (Python's json, which Keras reads it with, refuses about 1000).
-inline constexpr int kMaxKerasConfigLevels = 1000;
+// The io layer's limit itself (qkv/io_keras.h), here under nn:: too.
+using io::kMaxKerasConfigLevels;
 // The layer names of a Keras config.json (config.layers[].name) in model order; empty
 // when the JSON has no such list. FormatError when it is not valid JSON or nests more
 // than kMaxKerasConfigLevels deep (as load_keras_archive). Reads the names alone (no tree

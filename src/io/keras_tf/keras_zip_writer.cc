@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/io_internal.h"
-#include "io/json_nesting.h"
+#include "io/keras_tf/keras_config.h"
 #include "qkv/io_keras.h"
 
 namespace qkv::io {
