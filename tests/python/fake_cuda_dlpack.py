@@ -1,11 +1,14 @@
-"""A DLPack producer that says its memory is on a CUDA device, for machines without a GPU
-(imported as `fake_cuda_dlpack` by test_cuda.py).
+"""A DLPack producer built with ctypes: by default one that says its memory is on a CUDA
+device, for machines without a GPU (imported as `fake_cuda_dlpack` by test_cuda.py); with
+`memory=` a host (kDLCPU) producer over real memory, for dtypes no Python producer in .venv
+exports through DLPack (bfloat16: NumPy refuses ml_dtypes.bfloat16; test_py_interop.py).
 
 FakeCudaArray builds the DLPack structs (dlpack.h, v1.0) with ctypes: device (kDLCUDA, id),
 dtype, shape, strides in elements and byte_offset over memory that is mapped PROT_NONE, so
-any read or write of it on the host is a segfault, never a silent success. It records the
-keyword arguments __dlpack__ was called with and how often the consumer called the
-capsule's deleter (what tells that qkv released the producer's memory).
+any read or write of it on the host is a segfault, never a silent success, or over the
+memory of a NumPy array given as `memory` (FakeCudaArray.on_host(array) makes one over an
+array's own elements). It records the keyword arguments __dlpack__ was called with and how
+often the consumer called the capsule's deleter (what tells that qkv released the memory).
 """
 import ctypes
 import mmap
@@ -53,6 +56,17 @@ _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
+# What each consumed-or-not capsule points into (its managed struct, shape and strides, and
+# through the deleter the producer and its memory), by the struct's address, until the
+# consumer calls the deleter: a capsule may outlive its producer (a failing test's frame
+# holds a result over it when the garbage collector takes the producer), and a deleter
+# called into freed ctypes memory crashed pytest instead of reporting the failure. Released
+# entries are dropped at the next export, not inside the deleter call they hold; a capsule
+# never consumed keeps its entry (the capsules have no destructor). Never freed itself, so
+# that a tensor dying at interpreter exit still finds its deleter.
+_LIVE, _RELEASED = {}, []
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_LIVE))
+
 _GUARD_BYTES = 1 << 20
 _PROT_NONE = 0  # Linux (Python's mmap module does not export it)
 
@@ -80,11 +94,12 @@ class FakeCudaArray:
     shape and strides (in elements; None: contiguous) describe the array; byte_offset is
     added to the data pointer; versioned=True answers max_version with a DLPack 1.0 capsule
     (read_only sets its flag); versioned=False refuses max_version (TypeError), as producers
-    before DLPack 1.0 do.
+    before DLPack 1.0 do. memory: a NumPy array whose buffer the data pointer points into
+    (its element [0, ..., 0]; kept alive by the producer) instead of the unreadable pages.
     """
 
     def __init__(self, shape, dtype="float32", strides=None, byte_offset=0, device=(kDLCUDA, 0), versioned=True,
-                 read_only=False, first_element=None):
+                 read_only=False, first_element=None, memory=None):
         self.shape, self.dtype, self.device = tuple(shape), dtype, device
         itemsize = _CODES[dtype][1] // 8
         if strides is None:
@@ -94,11 +109,12 @@ class FakeCudaArray:
                 running *= d
         self.strides = tuple(strides)
         # first_element: element index of [0, ..., 0] from the start of the memory (room for negative strides).
-        self.base = _guard_memory() + (first_element or 0) * itemsize
+        self.memory = memory
+        start = _guard_memory() if memory is None else memory.__array_interface__["data"][0]
+        self.base = start + (first_element or 0) * itemsize
         self.byte_offset, self.versioned, self.read_only = byte_offset, versioned, read_only
         self.calls = []  # the kwargs of every __dlpack__ call
         self.deleted = 0  # deleter calls
-        self._keep = []  # ctypes objects the capsules point into
 
     @property
     def data_ptr(self):
@@ -118,6 +134,7 @@ class FakeCudaArray:
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         self.calls.append({"stream": stream, "max_version": max_version})
+        _RELEASED.clear()
         tensor, arrays = self._tensor()
         if max_version is not None and not self.versioned:
             raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
@@ -128,8 +145,19 @@ class FakeCudaArray:
         else:
             managed = DLManagedTensor(tensor, None, DELETER(self._delete))
             name = b"dltensor"
-        self._keep.append((managed, arrays))
+        _LIVE[ctypes.addressof(managed)] = (managed, arrays)
         return _capsule_new(ctypes.addressof(managed), name, None)
 
-    def _delete(self, _):
+    def _delete(self, managed):
         self.deleted += 1
+        _RELEASED.append(_LIVE.pop(ctypes.cast(managed, ctypes.c_void_p).value, None))
+
+    @classmethod
+    def on_host(cls, array, **kwargs):
+        """A kDLCPU producer over `array`'s own elements (no copy) with its shape and strides,
+        exported with DLPack's code for its dtype: kDLBfloat 16 for ml_dtypes.bfloat16, kDLFloat
+        16 for float16, ... (keyword arguments: the constructor's)."""
+        if any(s % array.itemsize for s in array.strides):
+            raise ValueError("DLPack strides are in whole elements")
+        strides = [s // array.itemsize for s in array.strides]
+        return cls(array.shape, array.dtype.name, strides=strides, device=(kDLCPU, 0), memory=array, **kwargs)
