@@ -317,3 +317,74 @@ def test_real_torch_float8_is_refused_by_its_name():
     """DLPack 1.1's float8 codes were printed as 'dtype code 108' (code 10, then the bits)."""
     with pytest.raises(TypeError, match=r"_roundtrip: dtype float8_e4m3fn is not supported"):
         qkv._qkv._roundtrip(torch.ones(3).to(torch.float8_e4m3fn))
+
+
+# ---- bfloat16 / float16 CPU tensors through DLPack, by data_ptr (issue 14 item 6) ----------------------------
+# CI's .venv has no torch: test_py_interop.py runs the same paths on a ctypes kDLBfloat / kDLFloat producer.
+
+HALF = [torch.bfloat16, torch.float16]
+_describe, _roundtrip = qkv._qkv.cuda._describe, qkv._qkv.cuda._roundtrip
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_half_cpu_tensors_cross_in_and_out_without_copy(dtype):
+    """torch -> qkv at torch's data_ptr() with its strides (a [B, L, H, D] tensor seen as
+    [B, H, L, D]), through torch's versioned __dlpack__ and a bare to_dlpack capsule; qkv ->
+    torch (torch.from_dlpack in qkv's torch-in, torch-out rule) at the same data_ptr(), writes
+    seen both ways; a computed result is read back by qkv in place and torch.from_dlpack of it
+    (and of a float16 NumPy result) does not copy."""
+    base = torch.randn(2, 24, 3, 16, generator=torch.Generator().manual_seed(5)).to(dtype)
+    t = base.transpose(1, 2)
+    info = _describe(t)
+    assert info["data_ptr"] == t.data_ptr() and info["dtype"] == str(dtype).removeprefix("torch.")
+    assert info["shape"] == tuple(t.shape) and info["strides"] == t.stride() and not info["read_only"]
+    assert _describe(torch.utils.dlpack.to_dlpack(t))["data_ptr"] == t.data_ptr()
+    out = _roundtrip(t)
+    assert type(out) is torch.Tensor and out.dtype == dtype
+    assert out.data_ptr() == t.data_ptr() and out.stride() == t.stride() and out.shape == t.shape
+    out[1, 2, 3, 4] = 7.0
+    assert base[1, 3, 2, 4] == 7.0
+    base[0, 5, 1, 2] = -3.0
+    assert out[0, 1, 5, 2] == -3.0
+    view = qkv.rearrange(t, "b h l d -> b l h d")  # a view through the public API
+    assert type(view) is torch.Tensor and view.data_ptr() == base.data_ptr() and view.stride() == base.stride()
+
+    q = torch.randn(2, 3, 8, 16, dtype=torch.float64).to(dtype)
+    res = qkv.scaled_dot_product_attention(q, q, q)
+    assert type(res) is torch.Tensor and res.dtype == dtype
+    assert _describe(res)["data_ptr"] == res.data_ptr()
+    assert torch.from_dlpack(res).data_ptr() == res.data_ptr()
+    if dtype == torch.float16:  # NumPy exports float16 (not ml_dtypes.bfloat16) through DLPack
+        res_np = qkv.scaled_dot_product_attention(q.numpy(), q.numpy(), q.numpy())
+        assert torch.from_dlpack(res_np).data_ptr() == res_np.__array_interface__["data"][0]
+
+
+def _half_ulp(x, dtype):
+    """Half an ulp of bfloat16 / float16 at |x| (subnormals included), as test_py_attention.py."""
+    fraction_bits, min_exponent = {torch.float16: (10, -14), torch.bfloat16: (7, -126)}[dtype]
+    binade = torch.floor(torch.log2(torch.clamp(x.abs(), min=2.0**min_exponent)))
+    return 2.0 ** (binade - fraction_bits - 1)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_half_cpu_tensors_attention_matches_torchs_float64_sdpa(dtype, causal):
+    """qkv.scaled_dot_product_attention on torch bfloat16 / float16 CPU views ([B, L, H, D] seen
+    as [B, H, L, D]) against torch's own SDPA in float64 on the same 16-bit values, within
+    docs/testing.md's bound (half an ulp at each value + 1e-6 x scale + the fused kernel's P
+    rounding on native 16-bit tiles, half an ulp of 1 x max|v|, twice) and, as its C++ fixture
+    tests, within 2x the error of torch's own SDPA in the 16-bit dtype (1.0-1.3x here); the
+    inputs are read in place (their data_ptr() is what qkv wraps), the result is of the dtype."""
+    gen = torch.Generator().manual_seed(11 + causal)
+    q, k, v = (torch.randn(s, generator=gen).to(dtype).transpose(1, 2) for s in ((2, 24, 3, 16), (2, 40, 3, 16),
+                                                                                 (2, 40, 3, 8)))
+    assert [_describe(x)["data_ptr"] for x in (q, k, v)] == [x.data_ptr() for x in (q, k, v)]
+    out = qkv.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert type(out) is torch.Tensor and out.dtype == dtype and out.shape == (2, 3, 24, 8)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+    v_max = v.double().abs().max()
+    tol = _half_ulp(want, dtype) + 1e-6 * want.abs().max() + 2 * _half_ulp(torch.tensor(1.0), dtype) * v_max
+    err = (out.double() - want).abs()
+    assert bool((err <= tol).all()), f"max error {err.max().item():.3g}, tolerance from {tol.min().item():.3g}"
+    torch_err = (F.scaled_dot_product_attention(q, k, v, is_causal=causal).double() - want).abs().max().item()
+    assert err.max().item() <= 2 * torch_err, f"max error {err.max().item():.3g}, torch's own {torch_err:.3g}"
