@@ -37,5 +37,10 @@ std::map<std::string, Tensor> load(const std::filesystem::path& path);
 // checkpoint, tensors under their names as keys; qkv/io_tf.h) any number.
 // Any other extension: FormatError naming the path.
 void save(const std::filesystem::path& path, const std::map<std::string, Tensor>& tensors);
+// Whether inspect / load (and load_weights, inspect_weights, load_weights_and_config,
+// qkv/io_keras.h) read `path` as a .keras archive: by its name alone, the file is not
+// opened. True when its extension is .keras in any case ("m.keras", "M.KERAS"); not for a
+// file named ".keras" alone, which has no extension.
+bool is_keras_archive(const std::filesystem::path& path);
 
 }  // namespace qkv::io

@@ -105,6 +105,21 @@ TEST(IoFiles, UnknownExtensionIsFormatError) {
                     "save: x.keras: save writes .npy, .safetensors, .h5 and TF checkpoints");
 }
 
+// is_keras_archive is the answer inspect/load and load_weights act on (qkv convert asks it
+// whether its input's config.json is kept): the extension, in any case, by name alone.
+TEST(IoFiles, IsKerasArchiveIsWhatTheReadersReadAsOne) {
+  for (const char* yes : {"m.keras", "M.KERAS", "dir/m.Keras", "a.b.keras", "/nonexistent/m.keras"})
+    EXPECT_TRUE(is_keras_archive(yes)) << yes;
+  for (const char* no : {"m.keras.h5", "m.kerass", "keras", "m.weights.h5", ".keras", "dir.keras/m", ""})
+    EXPECT_FALSE(is_keras_archive(no)) << no;
+  const auto upper = testing::temp_path("MODEL.KERAS");
+  std::filesystem::copy_file(fixture("seed001", "model.keras"), upper,
+                             std::filesystem::copy_options::overwrite_existing);
+  ASSERT_TRUE(is_keras_archive(upper));
+  EXPECT_FALSE(load_weights_and_config(upper).config_json.empty()) << "read as a .keras archive";
+  EXPECT_THROW_WITH(load(".keras"), FormatError, "load: .keras: unknown file extension ''");
+}
+
 TEST(IoFiles, SaveNpyNeedsExactlyOneTensor) {
   EXPECT_THROW_WITH(save("two.npy", {{"a", Tensor::zeros({1})}, {"b", Tensor::zeros({1})}}), ValueError,
                     "save: two.npy: an .npy file holds exactly one tensor, got 2");

@@ -209,8 +209,6 @@ std::map<std::string, Tensor> write_same(const ConvertArgs& a, const std::string
   return out;
 }
 
-bool is_keras_archive(const std::string& path) { return ascii_lower(path).ends_with(".keras"); }
-
 // --config and --layer-order where they would be ignored (they were, without a word) are
 // usage errors, before anything is read or written. --config is the .keras output's
 // config.json; --layer-order orders the layers of a tf.keras .h5, a TF checkpoint or the
@@ -236,7 +234,7 @@ void check_options_apply(const ConvertArgs& a, const std::string& format) {
     usage("convert: --layer-order and --config: ", a.out, " takes the layers and their order of --config ", a.config,
           "; give one of them");
   }
-  if (format == "keras" && is_keras_archive(a.in)) {
+  if (format == "keras" && io::is_keras_archive(a.in)) {  // the reader's own answer
     usage("convert: --layer-order does not apply: ", a.out, " takes the config.json of ", a.in,
           ", with its layers in its order (--config FILE replaces it)");
   }

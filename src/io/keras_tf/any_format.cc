@@ -22,7 +22,7 @@ Format format_of(const std::filesystem::path& path, const char* op) {
   if (ext == ".npy") return Format::npy;
   if (ext == ".safetensors") return Format::safetensors;
   if (ext == ".h5" || ext == ".hdf5") return Format::keras_h5;
-  if (ext == ".keras") return Format::keras_archive;
+  if (is_keras_archive(path)) return Format::keras_archive;
   if (ext == ".index" || path.filename().string().find(".data-") != std::string::npos) return Format::tf_checkpoint;
   if (!tf_checkpoint_prefix(path).empty()) return Format::tf_checkpoint;  // a prefix: PREFIX.index exists
   detail::fail_at(detail::Context{op, path.string()}, "unknown file extension '", path.extension().string(), "' ",
@@ -43,6 +43,8 @@ bool numpy_fortran_order(const Tensor& t) {
 }
 
 }  // namespace
+
+bool is_keras_archive(const std::filesystem::path& path) { return lower_extension(path) == ".keras"; }
 
 std::vector<TensorInfo> inspect(const std::filesystem::path& path) {
   const detail::Context ctx{"inspect", path.string()};
