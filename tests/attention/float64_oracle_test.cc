@@ -1,6 +1,8 @@
-// The float64 path of scaled_dot_product_attention (which is attention_reference)
-// and every logsumexp against the long double oracle of tests/common/
-// attention_oracle.h, which shares no code with qkv's attention.
+// Against the long double oracle of tests/common/attention_oracle.h, which shares no code
+// with qkv's attention: the float64 path of scaled_dot_product_attention, which is the fused
+// CPU kernel computing in double (attention_cpu.cc, Types<double, double, double>; the float64
+// reference no longer runs it), its output, weights and logsumexp; and the logsumexp of every
+// path: the fused kernel on f32, f16 and bf16 inputs, attention_reference, and Dk == 0.
 #include <gtest/gtest.h>
 
 #include <algorithm>
