@@ -1,7 +1,8 @@
 // Linear::quantize_dynamic and MultiheadAttention::quantize_dynamic (int8): against a
 // float64 model of the same quantization written here from its definition (per-channel
 // weight scales, per-token activation scales, round half to even, exact integer dot
-// products), and against the float32 layers (the error quantization costs).
+// products), and against the float32 layers (the error quantization costs). Linear's
+// quantize_static against the same model with the calibrated activation scale (clipped).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -207,6 +208,72 @@ TEST(LinearQuantized, StaticScaleClipsAndEqualsDynamicAtTheRowsOwnScale) {
   // Half the range: the larger half of x clips to +-127, so the result is no longer close.
   EXPECT_GT(norm_rel(f.quantize_static(amax / 254.0f).forward(x), f.forward(x)), 5e-2);
   EXPECT_THROW((void)f.quantize_static(0.0f), ValueError);
+}
+
+// quantize_static(s, bits) against its definition in float64, every output element: each
+// activation q = clamp(round_half_even(x / s), -127, 127) at the calibrated scale s whatever
+// the token's own range (computed here in double from x / s, not as the layer does it), the
+// weights per output channel as quantize_dynamic's (quantized_row, above), exact integer dot
+// products, y = acc * s * sw + b. Rows of 200 and 33 tokens: the blocked path (where the CPU
+// has VNNI) and one GEMM; 8-bit and 7-bit weights (gemm_int8_narrow_b).
+void expect_static_definition(int bits, int64_t rows) {
+  const int64_t in = 96, out = 40;
+  const float s = 1.5f / 127.0f;  // a calibrated range of 1.5: ~13% of the N(0, 1) inputs clip
+  const Tensor w = Tensor::randn({out, in}, 11), b = Tensor::randn({out}, 12);
+  std::vector<float> xv = Tensor::randn({rows, in}, 13).to_vector<float>();
+  for (int64_t i = 0; i < in; ++i) xv[static_cast<size_t>(2 * in + i)] *= 0.01f;  // a token far below the range
+  const Linear q = Linear::torch(w, b).quantize_static(s, bits);
+  ASSERT_EQ(q.weight_bits(), bits);
+  const std::vector<float> yv = q.forward(Tensor::from_vector(xv, {rows, in})).to_vector<float>();
+  const std::vector<float> wv = w.to_vector<float>(), bv = b.to_vector<float>();
+  std::vector<std::vector<double>> qw(static_cast<size_t>(out));
+  std::vector<double> sw(static_cast<size_t>(out));
+  for (int64_t n = 0; n < out; ++n) {
+    qw[static_cast<size_t>(n)] = quantized_row(wv.data() + n * in, in, sw[static_cast<size_t>(n)], bits == 7 ? 63.0f : 127.0f);
+  }
+  int64_t clipped = 0, near_ties = 0;
+  for (int64_t m = 0; m < rows; ++m) {
+    // The layer computes x * (1 / s) in float32: two roundings, at most 2^-23 of |x / s| <= 127
+    // (1.6e-5) from x / s. Within 2e-5 of a half-integer it may round the other way; each such
+    // element i widens the tolerance by the one step it can move y: s sw |qw_i| (one of 19,200
+    // at these seeds, printed below). Elsewhere q is the definition's exactly.
+    std::vector<double> qx(static_cast<size_t>(in)), tie(static_cast<size_t>(in), 0.0);
+    for (int64_t i = 0; i < in; ++i) {
+      const double r = static_cast<double>(xv[static_cast<size_t>(m * in + i)]) / static_cast<double>(s);
+      const double c = std::clamp(r, -127.0, 127.0);
+      qx[static_cast<size_t>(i)] = std::nearbyint(c);  // round half to even (the default mode)
+      clipped += c != r;
+      tie[static_cast<size_t>(i)] = std::fabs(c - std::floor(c) - 0.5) < 2e-5 ? 1.0 : 0.0;
+      near_ties += tie[static_cast<size_t>(i)] != 0.0;
+    }
+    for (int64_t n = 0; n < out; ++n) {
+      const std::vector<double>& qn = qw[static_cast<size_t>(n)];
+      double acc = 0.0, slack = 0.0;
+      for (int64_t i = 0; i < in; ++i) {
+        acc += qx[static_cast<size_t>(i)] * qn[static_cast<size_t>(i)];
+        slack += tie[static_cast<size_t>(i)] * std::fabs(qn[static_cast<size_t>(i)]);
+      }
+      const double scale = static_cast<double>(s) * sw[static_cast<size_t>(n)], bias = bv[static_cast<size_t>(n)];
+      const double want = acc * scale + bias;
+      // The layer's epilogue, float(acc) (exact: |acc| <= 127 * 127 * 96 < 2^24) * float(s * sw)
+      // + b, rounds three times, each by at most 2^-24 of |acc s sw| + |b|: 1e-6 of that covers it.
+      const double tol = 1e-6 * (std::fabs(acc * scale) + std::fabs(bias)) + slack * scale;
+      EXPECT_NEAR(yv[static_cast<size_t>(m * out + n)], want, tol) << "token " << m << " channel " << n;
+    }
+  }
+  EXPECT_GT(clipped, rows * in / 20);  // the clip is exercised: ~13% expected
+  std::printf("static int8 Linear (%d-bit weights, %lld tokens): %lld of %lld activations clipped, %lld near a tie\n",
+              bits, static_cast<long long>(rows), static_cast<long long>(clipped),
+              static_cast<long long>(rows * in), static_cast<long long>(near_ties));
+}
+
+TEST(LinearQuantized, StaticMatchesTheDefinitionInFloat64) {
+  for (int bits : {8, 7}) {
+    for (int64_t rows : {200, 33}) {
+      SCOPED_TRACE(std::to_string(bits) + "-bit weights, " + std::to_string(rows) + " tokens");
+      expect_static_definition(bits, rows);
+    }
+  }
 }
 
 // A NaN or an inf in a token row makes that row's outputs NaN, as float arithmetic does (the
