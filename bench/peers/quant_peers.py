@@ -20,6 +20,8 @@ and the relative error ||y - y_f32|| / ||y_f32|| of each against torch's f32 out
     .venv-fixtures/bin/python bench/peers/quant_peers.py --threads 2
     ONEDNN_MAX_CPU_ISA=AVX2 .venv-fixtures/bin/python bench/peers/quant_peers.py --threads 2
         (qkv's GEMMs as on an AVX2-only machine; torch's fbgemm does not read that cap)
+    .venv-fixtures/bin/python bench/peers/quant_peers.py --threads 1,2 --parts
+        (and a second table: each int8 layer's float32 attention timed alone, and the rest)
 """
 import argparse
 import os
@@ -64,6 +66,9 @@ def main():
     ap.add_argument("--shape", default="8,512,768,12", help="B,L,E,H")
     ap.add_argument("--qkv", default="build/release/bin/qkv", help="the qkv CLI (for the machine line)")
     ap.add_argument("--weight-bits", type=int, default=None, help="qkv int8 weights: 8 or 7 (default: the CPU's)")
+    ap.add_argument("--parts", action="store_true",
+                    help="also a table of where each int8 layer's time goes: its float32 attention alone "
+                         "(on the layer's head views) and the rest (projections, quantization, head merge)")
     a = ap.parse_args()
     b, l, e, h = map(int, a.shape.split(","))
     import numpy as np
@@ -89,6 +94,7 @@ def main():
           "| rel. error qkv int8 | rel. error qkv int8 + bf16 attention | rel. error torch int8 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     medium = {"need_weights": False, "attention_options": {"matmul_precision": "medium"}}
+    parts = []
     for threads in map(int, a.threads.split(",")):
         torch.set_num_threads(threads)
         qkv.set_num_threads(threads)
@@ -109,6 +115,39 @@ def main():
               f"| {ms['qkv f32'] / ms['qkv int8']:.2f}× | {ms['torch int8'] / ms['qkv int8']:.2f}× "
               f"| {ms['torch int8'] / ms['qkv int8 medium']:.2f}× "
               f"| {rel(got_q):.2e} | {rel(got_m):.2e} | {rel(got_t):.2e} |")
+        if a.parts:
+            parts.append((threads, ms["qkv int8"], ms["torch int8"]) + attention_ms(b, l, e, h, a.min_time))
+    if parts:
+        print_parts(parts)
+
+
+def attention_ms(b, l, e, h, min_time):
+    """qkv's and torch's float32 attention alone, as each int8 layer runs it: on [B, H, L, E/H] head
+    views of the projections' [B, L, 3E] (qkv) or of three [B, L, E] outputs (torch), ms."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    import qkv
+
+    qkv_all = np.random.default_rng(2).standard_normal((b, l, 3, h, e // h), dtype=np.float32)
+    heads = [qkv_all[:, :, i].transpose(0, 2, 1, 3) for i in range(3)]  # [B, H, L, D] views
+    split = lambda t: t.view(b, l, h, e // h).transpose(1, 2)
+    tq, tk, tv = (split(torch.randn(b, l, e)) for _ in range(3))
+    with torch.inference_mode():
+        torch_s = best_seconds(lambda: F.scaled_dot_product_attention(tq, tk, tv), min_time)
+    qkv_s = best_seconds(lambda: qkv.scaled_dot_product_attention(*heads), min_time)
+    return qkv_s * 1e3, torch_s * 1e3
+
+
+def print_parts(parts):
+    print("\nWhere the int8 layers' time goes (same run; rest = layer − its float32 attention timed alone: "
+          "the int8 projections, the activations' quantization, the head merge):\n")
+    print("| threads | qkv int8 layer ms | qkv attention ms | qkv rest ms | torch int8 layer ms | torch attention ms "
+          "| torch rest ms | qkv int8 / torch int8 | qkv rest for 1.3× (torch int8 / 1.3 − qkv attention) ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for threads, q, t, qa, ta in parts:
+        print(f"| {threads} | {q:.1f} | {qa:.1f} | {q - qa:.1f} | {t:.1f} | {ta:.1f} | {t - ta:.1f} "
+              f"| {t / q:.2f}× | {t / 1.3 - qa:.1f} |")
 
 
 if __name__ == "__main__":
