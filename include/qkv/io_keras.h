@@ -50,6 +50,11 @@ struct KerasArchive {
   WeightFile weights;         // model.weights.h5
 };
 KerasArchive load_keras_archive(const std::filesystem::path& path);
+// load_keras_archive(path).weights.entries (same keys, names, order, dtypes, shapes) without
+// reading the tensors' data: model.weights.h5 is listed as inspect_keras_h5 lists a file, read
+// in place when stored (as Keras writes it); config.json is checked as load_keras_archive
+// checks it. What inspect / inspect_weights give for a .keras.
+std::vector<TensorInfo> inspect_keras_archive(const std::filesystem::path& path);
 // How deep a Keras config.json may nest (objects and arrays, the outermost counted):
 // load_keras_archive and check_keras_config refuse deeper ones, save_keras_archive too, and
 // so do nn::keras_config_layer_order and qkv convert --config (nn::kMaxKerasConfigLevels is

@@ -130,7 +130,7 @@ std::vector<TensorInfo> inspect_weights(const std::filesystem::path& path) {
   switch (format_of(path, ctx.op)) {
     case Format::tf_checkpoint: return inspect_tf_checkpoint(path);
     case Format::keras_h5: return inspect_keras_h5(path);
-    case Format::keras_archive: return load_keras_archive(path).weights.entries;
+    case Format::keras_archive: return inspect_keras_archive(path);
     default: return inspect(path);  // .npy / .safetensors: name = key
   }
 }

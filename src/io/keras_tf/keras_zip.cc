@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include "io/io_internal.h"
+#include "io/keras_tf/hdf5_internal.h"
 #include "io/keras_tf/keras_config.h"
 #include "qkv/io_keras.h"
 
@@ -81,7 +82,15 @@ std::vector<std::byte> inflate_raw(std::span<const std::byte> in, size_t size, c
   return out;
 }
 
-std::vector<std::byte> extract(std::span<const std::byte> zip, const ZipMember& m, const Context& ctx) {
+// A member's bytes: a stored member's are a view into the zip (no copy; valid while the
+// zip is), a deflated member's are inflated.
+struct MemberBytes {
+  std::span<const std::byte> stored;
+  std::vector<std::byte> inflated;
+  std::span<const std::byte> bytes() const { return inflated.empty() ? stored : std::span<const std::byte>(inflated); }
+};
+
+MemberBytes extract(std::span<const std::byte> zip, const ZipMember& m, const Context& ctx) {
   const std::string what = "member " + quote_name(m.name);
   if ((m.flags & 1u) != 0) fail_at(ctx, what, " is encrypted");
   if (m.compressed == 0xffffffffu || m.size == 0xffffffffu) fail_at(ctx, what, ": zip64 sizes are not supported");
@@ -92,36 +101,40 @@ std::vector<std::byte> extract(std::span<const std::byte> zip, const ZipMember& 
   const size_t data = at + 30 + le(zip, at + 26, 2) + le(zip, at + 28, 2);
   if (data > zip.size() || m.compressed > zip.size() - data) fail_at(ctx, what, ": data runs past the end of the file");
   const auto raw = zip.subspan(data, m.compressed);
-  std::vector<std::byte> out;
+  MemberBytes out;
   if (m.method == 0) {
     if (m.compressed != m.size) fail_at(ctx, what, ": stored member with sizes ", m.compressed, " != ", m.size);
-    out.assign(raw.begin(), raw.end());
+    out.stored = raw;
   } else if (m.method == 8) {
     // Deflate expands at most ~1032:1; a larger claimed size is a malformed header.
     if (m.size > uint64_t{m.compressed} * 1032 + 64 || m.size > (uint32_t{1} << 30)) {
       fail_at(ctx, what, ": claims ", m.size, " bytes from ", m.compressed, " deflated bytes");
     }
-    out = inflate_raw(raw, m.size, ctx, m.name);
+    out.inflated = inflate_raw(raw, m.size, ctx, m.name);
   } else {
     fail_at(ctx, what, ": compression method ", m.method, " (qkv reads stored and deflated members)");
   }
-  const auto crc =
-      static_cast<uint32_t>(::crc32(0L, reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size())));
+  const auto crc = static_cast<uint32_t>(
+      ::crc32(0L, reinterpret_cast<const Bytef*>(out.bytes().data()), static_cast<uInt>(out.bytes().size())));
   if (crc != m.crc) fail_at(ctx, what, ": crc32 mismatch");
   return out;
 }
 
-std::optional<std::vector<std::byte>> find_member(std::span<const std::byte> zip, const std::string& name,
-                                                  const Context& ctx) {
+std::optional<MemberBytes> find_member(std::span<const std::byte> zip, const std::string& name, const Context& ctx) {
   for (const ZipMember& m : central_directory(zip, ctx)) {
     if (m.name == name) return extract(zip, m, ctx);
   }
   return std::nullopt;
 }
 
-std::string as_text(const std::vector<std::byte>& b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
+std::string as_text(const MemberBytes& m) {
+  return {reinterpret_cast<const char*>(m.bytes().data()), m.bytes().size()};
+}
 
-KerasArchive read_archive(std::span<const std::byte> zip, const Context& ctx) {
+// The archive's members; model.weights.h5 read as parse_keras_h5 reads it (its errors name
+// "parse_keras_h5: <source>:model.weights.h5"), its tensors only when `data` (else the
+// listing alone: inspect_keras_archive).
+KerasArchive read_archive(std::span<const std::byte> zip, bool data, const Context& ctx) {
   KerasArchive a;
   const auto config = find_member(zip, "config.json", ctx);
   if (!config) fail_at(ctx, "no config.json in the archive");
@@ -130,7 +143,8 @@ KerasArchive read_archive(std::span<const std::byte> zip, const Context& ctx) {
   if (const auto meta = find_member(zip, "metadata.json", ctx)) a.metadata_json = as_text(*meta);
   const auto weights = find_member(zip, "model.weights.h5", ctx);
   if (!weights) fail_at(ctx, "no model.weights.h5 in the archive");
-  a.weights = parse_keras_h5(*weights, ctx.source + ":model.weights.h5");
+  a.weights =
+      read_keras_h5_isolated(weights->bytes(), data, Context{"parse_keras_h5", ctx.source + ":model.weights.h5"});
   return a;
 }
 
@@ -141,7 +155,8 @@ std::vector<std::byte> zip_member(std::span<const std::byte> zip, const std::str
   const detail::Context ctx{"zip_member", source};
   auto m = detail::find_member(zip, name, ctx);
   if (!m) detail::fail_at(ctx, "no member named ", detail::quote_name(name));
-  return std::move(*m);
+  if (m->inflated.empty()) return {m->stored.begin(), m->stored.end()};  // a view into `zip`: copied
+  return std::move(m->inflated);
 }
 
 void check_keras_config(std::string_view config_json, const std::string& source) {
@@ -149,13 +164,19 @@ void check_keras_config(std::string_view config_json, const std::string& source)
 }
 
 KerasArchive parse_keras_archive(std::span<const std::byte> bytes, const std::string& source) {
-  return detail::read_archive(bytes, detail::Context{"parse_keras_archive", source});
+  return detail::read_archive(bytes, true, detail::Context{"parse_keras_archive", source});
 }
 
 KerasArchive load_keras_archive(const std::filesystem::path& path) {
   const detail::Context ctx{"load_keras_archive", path.string()};
   const auto file = detail::read_file(path, ctx);
-  return detail::read_archive({file->data(), file->nbytes()}, ctx);
+  return detail::read_archive({file->data(), file->nbytes()}, true, ctx);
+}
+
+std::vector<TensorInfo> inspect_keras_archive(const std::filesystem::path& path) {
+  const detail::Context ctx{"inspect_keras_archive", path.string()};
+  const auto file = detail::read_file(path, ctx);
+  return detail::read_archive({file->data(), file->nbytes()}, false, ctx).weights.entries;
 }
 
 }  // namespace qkv::io
