@@ -34,8 +34,8 @@ int64_t detail::fma_chains(int64_t steps, float x, float y, float* ends) {
 
 namespace {
 
-// x and y keep every chain finite and moving: a <- a * x + y tends to y / (1 - x) = 1024
-// without reaching it in float32 (x = 1 - 2^-20 leaves a step of 2^-20 a, above the rounding).
+// x and y keep every chain finite and away from denormals however many steps run: a <- a * x + y
+// tends to y / (1 - x) = 1024, which float32 represents (and then keeps: 1024 x + y rounds to 1024).
 constexpr float kX = 1.0f - 0x1p-20f;
 constexpr float kY = 0x1p-10f;
 
@@ -64,12 +64,15 @@ FmaPeak measure_fma_peak(double min_seconds) {
   // the best run's, as the other benchmarks take the fastest call: a shared VM only slows runs.
   int64_t steps = 1 << 16;
   double total = 0;
-  for (int runs = 0; runs < 3 || total < min_seconds; ++runs) {
+  for (int runs = 0; runs < 3 || total < min_seconds;) {
     const double seconds = time_chains(peak.threads, steps);
-    total += seconds;
+    if (seconds < 0.02) {  // too short to count: twice the steps
+      steps *= 2;
+      continue;
+    }
+    ++runs, total += seconds;
     const double flops = 2.0 * detail::kFmaChains * peak.lanes * static_cast<double>(steps) * peak.threads;
     peak.gflops = std::max(peak.gflops, flops / seconds * 1e-9);
-    if (seconds < 0.02) steps *= 2, runs = -1;  // too short to count: start over at twice the steps
   }
   return peak;
 }
