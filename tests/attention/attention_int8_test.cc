@@ -149,6 +149,31 @@ TEST(Int8QK, SoftcapSeesTheUnshiftedScores) {
   EXPECT_LE(max_abs_diff(*got.logsumexp, *want.logsumexp), 0.1);
 }
 
+TEST(Int8QK, EveryBlockOf64KeysHasItsOwnScale) {
+  // Keys 0..63 are 1000x the others (signs alternating, so smoothing's mean over the keys stays
+  // that of the small ones) and a mask hides them: the output is the small keys' attention
+  // alone. With one scale per 64 keys (attention_int8.h, kKeyBlock) those keep their precision;
+  // a scale shared with the large block (per tile, per head) would put them at ~1/8 of a step,
+  // all zeros: uniform weights, an error of order max|v|.
+  constexpr int64_t lq = 16, lk = 256, d = 64;
+  std::vector<float> k = Tensor::randn({1, 1, lk, d}, 41).to_vector<float>();
+  for (int64_t j = 0; j < 64; ++j) {
+    for (int64_t c = 0; c < d; ++c)
+      k[static_cast<size_t>(j * d + c)] = (j % 2 ? -1000.0f : 1000.0f) * (1.0f + 0.01f * static_cast<float>(c));
+  }
+  const Tensor kt = Tensor::from_vector(k, {1, 1, lk, d});
+  const Tensor q = Tensor::randn({1, 1, lq, d}, 42), v = Tensor::randn({1, 1, lk, d}, 43);
+  Tensor mask = Tensor::empty({lq, lk}, DType::b8);
+  for (int64_t i = 0; i < lq * lk; ++i) mask.data<bool>()[i] = i % lk >= 64;
+  AttentionOptions o;
+  o.attn_mask = mask;
+  const Tensor want = attention_reference(q, kt, v, o).output;
+  for (const QKQuantization qk : {QKQuantization::int8, QKQuantization::int8_unsmoothed}) {
+    const Errors e = errors(scaled_dot_product_attention(q, kt, v, with(o, qk)).output, want);
+    EXPECT_LE(e.max_rel, 3e-2) << (qk == QKQuantization::int8 ? "smoothed" : "unsmoothed");
+  }
+}
+
 TEST(Int8QK, NonFiniteTilesTakeTheFloatPath) {
   // Head 0: a NaN in q (its Q tile is not quantized); head 1: an Inf in k (its K is not).
   // Both then run the float tiles: the output equals the float32 kernel's, NaN rows included.
