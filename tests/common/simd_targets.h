@@ -8,7 +8,10 @@
 // test, and for_each_target loops over it and the targets below it, then restores it. The
 // ctest avx2.machine sets it with ONEDNN_MAX_CPU_ISA=AVX2: an AVX2-only machine on this one.
 // Names are read as the library reads QKV_MAX_SIMD_TARGET (runtime/simd_dispatch.h), the
-// product's cap; unlike that maximum, this one must be a target this CPU runs.
+// product's cap; unlike that maximum, this one must be a target this CPU runs: a name it lacks
+// fails the run at set-up, unless QKV_TEST_SIMD_TARGET_ABSENT=skip and the named target is
+// better than every one the CPU has (AVX3 on an AVX2-only AMD EPYC), which skips every test
+// with a message that says so (simd_target_above_the_cpu; the ctests dtypes.avx3, dtypes.sse2).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -16,6 +19,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "runtime/simd_dispatch.h"  // simd_target_by_name, simd_targets_at_most
 #include "softmax/softmax_cpu.h"    // simd_targets, force_simd_target
@@ -52,6 +56,19 @@ inline bool force_run_simd_targets() {
   const int64_t mask = simd_targets_up_to(name);
   kernels::detail::force_simd_target(mask);
   return name.empty() || mask != 0;
+}
+
+// Whether the run is to be skipped rather than failed when QKV_TEST_SIMD_TARGET names no target
+// of this CPU: QKV_TEST_SIMD_TARGET_ABSENT=skip and the name is a Highway target better than
+// the CPU's best (Highway's bits grow as targets get worse), so that a CPU without it is an
+// older one. A name Highway does not know, or one below the CPU's best (a target qkv is not
+// compiled for, such as SSE4), still fails. Call after force_run_simd_targets returned false.
+inline bool simd_target_above_the_cpu() {
+  const char* absent = std::getenv("QKV_TEST_SIMD_TARGET_ABSENT");
+  if (absent == nullptr || std::string(absent) != "skip") return false;
+  const int64_t named = qkv::detail::simd_target_by_name(simd_target_from_env());
+  const std::vector<int64_t> have = kernels::detail::simd_targets();
+  return named != 0 && !have.empty() && named < have.front();
 }
 
 template <class Fn>
