@@ -423,9 +423,12 @@ std::atomic<bool> g_force_int8_widening{false};
 // (AVX2, AVX-512 before Cascade Lake) oneDNN 2.6's gemm:jit multiplies s8 A (shifted to u8)
 // by s8 B with vpmaddubsw, which saturates each pair of products at 16 bits: every element
 // of a 64 x 64 x 768 product was wrong under ONEDNN_MAX_CPU_ISA=AVX2 with 8-bit B, none with
-// B in [-64, 63] (2 * 255 * 64 <= 2^15). Probed once per range on extreme values.
-bool probe_int8_exact(int8_t b_lo, int8_t b_hi) {
-  constexpr int64_t m = 16, n = 16, k = 128;
+// B in [-64, 63] (2 * 255 * 64 <= 2^15). Probed once per range and shape on extreme values: a
+// product of one column (n = 1) runs oneDNN's gemv, which shifts B to u8 instead, so that full-range
+// A saturates the pairs even for narrow B (ONEDNN_MAX_CPU_ISA=AVX512_CORE, m = 768, n = 1, k = 64:
+// GemmInt8.NarrowBIsExactWithoutTheFloat32Path); such products are probed as m x 1 and 1 x n.
+bool probe_int8_exact(int8_t b_lo, int8_t b_hi, int64_t m = 16, int64_t n = 16) {
+  constexpr int64_t k = 128;
   std::vector<int8_t> a(m * k), b(k * n);
   for (int64_t x = 0; x < m * k; ++x) a[static_cast<size_t>(x)] = static_cast<int8_t>(x % 3 == 0 ? -128 : 127);
   for (int64_t x = 0; x < k * n; ++x) b[static_cast<size_t>(x)] = x % 5 == 0 ? b_lo : b_hi;
@@ -441,11 +444,13 @@ bool probe_int8_exact(int8_t b_lo, int8_t b_hi) {
   return got == want;
 }
 
-// Whether the int8 gemm runs on oneDNN for any int8 B (`narrow`: for B in [-64, 63]).
-bool int8_exact(bool narrow) {
+// Whether the int8 gemm of shape s runs on oneDNN for any int8 B (`narrow`: for B in [-64, 63]).
+bool int8_exact(bool narrow, const GemmShape& s) {
   static const bool exact = probe_int8_exact(-128, 127);
   static const bool narrow_exact = probe_int8_exact(-64, 63);
-  return narrow ? narrow_exact : exact && !g_force_int8_widening;
+  static const bool narrow_vector = probe_int8_exact(-64, 63, 16, 1) && probe_int8_exact(-64, 63, 1, 16);
+  if (!narrow) return exact && !g_force_int8_widening;
+  return s.m == 1 || s.n == 1 ? narrow_vector : narrow_exact;
 }
 
 // Whether oneDNN has a fast matmul for float32 B packed as BA16a64b (gemm_panels_native).
@@ -518,7 +523,7 @@ void gemm_int8(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c,
     detail::scale_gemm_batch(s, int32_t{0}, c, dims);
     return;
   }
-  if (!int8_exact(narrow_b)) {
+  if (!int8_exact(narrow_b, s)) {
     detail::gemm_int8_widened(s, a, b, c, dims);
     return;
   }
@@ -537,7 +542,7 @@ void gemm(const GemmShape& s, const int8_t* a, const int8_t* b, int32_t* c, cons
   gemm_int8(s, a, b, c, batch, false);
 }
 
-bool gemm_int8_full_range() { return int8_exact(false); }
+bool gemm_int8_full_range() { return int8_exact(false, {}); }
 
 bool gemm_has_native(DType operands) {
   static const bool bf16 = probe_native(memory::data_type::bf16);
