@@ -1,10 +1,15 @@
 // The Keras HDF5 readers through their reader process: the same WeightFile as a read
 // in this process, libhdf5's crashes and endless loops on hostile files (inputs the
-// keras_h5 fuzzer found) as FormatErrors, and the reply format's checks.
+// keras_h5 fuzzer found) as FormatErrors, libhdf5 reading the file image in place (the
+// reader's peak memory), and the reply format's checks.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "io/io_test_util.h"
 #include "io/keras_tf/weight_file_wire.h"
@@ -139,6 +144,40 @@ TEST(KerasH5Isolation, FormatErrorOfTheReaderProcessKeepsItsMessage) {
     EXPECT_TRUE(std::string(e.what()).starts_with("parse_keras_h5: cut.h5: cannot open as HDF5: libhdf5: "))
         << e.what();
   }
+}
+
+// This process's resident set in bytes (the second field of /proc/self/statm).
+double resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  double size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<double>(::sysconf(_SC_PAGESIZE));
+}
+
+// libhdf5 opens the file image where it lies (file image callbacks): it copied it
+// twice (H5Pset_file_image, then the core driver's H5Fopen), so listing a file took
+// the reader process its inherited memory plus 2x the file (docs/formats-keras-tf.md).
+// The reader inherits what the caller holds, the file's bytes included, so in place
+// it peaks at that plus libhdf5's metadata. Measured in gtest's death-test child, whose
+// only child is the reader: getrusage(RUSAGE_CHILDREN) is that reader's peak.
+TEST(KerasH5Isolation, ReaderProcessOpensTheFileImageInPlace) {
+  const auto path = temp_path("64mib.weights.h5");
+  save_keras_weights_h5(path, {{"w", Tensor::ones({16 << 20}, DType::f32)}});
+  const auto file = static_cast<double>(std::filesystem::file_size(path));
+  ASSERT_GE(file, 64.0 * (1 << 20));
+  EXPECT_EXIT(
+      {
+        const double before = resident_bytes();
+        const auto listing = inspect_keras_h5(path);
+        rusage children{};
+        ::getrusage(RUSAGE_CHILDREN, &children);
+        const double reader = static_cast<double>(children.ru_maxrss) * 1024;
+        std::fprintf(stderr, "reader peak %.0f MiB; before the read %.0f MiB, file %.0f MiB\n", reader / (1 << 20),
+                     before / (1 << 20), file / (1 << 20));
+        std::_Exit(listing.size() == 1 && reader > file && reader < before + 1.5 * file ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  std::filesystem::remove(path);
 }
 
 // ---- the reply format ---------------------------------------------------------------------

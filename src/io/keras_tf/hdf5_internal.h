@@ -57,9 +57,10 @@ H5Id local_access(hid_t cls, const Context& ctx);
 
 // FormatError unless the HDF5 signature is at offset 0, 512, 1024, ....
 void check_hdf5_signature(std::span<const std::byte> bytes, const Context& ctx);
-// Opens an in-memory HDF5 image read-only (core driver, no copy of the bytes kept
-// past the call); checks the superblock signature first. libhdf5 1.10.8 is unsafe on
-// hostile files: the readers call this in a child process (io/isolated.h).
+// Opens an in-memory HDF5 image read-only (core driver) on `bytes` themselves, not a
+// copy: they must stay alive and unchanged until the file and every object opened
+// in it are closed. Checks the superblock signature first. libhdf5 1.10.8 is unsafe
+// on hostile files: the readers call this in a child process (io/isolated.h).
 H5Id open_hdf5_image(std::span<const std::byte> bytes, const Context& ctx);
 
 // Dataset metadata: the qkv dtype (when there is one) and the listing's dtype name.

@@ -63,12 +63,37 @@ void check_hdf5_signature(std::span<const std::byte> bytes, const Context& ctx) 
   if (!found) fail_at(ctx, "not an HDF5 file (no HDF5 signature)");
 }
 
+namespace {
+// File image callbacks (H5Pset_file_image_callbacks) that hand libhdf5 the caller's
+// buffer wherever it would allocate and copy one: the fapl's image, the fapl copies
+// H5Fopen makes and the core driver's image are all `udata`, the caller's bytes.
+// Only a copy of the buffer onto itself is "made"; a real copy, a resize or a
+// H5Pget_file_image copy is refused (libhdf5 reports the error), so no path copies.
+void* image_malloc(size_t, H5FD_file_image_op_t op, void* udata) {
+  const bool shared = op == H5FD_FILE_IMAGE_OP_PROPERTY_LIST_SET || op == H5FD_FILE_IMAGE_OP_PROPERTY_LIST_COPY ||
+                      op == H5FD_FILE_IMAGE_OP_FILE_OPEN;
+  return shared ? udata : nullptr;
+}
+void* image_memcpy(void* dest, const void* src, size_t, H5FD_file_image_op_t, void* udata) {
+  return dest == src && dest == udata ? dest : nullptr;
+}
+void* image_realloc(void*, size_t, H5FD_file_image_op_t, void*) { return nullptr; }
+herr_t image_free(void*, H5FD_file_image_op_t, void*) { return 0; }  // the caller owns the bytes
+void* udata_copy(void* udata) { return udata; }
+herr_t udata_free(void*) { return 0; }
+}  // namespace
+
 H5Id open_hdf5_image(std::span<const std::byte> bytes, const Context& ctx) {
   check_hdf5_signature(bytes, ctx);
   H5Id fapl(h5_check(H5Pcreate(H5P_FILE_ACCESS), ctx, "H5Pcreate"));
   h5_check(H5Pset_fapl_core(fapl.get(), 1 << 16, 0), ctx, "H5Pset_fapl_core");
-  // H5Pset_file_image copies the buffer, so the const_cast never leads to a write.
-  h5_check(H5Pset_file_image(fapl.get(), const_cast<std::byte*>(bytes.data()), bytes.size()), ctx, "H5Pset_file_image");
+  // Read-only, without a backing store: libhdf5 only reads the image, so the
+  // const_cast never leads to a write (the callbacks must come before the image).
+  void* image = const_cast<std::byte*>(bytes.data());
+  H5FD_file_image_callbacks_t callbacks{image_malloc, image_memcpy, image_realloc, image_free,
+                                        udata_copy,   udata_free,   image};
+  h5_check(H5Pset_file_image_callbacks(fapl.get(), &callbacks), ctx, "H5Pset_file_image_callbacks");
+  h5_check(H5Pset_file_image(fapl.get(), image, bytes.size()), ctx, "H5Pset_file_image");
   return H5Id(h5_check(H5Fopen("image.h5", H5F_ACC_RDONLY, fapl.get()), ctx, "cannot open as HDF5"));
 }
 
