@@ -50,6 +50,29 @@ void bind_runtime(nb::module_& m) {
       "(get_num_threads()).");
 
   m.def(
+      "measure_fma_peak",
+      [](nb::handle min_seconds) {
+        const double seconds = qkv::python::float_arg(min_seconds, "measure_fma_peak: min_seconds");
+        qkv::FmaPeak peak;
+        {
+          nb::gil_scoped_release release;
+          peak = qkv::measure_fma_peak(seconds);
+        }
+        nb::dict out;
+        out["gflops"] = peak.gflops;
+        out["threads"] = peak.threads;
+        out["simd_target"] = peak.simd_target;
+        out["lanes"] = peak.lanes;
+        return out;
+      },
+      nb::arg("min_seconds") = 0.3, nb::sig("def measure_fma_peak(min_seconds: float = 0.3) -> dict[str, typing.Any]"),
+      "The float32 multiply-add peak of this machine's cores, measured (qkv/machine.h; `qkv bench\n"
+      "peak`): get_num_threads() workers run independent FMA chains on the Highway target the\n"
+      "kernels dispatch to, runs of >= 20 ms for min_seconds (at least three), the fastest giving\n"
+      "gflops (all workers together); also threads, simd_target and lanes (float32 lanes of one\n"
+      "vector there). ValueError for min_seconds outside [0, 3600].");
+
+  m.def(
       "_roundtrip", [](nb::handle array) { return qkv::python::to_numpy(qkv::python::to_tensor(array, "_roundtrip")); },
       nb::arg("array"), nb::sig("def _roundtrip(array: numpy.typing.ArrayLike) -> numpy.ndarray"),
       "Test hook: array -> qkv::Tensor -> NumPy array, copying only where to_tensor must.");

@@ -158,3 +158,24 @@ def test_a_bad_max_simd_target_is_a_value_error_naming_it_at_first_use(qkv_cli):
     out = subprocess.run([qkv_cli, "info"], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, QKV_MAX_SIMD_TARGET="AVX-512"))
     assert out.returncode == 1 and want in out.stderr, out.stderr
+
+
+def test_measure_fma_peak_reports_its_workers_target_and_lanes():
+    """qkv.measure_fma_peak (qkv/machine.h): the workers are get_num_threads(), the target machine_info()'s,
+    its float32 lanes; the rate is only a figure (benchmarks, not tests, judge it)."""
+    old = qkv.get_num_threads()
+    try:
+        for threads in (1, 2):
+            qkv.set_num_threads(threads)
+            peak = qkv.measure_fma_peak(0)
+            target = qkv.machine_info()["simd_target"]
+            lanes = 16 if target.startswith("AVX3") else 8 if target == "AVX2" else 4
+            assert peak == {"gflops": peak["gflops"], "threads": threads, "simd_target": target, "lanes": lanes}
+            assert peak["gflops"] > 0
+    finally:
+        qkv.set_num_threads(old)
+    for bad in (-1.0, float("nan"), 1e9):
+        with pytest.raises(ValueError, match=r"measure_fma_peak: min_seconds must be in \[0, 3600\]"):
+            qkv.measure_fma_peak(bad)
+    with pytest.raises(TypeError, match="measure_fma_peak: min_seconds"):
+        qkv.measure_fma_peak("fast")
