@@ -5,7 +5,8 @@ One invocation times, per thread count and shape, in this order: qkv (through
 `qkv bench attention --json`, a subprocess with QKV_NUM_THREADS set), PyTorch
 `F.scaled_dot_product_attention` (torch.set_num_threads) and ONNX Runtime's
 com.microsoft.MultiHeadAttention (intra_op_num_threads), all f32 forward, and
-qkv::gemm's f32 GFLOP/s (2048^3) as the yardstick; then prints one Markdown table.
+qkv::gemm's f32 GFLOP/s (2048^3) as the yardstick, and the cores' float32 FMA peak
+(`qkv bench peak`) as the ceiling above it; then prints one Markdown table.
 
     /work/fixenv/bin/python bench/peers/attention_peers.py --qkv build/release/bin/qkv --threads 1,2
 
@@ -47,6 +48,13 @@ def run_qkv_cmd(qkv, threads, shape, causal, min_time, gemm_n=0, dtype="float32"
     env = dict(os.environ, QKV_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def run_peak(qkv, threads, min_time):
+    """`qkv bench peak --json`: the float32 multiply-add peak of `threads` workers, GFLOP/s."""
+    cmd = [qkv, "bench", "peak", "--json", "--threads", str(threads), "--min-time", str(min_time)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")][0]["gflops"]
 
 
 def run_torch(threads, shape, causal, min_time):
@@ -111,6 +119,7 @@ def main():
     rows = []
     for threads in map(int, a.threads.split(",")):
         gemm = run_qkv_cmd(a.qkv, threads, None, False, a.min_time, gemm_n=2048)[0]["gflops"]
+        peak = run_peak(a.qkv, threads, a.min_time)
         for shape in shapes:
             for causal in (False, True):
                 fl = flops(*shape, causal)
@@ -118,17 +127,19 @@ def main():
                 t = run_torch(threads, shape, causal, a.min_time)
                 o = None if a.no_ort else run_ort(threads, shape, causal, a.min_time, a.ort_max_gb)
                 rows.append((threads, shape, causal, q["ms"], q["gflops"], fl / t / 1e9,
-                             None if o is None else fl / o / 1e9, gemm))
+                             None if o is None else fl / o / 1e9, gemm, peak))
                 print(f"done {threads} {shape} {causal}", file=sys.stderr, flush=True)
     print(f"Machine: {machine_of_cli(a.qkv)}; torch {torch.__version__}, onnxruntime {ort_version}\n")
     print("| threads | (B, H, L, D) | causal | qkv ms | qkv GFLOP/s | torch GFLOP/s | ORT GFLOP/s "
-          "| qkv / torch | qkv / ORT | qkv % of gemm (gemm GFLOP/s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for threads, shape, causal, ms, qg, tg, og, gemm in rows:
+          "| qkv / torch | qkv / ORT | qkv % of gemm (gemm GFLOP/s) | % of FMA peak: qkv / torch / ORT (peak GFLOP/s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for threads, shape, causal, ms, qg, tg, og, gemm, peak in rows:
         ort_cell = f"{og:.1f}" if og else "—"
         ort_ratio = f"{qg / og:.2f}×" if og else "—"
+        ort_peak = f"{100 * og / peak:.0f}%" if og else "—"
         print(f"| {threads} | {shape} | {'yes' if causal else 'no'} | {ms:.2f} | {qg:.1f} | {tg:.1f} | {ort_cell} "
-              f"| {qg / tg:.2f}× | {ort_ratio} | {100 * qg / gemm:.0f}% ({gemm:.0f}) |")
+              f"| {qg / tg:.2f}× | {ort_ratio} | {100 * qg / gemm:.0f}% ({gemm:.0f}) "
+              f"| {100 * qg / peak:.0f}% / {100 * tg / peak:.0f}% / {ort_peak} ({peak:.0f}) |")
 
 
 if __name__ == "__main__":
