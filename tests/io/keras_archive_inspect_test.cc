@@ -169,5 +169,21 @@ TEST(KerasArchiveInspect, ChecksTheArchiveAsLoadKerasArchive) {
   EXPECT_THROW_WITH(inspect_keras_archive(temp_path("missing.keras")), IOError, "inspect_keras_archive: ");
 }
 
+// An empty member, deflated (2 bytes of deflate data) or stored: zip_member and the archive's
+// metadata.json give 0 bytes, not the deflate data, and its crc32 (of nothing) checks. A member
+// read in place (stored) and one inflated are told apart by how it was held, not by whether the
+// inflated bytes are empty (which read an empty deflated member as its raw deflate stream).
+TEST(KerasArchiveInspect, EmptyMembersAreEmptyStoredOrDeflated) {
+  const std::vector<std::byte> h5 = read_bytes(fixture("keras_tf", "mha4.weights.h5"));
+  for (const bool deflated : {false, true}) {
+    const std::vector<std::byte> zip =
+        zip_of({{"config.json", testing::to_bytes("{}")}, {"metadata.json", {}}, {"model.weights.h5", h5}}, deflated);
+    EXPECT_TRUE(zip_member(zip, "metadata.json", "empty.keras").empty()) << deflated;
+    const std::filesystem::path path = write(temp_path(deflated ? "empty_deflated.keras" : "empty_stored.keras"), zip);
+    EXPECT_EQ(load_keras_archive(path).metadata_json, "") << deflated;
+    EXPECT_EQ(inspect_keras_archive(path).size(), load_keras_archive(path).weights.entries.size()) << deflated;
+  }
+}
+
 }  // namespace
 }  // namespace qkv::io

@@ -3,6 +3,8 @@
 // every offset and size checked; deflate goes through zlib; crc32s are checked.
 #include <zlib.h>
 
+#include <algorithm>
+
 #include "io/io_internal.h"
 #include "io/keras_tf/hdf5_internal.h"
 #include "io/keras_tf/keras_config.h"
@@ -66,28 +68,31 @@ std::vector<ZipMember> central_directory(std::span<const std::byte> zip, const C
 
 std::vector<std::byte> inflate_raw(std::span<const std::byte> in, size_t size, const Context& ctx,
                                    const std::string& name) {
-  std::vector<std::byte> out(size);
+  std::vector<std::byte> out(std::max<size_t>(size, 1));  // zlib refuses a null next_out (an empty member)
   z_stream z{};
   if (inflateInit2(&z, -MAX_WBITS) != Z_OK) fail_at(ctx, "zlib inflateInit2 failed");
   z.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(in.data()));
   z.avail_in = static_cast<uInt>(in.size());
   z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(out.size());
+  z.avail_out = static_cast<uInt>(size);
   const int rc = inflate(&z, Z_FINISH);
   const uLong produced = z.total_out;
   inflateEnd(&z);
   if (rc != Z_STREAM_END || produced != size) {
     fail_at(ctx, "member ", quote_name(name), ": deflate data is corrupt or does not inflate to ", size, " bytes");
   }
+  out.resize(size);
   return out;
 }
 
 // A member's bytes: a stored member's are a view into the zip (no copy; valid while the
-// zip is), a deflated member's are inflated.
+// zip is), a deflated member's are inflated (`deflated`, not `inflated.empty()`, tells them
+// apart: an empty deflated member would read as its deflate stream).
 struct MemberBytes {
   std::span<const std::byte> stored;
   std::vector<std::byte> inflated;
-  std::span<const std::byte> bytes() const { return inflated.empty() ? stored : std::span<const std::byte>(inflated); }
+  bool deflated = false;
+  std::span<const std::byte> bytes() const { return deflated ? std::span<const std::byte>(inflated) : stored; }
 };
 
 MemberBytes extract(std::span<const std::byte> zip, const ZipMember& m, const Context& ctx) {
@@ -111,6 +116,7 @@ MemberBytes extract(std::span<const std::byte> zip, const ZipMember& m, const Co
       fail_at(ctx, what, ": claims ", m.size, " bytes from ", m.compressed, " deflated bytes");
     }
     out.inflated = inflate_raw(raw, m.size, ctx, m.name);
+    out.deflated = true;
   } else {
     fail_at(ctx, what, ": compression method ", m.method, " (qkv reads stored and deflated members)");
   }
@@ -155,7 +161,7 @@ std::vector<std::byte> zip_member(std::span<const std::byte> zip, const std::str
   const detail::Context ctx{"zip_member", source};
   auto m = detail::find_member(zip, name, ctx);
   if (!m) detail::fail_at(ctx, "no member named ", detail::quote_name(name));
-  if (m->inflated.empty()) return {m->stored.begin(), m->stored.end()};  // a view into `zip`: copied
+  if (!m->deflated) return {m->stored.begin(), m->stored.end()};  // a view into `zip`: copied
   return std::move(m->inflated);
 }
 
