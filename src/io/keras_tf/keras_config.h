@@ -6,8 +6,7 @@
 // In qkv_io_keras, above the generic depth check (io/json_nesting.h, qkv_io: safetensors too).
 #pragma once
 
-#include <array>
-#include <cstddef>
+#include <string>
 #include <string_view>
 
 #include "io/json_nesting.h"
@@ -15,38 +14,18 @@
 
 namespace qkv::io::detail {
 
-namespace keras_config_text {
-constexpr std::string_view kBefore = ", more than the ";
-// Python's own limit (994 arrays at the top of Python 3.11), not qkv's: it stays when qkv's moves.
-constexpr std::string_view kAfter = " qkv reads (Python's json, which Keras reads it with, refuses about 1000)";
-constexpr size_t decimal_length(int n) {
-  size_t digits = 1;
-  for (; n >= 10; n /= 10) ++digits;
-  return digits;
+// ", more than the 1000 qkv reads (Python's json, which Keras reads it with, refuses about 1000)":
+// the first number is kMaxKerasConfigLevels; the second is Python's own limit (994 arrays at the
+// top of Python 3.11), not qkv's, so it stays when qkv's moves.
+inline std::string_view keras_config_too_deep() {
+  static const std::string text = ", more than the " + std::to_string(kMaxKerasConfigLevels) +
+                                  " qkv reads (Python's json, which Keras reads it with, refuses about 1000)";
+  return text;
 }
-constexpr size_t kDigits = decimal_length(kMaxKerasConfigLevels);
-// kBefore, kMaxKerasConfigLevels in decimal, kAfter: the message is built from the number.
-constexpr std::array<char, kBefore.size() + kDigits + kAfter.size()> too_deep() {
-  std::array<char, kBefore.size() + kDigits + kAfter.size()> out{};
-  size_t at = 0;
-  for (const char c : kBefore) out[at++] = c;
-  int n = kMaxKerasConfigLevels;
-  for (size_t i = kDigits; i > 0; n /= 10) out[at + --i] = static_cast<char>('0' + n % 10);
-  at += kDigits;
-  for (const char c : kAfter) out[at++] = c;
-  return out;
-}
-inline constexpr auto kTooDeep = too_deep();
-}  // namespace keras_config_text
-
-static_assert(kMaxKerasConfigLevels > 0);
-// ", more than the 1000 qkv reads (Python's json, which Keras reads it with, refuses about 1000)"
-inline constexpr std::string_view kKerasConfigTooDeep{keras_config_text::kTooDeep.data(),
-                                                      keras_config_text::kTooDeep.size()};
 
 // The limit of a Keras config.json whose refusals name it `what` ("config.json", "it").
-constexpr JsonNesting keras_config_nesting(std::string_view what) {
-  return {kMaxKerasConfigLevels, what, kKerasConfigTooDeep};
+inline JsonNesting keras_config_nesting(std::string_view what) {
+  return {kMaxKerasConfigLevels, what, keras_config_too_deep()};
 }
 
 // A Keras config.json checked as load_keras_archive reads it and save_keras_archive writes it
