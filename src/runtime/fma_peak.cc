@@ -57,7 +57,7 @@ FmaPeak measure_fma_peak(double min_seconds) {
     throw ValueError("measure_fma_peak: min_seconds must be in [0, 3600], got " + std::to_string(min_seconds));
   FmaPeak peak;
   peak.threads = get_num_threads();
-  peak.simd_target = machine_info().simd_target;
+  peak.simd_target = detail::dispatched_simd_target();  // machine_info().simd_target, without /proc/cpuinfo
   float ends[detail::kFmaChains];
   peak.lanes = static_cast<int>(detail::fma_chains(1, kX, kY, ends));
   // Steps grow until one run takes 20 ms (timer and thread start-up then cost < 1%); the rate is
